@@ -1,0 +1,34 @@
+"""Reading a request's spans out of the store."""
+
+from __future__ import annotations
+
+from latscope.attribution.model import SpanRecord
+from latscope.attribution.queries import TRACE_SPANS
+
+from latscope.storage import Store
+
+
+def load_trace(store: Store, trace_id: str) -> list[SpanRecord]:
+    """Every stored span of ``trace_id`` (lowercase hex), oldest first; [] when none."""
+    rows = store.query_rows(TRACE_SPANS, {"trace_id": trace_id})
+    seen: set[str] = set()
+    spans = []
+    for span_id, parent, name, kind, service, start, dur, attrs, status, ev_names, ev_times in rows:
+        if span_id in seen:  # the same span sent twice by a retrying exporter
+            continue
+        seen.add(span_id)
+        spans.append(
+            SpanRecord(
+                span_id=span_id,
+                parent_span_id=parent,
+                name=name,
+                kind=kind,
+                service=service,
+                start_ns=int(start),
+                duration_ns=int(dur),
+                attributes=dict(attrs),
+                events=tuple(zip(ev_names, (int(t) for t in ev_times), strict=False)),
+                status=status,
+            )
+        )
+    return spans

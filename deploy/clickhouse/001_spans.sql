@@ -1,0 +1,52 @@
+-- Spans, in the column layout of the OpenTelemetry Collector's ClickHouse exporter (otel_traces),
+-- so Grafana's ClickHouse trace view and an existing Collector -> ClickHouse pipeline both read it.
+--
+-- Key and codecs: nearly every read is "all spans of these trace ids" (attributor, trace view),
+-- usually with a rough time, or "spans in a time range". Partitions are days (time ranges prune
+-- whole days and TTLs drop whole parts); inside a day rows sort by hour, then trace id, so a
+-- trace's spans sit together (a trace-id lookup reads one granule per hour it spans, helped by the
+-- bloom filter when no time is given) and ids, timestamps and attributes repeated within a
+-- trace compress well.
+--
+-- Exactly-once writes: the collector tags every batch with an insert_deduplication_token and
+-- replays a spooled batch with the same token, so the deduplication window below drops a batch
+-- that was already stored (for a ReplicatedMergeTree the window is replicated_deduplication_window).
+CREATE TABLE IF NOT EXISTS otel_traces
+(
+    Timestamp          DateTime64(9) CODEC(Delta, ZSTD(1)),
+    TraceId            String CODEC(ZSTD(1)),
+    SpanId             String CODEC(ZSTD(1)),
+    ParentSpanId       String CODEC(ZSTD(1)),
+    TraceState         String CODEC(ZSTD(1)),
+    SpanName           LowCardinality(String) CODEC(ZSTD(1)),
+    SpanKind           LowCardinality(String) CODEC(ZSTD(1)),
+    ServiceName        LowCardinality(String) CODEC(ZSTD(1)),
+    ResourceAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    ScopeName          String CODEC(ZSTD(1)),
+    ScopeVersion       String CODEC(ZSTD(1)),
+    SpanAttributes     Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    Duration           UInt64 CODEC(T64, ZSTD(1)),
+    StatusCode         LowCardinality(String) CODEC(ZSTD(1)),
+    StatusMessage      String CODEC(ZSTD(1)),
+    Events Nested
+    (
+        Timestamp  DateTime64(9),
+        Name       LowCardinality(String),
+        Attributes Map(LowCardinality(String), String)
+    ) CODEC(ZSTD(1)),
+    Links Nested
+    (
+        TraceId    String,
+        SpanId     String,
+        TraceState String,
+        Attributes Map(LowCardinality(String), String)
+    ) CODEC(ZSTD(1)),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_span_attr_key mapKeys(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_duration Duration TYPE minmax GRANULARITY 1
+)
+ENGINE = MergeTree
+PARTITION BY toDate(Timestamp)
+ORDER BY (toStartOfHour(Timestamp), TraceId, Timestamp)
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, non_replicated_deduplication_window = 10000;

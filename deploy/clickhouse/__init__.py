@@ -1,0 +1,1 @@
+"""ClickHouse DDL for latscope, applied in file order by latscope.storage."""

@@ -1,0 +1,103 @@
+"""Settings of the latscope processes, parsed in one place: flag > ``LATSCOPE_*`` > default."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from latscope.storage import DEFAULT_STORE
+
+
+class ConfigError(ValueError):
+    """A setting has a value latscope cannot use; the message says which and what to write."""
+
+
+def parse_hostport(value: str, *, name: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port); port 0 means pick a free one."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{name}: expected HOST:PORT (e.g. 127.0.0.1:4317), got {value!r}")
+    host = host.strip("[]")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{name}: port must be a number, got {port!r}") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"{name}: port must be 0-65535, got {number}")
+    return host, number
+
+
+@dataclass
+class Settings:
+    """Every setting of ``latscope serve`` / ``collector`` / ``api``.
+
+    Each field has a flag (``--otlp-grpc``) and an environment variable (``LATSCOPE_OTLP_GRPC``);
+    the field's metadata names them.
+    """
+
+    otlp_grpc: str = field(default="127.0.0.1:4317", metadata={"help": "OTLP/gRPC listen address"})
+    http: str = field(
+        default="127.0.0.1:8080", metadata={"help": "HTTP listen address (REST API, OTLP/HTTP)"}
+    )
+    store: str = field(
+        default=DEFAULT_STORE, metadata={"help": "chdb:///dir (embedded) or http(s)://... server"}
+    )
+    token_file: str = field(
+        default="", metadata={"help": "file holding the bearer token (LATSCOPE_TOKEN sets it too)"}
+    )
+    token: str = field(default="", metadata={"help": "bearer token; prefer --token-file"})
+    grpc_max_message_bytes: int = field(
+        default=16 * 1024 * 1024, metadata={"help": "largest OTLP/gRPC message accepted"}
+    )
+    shutdown_grace_s: float = field(
+        default=10.0, metadata={"help": "seconds to finish in-flight work on SIGTERM"}
+    )
+    log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+
+    @staticmethod
+    def env_name(name: str) -> str:
+        return "LATSCOPE_" + name.upper()
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Settings:
+        """Defaults, then ``LATSCOPE_*`` from ``env``, then non-None ``overrides`` (flags)."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(cls.env_name(f.name))
+            if raw is not None and raw != "":
+                values[f.name] = _coerce(f.name, raw, type(f.default))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)  # type: ignore[arg-type]
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        parse_hostport(self.otlp_grpc, name="--otlp-grpc")
+        parse_hostport(self.http, name="--http")
+        if self.token_file:
+            path = Path(self.token_file)
+            try:
+                self.token = path.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"--token-file: cannot read {path}: {exc.strerror}") from None
+            if not self.token:
+                raise ConfigError(f"--token-file: {path} is empty")
+        if self.grpc_max_message_bytes < 1024:
+            raise ConfigError("--grpc-max-message-bytes must be at least 1024")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ConfigError(
+                f"--log-level: expected debug|info|warning|error, got {self.log_level!r}"
+            )
+
+
+def _coerce(name: str, raw: str, kind: type) -> object:
+    try:
+        if kind is bool:
+            return raw.lower() in ("1", "true", "yes", "on")
+        return kind(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{Settings.env_name(name)}: expected a {kind.__name__}, got {raw!r}"
+        ) from None

@@ -1,0 +1,112 @@
+"""Every span attribute, event and value that latscope writes or reads, in one place.
+
+The SDK writes these names and the attributor reads them; the OpenTelemetry GenAI semantic
+conventions are used where they exist, and vLLM / SGLang's ``gen_ai.latency.*`` keys are listed
+so a vLLM server with tracing on needs no latscope SDK.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+
+class Phase:
+    """Values of ``latscope.phase``: the server-side buckets a phase span can stand for."""
+
+    QUEUE: Final = "queue"
+    PREPROCESS: Final = "preprocess"
+    PREFILL: Final = "prefill"
+    DECODE: Final = "decode"
+    POSTPROCESS: Final = "postprocess"
+
+    ALL: Final = (QUEUE, PREPROCESS, PREFILL, DECODE, POSTPROCESS)
+
+
+#: The seven buckets of a request's end-to-end latency, in display order.
+BUCKETS: Final = ("network", "queue", "preprocess", "prefill", "decode", "postprocess", "other")
+
+
+class SpanKind:
+    """``SpanKind`` strings as the spans table stores them (OTel ClickHouse exporter style)."""
+
+    INTERNAL: Final = "Internal"
+    SERVER: Final = "Server"
+    CLIENT: Final = "Client"
+    PRODUCER: Final = "Producer"
+    CONSUMER: Final = "Consumer"
+    UNSPECIFIED: Final = "Unspecified"
+
+
+class LatscopeAttributes:
+    """latscope's own attribute and event names."""
+
+    PHASE: Final = "latscope.phase"
+    #: Absolute time (ns since the epoch, on the span's own clock) the first token was seen.
+    FIRST_TOKEN_NS: Final = "latscope.first_token_ns"
+    #: Event name alternative to FIRST_TOKEN_NS on a client span.
+    FIRST_TOKEN_EVENT: Final = "latscope.first_token"
+    #: Time the first byte of the response was seen (client span), ns since the epoch.
+    FIRST_BYTE_NS: Final = "latscope.first_byte_ns"
+    #: Int array on the decode span: each token's offset in µs from the decode span's start.
+    TOKEN_OFFSETS_US: Final = "latscope.token_offsets_us"
+    #: Int, how many tokens were recorded (equals len(TOKEN_OFFSETS_US) unless it was capped).
+    TOKEN_COUNT: Final = "latscope.token_count"
+    #: Why a stream ended early: "client_disconnect", "cancelled", ...
+    STREAM_END: Final = "latscope.stream.end"
+    #: GPU figures on prefill / decode phase spans.
+    GPU_UTIL_MEAN: Final = "latscope.gpu.utilization.mean"
+    GPU_UTIL_MAX: Final = "latscope.gpu.utilization.max"
+    GPU_MEMORY_USED_MAX: Final = "latscope.gpu.memory.used.max"
+    GPU_POWER_MEAN: Final = "latscope.gpu.power.mean"
+    GPU_SM_CLOCK: Final = "latscope.gpu.sm_clock"
+    GPU_ENERGY_MJ: Final = "latscope.gpu.energy_mj"
+    GPU_UUIDS: Final = "latscope.gpu.uuids"
+
+
+class GenAIAttributes:
+    """OpenTelemetry GenAI semantic-convention keys (and the older names still in the wild)."""
+
+    OPERATION_NAME: Final = "gen_ai.operation.name"
+    SYSTEM: Final = "gen_ai.system"
+    REQUEST_MODEL: Final = "gen_ai.request.model"
+    RESPONSE_MODEL: Final = "gen_ai.response.model"
+    REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+    USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+    USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+    # Older names, still emitted by vLLM and SGLang.
+    USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
+    USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
+
+
+class VllmAttributes:
+    """vLLM / SGLang ``llm_request`` span latencies, floats in seconds."""
+
+    SPAN_NAME: Final = "llm_request"
+    TIME_IN_QUEUE: Final = "gen_ai.latency.time_in_queue"
+    TIME_TO_FIRST_TOKEN: Final = "gen_ai.latency.time_to_first_token"
+    TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"
+    TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"
+    TIME_IN_MODEL_FORWARD: Final = "gen_ai.latency.time_in_model_forward"
+    TIME_IN_MODEL_EXECUTE: Final = "gen_ai.latency.time_in_model_execute"
+    E2E: Final = "gen_ai.latency.e2e"
+
+
+class HttpAttributes:
+    """HTTP semantic-convention keys latscope reads for the route dimension."""
+
+    ROUTE: Final = "http.route"
+    URL_PATH: Final = "url.path"
+    REQUEST_METHOD: Final = "http.request.method"
+    RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+
+
+class ResourceAttributes:
+    SERVICE_NAME: Final = "service.name"
+    HOST_NAME: Final = "host.name"
+
+
+class GpuMetricAttributes:
+    """Attributes on the SDK's periodic NVML gauge samples."""
+
+    UUID: Final = "gpu.uuid"
+    INDEX: Final = "gpu.index"

@@ -1,0 +1,171 @@
+"""End to end: plain OpenTelemetry SDK -> OTLP/gRPC -> latscope serve -> attribution over HTTP."""
+
+from __future__ import annotations
+
+import random
+import signal
+
+import httpx
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import SpanKind, set_span_in_context
+
+from tests.conftest import Server, start_serve
+
+MS = 1_000_000
+T0 = 1_763_000_000_000_000_000  # a fixed instant, ns since the epoch
+
+
+def _provider(endpoint: str, service: str) -> TracerProvider:
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=10))
+    )
+    return provider
+
+
+def send_request_trace(
+    endpoint: str, layout: dict[str, tuple[int, int]], *, client: bool = True, skew_ns: int = 0
+) -> str:
+    """Emit a client span, a server span under it and phase spans under that.
+
+    ``layout`` maps "client", "server" and phase names to (start_ms, end_ms) from T0; server-side
+    times are shifted by ``skew_ns`` as if the server's clock ran ahead. Returns the trace id.
+    """
+    client_tp = _provider(endpoint, "chat-frontend")
+    server_tp = _provider(endpoint, "llm-server")
+    ctracer, stracer = client_tp.get_tracer("test.client"), server_tp.get_tracer("test.server")
+    ctx = None
+    c_span = None
+    if client:
+        cs, _ce = layout["client"]
+        c_span = ctracer.start_span(
+            "POST /v1/chat/completions", kind=SpanKind.CLIENT, start_time=T0 + cs * MS
+        )
+        ctx = set_span_in_context(c_span)
+    ss, se = layout["server"]
+    s_span = stracer.start_span(
+        "chat llama",
+        context=ctx,
+        kind=SpanKind.SERVER,
+        start_time=T0 + ss * MS + skew_ns,
+        attributes={
+            "gen_ai.request.model": "llama-3-8b",
+            "gen_ai.usage.input_tokens": 812,
+            "gen_ai.operation.name": "chat",
+        },
+    )
+    s_ctx = set_span_in_context(s_span)
+    for phase, (ps, pe) in layout.items():
+        if phase in ("client", "server"):
+            continue
+        p = stracer.start_span(
+            phase,
+            context=s_ctx,
+            start_time=T0 + ps * MS + skew_ns,
+            attributes={"latscope.phase": phase},
+        )
+        p.end(end_time=T0 + pe * MS + skew_ns)
+    s_span.end(end_time=T0 + se * MS + skew_ns)
+    trace_id = format(s_span.get_span_context().trace_id, "032x")
+    if c_span is not None:
+        c_span.end(end_time=T0 + layout["client"][1] * MS)
+    for tp in (server_tp, client_tp):
+        tp.force_flush()
+        tp.shutdown()
+    return trace_id
+
+
+LAYOUT = {
+    "client": (0, 1000),
+    "server": (40, 960),  # network = 1000 - 920 = 80 ms
+    "queue": (45, 145),  # 100 ms
+    "preprocess": (150, 180),  # 30 ms
+    "prefill": (180, 380),  # 200 ms
+    "decode": (380, 900),  # 520 ms
+    "postprocess": (900, 950),  # 50 ms
+}
+# other = server time no phase covers: 40-45, 145-150, 950-960 -> 20 ms
+EXPECTED = {
+    "network": 80,
+    "queue": 100,
+    "preprocess": 30,
+    "prefill": 200,
+    "decode": 520,
+    "postprocess": 50,
+    "other": 20,
+}
+
+
+def get_attribution(server: Server, trace_id: str) -> dict:
+    response = httpx.get(server.url(f"/v1/requests/{trace_id}/attribution"), timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def assert_buckets(body: dict, expected: dict[str, float | None]) -> None:
+    for bucket, value in expected.items():
+        got = body["buckets_ms"][bucket]
+        if value is None:
+            assert got is None, (bucket, got)
+        else:
+            assert got == pytest.approx(value, abs=1.0), (bucket, got, value)
+
+
+def test_client_server_phases_attribution(serve: Server) -> None:
+    trace_id = send_request_trace(serve.grpc, LAYOUT)
+    body = get_attribution(serve, trace_id)
+    assert body["trace_id"] == trace_id
+    assert body["service"] == "llm-server"
+    assert body["model"] == "llama-3-8b"
+    assert body["input_tokens"] == 812
+    assert body["e2e_ms"] == pytest.approx(1000, abs=1.0)
+    assert_buckets(body, EXPECTED)
+    assert sum(body["buckets_ms"].values()) == pytest.approx(body["e2e_ms"], abs=1e-6)
+    assert body["clock_skew_ms"] == 0
+
+
+def test_server_only_trace_has_unknown_network(serve: Server) -> None:
+    trace_id = send_request_trace(serve.grpc, LAYOUT, client=False)
+    body = get_attribution(serve, trace_id)
+    assert body["e2e_ms"] == pytest.approx(920, abs=1.0)
+    assert_buckets(body, {**EXPECTED, "network": None})
+
+
+def test_skewed_server_clock_keeps_buckets_and_reports_skew(serve: Server) -> None:
+    skew = random.choice([-1, 1]) * 3_000 * MS  # the server's clock 3 s off
+    trace_id = send_request_trace(serve.grpc, LAYOUT, skew_ns=skew)
+    body = get_attribution(serve, trace_id)
+    assert_buckets(body, EXPECTED)
+    # Symmetric-network estimate: the server interval centred in the client's.
+    assert body["clock_skew_ms"] == pytest.approx(skew / MS, abs=1.0)
+
+
+def test_unknown_trace_is_404_json(serve: Server) -> None:
+    response = httpx.get(serve.url("/v1/requests/" + "ab" * 16 + "/attribution"), timeout=10)
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json()["error"] == "trace_not_found"
+
+
+def test_malformed_trace_id_is_400_json(serve: Server) -> None:
+    response = httpx.get(serve.url("/v1/requests/not-a-trace/attribution"), timeout=10)
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_trace_id"
+
+
+def test_sigterm_keeps_every_acknowledged_span(tmp_path) -> None:
+    server = start_serve(tmp_path / "store")
+    trace_ids = [send_request_trace(server.grpc, LAYOUT) for _ in range(5)]
+    assert server.stop(signal.SIGTERM) == 0, "\n".join(server.output)
+    assert any("stopped" in line for line in server.output)
+    # A new process over the same store sees all 5 traces, 7 spans each.
+    again = start_serve(tmp_path / "store")
+    try:
+        for trace_id in trace_ids:
+            assert_buckets(get_attribution(again, trace_id), EXPECTED)
+    finally:
+        again.stop()
