@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import hmac
 import re
+from collections.abc import Sequence
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from latscope import __version__
 from latscope.attribution import attribute_trace, load_trace
 from latscope.config import Settings
+from latscope.metrics import REGISTRY
 from latscope.storage import Store, StoreError, StoreUnavailable
 
 _TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
@@ -29,7 +32,7 @@ def _error(status: int, error: str, detail: Any) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": error, "detail": detail})
 
 
-def create_app(store: Store, settings: Settings) -> FastAPI:
+def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter] = ()) -> FastAPI:
     """The API over ``store``; with ``settings.token`` set, every /v1 route needs it."""
     app = FastAPI(
         title="latscope",
@@ -78,6 +81,14 @@ def create_app(store: Store, settings: Settings) -> FastAPI:
     def healthz() -> dict[str, str]:
         """Liveness: the process answers. Needs no token."""
         return {"status": "ok"}
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    def metrics() -> Response:
+        """Prometheus text exposition of every latscope metric in this process."""
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    for router in routers:
+        app.include_router(router)
 
     @app.get(
         "/v1/requests/{trace_id}/attribution",

@@ -1,8 +1,13 @@
-"""The ``latscope`` command."""
+"""The ``latscope`` command.
+
+Each subcommand lives in its own module, listed in ``COMMANDS``; the module provides
+``HELP`` (one line), ``add_arguments(parser)`` and ``main(args) -> int``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from dataclasses import fields
@@ -10,19 +15,29 @@ from dataclasses import fields
 from latscope import __version__
 from latscope.config import ConfigError, Settings
 
+#: subcommand -> module implementing it, in the order ``--help`` lists them.
+COMMANDS: dict[str, str] = {
+    "serve": "latscope.serve",
+}
 
-def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per ``Settings`` field; unset flags stay None so env and defaults apply."""
     for f in fields(Settings):
-        flag = "--" + f.name.replace("_", "-")
         parser.add_argument(
-            flag,
+            "--" + f.name.replace("_", "-"),
             dest=f.name,
-            type=type(f.default) if not isinstance(f.default, bool) else None,
+            type=type(f.default),
             default=None,
             metavar=f.name.upper(),
             help=f"{f.metadata.get('help', '')} [env {Settings.env_name(f.name)}, "
             f"default {f.default!r}]",
         )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from flags > ``LATSCOPE_*`` > defaults; raises ConfigError with a fix."""
+    return Settings.from_env(**{f.name: getattr(args, f.name, None) for f in fields(Settings)})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,35 +47,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"latscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = sub.add_parser(
-        "serve", help="OTLP receiver + REST API over one store (embedded chDB by default)"
-    )
-    _add_settings_flags(serve)
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(_main=module.main)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    overrides = {f.name: getattr(args, f.name, None) for f in fields(Settings)}
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
-        settings = Settings.from_env(**overrides)
+        return int(args._main(args) or 0)
     except ConfigError as exc:
         parser.exit(2, f"latscope: {exc}\n")
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if args.command == "serve":
-        from latscope import serve
-
-        try:
-            return serve.run(settings)
-        except OSError as exc:
-            print(f"latscope: {exc}", file=sys.stderr)
-            return 1
-    parser.error(f"unknown command {args.command}")
-    return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

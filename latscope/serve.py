@@ -1,29 +1,51 @@
 """``latscope serve``: the OTLP receiver and the HTTP API in one process over one store.
 
-Shutdown order on SIGTERM / Ctrl-C: stop gRPC intake and let in-flight Exports finish (each is
-stored before it is acknowledged), then stop the HTTP server, then close the store.
+Shutdown order on SIGTERM / Ctrl-C: stop gRPC intake and let in-flight Exports finish, stop the
+HTTP server (the other intake), then stop the background components in reverse start order (the
+collector drains what it acknowledged), then close the store.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import socket
 import sys
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
 import uvicorn
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from latscope.api import create_app
-from latscope.collector import TraceReceiver
 from latscope.config import Settings, parse_hostport
+from latscope.parts import Parts
 from latscope.storage import Store
 
 log = logging.getLogger("latscope.serve")
+
+HELP = "OTLP receiver + REST API over one store (embedded chDB by default)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from latscope.cli import add_settings_flags
+
+    add_settings_flags(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    from latscope.cli import settings_from_args
+
+    settings = settings_from_args(args)
+    logging.getLogger().setLevel(settings.log_level.upper())
+    try:
+        return run(settings)
+    except OSError as exc:
+        print(f"latscope: {exc}", file=sys.stderr)
+        return 1
 
 
 @dataclass
@@ -39,13 +61,20 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
-def start_grpc(settings: Settings, store: Store) -> tuple[grpc.Server, str]:
+def serve_parts(settings: Settings, store: Store) -> Parts:
+    """Everything ``latscope serve`` runs over one store."""
+    from latscope.collector.service import collector_parts
+
+    return collector_parts(settings, store)
+
+
+def start_grpc(settings: Settings, parts: Parts) -> tuple[grpc.Server, str]:
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="otlp-grpc"),
+        futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpc"),
         options=grpc_options(settings),
-        compression=None,
     )
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceReceiver(store), server)
+    for register in parts.grpc_servicers:
+        register(server)
     host, port = parse_hostport(settings.otlp_grpc, name="--otlp-grpc")
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound_port = server.add_insecure_port(target)
@@ -66,6 +95,14 @@ def bind_http(settings: Settings) -> tuple[socket.socket, str]:
     return sock, f"{host}:{sock.getsockname()[1]}"
 
 
+def stop_components(parts: Parts, deadline: float) -> None:
+    for component in reversed(parts.components):
+        try:
+            component.stop(deadline)
+        except Exception:
+            log.exception("stopping %s failed", component.name)
+
+
 def run(settings: Settings) -> int:
     """Run until SIGTERM or SIGINT; returns the process exit code."""
     stop = threading.Event()
@@ -79,9 +116,12 @@ def run(settings: Settings) -> int:
 
     store = Store.open(settings.store)
     version = store.apply_schema()
-    grpc_server, grpc_addr = start_grpc(settings, store)
+    parts = serve_parts(settings, store)
+    for component in parts.components:
+        component.start()
+    grpc_server, grpc_addr = start_grpc(settings, parts)
     sock, http_addr = bind_http(settings)
-    app = create_app(store, settings)
+    app = create_app(store, settings, routers=parts.http_routers)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     http_server = uvicorn.Server(config)
     http_thread = threading.Thread(
@@ -92,6 +132,7 @@ def run(settings: Settings) -> int:
         stop.wait(0.02)
     if not http_thread.is_alive():
         grpc_server.stop(0)
+        stop_components(parts, time.monotonic() + settings.shutdown_grace_s)
         store.close()
         print("latscope: the HTTP server failed to start", file=sys.stderr)
         return 1
@@ -102,9 +143,11 @@ def run(settings: Settings) -> int:
         flush=True,
     )
     stop.wait()
+    deadline = time.monotonic() + settings.shutdown_grace_s
     grpc_server.stop(settings.shutdown_grace_s).wait()
     http_server.should_exit = True
-    http_thread.join(settings.shutdown_grace_s)
+    http_thread.join(max(0.0, deadline - time.monotonic()))
+    stop_components(parts, deadline)
     store.close()
     print("latscope serve: stopped", flush=True)
     return 0
