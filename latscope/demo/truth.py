@@ -1,0 +1,116 @@
+"""Ground truth: how long each request really spent in each phase, measured where the work is.
+
+The simulator reads ``time.monotonic_ns`` at the same points where the SDK opens and closes its
+phase spans, but on its own clock and in its own records, so the comparison with latscope's
+attribution checks the whole path (SDK clock, export, collector, storage, attribution) and not
+the cost model: scheduling jitter on a busy machine lands in the truth as it lands in the spans.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from latscope.semconv import BUCKETS
+
+#: Requests remembered at most; the oldest are forgotten first (and counted).
+DEFAULT_CAPACITY = 100_000
+
+
+@dataclass
+class RequestTruth:
+    """One request as the server saw it. Times are ``time.monotonic_ns`` readings."""
+
+    request_id: str
+    arrived_ns: int
+    ended_ns: int | None = None
+    phases_ns: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    status: int = 200
+
+    def add(self, phase: str, ns: int) -> None:
+        self.phases_ns[phase] = self.phases_ns.get(phase, 0) + ns
+
+    def to_json(self) -> dict[str, Any]:
+        server = None if self.ended_ns is None else self.ended_ns - self.arrived_ns
+        return {
+            "request_id": self.request_id,
+            "server_ns": server,
+            "phases_ns": dict(self.phases_ns),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "status": self.status,
+        }
+
+
+class TruthRecorder:
+    """Bounded map request id -> RequestTruth; forgets the oldest beyond ``capacity``."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.capacity = capacity
+        self.forgotten = 0
+        self._records: OrderedDict[str, RequestTruth] = OrderedDict()
+
+    def begin(self, request_id: str, arrived_ns: int) -> RequestTruth:
+        record = RequestTruth(request_id, arrived_ns)
+        self._records[request_id] = record
+        while len(self._records) > self.capacity:
+            self._records.popitem(last=False)
+            self.forgotten += 1
+        return record
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requests": [r.to_json() for r in self._records.values() if r.ended_ns is not None],
+            "forgotten": self.forgotten,
+        }
+
+
+#: The request the current task is serving (set by TruthMiddleware).
+current: contextvars.ContextVar[RequestTruth | None] = contextvars.ContextVar(
+    "latscope_demo_truth", default=None
+)
+
+
+class TruthMiddleware:
+    """ASGI middleware (outermost): notes when each request arrived, keyed by ``x-request-id``."""
+
+    def __init__(self, app: Any, recorder: TruthRecorder) -> None:
+        self.app = app
+        self.recorder = recorder
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        arrived = time.monotonic_ns()
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = next(
+            (v.decode("latin-1") for k, v in scope.get("headers") or () if k == b"x-request-id"),
+            None,
+        )
+        if request_id is None:
+            await self.app(scope, receive, send)
+            return
+        token = current.set(self.recorder.begin(request_id, arrived))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            current.reset(token)
+
+
+def truth_buckets(client_e2e_ns: int, server: dict[str, Any]) -> dict[str, int]:
+    """The seven true buckets of one request, from the client's and the server's records.
+
+    ``network`` is what the client waited beyond the server's own time (proxy delay included);
+    ``other`` is server time no phase covered.
+    """
+    server_ns = int(server["server_ns"])
+    phases = server.get("phases_ns") or {}
+    out = {b: int(phases.get(b, 0)) for b in BUCKETS if b not in ("network", "other")}
+    out["network"] = client_e2e_ns - server_ns
+    out["other"] = server_ns - sum(out[b] for b in out if b != "network")
+    return {b: out[b] for b in BUCKETS}
