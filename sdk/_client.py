@@ -173,13 +173,22 @@ class _TokenWatch:
     """Finds the first token in a response body: the first SSE ``data:`` event carrying content
     (OpenAI-style chunks whose delta is empty do not count), or any bytes when not SSE."""
 
-    __slots__ = ("_buf", "_scanned", "call", "sse")
+    __slots__ = ("_buf", "_scanned", "call", "done", "sse")
 
     def __init__(self, call: ClientCall, sse: bool) -> None:
         self.call = call
         self.sse = sse
+        self.done = False
         self._buf = b""
         self._scanned = 0
+
+    def watch(self, chunk: bytes) -> None:
+        """Per chunk: first token until found; then only the SSE end marker."""
+        if not self.call._first_token:
+            self.feed(chunk)
+        # OpenAI-style streams end with ``data: [DONE]``; clients stop reading there.
+        if self.sse and b"[DONE]" in chunk:
+            self.done = True
 
     def feed(self, chunk: bytes) -> None:
         call = self.call
@@ -310,8 +319,7 @@ def _httpx_transports() -> tuple[type, type]:
             watch = self._watch
             try:
                 for chunk in self._inner:
-                    if not watch.call._first_token:
-                        watch.feed(chunk)
+                    watch.watch(chunk)
                     yield chunk
             except BaseException as exc:
                 watch.call.finish(exc)
@@ -322,7 +330,9 @@ def _httpx_transports() -> tuple[type, type]:
             try:
                 self._inner.close()
             finally:
-                self._watch.call.finish(None, None if self._complete else "closed_before_complete")
+                self._watch.call.finish(
+                    None, None if self._complete or self._watch.done else "closed_before_complete"
+                )
 
     class AsyncTransport(httpx.AsyncBaseTransport):
         def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
@@ -359,8 +369,7 @@ def _httpx_transports() -> tuple[type, type]:
             watch = self._watch
             try:
                 async for chunk in self._inner:
-                    if not watch.call._first_token:
-                        watch.feed(chunk)
+                    watch.watch(chunk)
                     yield chunk
             except BaseException as exc:
                 watch.call.finish(exc)
@@ -371,6 +380,8 @@ def _httpx_transports() -> tuple[type, type]:
             try:
                 await self._inner.aclose()
             finally:
-                self._watch.call.finish(None, None if self._complete else "closed_before_complete")
+                self._watch.call.finish(
+                    None, None if self._complete or self._watch.done else "closed_before_complete"
+                )
 
     return SyncTransport, AsyncTransport
