@@ -48,7 +48,8 @@ class Capture:
 def capture(**kwargs: Any) -> Iterator[Capture]:
     exporter = InMemorySpanExporter()
     kwargs.setdefault("gpu", False)
-    sdk.configure(service_name="test-svc", span_exporter=exporter, **kwargs)
+    kwargs.setdefault("service_name", "test-svc")
+    sdk.configure(span_exporter=exporter, **kwargs)
     try:
         yield Capture(exporter)
     finally:
