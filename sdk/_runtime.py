@@ -147,6 +147,9 @@ def configure(
         _shutdown_locked()
         RT.options = opts
         RT.clock = clock or time.time_ns
+        from latscope.sdk import _server
+
+        _server.set_clock(RT.clock)
         RT.token_cap = opts.max_tokens_per_span
         if opts.disabled:
             logger.info("latscope SDK disabled (OTEL_SDK_DISABLED / disabled=True)")

@@ -20,6 +20,7 @@ from latscope.sdk import _guard
 from latscope.sdk._runtime import RT
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from latscope.semconv import GenAIAttributes, LatscopeAttributes, Phase, ServerAttributes
@@ -30,6 +31,15 @@ T = TypeVar("T")
 
 _GPU_PHASES = frozenset((Phase.PREFILL, Phase.DECODE))
 
+#: ``RT.clock``, kept as a module global because ``record_token`` reads it per token.
+_clock: Callable[[], int] = RT.clock
+
+
+def set_clock(clock: Callable[[], int]) -> None:
+    global _clock
+    _clock = clock
+
+
 #: Set by ``TraceparentMiddleware`` when a request arrives, so the server span starts there.
 arrival_ns: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "latscope_arrival_ns", default=None
@@ -37,16 +47,25 @@ arrival_ns: contextvars.ContextVar[int | None] = contextvars.ContextVar(
 
 
 class _Decode:
-    """Token times of one decode phase: clock readings in a preallocated-growth int64 array."""
+    """Token times of one decode phase: clock readings appended to an int64 array, up to
+    ``cap``; tokens beyond it are counted (``over``) and only the last one's time is kept."""
 
-    __slots__ = ("buf", "cap", "last", "n", "start")
+    __slots__ = ("buf", "cap", "last", "over", "start")
 
     def __init__(self, start: int, cap: int) -> None:
         self.start = start
         self.buf = array("q")
         self.cap = cap
-        self.n = 0
+        self.over = 0
         self.last = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.buf) + self.over
+
+    @property
+    def last_time(self) -> int:
+        return self.last if self.over else (self.buf[-1] if self.buf else self.start)
 
 
 class _Request:
@@ -104,17 +123,18 @@ def record_token() -> None:
     """
     try:
         req = _active.get()
-        if req is None:
-            return
-        t = RT.clock()
-        d = req.decode
-        if d is None:  # a token outside decode (e.g. from prefill) still sets TTFT
-            req.note_tokens(t, t, 1)
-            return
-        if d.n < d.cap:
-            d.buf.append(t)
-        d.n += 1
-        d.last = t
+        if req is not None:
+            d = req.decode
+            if d is not None:
+                buf = d.buf
+                if len(buf) < d.cap:
+                    buf.append(_clock())
+                else:
+                    d.over += 1
+                    d.last = _clock()
+            else:  # a token outside decode (e.g. from prefill) still sets TTFT
+                t = _clock()
+                req.note_tokens(t, t, 1)
     except Exception:
         _guard.fault("record_token")
 
@@ -248,7 +268,7 @@ class phase:
                 req.decode = self._prev
                 _flush_tokens(span, d)
                 if req.span is not None:
-                    req.note_tokens(d.buf[0] if d.buf else d.last, d.last, d.n)
+                    req.note_tokens(d.buf[0] if d.buf else d.last, d.last_time, d.count)
                 if self._own is not None:
                     _reset(_active, self._own, None)
                     self._own = None
@@ -306,13 +326,27 @@ class phase:
 def _flush_tokens(span: trace.Span, d: _Decode) -> None:
     """Convert the buffered clock readings to µs offsets once, at the decode span's end."""
     start = d.start
-    span.set_attribute(LatscopeAttributes.TOKEN_COUNT, d.n)
+    span.set_attribute(LatscopeAttributes.TOKEN_COUNT, d.count)
     if d.buf:
-        span.set_attribute(
-            LatscopeAttributes.TOKEN_OFFSETS_US, [(t - start) // 1000 for t in d.buf]
+        _set_trusted(
+            span, LatscopeAttributes.TOKEN_OFFSETS_US, tuple([(t - start) // 1000 for t in d.buf])
         )
-    if d.n > len(d.buf):
-        span.set_attribute(ServerAttributes.TOKENS_NOT_TIMED, d.n - len(d.buf))
+    if d.over:
+        span.set_attribute(ServerAttributes.TOKENS_NOT_TIMED, d.over)
+
+
+def _set_trusted(span: trace.Span, key: str, value: tuple[int, ...]) -> None:
+    """Set an attribute whose value the SDK built itself (a tuple of ints).
+
+    ``set_attribute`` re-validates every element (about 100 ns each, i.e. more than recording
+    the token did); this skips that when the span is the SDK's own kind, else falls back.
+    """
+    attrs = getattr(span, "_attributes", None)
+    if isinstance(attrs, BoundedAttributes) and not attrs._immutable and span.is_recording():
+        with attrs._lock:
+            attrs._setitem_locked(key, value)
+        return
+    span.set_attribute(key, value)
 
 
 def _mark_error(span: trace.Span, exc: BaseException) -> None:
