@@ -110,3 +110,38 @@ class GpuMetricAttributes:
 
     UUID: Final = "gpu.uuid"
     INDEX: Final = "gpu.index"
+
+
+class ServerAttributes:
+    """What the SDK adds to a request's SERVER span (times in ns on the server's clock)."""
+
+    #: Server-side time to first token: first recorded token − server span start.
+    TTFT_NS: Final = "latscope.server.ttft_ns"
+    #: Server-side time per output token after the first: (last − first) / (count − 1).
+    TPOT_NS: Final = "latscope.server.tpot_ns"
+    #: Tokens counted but not timed because the decode span's buffer was full (bounded memory).
+    TOKENS_NOT_TIMED: Final = "latscope.token_not_timed"
+    #: Values of ``LatscopeAttributes.STREAM_END``.
+    END_CLIENT_DISCONNECT: Final = "client_disconnect"
+    END_CANCELLED: Final = "cancelled"
+
+
+class ClientAttributes:
+    """What the SDK adds to a CLIENT span besides ``LatscopeAttributes.FIRST_*_NS``."""
+
+    #: Time the response's last byte was read, ns since the epoch on the client's clock.
+    LAST_BYTE_NS: Final = "latscope.last_byte_ns"
+    URL_FULL: Final = "url.full"
+    SERVER_ADDRESS: Final = "server.address"
+    SERVER_PORT: Final = "server.port"
+    ERROR_TYPE: Final = "error.type"
+
+
+class GpuMetrics:
+    """Names and units of the SDK's periodic NVML gauges (OTLP metrics)."""
+
+    UTILIZATION: Final = "latscope.gpu.utilization"  # percent
+    MEMORY_USED: Final = "latscope.gpu.memory.used"  # bytes
+    POWER: Final = "latscope.gpu.power"  # watts
+    SM_CLOCK: Final = "latscope.gpu.sm_clock"  # MHz
+    ENERGY: Final = "latscope.gpu.energy"  # mJ, the driver's counter since it loaded

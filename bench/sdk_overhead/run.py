@@ -1,0 +1,214 @@
+"""SDK overhead: one request (client span + server span + 5 phases + 256 tokens), three ways.
+
+    .venv/bin/python bench/sdk_overhead/run.py [--requests 2000] [--rounds 5]
+
+Compares, in one run: no tracing, the same spans made with the bare OpenTelemetry SDK, and
+latscope. Both tracing variants end spans into the same discarding exporter through a
+``SimpleSpanProcessor``, so the figures are the cost of making spans, not of shipping them.
+Also: ns per ``record_token()`` call and µs of NVML reads per GPU phase against the fake NVML.
+Figures are medians over rounds; read the ratios, the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from latscope import sdk
+from latscope.sdk import GpuOptions
+from latscope.sdk.testing import FakeGpu, FakeNvml
+from latscope.semconv import GenAIAttributes, LatscopeAttributes
+
+TOKENS = 256
+PHASES = ("queue", "preprocess", "prefill", "decode", "postprocess")
+
+
+class Discard(SpanExporter):
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+# --- no tracing -------------------------------------------------------------------------------
+def plain_request() -> int:
+    headers: dict[str, str] = {}
+    n = 0
+    for p in PHASES:
+        if p == "decode":
+            for _ in range(TOKENS):
+                n += 1
+    return n + len(headers)
+
+
+# --- bare OpenTelemetry ---------------------------------------------------------------------
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(Discard()))
+tracer = provider.get_tracer("bench")
+propagator = TraceContextTextMapPropagator()
+
+
+def otel_request() -> int:
+    headers: dict[str, str] = {}
+    client = tracer.start_span("POST /v1/chat/completions", kind=SpanKind.CLIENT)
+    propagator.inject(headers, context=trace.set_span_in_context(client))
+    # server side
+    parent = propagator.extract(headers)
+    server = tracer.start_span(
+        "chat llama",
+        context=parent,
+        kind=SpanKind.SERVER,
+        attributes={GenAIAttributes.REQUEST_MODEL: "llama", GenAIAttributes.OPERATION_NAME: "chat"},
+    )
+    token = otel_context.attach(trace.set_span_in_context(server, parent))
+    sctx = trace.set_span_in_context(server)
+    n = 0
+    for p in PHASES:
+        span = tracer.start_span(p, context=sctx, attributes={LatscopeAttributes.PHASE: p})
+        if p == "decode":
+            start = time.time_ns()
+            times = []
+            for _ in range(TOKENS):
+                times.append(time.time_ns())
+                n += 1
+            span.set_attribute(LatscopeAttributes.TOKEN_COUNT, len(times))
+            span.set_attribute(
+                LatscopeAttributes.TOKEN_OFFSETS_US, [(t - start) // 1000 for t in times]
+            )
+        span.end()
+    server.set_attribute(GenAIAttributes.USAGE_OUTPUT_TOKENS, n)
+    otel_context.detach(token)
+    server.end()
+    client.set_attribute(LatscopeAttributes.FIRST_TOKEN_NS, time.time_ns())
+    client.end()
+    return n + len(headers) - 1
+
+
+# --- latscope -----------------------------------------------------------------------------
+@sdk.inference(model="llama")
+def handler() -> int:
+    n = 0
+    for p in PHASES:
+        with sdk.phase(p):
+            if p == "decode":
+                for _ in range(TOKENS):
+                    sdk.record_token()
+                    n += 1
+    return n
+
+
+def latscope_request() -> int:
+    headers: dict[str, str] = {}
+    with sdk.client_call("POST", "http://llm/v1/chat/completions", headers=headers) as call:
+        token = otel_context.attach(sdk.extract_context(headers))
+        try:
+            n = handler()
+        finally:
+            otel_context.detach(token)
+        call.first_token()
+    return n + len(headers) - 1
+
+
+def per_request_us(fn: Callable[[], int], requests: int, rounds: int) -> float:
+    for _ in range(min(200, requests)):  # warm up
+        fn()
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter_ns()
+        for _ in range(requests):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) / requests / 1000)
+    return statistics.median(samples)
+
+
+def per_token_ns(rounds: int, n: int = 200_000) -> tuple[float, float]:
+    """(latscope record_token, bare list.append(time.time_ns())) minus an empty loop, ns."""
+
+    def empty() -> None:
+        for _ in range(n):
+            pass
+
+    @sdk.inference
+    def tokens() -> None:
+        with sdk.phase("decode"):
+            rec = sdk.record_token
+            for _ in range(n):
+                rec()
+
+    def bare() -> None:
+        times = []
+        now = time.time_ns
+        for _ in range(n):
+            times.append(now())
+
+    def timed(fn: Callable[[], None]) -> float:
+        out = []
+        for _ in range(rounds):
+            t0 = time.perf_counter_ns()
+            fn()
+            out.append((time.perf_counter_ns() - t0) / n)
+        return statistics.median(out)
+
+    base = timed(empty)
+    return timed(tokens) - base, timed(bare) - base
+
+
+def nvml_per_phase_us(rounds: int, n: int = 2000) -> float:
+    sdk.configure(
+        service_name="bench",
+        span_exporter=Discard(),
+        gpu=GpuOptions(enabled=True, nvml=FakeNvml([FakeGpu(utilization=50, power_mw=1)])),
+    )
+    try:
+        gpu = sdk._runtime.RT.gpu
+        out = []
+        for _ in range(rounds):
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                gpu.end(gpu.begin())
+            out.append((time.perf_counter_ns() - t0) / n / 1000)
+        return statistics.median(out)
+    finally:
+        sdk.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    assert plain_request() == otel_request() == TOKENS
+    plain = per_request_us(plain_request, args.requests, args.rounds)
+    otel = per_request_us(otel_request, args.requests, args.rounds)
+    sdk.configure(service_name="bench", span_exporter=Discard(), gpu=False)
+    try:
+        assert latscope_request() == TOKENS
+        ours = per_request_us(latscope_request, args.requests, args.rounds)
+        tok, bare_tok = per_token_ns(args.rounds)
+    finally:
+        sdk.shutdown()
+    nvml = nvml_per_phase_us(args.rounds)
+
+    print(f"one request: client + server span, {len(PHASES)} phases, {TOKENS} tokens, GPU off")
+    print(f"  no tracing            {plain:8.1f} µs/request")
+    print(f"  bare OpenTelemetry    {otel:8.1f} µs/request   (+{otel - plain:.1f} µs)")
+    print(f"  latscope              {ours:8.1f} µs/request   (+{ours - plain:.1f} µs)")
+    ratio = (ours - plain) / (otel - plain)
+    print(f"  latscope / bare OTel  {ours / otel:8.2f}x total, {ratio:.2f}x added cost  (≤ 1.2)")
+    print(f"record_token()          {tok:8.0f} ns/token   (bare append: {bare_tok:.0f} ns; ≤ 1000)")
+    print(f"NVML reads per phase    {nvml:8.1f} µs/phase   (fake NVML, 1 GPU; ≤ 100)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Runnable examples of the latscope SDK (exercised by the tests)."""

@@ -1,0 +1,108 @@
+"""W3C trace context in and out: ``extract_context`` and ``TraceparentMiddleware``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, MutableMapping
+from typing import Any
+
+from latscope.sdk import _guard
+from latscope.sdk._runtime import RT
+from latscope.sdk._server import arrival_ns
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class _HeaderGetter(Getter[Mapping[str, str]]):
+    """Case-insensitive lookup: HTTP header names are, whatever the mapping does."""
+
+    def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
+        value = carrier.get(key)
+        if value is None:
+            low = key.lower()
+            for k, v in carrier.items():
+                if k.lower() == low:
+                    value = v
+                    break
+        if value is None:
+            return None
+        return [value] if isinstance(value, str) else list(value)
+
+    def keys(self, carrier: Mapping[str, str]) -> list[str]:
+        return list(carrier.keys())
+
+
+_GETTER = _HeaderGetter()
+
+
+def extract_context(headers: Mapping[str, str] | Iterable[tuple[bytes, bytes]]) -> Context:
+    """The trace context carried by ``traceparent`` / ``tracestate`` in ``headers``.
+
+    Accepts a mapping (any case) or ASGI-style ``[(b"name", b"value"), ...]``. Returns the
+    current context unchanged when there is no valid ``traceparent``; never raises.
+
+    Example::
+
+        token = opentelemetry.context.attach(extract_context(request.headers))
+    """
+    try:
+        if not isinstance(headers, Mapping):
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1")
+                for k, v in headers
+                if k.lower() in (b"traceparent", b"tracestate")
+            }
+        return PROPAGATOR.extract(headers, getter=_GETTER)
+    except Exception:
+        _guard.fault("extract_context")
+        return otel_context.get_current()
+
+
+def inject_context(headers: MutableMapping[str, str], context: Context | None = None) -> None:
+    """Write ``traceparent`` / ``tracestate`` for ``context`` (default: current) into headers."""
+    PROPAGATOR.inject(headers, context=context)
+
+
+class TraceparentMiddleware:
+    """ASGI middleware: each HTTP request runs in the trace context its ``traceparent`` carries.
+
+    Also notes the arrival time, so an ``@inference`` handler's span starts when the request
+    arrived rather than when the framework got round to calling it.
+
+    Example::
+
+        app = FastAPI()
+        app.add_middleware(TraceparentMiddleware)
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or not RT.enabled:
+            await self.app(scope, receive, send)
+            return
+        ctx_token = t_token = None
+        try:
+            t_token = arrival_ns.set(RT.clock())
+            carrier = {}
+            for k, v in scope.get("headers") or ():
+                if k in (b"traceparent", b"tracestate"):
+                    carrier[k.decode("latin-1")] = v.decode("latin-1")
+            if carrier:
+                ctx_token = otel_context.attach(PROPAGATOR.extract(carrier, getter=_GETTER))
+        except Exception:
+            _guard.fault("middleware")
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            try:
+                if ctx_token is not None:
+                    otel_context._RUNTIME_CONTEXT.detach(ctx_token)  # type: ignore[attr-defined]
+                if t_token is not None:
+                    arrival_ns.reset(t_token)
+            except Exception:
+                _guard.fault("middleware.exit")

@@ -1,0 +1,276 @@
+"""Process-wide SDK state and ``configure()`` / ``shutdown()``.
+
+latscope keeps its own ``TracerProvider`` and never replaces the global one, so an app that set
+up OpenTelemetry itself keeps its pipeline; the two share the context API, so spans nest
+across them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from latscope.sdk import _guard
+from latscope.sdk._export import BoundedBatchProcessor
+from latscope.sdk._options import ExportOptions, GpuOptions, Options, from_env
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+
+from latscope.semconv import ResourceAttributes
+
+logger = logging.getLogger("latscope.sdk")
+
+_SCOPE = "latscope.sdk"
+
+
+class Runtime:
+    """What the hot paths read: plain attributes, swapped as a whole by ``configure()``."""
+
+    __slots__ = (
+        "clock",
+        "enabled",
+        "gpu",
+        "options",
+        "processor",
+        "provider",
+        "token_cap",
+        "tracer",
+    )
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.clock: Callable[[], int] = time.time_ns
+        self.tracer: trace.Tracer = trace.NoOpTracer()
+        self.provider: TracerProvider | None = None
+        self.processor: SpanProcessor | None = None
+        self.gpu: Any = None  # latscope.sdk._gpu.GpuMonitor when NVML is up
+        self.options = Options()
+        self.token_cap = Options().max_tokens_per_span
+
+
+RT = Runtime()
+_lock = threading.Lock()
+_atexit_registered = False
+
+_UNSET: Any = object()
+
+
+def configure(
+    *,
+    service_name: str | None = None,
+    endpoint: str | None = None,
+    token: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    insecure: bool | None = None,
+    gpu: bool | GpuOptions | None = None,
+    gpu_sample_hz: float | None = None,
+    gpu_devices: tuple[str, ...] | list[str] | None = None,
+    clock: Callable[[], int] | None = None,
+    export: ExportOptions | None = None,
+    export_timeout_s: float | None = None,
+    max_tokens_per_span: int | None = None,
+    span_exporter: SpanExporter | None = None,
+    metric_exporter: Any = None,
+    resource_attributes: Mapping[str, Any] | None = None,
+    disabled: bool | None = None,
+) -> None:
+    """Set up latscope for this process; safe to call again (the new settings replace the old).
+
+    Arguments win over ``LATSCOPE_*`` and ``OTEL_*`` environment variables. ``clock`` returns ns
+    since the epoch and stamps every time the SDK records. ``span_exporter`` replaces the OTLP
+    exporter (spans then go out synchronously: meant for tests and debugging).
+
+    Example::
+
+        from latscope import sdk
+        sdk.configure(service_name="llm-server", endpoint="http://127.0.0.1:4317")
+    """
+    if max_tokens_per_span is not None and max_tokens_per_span < 0:
+        raise ValueError("max_tokens_per_span must be >= 0 (0 keeps counts but no token times)")
+    if gpu_sample_hz is not None and gpu_sample_hz < 0:
+        raise ValueError("gpu_sample_hz must be >= 0 (0 turns periodic GPU samples off)")
+    if clock is not None and not callable(clock):
+        raise ValueError("clock must be a callable returning ns since the epoch, e.g. time.time_ns")
+    if gpu is not None and not isinstance(gpu, bool | GpuOptions):
+        raise ValueError("gpu must be True, False, None (auto) or a GpuOptions")
+
+    env = from_env()
+    explicit = {
+        "service_name": service_name,
+        "endpoint": endpoint,
+        "token": token,
+        "headers": headers,
+        "insecure": insecure,
+        "gpu_sample_hz": gpu_sample_hz,
+        "gpu_devices": gpu_devices,
+        "export_timeout_s": export_timeout_s,
+        "disabled": disabled,
+    }
+    merged = {**env, **{k: v for k, v in explicit.items() if v is not None}}
+    if gpu is not None:
+        merged["gpu"] = gpu
+
+    exp = export or ExportOptions()
+    exp = replace(
+        exp,
+        endpoint=merged.get("endpoint", exp.endpoint),
+        token=merged.get("token", exp.token),
+        headers=dict(merged.get("headers", exp.headers)),
+        insecure=merged.get("insecure", exp.insecure),
+        timeout_s=merged.get("export_timeout_s", exp.timeout_s),
+    )
+    g = merged.get("gpu")
+    gopts = g if isinstance(g, GpuOptions) else GpuOptions(enabled=g)
+    if "gpu_sample_hz" in merged:
+        gopts = replace(gopts, sample_hz=float(merged["gpu_sample_hz"]))
+    if gopts.devices is None and merged.get("gpu_devices") is not None:
+        gopts = replace(gopts, devices=tuple(str(d) for d in merged["gpu_devices"]))
+    opts = Options(
+        service_name=merged.get("service_name", "unknown_service"),
+        export=exp,
+        gpu=gopts,
+        disabled=bool(merged.get("disabled", False)),
+        clock=clock,
+        max_tokens_per_span=(
+            Options.max_tokens_per_span if max_tokens_per_span is None else max_tokens_per_span
+        ),
+    )
+
+    with _lock:
+        _shutdown_locked()
+        RT.options = opts
+        RT.clock = clock or time.time_ns
+        from latscope.sdk import _server
+
+        _server.set_clock(RT.clock)
+        RT.token_cap = opts.max_tokens_per_span
+        if opts.disabled:
+            logger.info("latscope SDK disabled (OTEL_SDK_DISABLED / disabled=True)")
+            return
+        resource = Resource.create(
+            {**(resource_attributes or {}), ResourceAttributes.SERVICE_NAME: opts.service_name}
+        )
+        provider = TracerProvider(resource=resource)
+        if span_exporter is not None:
+            processor: SpanProcessor = SimpleSpanProcessor(span_exporter)
+        else:
+            processor = BoundedBatchProcessor(
+                _otlp_span_exporter(exp),
+                max_queue_size=exp.max_queue_size,
+                max_batch_size=exp.max_batch_size,
+                schedule_delay_s=exp.schedule_delay_s,
+            )
+        provider.add_span_processor(processor)
+        RT.provider = provider
+        RT.processor = processor
+        RT.tracer = provider.get_tracer(_SCOPE)
+        RT.gpu = _start_gpu(opts, resource, metric_exporter)
+        RT.enabled = True
+        _register_atexit()
+
+
+def _otlp_span_exporter(exp: ExportOptions) -> SpanExporter:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    endpoint, insecure = grpc_target(exp)
+    return OTLPSpanExporter(
+        endpoint=endpoint,
+        insecure=insecure,
+        headers=grpc_headers(exp),
+        timeout=exp.timeout_s,
+    )
+
+
+def grpc_target(exp: ExportOptions) -> tuple[str, bool]:
+    """(host:port, insecure) for the gRPC exporters."""
+    endpoint = exp.endpoint
+    insecure = exp.insecure
+    if "://" in endpoint:
+        scheme, _, rest = endpoint.partition("://")
+        if insecure is None:
+            insecure = scheme.lower() != "https"
+        endpoint = rest.rstrip("/")
+    return endpoint, True if insecure is None else insecure
+
+
+def grpc_headers(exp: ExportOptions) -> dict[str, str]:
+    headers = {k.lower(): v for k, v in exp.headers.items()}
+    if exp.token:
+        headers["authorization"] = f"Bearer {exp.token}"
+    return headers
+
+
+def _start_gpu(opts: Options, resource: Resource, metric_exporter: Any) -> Any:
+    if opts.gpu.enabled is False:
+        return None
+    try:
+        from latscope.sdk._gpu import GpuMonitor
+
+        return GpuMonitor.start(opts, resource, metric_exporter)
+    except Exception:
+        _guard.fault("gpu.start")
+        return None
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
+
+
+def shutdown(timeout_s: float | None = None) -> None:
+    """Flush what is queued (bounded by ``timeout_s``, default the export timeout) and stop."""
+    with _lock:
+        _shutdown_locked(timeout_s)
+
+
+def _shutdown_locked(timeout_s: float | None = None) -> None:
+    RT.enabled = False
+    RT.tracer = trace.NoOpTracer()
+    gpu, provider, processor = RT.gpu, RT.provider, RT.processor
+    RT.gpu = RT.provider = RT.processor = None
+    limit = RT.options.export.timeout_s if timeout_s is None else timeout_s
+    try:
+        if gpu is not None:
+            gpu.stop(limit)
+        if isinstance(processor, BoundedBatchProcessor):
+            processor.shutdown(limit)
+        elif provider is not None:
+            provider.shutdown()
+    except Exception:
+        _guard.fault("shutdown")
+
+
+def force_flush(timeout_s: float = 10.0) -> bool:
+    """Export what is queued now; False when it did not finish in time."""
+    try:
+        if RT.processor is not None:
+            return bool(RT.processor.force_flush(int(timeout_s * 1000)))
+        return True
+    except Exception:
+        _guard.fault("force_flush")
+        return False
+
+
+def stats() -> dict[str, Any]:
+    """Counters for what the SDK did and dropped (spans, internal faults)."""
+    p = RT.processor
+    out: dict[str, Any] = {"enabled": RT.enabled, "internal_errors": dict(_guard.faults)}
+    if isinstance(p, BoundedBatchProcessor):
+        out.update(
+            spans_exported=p.exported,
+            spans_failed=p.failed,
+            spans_dropped=p.dropped,
+            spans_queued=len(p._queue),
+        )
+    if RT.gpu is not None:
+        out["gpu"] = RT.gpu.stats()
+    return out

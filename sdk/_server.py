@@ -1,0 +1,644 @@
+"""Server side: the ``@inference`` decorator, ``phase()``, token recording and ``set_usage()``.
+
+One request is one ``_Request``; the active one lives in a context variable. Phases and the
+decode token buffer hang off the request object rather than off more context variables, so a
+streaming handler that yields inside a phase never trips over context-variable reset order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import inspect
+from array import array
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
+from typing import Any, ParamSpec, TypeVar, overload
+
+from latscope.sdk import _guard
+from latscope.sdk._runtime import RT
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from latscope.semconv import GenAIAttributes, LatscopeAttributes, Phase, ServerAttributes
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+_GPU_PHASES = frozenset((Phase.PREFILL, Phase.DECODE))
+
+#: ``RT.clock``, kept as a module global because ``record_token`` reads it per token.
+_clock: Callable[[], int] = RT.clock
+
+
+def set_clock(clock: Callable[[], int]) -> None:
+    global _clock
+    _clock = clock
+
+
+#: Set by ``TraceparentMiddleware`` when a request arrives, so the server span starts there.
+arrival_ns: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "latscope_arrival_ns", default=None
+)
+
+
+class _Decode:
+    """Token times of one decode phase: clock readings appended to an int64 array, up to
+    ``cap``; tokens beyond it are counted (``over``) and only the last one's time is kept."""
+
+    __slots__ = ("buf", "cap", "last", "over", "start")
+
+    def __init__(self, start: int, cap: int) -> None:
+        self.start = start
+        self.buf = array("q")
+        self.cap = cap
+        self.over = 0
+        self.last = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.buf) + self.over
+
+    @property
+    def last_time(self) -> int:
+        return self.last if self.over else (self.buf[-1] if self.buf else self.start)
+
+
+class _Request:
+    __slots__ = (
+        "ctx",
+        "decode",
+        "first_token",
+        "last_token",
+        "output_set",
+        "span",
+        "start",
+        "tokens",
+    )
+
+    def __init__(self, span: trace.Span | None, start: int) -> None:
+        self.span = span
+        self.ctx = trace.set_span_in_context(span) if span is not None else None
+        self.start = start
+        self.decode: _Decode | None = None
+        self.first_token = 0
+        self.last_token = 0
+        self.tokens = 0
+        self.output_set = False
+
+    def note_tokens(self, first: int, last: int, count: int) -> None:
+        if count <= 0:
+            return
+        if not self.first_token or first < self.first_token:
+            self.first_token = first
+        self.last_token = max(self.last_token, last)
+        self.tokens += count
+
+
+_active: contextvars.ContextVar[_Request | None] = contextvars.ContextVar(
+    "latscope_request", default=None
+)
+
+
+# --------------------------------------------------------------------------------------------
+# token recording (hot path)
+
+
+def record_token() -> None:
+    """Record that one output token was produced now; call once per token inside decode.
+
+    Costs well under a microsecond: one context-variable read, one clock read and an append to
+    an int64 array. Times land on the decode span as ``latscope.token_offsets_us``.
+
+    Example::
+
+        with phase("decode"):
+            for tok in model.generate():
+                record_token()
+                yield tok
+    """
+    try:
+        req = _active.get()
+        if req is not None:
+            d = req.decode
+            if d is not None:
+                buf = d.buf
+                if len(buf) < d.cap:
+                    buf.append(_clock())
+                else:
+                    d.over += 1
+                    d.last = _clock()
+            else:  # a token outside decode (e.g. from prefill) still sets TTFT
+                t = _clock()
+                req.note_tokens(t, t, 1)
+    except Exception:
+        _guard.fault("record_token")
+
+
+def traced_tokens(tokens: Iterable[T]) -> Iterator[T]:
+    """Yield from ``tokens``, recording one token per item (see ``record_token``).
+
+    Example::
+
+        with phase("decode"):
+            for tok in traced_tokens(model.generate()):
+                ...
+    """
+    for item in tokens:
+        record_token()
+        yield item
+
+
+async def atraced_tokens(tokens: AsyncIterable[T]) -> AsyncIterator[T]:
+    """Async ``traced_tokens``: ``async for tok in atraced_tokens(stream): ...``."""
+    async for item in tokens:
+        record_token()
+        yield item
+
+
+def set_usage(
+    *,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    response_model: str | None = None,
+) -> None:
+    """Set the current request's token usage (``gen_ai.usage.*``); a no-op outside a request.
+
+    ``output_tokens`` defaults to the number of tokens recorded with ``record_token``.
+    """
+    try:
+        req = _active.get()
+        if req is None or req.span is None:
+            return
+        span = req.span
+        if input_tokens is not None:
+            span.set_attribute(GenAIAttributes.USAGE_INPUT_TOKENS, int(input_tokens))
+        if output_tokens is not None:
+            span.set_attribute(GenAIAttributes.USAGE_OUTPUT_TOKENS, int(output_tokens))
+            req.output_set = True
+        if response_model is not None:
+            span.set_attribute(GenAIAttributes.RESPONSE_MODEL, response_model)
+    except Exception:
+        _guard.fault("set_usage")
+
+
+def current_span() -> trace.Span:
+    """The current request's server span (a non-recording span outside a request)."""
+    req = _active.get()
+    if req is None or req.span is None:
+        return trace.INVALID_SPAN
+    return req.span
+
+
+# --------------------------------------------------------------------------------------------
+# phases
+
+
+class phase:
+    """A phase of the current request, as a context manager or a decorator.
+
+    ``name`` is one of queue, preprocess, prefill, decode, postprocess. Phase spans are
+    children of the request's server span and carry ``latscope.phase``; prefill and decode get
+    GPU figures when NVML is on.
+
+    Example::
+
+        with phase("prefill"):
+            logits = model.prefill(prompt)
+
+        @phase("preprocess")
+        def tokenize(text): ...
+    """
+
+    __slots__ = ("_gpu", "_name", "_own", "_prev", "_req", "_span")
+
+    def __init__(self, name: str) -> None:
+        if name not in Phase.ALL:
+            raise ValueError(
+                f"unknown phase {name!r}: use one of {', '.join(map(repr, Phase.ALL))}"
+            )
+        self._name = name
+        self._span: trace.Span | None = None
+        self._req: _Request | None = None
+        self._prev: _Decode | None = None
+        self._own: contextvars.Token[_Request | None] | None = None
+        self._gpu: Any = None
+
+    def __enter__(self) -> phase:
+        if not RT.enabled:
+            return self
+        try:
+            name = self._name
+            start = RT.clock()
+            req = _active.get()
+            self._span = RT.tracer.start_span(
+                name,
+                context=req.ctx if req is not None else None,
+                attributes={LatscopeAttributes.PHASE: name},
+                start_time=start,
+            )
+            if name == Phase.DECODE:
+                if req is None:  # a decode phase outside @inference still collects tokens
+                    req = _Request(None, start)
+                    self._own = _active.set(req)
+                self._prev = req.decode
+                req.decode = _Decode(start, RT.token_cap)
+            self._req = req
+            gpu = RT.gpu
+            if gpu is not None and name in _GPU_PHASES:
+                self._gpu = gpu.begin()
+        except Exception:
+            _guard.fault("phase.enter")
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        span = self._span
+        if span is None:
+            return
+        self._span = None
+        try:
+            end = RT.clock()
+            req = self._req
+            if self._name == Phase.DECODE and req is not None and req.decode is not None:
+                d = req.decode
+                req.decode = self._prev
+                _flush_tokens(span, d)
+                if req.span is not None:
+                    req.note_tokens(d.buf[0] if d.buf else d.last, d.last_time, d.count)
+                if self._own is not None:
+                    _reset(_active, self._own, None)
+                    self._own = None
+            if self._gpu is not None and RT.gpu is not None:
+                span.set_attributes(RT.gpu.end(self._gpu))
+                self._gpu = None
+            if exc is not None:
+                _mark_error(span, exc)
+            span.end(end_time=end)
+        except Exception:
+            _guard.fault("phase.exit")
+
+    async def __aenter__(self) -> phase:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        name = self._name
+        if inspect.isasyncgenfunction(fn):
+
+            @functools.wraps(fn)
+            async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with phase(name):
+                    async for item in fn(*args, **kwargs):
+                        yield item
+
+            return agen_wrapper  # type: ignore[return-value]
+        if inspect.isgeneratorfunction(fn):
+
+            @functools.wraps(fn)
+            def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with phase(name):
+                    return (yield from fn(*args, **kwargs))
+
+            return gen_wrapper  # type: ignore[return-value]
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with phase(name):
+                    return await fn(*args, **kwargs)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with phase(name):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def _flush_tokens(span: trace.Span, d: _Decode) -> None:
+    """Convert the buffered clock readings to µs offsets once, at the decode span's end."""
+    start = d.start
+    span.set_attribute(LatscopeAttributes.TOKEN_COUNT, d.count)
+    if d.buf:
+        _set_trusted(
+            span, LatscopeAttributes.TOKEN_OFFSETS_US, tuple([(t - start) // 1000 for t in d.buf])
+        )
+    if d.over:
+        span.set_attribute(ServerAttributes.TOKENS_NOT_TIMED, d.over)
+
+
+def _set_trusted(span: trace.Span, key: str, value: tuple[int, ...]) -> None:
+    """Set an attribute whose value the SDK built itself (a tuple of ints).
+
+    ``set_attribute`` re-validates every element (about 100 ns each, i.e. more than recording
+    the token did); this skips that when the span is the SDK's own kind, else falls back.
+    """
+    attrs = getattr(span, "_attributes", None)
+    if isinstance(attrs, BoundedAttributes) and not attrs._immutable and span.is_recording():
+        with attrs._lock:
+            attrs._setitem_locked(key, value)
+        return
+    span.set_attribute(key, value)
+
+
+def _mark_error(span: trace.Span, exc: BaseException) -> None:
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return
+    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+    span.record_exception(exc)
+
+
+def _reset(var: contextvars.ContextVar[Any], token: contextvars.Token[Any], fallback: Any) -> None:
+    try:
+        var.reset(token)
+    except ValueError:  # reset from another Context (a framework hopped threads): restore
+        var.set(fallback)
+
+
+# --------------------------------------------------------------------------------------------
+# @inference
+
+
+class _Spec:
+    """What ``@inference`` works out once, at decoration time."""
+
+    __slots__ = ("attrs", "name")
+
+    def __init__(self, name: str, attrs: dict[str, Any]) -> None:
+        self.name = name
+        self.attrs = attrs
+
+
+def _start(spec: _Spec) -> _Request | None:
+    if not RT.enabled:
+        return None
+    try:
+        arrived = arrival_ns.get()
+        start = arrived if arrived is not None and _active.get() is None else RT.clock()
+        span = RT.tracer.start_span(
+            spec.name, kind=SpanKind.SERVER, attributes=spec.attrs, start_time=start
+        )
+        return _Request(span, start)
+    except Exception:
+        _guard.fault("inference.start")
+        return None
+
+
+def _enter(req: _Request) -> tuple[Any, Any]:
+    try:
+        return _active.set(req), otel_context.attach(req.ctx)  # type: ignore[arg-type]
+    except Exception:
+        _guard.fault("inference.enter")
+        return None, None
+
+
+def _exit(tokens: tuple[Any, Any]) -> None:
+    t_req, t_ctx = tokens
+    try:
+        if t_ctx is not None:
+            _otel_detach(t_ctx)
+        if t_req is not None:
+            _reset(_active, t_req, None)
+    except Exception:
+        _guard.fault("inference.exit")
+
+
+def _otel_detach(token: Any) -> None:
+    # otel_context.detach logs an error when the token belongs to another Context; a framework
+    # that hops threads between steps is normal here, so restore quietly instead.
+    with contextlib.suppress(Exception):
+        otel_context._RUNTIME_CONTEXT.detach(token)  # type: ignore[attr-defined]
+
+
+def _finish(req: _Request, exc: BaseException | None = None, end: str | None = None) -> None:
+    try:
+        span = req.span
+        if span is None:
+            return
+        t_end = RT.clock()
+        if req.tokens:
+            span.set_attribute(LatscopeAttributes.FIRST_TOKEN_NS, req.first_token)
+            span.set_attribute(ServerAttributes.TTFT_NS, req.first_token - req.start)
+            if req.tokens > 1:
+                span.set_attribute(
+                    ServerAttributes.TPOT_NS,
+                    (req.last_token - req.first_token) // (req.tokens - 1),
+                )
+            if not req.output_set:
+                span.set_attribute(GenAIAttributes.USAGE_OUTPUT_TOKENS, req.tokens)
+        if end is not None:
+            span.set_attribute(LatscopeAttributes.STREAM_END, end)
+        if exc is not None:
+            _mark_error(span, exc)
+        span.end(end_time=t_end)
+    except Exception:
+        _guard.fault("inference.finish")
+
+
+@overload
+def inference(fn: Callable[P, R], /) -> Callable[P, R]: ...
+@overload
+def inference(
+    *,
+    model: str | None = None,
+    operation: str = "chat",
+    name: str | None = None,
+    system: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+def inference(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    model: str | None = None,
+    operation: str = "chat",
+    name: str | None = None,
+    system: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> Any:
+    """Make each call of the handler one SERVER span: a request, with its phases and tokens.
+
+    Works bare or with arguments, on sync, async, generator and async-generator functions. A
+    streaming handler's span ends when the stream is exhausted or closed; an early close is
+    recorded as ``latscope.stream.end = "client_disconnect"`` and a cancellation as
+    ``"cancelled"``. The parent comes from the incoming ``traceparent`` when
+    ``TraceparentMiddleware`` (or ``extract_context``) put it in the context.
+
+    Example::
+
+        @inference(model="llama-3-8b")
+        async def generate(prompt: str): ...
+    """
+    if fn is None:
+        if not isinstance(operation, str) or not operation:
+            raise ValueError('operation must be a non-empty string such as "chat"')
+        if model is not None and not isinstance(model, str):
+            raise ValueError("model must be a string such as 'llama-3-8b'")
+        return functools.partial(
+            inference,
+            model=model,
+            operation=operation,
+            name=name,
+            system=system,
+            attributes=attributes,
+        )
+    if not callable(fn):
+        raise ValueError(
+            "@inference decorates a function: write @inference or @inference(model=...)"
+        )
+    attrs: dict[str, Any] = dict(attributes or {})
+    attrs[GenAIAttributes.OPERATION_NAME] = operation
+    if model is not None:
+        attrs[GenAIAttributes.REQUEST_MODEL] = model
+    if system is not None:
+        attrs[GenAIAttributes.SYSTEM] = system
+    spec = _Spec(name or f"{operation} {model or fn.__name__}", attrs)
+
+    if inspect.isasyncgenfunction(fn):
+        return functools.wraps(fn)(_wrap_async_gen(fn, spec))
+    if inspect.isgeneratorfunction(fn):
+        return functools.wraps(fn)(_wrap_gen(fn, spec))
+    if inspect.iscoroutinefunction(fn):
+        return functools.wraps(fn)(_wrap_async(fn, spec))
+    return functools.wraps(fn)(_wrap_sync(fn, spec))
+
+
+def _wrap_sync(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        req = _start(spec)
+        if req is None:
+            return fn(*args, **kwargs)
+        tokens = _enter(req)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _exit(tokens)
+            _finish(req, exc)
+            raise
+        _exit(tokens)
+        _finish(req)
+        return result
+
+    return wrapper
+
+
+def _wrap_async(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        req = _start(spec)
+        if req is None:
+            return await fn(*args, **kwargs)
+        tokens = _enter(req)
+        try:
+            result = await fn(*args, **kwargs)
+        except asyncio.CancelledError as exc:
+            _exit(tokens)
+            _finish(req, exc, ServerAttributes.END_CANCELLED)
+            raise
+        except BaseException as exc:
+            _exit(tokens)
+            _finish(req, exc)
+            raise
+        _exit(tokens)
+        _finish(req)
+        return result
+
+    return wrapper
+
+
+def _wrap_gen(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        req = _start(spec)
+        if req is None:
+            return (yield from fn(*args, **kwargs))
+        # The generator runs every step in a Context of its own: frameworks step sync
+        # generators from worker threads, each in a fresh copy of the caller's context.
+        ctx = contextvars.copy_context()
+        ctx.run(_enter, req)
+        try:
+            gen = ctx.run(fn, *args, **kwargs)
+        except BaseException as exc:
+            _finish(req, exc)
+            raise
+        step: Callable[..., Any] = gen.__next__
+        arg: tuple[Any, ...] = ()
+        while True:
+            try:
+                item = ctx.run(step, *arg)
+            except StopIteration as stop:
+                _finish(req)
+                return stop.value
+            except BaseException as exc:
+                _finish(req, exc)
+                raise
+            try:
+                sent = yield item
+            except GeneratorExit:
+                try:
+                    ctx.run(gen.close)
+                finally:
+                    _finish(req, None, ServerAttributes.END_CLIENT_DISCONNECT)
+                raise
+            except BaseException as exc:
+                step, arg = gen.throw, (exc,)
+                continue
+            step, arg = (gen.__next__, ()) if sent is None else (gen.send, (sent,))
+
+    return wrapper
+
+
+def _wrap_async_gen(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        req = _start(spec)
+        if req is None:
+            async for item in fn(*args, **kwargs):
+                yield item
+            return
+        tokens = _enter(req)
+        try:
+            agen = fn(*args, **kwargs)
+        finally:
+            _exit(tokens)
+        step: Callable[..., Any] = agen.__anext__
+        arg: tuple[Any, ...] = ()
+        while True:
+            # Set and reset around each step: between steps the caller's context stays clean.
+            tokens = _enter(req)
+            try:
+                item = await step(*arg)
+            except StopAsyncIteration:
+                _finish(req)
+                return
+            except asyncio.CancelledError as exc:
+                _finish(req, exc, ServerAttributes.END_CANCELLED)
+                raise
+            except BaseException as exc:
+                _finish(req, exc)
+                raise
+            finally:
+                _exit(tokens)
+            try:
+                sent = yield item
+            except GeneratorExit:
+                tokens = _enter(req)
+                try:
+                    await agen.aclose()
+                finally:
+                    _exit(tokens)
+                    _finish(req, None, ServerAttributes.END_CLIENT_DISCONNECT)
+                raise
+            except BaseException as exc:
+                step, arg = agen.athrow, (exc,)
+                continue
+            step, arg = (agen.__anext__, ()) if sent is None else (agen.asend, (sent,))
+
+    return wrapper

@@ -1,0 +1,260 @@
+"""The SDK never breaks the app: collector down, slow or refusing, NVML raising, an SDK bug.
+
+Each test runs the same instrumented handler with and without the fault and checks the app
+sees identical results, no exception, and that the SDK's queue stayed within its bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
+
+import grpc
+import httpx
+import pytest
+from latscope.sdk import ExportOptions, GpuOptions
+from latscope.sdk.testing import FakeGpu, FakeNvml, NVMLError
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from examples.client import chat, make_client
+from examples.inference_server import create_app
+from latscope import sdk
+from latscope.semconv import LatscopeAttributes
+from tests.sdk_support import capture, run_app
+
+QUEUE = 32
+
+
+@sdk.inference(model="llama")
+def handle(n: int) -> list[int]:
+    with sdk.phase("queue"):
+        pass
+    with sdk.phase("prefill"):
+        pass
+    out = []
+    with sdk.phase("decode"):
+        for i in sdk.traced_tokens(range(n)):
+            out.append(i * i)
+    sdk.set_usage(input_tokens=n)
+    return out
+
+
+@sdk.inference(model="llama")
+async def ahandle(n: int):
+    with sdk.phase("decode"):
+        for i in range(n):
+            sdk.record_token()
+            yield i
+
+
+async def _drain(n: int) -> list[int]:
+    return [i async for i in ahandle(n)]
+
+
+EXPECTED = [i * i for i in range(20)]
+
+
+def _run_app_workload(requests: int = 200) -> None:
+    for _ in range(requests):
+        assert handle(20) == EXPECTED
+    assert asyncio.run(_drain(5)) == [0, 1, 2, 3, 4]
+
+
+@contextmanager
+def _configured(endpoint: str, **kwargs) -> Iterator[None]:
+    sdk.configure(
+        service_name="resilience",
+        gpu=False,
+        export=ExportOptions(
+            endpoint=endpoint,
+            timeout_s=0.5,
+            max_queue_size=QUEUE,
+            max_batch_size=8,
+            schedule_delay_s=0.05,
+        ),
+        **kwargs,
+    )
+    try:
+        yield
+    finally:
+        sdk.shutdown(timeout_s=1)
+
+
+def _check_bounded() -> dict:
+    stats = sdk.stats()
+    assert stats["spans_queued"] <= QUEUE
+    return stats
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket is closed
+
+
+class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """A real OTLP TraceService on loopback whose behaviour each test picks."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.calls = 0
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def Export(self, request, context):
+        self.calls += 1
+        if self.mode == "refuse":
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "collector queue full")
+        if self.mode == "hang":
+            self.entered.set()
+            self.release.wait(10)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+@contextmanager
+def _collector(mode: str) -> Iterator[tuple[_Collector, str]]:
+    servicer = _Collector(mode)
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield servicer, f"127.0.0.1:{port}"
+    finally:
+        servicer.release.set()
+        server.stop(0).wait()
+
+
+def test_collector_down() -> None:
+    with _configured(f"127.0.0.1:{_closed_port()}"):
+        _run_app_workload()
+        stats = _check_bounded()
+        # 200 requests x 5 spans cannot all fit in a 32-span queue nor reach a dead collector.
+        assert stats["spans_dropped"] > 0
+        assert stats["spans_exported"] == 0
+
+
+def test_collector_refusing_with_resource_exhausted() -> None:
+    with _collector("refuse") as (servicer, addr), _configured(addr):
+        _run_app_workload()
+        assert sdk.force_flush(timeout_s=5) in (True, False)
+        stats = _check_bounded()
+        assert servicer.calls > 0
+        assert stats["spans_exported"] == 0
+        assert stats["spans_failed"] + stats["spans_dropped"] > 0
+
+
+def test_collector_hanging_never_blocks_the_app() -> None:
+    with _collector("hang") as (servicer, addr), _configured(addr):
+        handle(3)
+        sdk.force_flush(timeout_s=0.01)  # start an export that the collector holds
+        assert servicer.entered.wait(10)
+        # The exporter thread is stuck inside Export; the app must not notice.
+        _run_app_workload()
+        stats = _check_bounded()
+        assert stats["spans_dropped"] > 0
+        servicer.release.set()
+
+
+def test_nvml_raising_mid_run_leaves_results_and_spans_intact() -> None:
+    gpu = FakeGpu(utilization=50, power_mw=100_000)
+    nvml = FakeNvml([gpu])
+    with capture(gpu=GpuOptions(enabled=True, nvml=nvml)) as cap:
+        assert handle(20) == EXPECTED
+        gpu.fail = NVMLError("GPU is lost")
+        assert handle(20) == EXPECTED
+        decodes = cap.named("decode")
+        assert len(decodes) == 2
+        assert LatscopeAttributes.GPU_UTIL_MEAN in decodes[0].attributes
+        assert LatscopeAttributes.GPU_UTIL_MEAN not in decodes[1].attributes
+        assert decodes[1].attributes[LatscopeAttributes.TOKEN_COUNT] == 20
+        assert sdk.stats()["gpu"]["nvml_errors"] > 0
+
+
+def test_nvml_init_failing_turns_gpu_off(caplog: pytest.LogCaptureFixture) -> None:
+    nvml = FakeNvml([FakeGpu()], init_error=NVMLError("Driver Not Loaded"))
+    with caplog.at_level("INFO", "latscope.sdk"), capture(gpu=GpuOptions(True, nvml=nvml)) as cap:
+        assert handle(20) == EXPECTED
+        assert "gpu" not in sdk.stats()
+        assert LatscopeAttributes.GPU_UTIL_MEAN not in cap.one("decode").attributes
+    assert [r.message for r in caplog.records if "GPU" in r.message] == [
+        "latscope GPU figures off: NVML is not available (Driver Not Loaded)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "latscope.sdk._server._flush_tokens",
+        "latscope.sdk._server._Request.note_tokens",
+        "latscope.sdk._server._Decode.__init__",
+        "latscope.sdk._gpu.aggregate",
+        "latscope.sdk._client._start_span",
+    ],
+)
+def test_internal_bug_never_reaches_the_app(monkeypatch: pytest.MonkeyPatch, target: str) -> None:
+    def boom(*args, **kwargs):
+        raise RuntimeError("bug inside the SDK")
+
+    module, _, attr = target.rpartition(".")
+    if attr == "__init__" or module.endswith(("_Request", "_Decode")):
+        mod_name, _, cls_name = module.rpartition(".")
+        import importlib
+
+        monkeypatch.setattr(getattr(importlib.import_module(mod_name), cls_name), attr, boom)
+    else:
+        monkeypatch.setattr(target, boom)
+    nvml = FakeNvml([FakeGpu(utilization=10)])
+    with capture(gpu=GpuOptions(enabled=True, nvml=nvml)) as cap:
+        _run_app_workload(requests=5)
+        with pytest.raises(ValueError, match="app error"), sdk.client_call("GET", "http://x/y"):
+            raise ValueError("app error")
+        assert sdk.stats()["internal_errors"]
+        assert cap.spans()  # what could still be recorded was
+
+
+def test_clock_raising_everywhere() -> None:
+    def bad_clock() -> int:
+        raise OSError("clock source gone")
+
+    with capture(clock=bad_clock):
+        _run_app_workload(requests=5)
+        with run_app(create_app(token_delay_s=0.0)) as base, make_client(f"{base}/v1") as c:
+            assert chat(c, "still works fine") == "still works fine"
+        assert set(sdk.stats()["internal_errors"]) >= {
+            "inference.start",
+            "phase.enter",
+            "httpx.begin",
+        }
+
+
+def test_tracer_failing_on_every_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    with capture() as cap:
+
+        def boom(*args, **kwargs):
+            raise RuntimeError("tracer broken")
+
+        monkeypatch.setattr(sdk._runtime.RT.tracer, "start_span", boom)
+        _run_app_workload(requests=5)
+        with run_app(create_app(token_delay_s=0.0)) as base, make_client(f"{base}/v1") as c:
+            assert chat(c, "still works fine") == "still works fine"
+        assert cap.spans() == []
+        assert set(sdk.stats()["internal_errors"]) >= {"inference.start", "phase.enter"}
+
+
+def test_httpx_instrumentation_with_collector_down() -> None:
+    with (
+        _configured(f"127.0.0.1:{_closed_port()}"),
+        run_app(create_app(token_delay_s=0.0)) as base,
+        make_client(f"{base}/v1") as client,
+    ):
+        for _ in range(20):
+            assert chat(client, "a b c") == "a b c"
+        with httpx.Client() as plain:
+            r = plain.post(f"{base}/v1/chat/completions", json={"messages": []})
+            assert r.status_code == 200
+        _check_bounded()
