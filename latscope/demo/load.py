@@ -3,8 +3,9 @@
 A closed loop of ``concurrency`` users (each sends its next request when the last one is done)
 or Poisson arrivals at ``rate`` requests per second, with log-normal prompt and output lengths.
 Every request carries an ``x-request-id`` (to join it with the server's and the proxy's ground
-truth) and a CLIENT span from ``latscope.sdk.instrument_httpx``. The client's own truth is the
-end-to-end time read on ``time.monotonic_ns`` around the whole call.
+truth) and a CLIENT span from ``latscope.sdk.client_call`` (with the first byte and the first
+streamed token marked). The client's own truth is the end-to-end time read on
+``time.monotonic_ns`` around the whole call.
 """
 
 from __future__ import annotations
@@ -74,9 +75,9 @@ def sample_length(rng: random.Random, dist: Lengths) -> int:
     return max(dist.low, min(dist.high, value))
 
 
-def trace_id_of(request: httpx.Request) -> str | None:
-    """The trace id the SDK put in the request's ``traceparent`` (``00-<trace>-<span>-01``)."""
-    parts = request.headers.get("traceparent", "").split("-")
+def trace_id_of(headers: dict[str, str]) -> str | None:
+    """The trace id the SDK put in ``traceparent`` (``00-<trace>-<span>-01``)."""
+    parts = headers.get("traceparent", "").split("-")
     return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
 
 
@@ -115,7 +116,6 @@ class LoadGenerator:
         async with httpx.AsyncClient(
             base_url=self.base_url, limits=limits, timeout=timeout
         ) as client:
-            sdk.instrument_httpx(client)
             deadline = time.monotonic() + self.duration_s
             with self._progress() as progress:
                 ticker = asyncio.create_task(self._tick(progress, deadline))
@@ -131,7 +131,9 @@ class LoadGenerator:
                     self._show(progress, deadline)
         return self.results
 
-    async def _closed_loop(self, client: httpx.AsyncClient, rng: random.Random, deadline: float) -> None:
+    async def _closed_loop(
+        self, client: httpx.AsyncClient, rng: random.Random, deadline: float
+    ) -> None:
         async def user(n: int) -> None:
             user_rng = random.Random(rng.random() + n)
             while time.monotonic() < deadline:
@@ -140,7 +142,9 @@ class LoadGenerator:
         users = [asyncio.create_task(user(n)) for n in range(self.load.concurrency)]
         await self._drain(users, deadline)
 
-    async def _open_loop(self, client: httpx.AsyncClient, rng: random.Random, deadline: float) -> None:
+    async def _open_loop(
+        self, client: httpx.AsyncClient, rng: random.Random, deadline: float
+    ) -> None:
         assert self.load.rate
         calls: set[asyncio.Task[None]] = set()
         while True:
@@ -176,43 +180,54 @@ class LoadGenerator:
         )
         body = {
             "model": self.scenario.model,
-            "messages": [
-                {"role": "user", "content": " ".join(rng.choices(_VOCABULARY, k=words))}
-            ],
+            "messages": [{"role": "user", "content": " ".join(rng.choices(_VOCABULARY, k=words))}],
             "max_tokens": result.max_tokens,
             "stream": result.stream,
         }
         if result.stream:
             body["stream_options"] = {"include_usage": True}
         self.in_flight += 1
+        headers = {"x-request-id": result.request_id}
+        # The truth brackets the SDK's CLIENT span: read right before it starts and right
+        # before it ends, on a clock of its own.
         start = time.monotonic_ns()
+        call = sdk.client_call(
+            "POST", self.base_url + CHAT_PATH, headers=headers, model=self.scenario.model
+        )
         try:
-            async with client.stream(
-                "POST", CHAT_PATH, json=body, headers={"x-request-id": result.request_id}
-            ) as response:
-                result.trace_id = trace_id_of(response.request)
-                result.status = response.status_code
-                if result.stream and response.status_code == 200:
-                    await self._read_events(response, result, start)
-                else:
-                    payload = json.loads(await response.aread() or b"{}")
-                    usage = payload.get("usage") or {}
-                    result.output_tokens = int(usage.get("completion_tokens") or 0)
-                    result.prompt_tokens = usage.get("prompt_tokens")
-            result.e2e_ns = time.monotonic_ns() - start
+            try:
+                result.trace_id = trace_id_of(headers)
+                async with client.stream("POST", CHAT_PATH, json=body, headers=headers) as response:
+                    call.first_byte()
+                    call.set_status_code(response.status_code)
+                    result.status = response.status_code
+                    if result.stream and response.status_code == 200:
+                        await self._read_events(response, result, start, call)
+                    else:
+                        payload = json.loads(await response.aread() or b"{}")
+                        call.first_token()
+                        usage = payload.get("usage") or {}
+                        result.output_tokens = int(usage.get("completion_tokens") or 0)
+                        result.prompt_tokens = usage.get("prompt_tokens")
+                result.e2e_ns = time.monotonic_ns() - start
+                call.finish()
+            except BaseException as exc:
+                result.e2e_ns = time.monotonic_ns() - start
+                call.finish(exc)
+                raise
         except (httpx.HTTPError, ValueError) as exc:
             result.error = f"{type(exc).__name__}: {exc}"
-            result.e2e_ns = time.monotonic_ns() - start
         except asyncio.CancelledError:
             result.error = "cancelled at the end of the run"
-            result.e2e_ns = time.monotonic_ns() - start
             raise
         finally:
             self.in_flight -= 1
             self.results.append(result)
 
     @staticmethod
-    async def _read_events(response: httpx.Response, result: RequestResult, start: int) -> None:
+    async def _read_events(
+        response: httpx.Response, result: RequestResult, start: int, call: sdk.ClientCall
+    ) -> None:
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -223,6 +238,7 @@ class LoadGenerator:
                 if (choice.get("delta") or {}).get("content"):
                     if result.ttft_ns is None:
                         result.ttft_ns = time.monotonic_ns() - start
+                        call.first_token()
                     result.output_tokens += 1
 
     def _progress(self) -> Progress:
@@ -244,9 +260,7 @@ class LoadGenerator:
 
     def _show(self, progress: Progress, deadline: float) -> None:
         if not progress.task_ids:
-            progress.add_task(
-                f"load: {self.scenario.name}", total=self.duration_s, status=""
-            )
+            progress.add_task(f"load: {self.scenario.name}", total=self.duration_s, status="")
         done = len(self.results)
         errors = sum(1 for r in self.results if not r.ok)
         status = f"{done} done · {self.in_flight} in flight · {errors} errors"

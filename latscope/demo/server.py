@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import socket
 import sys
 import time
@@ -58,11 +59,12 @@ class ChatRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
 
 
-class measured:  # noqa: N801 - used like sdk.phase: ``with measured(truth, "decode"):``
+class measured:
     """An SDK phase, plus the true time spent inside it recorded in ``truth``.
 
-    The monotonic readings sit right inside the SDK's own, so the truth and the span disagree
-    only by the SDK's few microseconds of bookkeeping.
+    The SDK reads its clock first thing in ``__enter__`` and in ``__exit__``; the monotonic
+    readings sit right before each, so the truth and the span disagree only by a few Python
+    calls (or by whatever stalls the process between them, which the check would show).
     """
 
     __slots__ = ("_name", "_phase", "_t0", "_truth")
@@ -74,8 +76,8 @@ class measured:  # noqa: N801 - used like sdk.phase: ``with measured(truth, "dec
         self._t0 = 0
 
     def __enter__(self) -> measured:
-        self._phase.__enter__()
         self._t0 = time.monotonic_ns()
+        self._phase.__enter__()
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -134,7 +136,9 @@ def create_app(scenario: Scenario, recorder: TruthRecorder | None = None) -> Fas
             await asyncio.sleep(config.tokenize_cost_ms(prompt_tokens) / 1000)
         # Auth and rate limiting that nobody instrumented: latscope shows it as "other".
         await asyncio.sleep(config.uninstrumented_ms / 1000)
-        seq = Sequence(truth.request_id if truth else uuid.uuid4().hex, prompt_tokens, req.max_tokens)
+        seq = Sequence(
+            truth.request_id if truth else uuid.uuid4().hex, prompt_tokens, req.max_tokens
+        )
         if truth is not None:
             truth.prompt_tokens = prompt_tokens
         # Admitted past the 503 check already: a few requests in preprocess may overshoot
@@ -277,7 +281,11 @@ def create_app(scenario: Scenario, recorder: TruthRecorder | None = None) -> Fas
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def skewed_clock(skew_s: float) -> Callable[[], int]:
@@ -332,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     bound_host, bound_port = sock.getsockname()[:2]
     print(f"latscope demo server: http://{bound_host}:{bound_port}", flush=True)
+    # uvicorn re-raises SIGTERM once it has shut down; with the default action that would kill
+    # the process before the SDK flushes the last spans, so make it a no-op here.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         server.run(sockets=[sock])
     finally:

@@ -1,0 +1,145 @@
+"""``latscope demo --check``: latscope's attribution of each request against the ground truth.
+
+A request's bucket is right when latscope's figure is within ``max(1 ms, 2 %)`` of the true one
+(2 % of the true bucket). The check passes when every bucket of every compared request is.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from latscope.semconv import BUCKETS
+
+#: Absolute and relative tolerance of one bucket of one request.
+TOLERANCE_NS = 1_000_000
+TOLERANCE_SHARE = 0.02
+
+
+def tolerance_ns(truth_ns: int) -> float:
+    return max(TOLERANCE_NS, TOLERANCE_SHARE * abs(truth_ns))
+
+
+@dataclass
+class BucketCheck:
+    """How far latscope was from the truth on one bucket, over all compared requests (ms)."""
+
+    bucket: str
+    truth_mean_ms: float
+    latscope_mean_ms: float
+    mean_abs_error_ms: float
+    p95_abs_error_ms: float
+    max_abs_error_ms: float
+    within: int
+    compared: int
+
+    @property
+    def ok(self) -> bool:
+        return self.within == self.compared
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bucket": self.bucket,
+            "truth_mean_ms": self.truth_mean_ms,
+            "latscope_mean_ms": self.latscope_mean_ms,
+            "mean_abs_error_ms": self.mean_abs_error_ms,
+            "p95_abs_error_ms": self.p95_abs_error_ms,
+            "max_abs_error_ms": self.max_abs_error_ms,
+            "within_tolerance": self.within,
+            "compared": self.compared,
+            "ok": self.ok,
+        }
+
+
+@dataclass
+class CheckResult:
+    compared: int
+    #: Requests the client finished but latscope has no attribution for.
+    missing: list[str] = field(default_factory=list)
+    buckets: list[BucketCheck] = field(default_factory=list)
+    #: Clock skew latscope estimated (ms, mean over requests) and the skew actually applied.
+    skew_estimate_ms: float | None = None
+    skew_applied_ms: float = 0.0
+    #: Mean delay the proxy added per request (ms), part of the true network bucket.
+    proxy_added_ms: float | None = None
+    #: The worst requests: (trace id, bucket, truth ms, latscope ms).
+    worst: list[tuple[str, str, float, float]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.compared > 0 and not self.missing and all(b.ok for b in self.buckets)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "compared": self.compared,
+            "missing": self.missing,
+            "tolerance": {"abs_ms": TOLERANCE_NS / 1e6, "share": TOLERANCE_SHARE},
+            "buckets": [b.to_json() for b in self.buckets],
+            "skew_estimate_ms": self.skew_estimate_ms,
+            "skew_applied_ms": self.skew_applied_ms,
+            "proxy_added_ms": self.proxy_added_ms,
+            "worst": [
+                {"trace_id": t, "bucket": b, "truth_ms": tv, "latscope_ms": lv}
+                for t, b, tv, lv in self.worst
+            ],
+        }
+
+
+def _p95(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return values[0] if values else 0.0
+    return statistics.quantiles(values, n=20, method="inclusive")[-1]
+
+
+def compare(
+    pairs: Sequence[tuple[str, Mapping[str, int], Mapping[str, Any]]],
+    *,
+    missing: Sequence[str] = (),
+    skew_applied_s: float = 0.0,
+    proxy_added_ns: Sequence[int] = (),
+) -> CheckResult:
+    """Compare ``(trace_id, true buckets in ns, latscope's attribution JSON)`` triples."""
+    result = CheckResult(
+        compared=len(pairs), missing=list(missing), skew_applied_ms=skew_applied_s * 1000
+    )
+    offenders: list[tuple[float, str, str, float, float]] = []
+    for bucket in BUCKETS:
+        truths, seen, errors, within = [], [], [], 0
+        for trace_id, truth, attributed in pairs:
+            true_ns = truth[bucket]
+            got_ms = (attributed.get("buckets_ms") or {}).get(bucket)
+            got_ns = 0.0 if got_ms is None else got_ms * 1e6
+            error = abs(got_ns - true_ns)
+            truths.append(true_ns / 1e6)
+            seen.append(got_ns / 1e6)
+            errors.append(error / 1e6)
+            limit = tolerance_ns(true_ns)
+            if got_ms is not None and error <= limit:
+                within += 1
+            else:
+                offenders.append((error / limit, trace_id, bucket, true_ns / 1e6, got_ns / 1e6))
+        if not pairs:
+            continue
+        result.buckets.append(
+            BucketCheck(
+                bucket=bucket,
+                truth_mean_ms=statistics.fmean(truths),
+                latscope_mean_ms=statistics.fmean(seen),
+                mean_abs_error_ms=statistics.fmean(errors),
+                p95_abs_error_ms=_p95(errors),
+                max_abs_error_ms=max(errors),
+                within=within,
+                compared=len(pairs),
+            )
+        )
+    offenders.sort(reverse=True)
+    result.worst = [(t, b, tv, lv) for _, t, b, tv, lv in offenders[:5]]
+    skews = [a.get("clock_skew_ms") for _, _, a in pairs if a.get("clock_skew_ms") is not None]
+    if skews:
+        result.skew_estimate_ms = statistics.fmean(skews)
+    if proxy_added_ns:
+        result.proxy_added_ms = statistics.fmean(proxy_added_ns) / 1e6
+    return result

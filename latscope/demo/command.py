@@ -1,0 +1,357 @@
+"""``latscope demo``: a simulated LLM server under load, and latscope finding where the time goes.
+
+It starts ``latscope serve`` on an embedded store, the simulated OpenAI-compatible server (its
+own process, its own SDK configuration and, with ``--clock-skew``, its own idea of the time), a
+delaying proxy when the scenario has a slow network, and the load generator; then prints
+latscope's report (summary, tail, diagnosis) and the web page's address. ``--check`` also
+compares latscope's attribution of every request with the simulator's ground truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from rich.console import Console
+
+from latscope import sdk
+from latscope.demo import processes, report, scenarios
+from latscope.demo.check import CheckResult, compare
+from latscope.demo.load import LoadGenerator, RequestResult
+from latscope.demo.proxy import DelayProxy
+from latscope.demo.scenarios import Scenario
+from latscope.demo.truth import truth_buckets
+
+HELP = "run a simulated LLM server under load and show where its time goes"
+
+#: Service names of the two sides, as they appear in latscope.
+SERVER_SERVICE = "llm-server"
+CLIENT_SERVICE = "demo-client"
+DEFAULT_SCENARIO = "overload"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--scenario",
+        default=DEFAULT_SCENARIO,
+        choices=list(scenarios.SCENARIOS),
+        help=f"what goes wrong (default {DEFAULT_SCENARIO}); --list describes each",
+    )
+    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    parser.add_argument(
+        "--duration", type=float, default=30.0, metavar="S", help="seconds of load (default 30)"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="compare latscope's attribution of each request with the ground truth; exit 1 "
+        "when a bucket is off by more than max(1 ms, 2%%)",
+    )
+    parser.add_argument(
+        "--clock-skew",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="run the simulated server's clock S seconds ahead of the client's (negative: "
+        "behind); latscope's attribution must not care",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the load (default 0)")
+    parser.add_argument(
+        "--store",
+        metavar="DSN",
+        help="keep the data in this store (default: a temporary embedded store, deleted at exit)",
+    )
+    parser.add_argument(
+        "--http",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="latscope's HTTP address: REST API and web page (default: a free port)",
+    )
+    parser.add_argument(
+        "--exit",
+        action="store_true",
+        help="stop once the report is printed (default: keep the web page up until Ctrl-C)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+@dataclass
+class DemoRun:
+    """Everything one run produced; ``to_json`` is what ``--json`` writes."""
+
+    scenario: Scenario
+    duration_s: float
+    clock_skew_s: float
+    results: list[RequestResult] = field(default_factory=list)
+    truth: dict[str, dict[str, Any]] = field(default_factory=dict)
+    proxy_ns: dict[str, int] = field(default_factory=dict)
+    attributions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None
+    tail: dict[str, Any] | None = None
+    diagnosis: dict[str, Any] | None = None
+    report_error: str | None = None
+    check: CheckResult | None = None
+    web_url: str = ""
+    server_stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok_results(self) -> list[RequestResult]:
+        return [r for r in self.results if r.ok and r.trace_id]
+
+    def expectation_met(self) -> bool | None:
+        """Whether the diagnosis says what the scenario expects (None without a diagnosis)."""
+        if self.diagnosis is None:
+            return None
+        ids = {v.get("id") for v in self.diagnosis.get("verdicts") or ()}
+        expect = self.scenario.expect
+        return (
+            self.diagnosis.get("dominant") == expect.dominant
+            and all(v in ids for v in expect.verdicts)
+            and not any(v in ids for v in expect.absent)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario.to_json(),
+            "duration_s": self.duration_s,
+            "clock_skew_s": self.clock_skew_s,
+            "requests": len(self.results),
+            "errors": sum(1 for r in self.results if not r.ok),
+            "server": self.server_stats,
+            "summary": self.summary,
+            "tail": self.tail,
+            "diagnosis": self.diagnosis,
+            "report_error": self.report_error,
+            "expectation_met": self.expectation_met(),
+            "check": None if self.check is None else self.check.to_json(),
+            "web": self.web_url,
+        }
+
+
+def main(args: argparse.Namespace) -> int:
+    console = Console()
+    # One line per HTTP call would drown the report.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.list:
+        for s in scenarios.SCENARIOS.values():
+            console.print(f"[bold]{s.name:<13}[/] {s.complaint}")
+        return 0
+    if args.duration <= 0:
+        console.print("latscope demo: --duration must be > 0")
+        return 2
+    scenario = scenarios.get(args.scenario)
+    tmp = None if args.store else tempfile.mkdtemp(prefix="latscope-demo-")
+    store = args.store or f"chdb://{tmp}"
+    children: list[processes.Child] = []
+    try:
+        console.print(
+            f"[bold]latscope demo[/] · scenario [bold]{scenario.name}[/]: {scenario.complaint}"
+        )
+        console.print("starting latscope serve (embedded store) and the simulated LLM server…")
+        serve = processes.start_serve(store, args.http, "127.0.0.1:0")
+        children.append(serve)
+        otlp = f"http://{serve.found['grpc']}"
+        simulator = processes.start_simulator(scenario.name, otlp, args.clock_skew)
+        children.append(simulator)
+        run = DemoRun(scenario, args.duration, args.clock_skew)
+        run.web_url = serve.found["http"].rstrip("/") + "/"
+        execute(run, serve.found["http"], simulator, otlp, seed=args.seed, console=console,
+                progress=not args.no_progress)  # fmt: skip
+        children.remove(simulator)
+        report.print_report(console, run)
+        if args.json:
+            Path(args.json).write_text(json.dumps(run.to_json(), indent=2))
+        status = 0
+        if args.check and (run.check is None or not run.check.ok):
+            status = 1
+        if not args.exit:
+            console.print(f"\nThe web page: [bold]{run.web_url}[/]  (Ctrl-C stops latscope)")
+            _wait_for_interrupt()
+        return status
+    except processes.ChildFailed as exc:
+        console.print(f"latscope demo: {exc}")
+        return 1
+    finally:
+        for child in reversed(children):
+            child.stop()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait_for_interrupt() -> None:
+    done = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        while not done.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def execute(
+    run: DemoRun,
+    api: str,
+    simulator: processes.Child,
+    otlp: str,
+    *,
+    seed: int = 0,
+    console: Console | None = None,
+    progress: bool = True,
+) -> None:
+    """Run the load, collect the truth, stop the simulator, wait for latscope, fill ``run``."""
+    sdk.configure(service_name=CLIENT_SERVICE, endpoint=otlp, insecure=True, gpu=False)
+    started = time.time()
+    try:
+        asyncio.run(_drive(run, simulator.found["url"], seed, console, progress))
+    finally:
+        sdk.shutdown()  # flushes the client spans
+    with httpx.Client(base_url=simulator.found["url"], timeout=30) as sim:
+        truth = sim.get("/demo/truth").raise_for_status().json()
+        run.server_stats = sim.get("/demo/stats").raise_for_status().json()
+    run.truth = {t["request_id"]: t for t in truth["requests"]}
+    simulator.stop()  # its SDK flushes the server spans on the way out
+    with httpx.Client(base_url=api, timeout=60) as client:
+        run.attributions = wait_for_attribution(client, [r.trace_id for r in run.ok_results])
+        window = {
+            "since": _rfc3339(started - 60),
+            "until": _rfc3339(time.time() + 60),
+            "service": SERVER_SERVICE,
+        }
+        fetch_report(client, run, window, expected=len(run.ok_results))
+    run.check = build_check(run)
+
+
+async def _drive(
+    run: DemoRun, url: str, seed: int, console: Console | None, progress: bool
+) -> None:
+    proxy = None
+    if run.scenario.network_delay_ms > 0:
+        parts = urlsplit(url)
+        proxy = DelayProxy((parts.hostname or "127.0.0.1", parts.port or 80),
+                           run.scenario.network_delay_ms / 1000)  # fmt: skip
+        host, port = await proxy.start()
+        url = f"http://{host}:{port}"
+    try:
+        gen = LoadGenerator(url, run.scenario, run.duration_s, seed=seed, console=console,
+                            progress=progress)  # fmt: skip
+        run.results = await gen.run()
+    finally:
+        if proxy is not None:
+            await proxy.stop()
+            run.proxy_ns = {rid: rec.added_ns for rid, rec in proxy.records.items()}
+
+
+def wait_for_attribution(
+    client: httpx.Client, trace_ids: list[str | None], *, timeout_s: float = 90.0
+) -> dict[str, dict[str, Any]]:
+    """Each trace's attribution once latscope has all its spans: two reads in a row agree.
+
+    Spans arrive in batches, so an attribution read early can lack a phase; reading until the
+    answer stops changing (and has the client's network figure) waits out the stragglers.
+    """
+    ids = [t for t in trace_ids if t]
+    latest: dict[str, dict[str, Any]] = {}
+    stable: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+
+    def fetch(trace_id: str) -> tuple[str, dict[str, Any] | None]:
+        try:
+            r = client.get(f"/v1/requests/{trace_id}/attribution")
+        except httpx.HTTPError:
+            return trace_id, None
+        if r.status_code != 200:
+            return trace_id, None
+        body = r.json()
+        if (body.get("buckets_ms") or {}).get("network") is None:
+            return trace_id, None  # the client span has not landed yet
+        return trace_id, body
+
+    with ThreadPoolExecutor(4) as pool:
+        while len(stable) < len(ids) and time.monotonic() < deadline:
+            pending = [t for t in ids if t not in stable]
+            for trace_id, body in pool.map(fetch, pending):
+                if body is None:
+                    continue
+                if latest.get(trace_id) == body:
+                    stable[trace_id] = body
+                latest[trace_id] = body
+            if len(stable) < len(ids):
+                time.sleep(0.5)
+    return stable
+
+
+def fetch_report(
+    client: httpx.Client,
+    run: DemoRun,
+    window: dict[str, str],
+    *,
+    expected: int,
+    timeout_s: float = 90.0,
+) -> None:
+    """Summary, tail and diagnosis over the run, once latscope has attributed every request."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = client.get("/v1/attribution/summary", params=window)
+        if r.status_code != 200:
+            run.report_error = f"GET /v1/attribution/summary answered {r.status_code}: {r.text}"
+            return
+        run.summary = r.json()
+        if run.summary.get("count", 0) >= expected or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+    if run.summary.get("count", 0) < expected:
+        run.report_error = (
+            f"latscope attributed {run.summary.get('count', 0)} of {expected} requests "
+            f"within {timeout_s:.0f} s"
+        )
+    for name in ("tail", "diagnose"):
+        r = client.get(f"/v1/attribution/{name}", params=window)
+        if r.status_code == 200:
+            setattr(run, "diagnosis" if name == "diagnose" else name, r.json())
+        else:
+            run.report_error = f"GET /v1/attribution/{name} answered {r.status_code}: {r.text}"
+
+
+def build_check(run: DemoRun) -> CheckResult:
+    """Pair each finished request's truth with latscope's attribution of it."""
+    pairs, missing, proxy = [], [], []
+    for result in run.ok_results:
+        server = run.truth.get(result.request_id)
+        attributed = run.attributions.get(result.trace_id or "")
+        if server is None or server.get("server_ns") is None or attributed is None:
+            missing.append(result.trace_id or result.request_id)
+            continue
+        pairs.append((result.trace_id or "", truth_buckets(result.e2e_ns, server), attributed))
+        if result.request_id in run.proxy_ns:
+            proxy.append(run.proxy_ns[result.request_id])
+    return compare(pairs, missing=missing, skew_applied_s=run.clock_skew_s, proxy_added_ns=proxy)
+
+
+def _rfc3339(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+if __name__ == "__main__":  # pragma: no cover - run through `latscope demo`
+    from latscope.cli import main as cli_main
+
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(cli_main(["demo", *sys.argv[1:]]))

@@ -1,0 +1,121 @@
+"""Child processes of the demo: ``latscope serve`` and the simulated LLM server.
+
+Each runs in its own process, as it would in production: ``serve`` owns the embedded store, and
+the simulator has its own SDK configuration (service name, clock) apart from the client's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+#: Lines of a child's output kept for error messages.
+KEEP_LINES = 200
+
+
+class ChildFailed(RuntimeError):
+    """A child process did not start; the message carries the end of its output."""
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[str]
+    found: dict[str, str]
+    output: deque[str] = field(default_factory=lambda: deque(maxlen=KEEP_LINES))
+    _reader: threading.Thread | None = None
+
+    def tail(self) -> str:
+        return "\n".join(self.output)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM, wait up to ``timeout``, then SIGKILL; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._reader is not None:
+            self._reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+def start(name: str, args: list[str], patterns: dict[str, str], *, timeout: float = 90.0) -> Child:
+    """Run ``python -m <args>``; wait until every regex in ``patterns`` matched a line.
+
+    ``found`` maps each pattern's key to its first group.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # Own process group: Ctrl-C in the terminal reaches the demo, which stops its children
+        # in order (simulator first, so its spans are flushed to serve before serve stops).
+        start_new_session=True,
+    )
+    child = Child(name, proc, {})
+    compiled = {k: re.compile(p) for k, p in patterns.items()}
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline and len(child.found) < len(compiled):
+        line = proc.stdout.readline()
+        if not line:
+            break
+        child.output.append(line.rstrip())
+        for key, regex in compiled.items():
+            if key not in child.found and (m := regex.search(line)):
+                child.found[key] = m.group(1)
+    if len(child.found) < len(compiled):
+        child.stop(5)
+        raise ChildFailed(f"{name} did not start:\n{child.tail()}")
+    stdout = proc.stdout
+    child._reader = threading.Thread(
+        target=lambda: child.output.extend(line.rstrip() for line in stdout),
+        name=f"{name}-output",
+        daemon=True,
+    )
+    child._reader.start()
+    return child
+
+
+def start_serve(store: str, http: str, otlp_grpc: str) -> Child:
+    """``latscope serve`` on ``store``; ``found`` has ``grpc`` (host:port) and ``http`` (URL)."""
+    return start(
+        "latscope serve",
+        ["latscope.cli", "serve", "--store", store, "--http", http, "--otlp-grpc", otlp_grpc],
+        {"grpc": r"OTLP/gRPC\s+(\S+)", "http": r"HTTP\s+(http://\S+)"},
+    )
+
+
+def start_simulator(scenario: str, otlp: str, clock_skew_s: float) -> Child:
+    """The simulated LLM server; ``found["url"]`` is its base URL."""
+    return start(
+        "demo LLM server",
+        [
+            "latscope.demo.server",
+            "--scenario",
+            scenario,
+            "--otlp",
+            otlp,
+            "--clock-skew",
+            repr(clock_skew_s),
+        ],
+        {"url": r"latscope demo server: (http://\S+)"},
+    )

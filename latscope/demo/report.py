@@ -1,0 +1,153 @@
+"""What ``latscope demo`` prints: latscope's report on the run, and the check against the truth."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from latscope.semconv import BUCKETS
+
+if TYPE_CHECKING:
+    from latscope.demo.command import DemoRun
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.1f}" if abs(value) < 10_000 else f"{value:,.0f}"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def print_report(console: Console, run: DemoRun) -> None:
+    results = run.results
+    errors = sum(1 for r in results if not r.ok)
+    rate = len(results) / run.duration_s if run.duration_s else 0.0
+    console.print()
+    line = f"{len(results)} requests in {run.duration_s:g} s ({rate:.1f}/s), {errors} errors"
+    if run.clock_skew_s:
+        line += f"; the server's clock runs {run.clock_skew_s:+.3f} s off the client's"
+    console.print(line)
+    if run.summary:
+        print_summary(console, run.summary)
+    if run.tail and run.tail.get("dominant"):
+        print_tail(console, run.tail)
+    if run.diagnosis:
+        print_diagnosis(console, run.diagnosis)
+    if run.report_error:
+        console.print(f"[yellow]report incomplete:[/] {run.report_error}")
+    met = run.expectation_met()
+    if met is not None:
+        expect = run.scenario.expect
+        want = f"dominant bucket {expect.dominant}" + (
+            f", verdict {', '.join(expect.verdicts)}" if expect.verdicts else ""
+        )
+        mark = "[green]as expected[/]" if met else "[red]NOT as expected[/]"
+        console.print(f"Scenario {run.scenario.name} expects {want}: {mark}")
+    if run.check is not None:
+        print_check(console, run)
+    console.print(f"\nlatscope's web page: [bold]{run.web_url}[/]")
+
+
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
+    e2e = summary.get("e2e_ms") or {}
+    console.print(
+        f"\n[bold]Where the time went[/] over {summary.get('count', 0)} requests — end to end "
+        f"p50 {_ms(e2e.get('p50'))} ms · p95 {_ms(e2e.get('p95'))} ms · "
+        f"p99 {_ms(e2e.get('p99'))} ms"
+    )
+    table = Table(box=None, pad_edge=False)
+    for col in ("bucket", "mean ms", "p50 ms", "p95 ms", "p99 ms", "share"):
+        table.add_column(col, justify="left" if col == "bucket" else "right")
+    buckets = summary.get("buckets_ms") or {}
+    for bucket in BUCKETS:
+        b = buckets.get(bucket) or {}
+        table.add_row(
+            bucket,
+            _ms(b.get("mean")),
+            _ms(b.get("p50")),
+            _ms(b.get("p95")),
+            _ms(b.get("p99")),
+            _pct(b.get("share")),
+        )
+    console.print(table)
+    streaming = summary.get("streaming") or {}
+    ttft = streaming.get("ttft_ms") or {}
+    itl50 = streaming.get("itl_p50_ms") or {}
+    itl99 = streaming.get("itl_p99_ms") or {}
+    console.print(
+        f"TTFT p50 {_ms(ttft.get('p50'))} ms · p95 {_ms(ttft.get('p95'))} ms; inter-token "
+        f"latency p50 {_ms(itl50.get('p50'))} ms, p99 per request up to "
+        f"{_ms(itl99.get('p95'))} ms (p95); {streaming.get('stalled_requests', 0)} requests "
+        f"with stalls"
+    )
+
+
+def print_tail(console: Console, tail: dict[str, Any]) -> None:
+    dominant = tail["dominant"]
+    extra = (tail.get("buckets_ms") or {}).get(dominant) or {}
+    console.print(
+        f"\n[bold]Tail[/]: the slowest {100 - tail.get('percentile', 99):g}% "
+        f"({tail.get('tail_count', 0)} requests, ≥ {_ms(tail.get('threshold_ms'))} ms) take "
+        f"{_ms(tail.get('extra_e2e_ms'))} ms more than the median request; "
+        f"{_pct(extra.get('extra_share'))} of that is [bold]{dominant}[/] "
+        f"(+{_ms(extra.get('extra'))} ms)"
+    )
+
+
+def print_diagnosis(console: Console, diagnosis: dict[str, Any]) -> None:
+    console.print(
+        f"\n[bold]Diagnosis[/]: most time goes to [bold]{diagnosis.get('dominant')}[/]"
+        + (
+            f"; the tail's extra time to [bold]{diagnosis['tail_dominant']}[/]"
+            if diagnosis.get("tail_dominant")
+            else ""
+        )
+    )
+    verdicts = diagnosis.get("verdicts") or []
+    if not verdicts:
+        console.print("  no known problem pattern found")
+    for verdict in verdicts:
+        console.print(f"  • [bold]{verdict.get('cause')}[/] ({verdict.get('id')})")
+        for fix in verdict.get("fixes") or ():
+            console.print(f"      – {fix}")
+
+
+def print_check(console: Console, run: DemoRun) -> None:
+    check = run.check
+    assert check is not None
+    console.print(
+        f"\n[bold]Check against the ground truth[/]: {check.compared} requests, tolerance "
+        f"max(1 ms, 2%) per bucket per request"
+    )
+    table = Table(box=None, pad_edge=False)
+    for col in ("bucket", "truth ms", "latscope ms", "mean |err| ms", "p95 |err|", "max |err|",
+                "within"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "bucket" else "right")
+    for b in check.buckets:
+        table.add_row(
+            b.bucket,
+            f"{b.truth_mean_ms:.3f}",
+            f"{b.latscope_mean_ms:.3f}",
+            f"{b.mean_abs_error_ms:.3f}",
+            f"{b.p95_abs_error_ms:.3f}",
+            f"{b.max_abs_error_ms:.3f}",
+            f"{'[green]' if b.ok else '[red]'}{b.within}/{b.compared}[/]",
+        )
+    console.print(table)
+    if check.proxy_added_ms is not None:
+        console.print(f"The proxy added {check.proxy_added_ms:.1f} ms per request (true network).")
+    if check.skew_applied_ms:
+        console.print(
+            f"Server clock skewed {check.skew_applied_ms:+.0f} ms; latscope estimated "
+            f"{_ms(check.skew_estimate_ms)} ms"
+        )
+    if check.missing:
+        console.print(f"[red]{len(check.missing)} requests have no attribution in latscope[/]")
+    for trace_id, bucket, truth, got in check.worst if not check.ok else ():
+        console.print(f"  {trace_id} {bucket}: truth {truth:.3f} ms, latscope {got:.3f} ms")
+    console.print("check: " + ("[green]PASS[/]" if check.ok else "[red]FAIL[/]"))
