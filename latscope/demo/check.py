@@ -1,7 +1,8 @@
 """``latscope demo --check``: latscope's attribution of each request against the ground truth.
 
-A request's bucket is right when latscope's figure is within ``max(1 ms, 2 %)`` of the true one
-(2 % of the true bucket). The check passes when every bucket of every compared request is.
+The truth of a bucket is a bracket ``[low, high]`` (see ``latscope.demo.truth``); latscope's
+figure for it is right when it lies within ``max(1 ms, 2 %)`` of the bracket (2 % of the true
+value). The check passes when every bucket of every compared request is right.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def tolerance_ns(truth_ns: int) -> float:
 
 @dataclass
 class BucketCheck:
-    """How far latscope was from the truth on one bucket, over all compared requests (ms)."""
+    """How far latscope was from the truth on one bucket, over all compared requests (ms);
+    errors are distances outside the truth's bracket."""
 
     bucket: str
     truth_mean_ms: float
@@ -95,13 +97,17 @@ def _p95(values: Sequence[float]) -> float:
 
 
 def compare(
-    pairs: Sequence[tuple[str, Mapping[str, int], Mapping[str, Any]]],
+    pairs: Sequence[tuple[str, Mapping[str, tuple[int, int]], Mapping[str, Any]]],
     *,
     missing: Sequence[str] = (),
     skew_applied_s: float = 0.0,
     proxy_added_ns: Sequence[int] = (),
 ) -> CheckResult:
-    """Compare ``(trace_id, true buckets in ns, latscope's attribution JSON)`` triples."""
+    """Compare ``(trace_id, true bucket brackets in ns, latscope's attribution JSON)`` triples.
+
+    The error of a bucket is how far latscope's figure lies outside the truth's bracket (0
+    inside it); the means in the table use the bracket's middle.
+    """
     result = CheckResult(
         compared=len(pairs), missing=list(missing), skew_applied_ms=skew_applied_s * 1000
     )
@@ -109,14 +115,15 @@ def compare(
     for bucket in BUCKETS:
         truths, seen, errors, within = [], [], [], 0
         for trace_id, truth, attributed in pairs:
-            true_ns = truth[bucket]
+            low, high = truth[bucket]
+            true_ns = (low + high) / 2
             got_ms = (attributed.get("buckets_ms") or {}).get(bucket)
             got_ns = 0.0 if got_ms is None else got_ms * 1e6
-            error = abs(got_ns - true_ns)
+            error = max(low - got_ns, got_ns - high, 0.0)
             truths.append(true_ns / 1e6)
             seen.append(got_ns / 1e6)
             errors.append(error / 1e6)
-            limit = tolerance_ns(true_ns)
+            limit = tolerance_ns(round(true_ns))
             if got_ms is not None and error <= limit:
                 within += 1
             else:

@@ -62,29 +62,30 @@ class ChatRequest(BaseModel):
 class measured:
     """An SDK phase, plus the true time spent inside it recorded in ``truth``.
 
-    The SDK reads its clock first thing in ``__enter__`` and in ``__exit__``; the monotonic
-    readings sit right before each, so the truth and the span disagree only by a few Python
-    calls (or by whatever stalls the process between them, which the check would show).
+    Each boundary is read right before and right after the SDK's own call, so the SDK's reading
+    lies between: the truth is the bracket ``[t1 - t0_after, t1_after - t0]``.
     """
 
-    __slots__ = ("_name", "_phase", "_t0", "_truth")
+    __slots__ = ("_name", "_phase", "_t0", "_t0_after", "_truth")
 
     def __init__(self, truth: RequestTruth | None, name: str) -> None:
         self._truth = truth
         self._name = name
         self._phase = sdk.phase(name)
-        self._t0 = 0
+        self._t0 = self._t0_after = 0
 
     def __enter__(self) -> measured:
         self._t0 = time.monotonic_ns()
         self._phase.__enter__()
+        self._t0_after = time.monotonic_ns()
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        elapsed = time.monotonic_ns() - self._t0
-        if self._truth is not None:
-            self._truth.add(self._name, elapsed)
+        t1 = time.monotonic_ns()
         self._phase.__exit__(exc_type, exc, tb)
+        t1_after = time.monotonic_ns()
+        if self._truth is not None:
+            self._truth.add(self._name, t1 - self._t0_after, t1_after - self._t0)
 
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:

@@ -4,6 +4,11 @@ The simulator reads ``time.monotonic_ns`` at the same points where the SDK opens
 phase spans, but on its own clock and in its own records, so the comparison with latscope's
 attribution checks the whole path (SDK clock, export, collector, storage, attribution) and not
 the cost model: scheduling jitter on a busy machine lands in the truth as it lands in the spans.
+
+Each boundary is read right before and right after the SDK's call, so the SDK's own reading lies
+between the two: a duration is known as a bracket ``[low, high]``. Usually the bracket is a few
+microseconds wide; when the machine preempts the process inside the SDK's call it widens, and the
+truth says so instead of pretending to a precision it does not have.
 """
 
 from __future__ import annotations
@@ -27,20 +32,23 @@ class RequestTruth:
     request_id: str
     arrived_ns: int
     ended_ns: int | None = None
-    phases_ns: dict[str, int] = field(default_factory=dict)
+    #: phase -> [low, high] bracket of the time spent in it (summed over its spans).
+    phases_ns: dict[str, list[int]] = field(default_factory=dict)
     prompt_tokens: int = 0
     output_tokens: int = 0
     status: int = 200
 
-    def add(self, phase: str, ns: int) -> None:
-        self.phases_ns[phase] = self.phases_ns.get(phase, 0) + ns
+    def add(self, phase: str, low: int, high: int) -> None:
+        bracket = self.phases_ns.setdefault(phase, [0, 0])
+        bracket[0] += low
+        bracket[1] += high
 
     def to_json(self) -> dict[str, Any]:
         server = None if self.ended_ns is None else self.ended_ns - self.arrived_ns
         return {
             "request_id": self.request_id,
             "server_ns": server,
-            "phases_ns": dict(self.phases_ns),
+            "phases_ns": {k: list(v) for k, v in self.phases_ns.items()},
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "status": self.status,
@@ -102,15 +110,25 @@ class TruthMiddleware:
             current.reset(token)
 
 
-def truth_buckets(client_e2e_ns: int, server: dict[str, Any]) -> dict[str, int]:
-    """The seven true buckets of one request, from the client's and the server's records.
+def truth_buckets(
+    client_e2e_ns: tuple[int, int], server: dict[str, Any]
+) -> dict[str, tuple[int, int]]:
+    """The seven true buckets of one request as ``(low, high)`` brackets in ns, from the
+    client's bracket of its end-to-end time and the server's record.
 
     ``network`` is what the client waited beyond the server's own time (proxy delay included);
     ``other`` is server time no phase covered.
     """
     server_ns = int(server["server_ns"])
     phases = server.get("phases_ns") or {}
-    out = {b: int(phases.get(b, 0)) for b in BUCKETS if b not in ("network", "other")}
-    out["network"] = client_e2e_ns - server_ns
-    out["other"] = server_ns - sum(out[b] for b in out if b != "network")
+    out: dict[str, tuple[int, int]] = {}
+    for bucket in BUCKETS:
+        if bucket not in ("network", "other"):
+            low, high = phases.get(bucket, (0, 0))
+            out[bucket] = (int(low), int(high))
+    out["network"] = (client_e2e_ns[0] - server_ns, client_e2e_ns[1] - server_ns)
+    out["other"] = (
+        server_ns - sum(h for b, (_, h) in out.items() if b != "network"),
+        server_ns - sum(lo for b, (lo, _) in out.items() if b != "network"),
+    )
     return {b: out[b] for b in BUCKETS}
