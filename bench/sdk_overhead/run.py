@@ -16,6 +16,8 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
+from latscope.sdk import GpuOptions
+from latscope.sdk.testing import FakeGpu, FakeNvml
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -24,8 +26,6 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from latscope import sdk
-from latscope.sdk import GpuOptions
-from latscope.sdk.testing import FakeGpu, FakeNvml
 from latscope.semconv import GenAIAttributes, LatscopeAttributes
 
 TOKENS = 256
@@ -119,16 +119,22 @@ def latscope_request() -> int:
     return n + len(headers) - 1
 
 
-def per_request_us(fn: Callable[[], int], requests: int, rounds: int) -> float:
-    for _ in range(min(200, requests)):  # warm up
-        fn()
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter_ns()
-        for _ in range(requests):
+def per_request_us(
+    fns: dict[str, Callable[[], int]], requests: int, rounds: int
+) -> dict[str, float]:
+    """Median µs per request of each variant; the variants take turns within every round so
+    that load from other processes on the machine hits them alike."""
+    for fn in fns.values():  # warm up
+        for _ in range(min(200, requests)):
             fn()
-        samples.append((time.perf_counter_ns() - t0) / requests / 1000)
-    return statistics.median(samples)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter_ns()
+            for _ in range(requests):
+                fn()
+            samples[name].append((time.perf_counter_ns() - t0) / requests / 1000)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def per_token_ns(rounds: int, n: int = 200_000) -> tuple[float, float]:
@@ -185,16 +191,18 @@ def nvml_per_phase_us(rounds: int, n: int = 2000) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
 
-    assert plain_request() == otel_request() == TOKENS
-    plain = per_request_us(plain_request, args.requests, args.rounds)
-    otel = per_request_us(otel_request, args.requests, args.rounds)
     sdk.configure(service_name="bench", span_exporter=Discard(), gpu=False)
     try:
-        assert latscope_request() == TOKENS
-        ours = per_request_us(latscope_request, args.requests, args.rounds)
+        assert plain_request() == otel_request() == latscope_request() == TOKENS
+        figures = per_request_us(
+            {"plain": plain_request, "otel": otel_request, "latscope": latscope_request},
+            args.requests,
+            args.rounds,
+        )
+        plain, otel, ours = figures["plain"], figures["otel"], figures["latscope"]
         tok, bare_tok = per_token_ns(args.rounds)
     finally:
         sdk.shutdown()
