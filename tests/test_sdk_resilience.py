@@ -102,11 +102,15 @@ class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.calls = 0
+        self.names: list[str] = []
         self.release = threading.Event()
         self.entered = threading.Event()
 
     def Export(self, request, context):
         self.calls += 1
+        self.names += [
+            span.name for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
+        ]
         if self.mode == "refuse":
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "collector queue full")
         if self.mode == "hang":
@@ -258,3 +262,37 @@ def test_httpx_instrumentation_with_collector_down() -> None:
             r = plain.post(f"{base}/v1/chat/completions", json={"messages": []})
             assert r.status_code == 200
         _check_bounded()
+
+
+EXIT_SCRIPT = """
+from latscope import sdk
+from latscope.sdk import ExportOptions
+
+sdk.configure(
+    service_name="exits", gpu=False, export=ExportOptions(endpoint={addr!r}, schedule_delay_s=60)
+)
+
+@sdk.inference(model="llama")
+def handle():
+    with sdk.phase("decode"):
+        sdk.record_token()
+
+handle()
+print("done")  # no shutdown(): the SDK must flush at exit
+"""
+
+
+def test_spans_are_flushed_at_exit() -> None:
+    import subprocess
+    import sys
+
+    with _collector("ok") as (servicer, addr):
+        proc = subprocess.run(
+            [sys.executable, "-c", EXIT_SCRIPT.format(addr=addr)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == "done"
+        assert sorted(servicer.names) == ["chat llama", "decode"]
