@@ -58,9 +58,9 @@ def capture(**kwargs: Any) -> Iterator[Capture]:
 
 
 @contextmanager
-def run_app(app: Any) -> Iterator[str]:
+def run_app(app: Any, lifespan: str = "off") -> Iterator[str]:
     """Serve ``app`` with uvicorn on a free loopback port; yields its base URL."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan=lifespan)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -296,3 +296,22 @@ def test_spans_are_flushed_at_exit() -> None:
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == "done"
         assert sorted(servicer.names) == ["chat llama", "decode"]
+
+
+def test_middleware_flushes_when_the_server_shuts_down() -> None:
+    with _collector("ok") as (servicer, addr):
+        sdk.configure(
+            service_name="shutdown",
+            gpu=False,
+            export=ExportOptions(endpoint=addr, schedule_delay_s=60),
+        )
+        try:
+            with run_app(create_app(token_delay_s=0.0), lifespan="on") as base:
+                with make_client(f"{base}/v1") as client:
+                    assert chat(client, "a b") == "a b"
+                assert servicer.names == []  # still queued: the export timer is a minute
+            # uvicorn's graceful shutdown ran the lifespan's end: the middleware flushed.
+            assert "chat toy-echo-1" in servicer.names
+            assert "POST /v1/chat/completions" in servicer.names
+        finally:
+            sdk.shutdown(timeout_s=1)
