@@ -178,3 +178,27 @@ def test_samples_taken_between_a_phases_ends_count() -> None:
     assert attrs[LA.GPU_POWER_MEAN] == pytest.approx(200.0 + 50.0)
     assert attrs[LA.GPU_SM_CLOCK] == pytest.approx((1000 + 900 + 1500 + 900 + 1200 + 900) / 6)
     assert attrs[LA.GPU_ENERGY_MJ] == 600 + 50
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("no pynvml", "latscope GPU figures off: pynvml (nvidia-ml-py) is not installed"),
+        ("no gpu", "latscope GPU figures off: NVML sees no GPU to watch"),
+        ("bad device", "latscope GPU figures off: cannot list GPUs through NVML (no GPU GPU-x)"),
+    ],
+)
+def test_gpu_off_cases_log_one_info_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, case: str, expected: str
+) -> None:
+    if case == "no pynvml":
+        monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import fails
+        gpu = GpuOptions(enabled=True)
+    elif case == "no gpu":
+        gpu = GpuOptions(enabled=True, nvml=FakeNvml([]))
+    else:
+        gpu = GpuOptions(enabled=True, nvml=FakeNvml([FakeGpu()]), devices=("GPU-x",))
+    with caplog.at_level("INFO", "latscope.sdk"), capture(gpu=gpu) as cap:
+        assert handle() == "ok"
+        assert not any(k.startswith("latscope.gpu") for k in cap.phases()["decode"].attributes)
+    assert [r.getMessage() for r in caplog.records if r.name == "latscope.sdk"] == [expected]

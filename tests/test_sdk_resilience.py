@@ -315,3 +315,40 @@ def test_middleware_flushes_when_the_server_shuts_down() -> None:
             assert "POST /v1/chat/completions" in servicer.names
         finally:
             sdk.shutdown(timeout_s=1)
+
+
+FORK_SCRIPT = """
+import os
+from latscope import sdk
+from latscope.sdk import ExportOptions
+
+sdk.configure(service_name="forks", gpu=False, export=ExportOptions(endpoint={addr!r}))
+
+@sdk.inference(model="child")
+def handle():
+    pass
+
+pid = os.fork()
+if pid == 0:  # a pre-fork server's worker: configured in the parent, serving in the child
+    handle()
+    sdk.shutdown()
+    os._exit(0)
+os.waitpid(pid, 0)
+sdk.shutdown()
+print("done")
+"""
+
+
+def test_exports_from_a_forked_worker() -> None:
+    import subprocess
+    import sys
+
+    with _collector("ok") as (servicer, addr):
+        proc = subprocess.run(
+            [sys.executable, "-c", FORK_SCRIPT.format(addr=addr)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert servicer.names == ["chat child"]
