@@ -8,23 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 from collections.abc import Iterator
-from concurrent import futures
 from contextlib import contextmanager
 
-import grpc
 import httpx
 import pytest
 from latscope.sdk import ExportOptions, GpuOptions
 from latscope.sdk.testing import FakeGpu, FakeNvml, NVMLError
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from examples.client import chat, make_client
 from examples.inference_server import create_app
 from latscope import sdk
 from latscope.semconv import LatscopeAttributes
-from tests.sdk_support import capture, run_app
+from tests.sdk_support import capture, collector, run_app
 
 QUEUE = 32
 
@@ -96,43 +92,6 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # nothing listens once the socket is closed
 
 
-class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
-    """A real OTLP TraceService on loopback whose behaviour each test picks."""
-
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self.calls = 0
-        self.names: list[str] = []
-        self.release = threading.Event()
-        self.entered = threading.Event()
-
-    def Export(self, request, context):
-        self.calls += 1
-        self.names += [
-            span.name for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
-        ]
-        if self.mode == "refuse":
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "collector queue full")
-        if self.mode == "hang":
-            self.entered.set()
-            self.release.wait(10)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
-@contextmanager
-def _collector(mode: str) -> Iterator[tuple[_Collector, str]]:
-    servicer = _Collector(mode)
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield servicer, f"127.0.0.1:{port}"
-    finally:
-        servicer.release.set()
-        server.stop(0).wait()
-
-
 def test_collector_down() -> None:
     with _configured(f"127.0.0.1:{_closed_port()}"):
         _run_app_workload()
@@ -143,7 +102,7 @@ def test_collector_down() -> None:
 
 
 def test_collector_refusing_with_resource_exhausted() -> None:
-    with _collector("refuse") as (servicer, addr), _configured(addr):
+    with collector("refuse") as (servicer, addr), _configured(addr):
         _run_app_workload()
         assert sdk.force_flush(timeout_s=5) in (True, False)
         stats = _check_bounded()
@@ -153,7 +112,7 @@ def test_collector_refusing_with_resource_exhausted() -> None:
 
 
 def test_collector_hanging_never_blocks_the_app() -> None:
-    with _collector("hang") as (servicer, addr), _configured(addr):
+    with collector("hang") as (servicer, addr), _configured(addr):
         handle(3)
         sdk.force_flush(timeout_s=0.01)  # start an export that the collector holds
         assert servicer.entered.wait(10)
@@ -286,7 +245,7 @@ def test_spans_are_flushed_at_exit() -> None:
     import subprocess
     import sys
 
-    with _collector("ok") as (servicer, addr):
+    with collector("ok") as (servicer, addr):
         proc = subprocess.run(
             [sys.executable, "-c", EXIT_SCRIPT.format(addr=addr)],
             capture_output=True,
@@ -299,7 +258,7 @@ def test_spans_are_flushed_at_exit() -> None:
 
 
 def test_middleware_flushes_when_the_server_shuts_down() -> None:
-    with _collector("ok") as (servicer, addr):
+    with collector("ok") as (servicer, addr):
         sdk.configure(
             service_name="shutdown",
             gpu=False,
@@ -343,7 +302,7 @@ def test_exports_from_a_forked_worker() -> None:
     import subprocess
     import sys
 
-    with _collector("ok") as (servicer, addr):
+    with collector("ok") as (servicer, addr):
         proc = subprocess.run(
             [sys.executable, "-c", FORK_SCRIPT.format(addr=addr)],
             capture_output=True,
