@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import time
 import uuid
@@ -64,15 +63,8 @@ class ToyModel:
 def create_app(token_delay_s: float = 0.002, prefill_s: float = 0.005, slots: int = 4) -> FastAPI:
     """The FastAPI app; latscope must be configured (``sdk.configure``) by whoever runs it."""
     model = ToyModel(token_delay_s, prefill_s, slots)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        # uvicorn re-raises SIGTERM after its graceful shutdown, which skips atexit: flush here.
-        sdk.force_flush(timeout_s=5)
-
-    app = FastAPI(lifespan=lifespan)
-    app.add_middleware(sdk.TraceparentMiddleware)  # traceparent in, arrival time noted
+    app = FastAPI()
+    app.add_middleware(sdk.TraceparentMiddleware)  # traceparent in; flushes at shutdown
 
     @sdk.inference(model=MODEL)
     async def stream_chat(req: ChatRequest) -> AsyncIterator[str]:

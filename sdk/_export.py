@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 
 from opentelemetry.context import Context
@@ -46,8 +48,23 @@ class BoundedBatchProcessor(SpanProcessor):
         self.failed = 0
         self._dropped_logged = 0
         self._last_drop_log = 0.0
-        self._thread = threading.Thread(target=self._run, name="latscope-export", daemon=True)
-        self._thread.start()
+        self._thread = self._start_thread()
+        # Pre-fork servers (gunicorn) configure in the parent; the thread does not survive fork.
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: (m := ref()) and m())
+
+    def _start_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name="latscope-export", daemon=True)
+        thread.start()
+        return thread
+
+    def _after_fork(self) -> None:
+        self._queue.clear()  # the parent exports its own spans
+        self._export_lock = threading.Lock()
+        self._wake = threading.Event()
+        if not self._stop:
+            self._thread = self._start_thread()
 
     # SpanProcessor -------------------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:

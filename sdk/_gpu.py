@@ -2,9 +2,11 @@
 
 Per phase: NVML is read when the phase starts and when it ends (plus any periodic samples taken
 in between), giving utilization mean/max (%), memory used max (bytes), power mean (W, summed
-over the watched GPUs), SM clock mean (MHz) and the energy counter's difference (mJ). On a real
-GPU each of these NVML calls is a driver ioctl costing roughly 10–100 µs; the energy counter
-(``nvmlDeviceGetTotalEnergyConsumption``) exists from Volta on.
+over the watched GPUs), SM clock mean (MHz) and the energy counter's difference (mJ). NVML
+itself averages utilization over a sample period of 1/6 s to 1 s (``nvmlUtilization_t``), so for
+short phases the energy difference is the sharper figure; the energy counter
+(``nvmlDeviceGetTotalEnergyConsumption``) exists from Volta on, and a GPU without it simply
+leaves that attribute out.
 
 With no pynvml, no driver or no GPU, ``GpuMonitor.start`` logs one info line and returns None:
 every GPU feature is then off and nothing else changes.

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 from latscope.sdk import _guard
-from latscope.sdk._runtime import RT
+from latscope.sdk._runtime import RT, force_flush
 from latscope.sdk._server import arrival_ns
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
@@ -70,7 +70,9 @@ class TraceparentMiddleware:
     """ASGI middleware: each HTTP request runs in the trace context its ``traceparent`` carries.
 
     Also notes the arrival time, so an ``@inference`` handler's span starts when the request
-    arrived rather than when the framework got round to calling it.
+    arrived rather than when the framework got round to calling it, and flushes queued spans
+    when the server shuts down gracefully (uvicorn re-raises SIGTERM after its shutdown, which
+    skips ``atexit``).
 
     Example::
 
@@ -82,7 +84,11 @@ class TraceparentMiddleware:
         self.app = app
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope.get("type") != "http" or not RT.enabled:
+        kind = scope.get("type")
+        if kind == "lifespan":
+            await self.app(scope, receive, _flush_on_shutdown(send))
+            return
+        if kind != "http" or not RT.enabled:
             await self.app(scope, receive, send)
             return
         ctx_token = t_token = None
@@ -106,3 +112,13 @@ class TraceparentMiddleware:
                     arrival_ns.reset(t_token)
             except Exception:
                 _guard.fault("middleware.exit")
+
+
+def _flush_on_shutdown(send: Any) -> Any:
+    async def wrapped(message: MutableMapping[str, Any]) -> None:
+        if message.get("type") == "lifespan.shutdown.complete" and RT.enabled:
+            # Blocking is fine here: the server is no longer serving. Bounded by the export timeout.
+            force_flush(RT.options.export.timeout_s)
+        await send(message)
+
+    return wrapped

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -155,7 +156,11 @@ def configure(
             logger.info("latscope SDK disabled (OTEL_SDK_DISABLED / disabled=True)")
             return
         resource = Resource.create(
-            {**(resource_attributes or {}), ResourceAttributes.SERVICE_NAME: opts.service_name}
+            {
+                ResourceAttributes.HOST_NAME: socket.gethostname(),
+                **(resource_attributes or {}),
+                ResourceAttributes.SERVICE_NAME: opts.service_name,
+            }
         )
         provider = TracerProvider(resource=resource)
         if span_exporter is not None:

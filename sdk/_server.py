@@ -326,13 +326,16 @@ class phase:
 def _flush_tokens(span: trace.Span, d: _Decode) -> None:
     """Convert the buffered clock readings to µs offsets once, at the decode span's end."""
     start = d.start
-    span.set_attribute(LatscopeAttributes.TOKEN_COUNT, d.count)
+    if d.over:
+        span.set_attributes(
+            {LatscopeAttributes.TOKEN_COUNT: d.count, ServerAttributes.TOKENS_NOT_TIMED: d.over}
+        )
+    else:
+        span.set_attribute(LatscopeAttributes.TOKEN_COUNT, d.count)
     if d.buf:
         _set_trusted(
             span, LatscopeAttributes.TOKEN_OFFSETS_US, tuple([(t - start) // 1000 for t in d.buf])
         )
-    if d.over:
-        span.set_attribute(ServerAttributes.TOKENS_NOT_TIMED, d.over)
 
 
 def _set_trusted(span: trace.Span, key: str, value: tuple[int, ...]) -> None:
@@ -424,18 +427,20 @@ def _finish(req: _Request, exc: BaseException | None = None, end: str | None = N
         if span is None:
             return
         t_end = RT.clock()
+        attrs: dict[str, Any] = {}
         if req.tokens:
-            span.set_attribute(LatscopeAttributes.FIRST_TOKEN_NS, req.first_token)
-            span.set_attribute(ServerAttributes.TTFT_NS, req.first_token - req.start)
+            attrs[LatscopeAttributes.FIRST_TOKEN_NS] = req.first_token
+            attrs[ServerAttributes.TTFT_NS] = req.first_token - req.start
             if req.tokens > 1:
-                span.set_attribute(
-                    ServerAttributes.TPOT_NS,
-                    (req.last_token - req.first_token) // (req.tokens - 1),
+                attrs[ServerAttributes.TPOT_NS] = (req.last_token - req.first_token) // (
+                    req.tokens - 1
                 )
             if not req.output_set:
-                span.set_attribute(GenAIAttributes.USAGE_OUTPUT_TOKENS, req.tokens)
+                attrs[GenAIAttributes.USAGE_OUTPUT_TOKENS] = req.tokens
         if end is not None:
-            span.set_attribute(LatscopeAttributes.STREAM_END, end)
+            attrs[LatscopeAttributes.STREAM_END] = end
+        if attrs:
+            span.set_attributes(attrs)
         if exc is not None:
             _mark_error(span, exc)
         span.end(end_time=t_end)

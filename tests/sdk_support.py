@@ -5,11 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from contextlib import contextmanager
 from typing import Any
 
+import grpc
 import uvicorn
 from latscope.sdk import _guard
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -58,9 +61,9 @@ def capture(**kwargs: Any) -> Iterator[Capture]:
 
 
 @contextmanager
-def run_app(app: Any) -> Iterator[str]:
+def run_app(app: Any, lifespan: str = "off") -> Iterator[str]:
     """Serve ``app`` with uvicorn on a free loopback port; yields its base URL."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan=lifespan)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -75,3 +78,42 @@ def run_app(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """A real OTLP TraceService on loopback whose behaviour each test picks."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.calls = 0
+        self.names: list[str] = []
+        self.metadata: list[dict[str, str]] = []
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def Export(self, request, context):
+        self.calls += 1
+        self.metadata.append(dict(context.invocation_metadata()))
+        self.names += [
+            span.name for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
+        ]
+        if self.mode == "refuse":
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "collector queue full")
+        if self.mode == "hang":
+            self.entered.set()
+            self.release.wait(10)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+@contextmanager
+def collector(mode: str) -> Iterator[tuple[Collector, str]]:
+    servicer = Collector(mode)
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield servicer, f"127.0.0.1:{port}"
+    finally:
+        servicer.release.set()
+        server.stop(0).wait()

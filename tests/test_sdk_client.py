@@ -226,3 +226,29 @@ def test_end_to_end_attribution_through_latscope_serve(serve: Server) -> None:
     assert buckets["network"] >= 0
     assert buckets["decode"] > 0 and buckets["prefill"] > 0
     assert sum(buckets.values()) == pytest.approx(body["e2e_ms"], abs=1e-3)
+
+
+def test_chunked_plain_response_first_token_is_first_body_bytes() -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    async def body():
+        yield b""
+        for word in (b"alpha ", b"beta ", b"gamma"):
+            await asyncio.sleep(0.001)
+            yield word
+
+    async def endpoint(request):
+        return StreamingResponse(body(), media_type="text/plain")
+
+    app = Starlette(routes=[Route("/gen", endpoint)])
+    with capture() as cap, run_app(app) as base, sdk.instrument_httpx(httpx.Client()) as http:
+        with http.stream("GET", f"{base}/gen") as resp:
+            assert b"".join(resp.iter_bytes()) == b"alpha beta gamma"
+        span = cap.one("GET /gen")
+        attrs = span.attributes
+        assert attrs[HttpAttributes.RESPONSE_STATUS_CODE] == 200
+        assert attrs[LatscopeAttributes.FIRST_BYTE_NS] <= attrs[LatscopeAttributes.FIRST_TOKEN_NS]
+        assert attrs[LatscopeAttributes.FIRST_TOKEN_NS] <= attrs[ClientAttributes.LAST_BYTE_NS]
+        assert LatscopeAttributes.STREAM_END not in attrs

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from latscope import sdk
-from tests.sdk_support import capture
+from tests.sdk_support import capture, collector
 
 
 def test_env_is_read_in_one_place() -> None:
@@ -106,3 +106,23 @@ def test_alongside_the_apps_own_tracer_provider() -> None:
         assert server.parent.span_id == by_name["app.request"].context.span_id
         assert by_name["app.db_lookup"].parent.span_id == server.context.span_id
         assert not cap.named("app.db_lookup")
+
+
+def test_token_and_otel_headers_reach_the_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=blue")
+    monkeypatch.setenv("LATSCOPE_TOKEN", "s3cret")
+
+    @sdk.inference(model="m")
+    def handle() -> None:
+        pass
+
+    with collector("ok") as (servicer, addr):
+        sdk.configure(service_name="auth", endpoint=f"http://{addr}", gpu=False)
+        try:
+            handle()
+            assert sdk.force_flush(timeout_s=10)
+        finally:
+            sdk.shutdown(timeout_s=2)
+    assert servicer.names == ["chat m"]
+    assert servicer.metadata[0]["authorization"] == "Bearer s3cret"
+    assert servicer.metadata[0]["x-tenant"] == "blue"

@@ -161,3 +161,44 @@ def test_periodic_samples_are_otlp_gauges_with_gpu_ids() -> None:
     assert gauges[GpuMetrics.UTILIZATION] == {(UUID0, "0"): 55, (UUID1, "1"): 75}
     assert gauges[GpuMetrics.MEMORY_USED] == {(UUID0, "0"): GB, (UUID1, "1"): 2 * GB}
     assert gauges[GpuMetrics.POWER] == pytest.approx({(UUID0, "0"): 250.0, (UUID1, "1"): 150.0})
+
+
+def test_samples_taken_between_a_phases_ends_count() -> None:
+    from latscope.sdk._gpu import aggregate
+
+    # Two GPUs; readings: the phase's start, one periodic sample, the phase's end.
+    # (utilization %, memory bytes, power mW, SM MHz, energy mJ)
+    start = [(10, GB, 100_000, 1000, 5_000), (0, GB, 50_000, 900, 100)]
+    middle = [(70, 4 * GB, 400_000, 1500, None), (30, GB, 50_000, 900, None)]
+    end = [(40, 2 * GB, 100_000, 1200, 5_600), (0, GB, None, 900, 150)]
+    attrs = aggregate([start, middle, end], (UUID0, UUID1))
+    assert attrs[LA.GPU_UTIL_MEAN] == pytest.approx((10 + 0 + 70 + 30 + 40 + 0) / 6)
+    assert attrs[LA.GPU_UTIL_MAX] == 70
+    assert attrs[LA.GPU_MEMORY_USED_MAX] == 4 * GB
+    assert attrs[LA.GPU_POWER_MEAN] == pytest.approx(200.0 + 50.0)
+    assert attrs[LA.GPU_SM_CLOCK] == pytest.approx((1000 + 900 + 1500 + 900 + 1200 + 900) / 6)
+    assert attrs[LA.GPU_ENERGY_MJ] == 600 + 50
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("no pynvml", "latscope GPU figures off: pynvml (nvidia-ml-py) is not installed"),
+        ("no gpu", "latscope GPU figures off: NVML sees no GPU to watch"),
+        ("bad device", "latscope GPU figures off: cannot list GPUs through NVML (no GPU GPU-x)"),
+    ],
+)
+def test_gpu_off_cases_log_one_info_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, case: str, expected: str
+) -> None:
+    if case == "no pynvml":
+        monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import fails
+        gpu = GpuOptions(enabled=True)
+    elif case == "no gpu":
+        gpu = GpuOptions(enabled=True, nvml=FakeNvml([]))
+    else:
+        gpu = GpuOptions(enabled=True, nvml=FakeNvml([FakeGpu()]), devices=("GPU-x",))
+    with caplog.at_level("INFO", "latscope.sdk"), capture(gpu=gpu) as cap:
+        assert handle() == "ok"
+        assert not any(k.startswith("latscope.gpu") for k in cap.phases()["decode"].attributes)
+    assert [r.getMessage() for r in caplog.records if r.name == "latscope.sdk"] == [expected]

@@ -8,23 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 from collections.abc import Iterator
-from concurrent import futures
 from contextlib import contextmanager
 
-import grpc
 import httpx
 import pytest
 from latscope.sdk import ExportOptions, GpuOptions
 from latscope.sdk.testing import FakeGpu, FakeNvml, NVMLError
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from examples.client import chat, make_client
 from examples.inference_server import create_app
 from latscope import sdk
 from latscope.semconv import LatscopeAttributes
-from tests.sdk_support import capture, run_app
+from tests.sdk_support import capture, collector, run_app
 
 QUEUE = 32
 
@@ -96,39 +92,6 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # nothing listens once the socket is closed
 
 
-class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
-    """A real OTLP TraceService on loopback whose behaviour each test picks."""
-
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self.calls = 0
-        self.release = threading.Event()
-        self.entered = threading.Event()
-
-    def Export(self, request, context):
-        self.calls += 1
-        if self.mode == "refuse":
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "collector queue full")
-        if self.mode == "hang":
-            self.entered.set()
-            self.release.wait(10)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
-@contextmanager
-def _collector(mode: str) -> Iterator[tuple[_Collector, str]]:
-    servicer = _Collector(mode)
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield servicer, f"127.0.0.1:{port}"
-    finally:
-        servicer.release.set()
-        server.stop(0).wait()
-
-
 def test_collector_down() -> None:
     with _configured(f"127.0.0.1:{_closed_port()}"):
         _run_app_workload()
@@ -139,7 +102,7 @@ def test_collector_down() -> None:
 
 
 def test_collector_refusing_with_resource_exhausted() -> None:
-    with _collector("refuse") as (servicer, addr), _configured(addr):
+    with collector("refuse") as (servicer, addr), _configured(addr):
         _run_app_workload()
         assert sdk.force_flush(timeout_s=5) in (True, False)
         stats = _check_bounded()
@@ -149,7 +112,7 @@ def test_collector_refusing_with_resource_exhausted() -> None:
 
 
 def test_collector_hanging_never_blocks_the_app() -> None:
-    with _collector("hang") as (servicer, addr), _configured(addr):
+    with collector("hang") as (servicer, addr), _configured(addr):
         handle(3)
         sdk.force_flush(timeout_s=0.01)  # start an export that the collector holds
         assert servicer.entered.wait(10)
@@ -258,3 +221,93 @@ def test_httpx_instrumentation_with_collector_down() -> None:
             r = plain.post(f"{base}/v1/chat/completions", json={"messages": []})
             assert r.status_code == 200
         _check_bounded()
+
+
+EXIT_SCRIPT = """
+from latscope import sdk
+from latscope.sdk import ExportOptions
+
+sdk.configure(
+    service_name="exits", gpu=False, export=ExportOptions(endpoint={addr!r}, schedule_delay_s=60)
+)
+
+@sdk.inference(model="llama")
+def handle():
+    with sdk.phase("decode"):
+        sdk.record_token()
+
+handle()
+print("done")  # no shutdown(): the SDK must flush at exit
+"""
+
+
+def test_spans_are_flushed_at_exit() -> None:
+    import subprocess
+    import sys
+
+    with collector("ok") as (servicer, addr):
+        proc = subprocess.run(
+            [sys.executable, "-c", EXIT_SCRIPT.format(addr=addr)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == "done"
+        assert sorted(servicer.names) == ["chat llama", "decode"]
+
+
+def test_middleware_flushes_when_the_server_shuts_down() -> None:
+    with collector("ok") as (servicer, addr):
+        sdk.configure(
+            service_name="shutdown",
+            gpu=False,
+            export=ExportOptions(endpoint=addr, schedule_delay_s=60),
+        )
+        try:
+            with run_app(create_app(token_delay_s=0.0), lifespan="on") as base:
+                with make_client(f"{base}/v1") as client:
+                    assert chat(client, "a b") == "a b"
+                assert servicer.names == []  # still queued: the export timer is a minute
+            # uvicorn's graceful shutdown ran the lifespan's end: the middleware flushed.
+            assert "chat toy-echo-1" in servicer.names
+            assert "POST /v1/chat/completions" in servicer.names
+        finally:
+            sdk.shutdown(timeout_s=1)
+
+
+FORK_SCRIPT = """
+import os
+from latscope import sdk
+from latscope.sdk import ExportOptions
+
+sdk.configure(service_name="forks", gpu=False, export=ExportOptions(endpoint={addr!r}))
+
+@sdk.inference(model="child")
+def handle():
+    pass
+
+pid = os.fork()
+if pid == 0:  # a pre-fork server's worker: configured in the parent, serving in the child
+    handle()
+    sdk.shutdown()
+    os._exit(0)
+os.waitpid(pid, 0)
+sdk.shutdown()
+print("done")
+"""
+
+
+def test_exports_from_a_forked_worker() -> None:
+    import subprocess
+    import sys
+
+    with collector("ok") as (servicer, addr):
+        proc = subprocess.run(
+            [sys.executable, "-c", FORK_SCRIPT.format(addr=addr)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert servicer.names == ["chat child"]
