@@ -107,7 +107,7 @@ def frame_from_arrow(table: object) -> pl.DataFrame:
     df = pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     df = df.with_columns(
-        pl.when(pl.col("has_first_token_event"))
+        pl.when(pl.col("has_first_token_event").cast(pl.Boolean))
         .then(pl.col("first_token_event_raw"))
         .otherwise(None)
         .cast(pl.Int64)
