@@ -18,6 +18,8 @@ from latscope.config import ConfigError, Settings
 #: subcommand -> module implementing it, in the order ``--help`` lists them.
 COMMANDS: dict[str, str] = {
     "serve": "latscope.serve",
+    "api": "latscope.cmd.api",
+    "explain": "latscope.cmd.explain",
 }
 
 

@@ -1,31 +1,41 @@
-"""The REST query API (FastAPI). Errors are JSON: ``{"error": ..., "detail": ...}``."""
+"""The REST query API (FastAPI), the web page and the health and metrics endpoints.
+
+Errors are JSON ``{"error": ..., "detail": ...}`` (see ``latscope.api.errors``). With
+``settings.token`` set, every ``/v1`` route needs ``Authorization: Bearer <token>``;
+``/healthz``, ``/readyz``, ``/metrics`` and the page itself stay open (the page asks for the token
+and sends it with its API calls).
+"""
 
 from __future__ import annotations
 
 import hmac
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from latscope import __version__
-from latscope.attribution import attribute_trace, load_trace
+from latscope.api.errors import ApiError, QueryError, error_responses
+from latscope.api.routes import v1_router
+from latscope.api.schemas import Health
 from latscope.config import Settings
 from latscope.metrics import REGISTRY
 from latscope.storage import Store, StoreError, StoreUnavailable
 
-_TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
+DESCRIPTION = """Where the time of an AI inference request went.
 
+Every request's end-to-end latency is split into seven buckets that add up to the whole:
+`network | queue | preprocess | prefill | decode | postprocess | other`. Times in the JSON are
+milliseconds as floats. Time-range parameters (`since`, `until`) accept RFC 3339
+(`2026-01-02T15:04:05Z`) or a relative span before now (`15m`, `2h`, `7d`).
 
-class ApiError(HTTPException):
-    def __init__(self, status: int, error: str, detail: str) -> None:
-        super().__init__(status_code=status, detail=detail)
-        self.error = error
+Errors are JSON `{"error": code, "detail": why}`: 400 (unusable parameter), 401 (token missing
+or wrong, when the server has one), 404 (unknown trace), 422 (parameter out of bounds).
+"""
 
 
 def _error(status: int, error: str, detail: Any) -> JSONResponse:
@@ -37,7 +47,12 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
     app = FastAPI(
         title="latscope",
         version=__version__,
-        description="Where the time of an AI inference request went.",
+        description=DESCRIPTION,
+        openapi_tags=[
+            {"name": "requests", "description": "one request: buckets, spans, tokens"},
+            {"name": "aggregates", "description": "many requests: summary, tail, compare, ..."},
+            {"name": "health", "description": "liveness, readiness, Prometheus metrics"},
+        ],
     )
 
     def require_token(request: Request) -> None:
@@ -52,11 +67,14 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         response = _error(exc.status_code, exc.error, exc.detail)
-        if headers:
-            response.headers.update(headers)
+        if exc.status_code == 401:
+            response.headers["WWW-Authenticate"] = "Bearer"
         return response
+
+    @app.exception_handler(QueryError)
+    async def _query_error(_: Request, exc: QueryError) -> JSONResponse:
+        return _error(exc.status, exc.error, exc.detail)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -77,40 +95,39 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
     async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
         return _error(500, "store_error", str(exc))
 
-    @app.get("/healthz", tags=["health"])
+    @app.get("/healthz", tags=["health"], response_model=Health)
     def healthz() -> dict[str, str]:
         """Liveness: the process answers. Needs no token."""
         return {"status": "ok"}
 
-    @app.get("/metrics", tags=["health"], response_class=Response)
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        response_model=Health,
+        responses=error_responses(503),
+    )
+    def readyz() -> Any:
+        """Readiness: the store answers a query. Needs no token."""
+        if not store.ping():
+            return _error(503, "store_unavailable", f"the store {store.dsn} does not answer")
+        return {"status": "ready"}
+
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+    )
     def metrics() -> Response:
-        """Prometheus text exposition of every latscope metric in this process."""
+        """Prometheus text exposition of every latscope metric in this process, including
+        ``latscope_request_bucket_seconds`` (per bucket, service and model)."""
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     for router in routers:
         app.include_router(router)
+    app.include_router(v1_router(store), dependencies=[Depends(require_token)])
 
-    @app.get(
-        "/v1/requests/{trace_id}/attribution",
-        tags=["attribution"],
-        dependencies=[Depends(require_token)],
-        responses={404: {"description": "no spans stored for this trace id"}},
-    )
-    def request_attribution(trace_id: str) -> dict[str, Any]:
-        """Where one request's end-to-end time went, bucket by bucket (milliseconds)."""
-        if not _TRACE_ID.match(trace_id):
-            raise ApiError(400, "invalid_trace_id", "trace_id must be 32 hexadecimal characters")
-        trace_id = trace_id.lower()
-        spans = load_trace(store, trace_id)
-        if not spans:
-            raise ApiError(404, "trace_not_found", f"no spans stored for trace {trace_id}")
-        result = attribute_trace(trace_id, spans)
-        if result is None:
-            raise ApiError(
-                404,
-                "no_server_span",
-                f"trace {trace_id} has {len(spans)} span(s) but no SERVER span to attribute",
-            )
-        return result.to_json()
+    from latscope.web import mount_web
 
+    mount_web(app)
     return app
