@@ -19,7 +19,13 @@ from latscope.config import ConfigError, Settings
 COMMANDS: dict[str, str] = {
     "serve": "latscope.serve",
     "api": "latscope.cmd.api",
+    "report": "latscope.cmd.report",
+    "tail": "latscope.cmd.tail",
+    "compare": "latscope.cmd.compare",
+    "diagnose": "latscope.cmd.diagnose",
     "explain": "latscope.cmd.explain",
+    "slo": "latscope.cmd.slo",
+    "top": "latscope.cmd.top",
 }
 
 

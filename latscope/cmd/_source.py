@@ -225,3 +225,14 @@ def run_command(args: argparse.Namespace, body: Callable[[Source], int]) -> int:
     except SourceError as exc:
         print(f"latscope: {exc}", file=sys.stderr)
         return exc.exit_code
+
+
+def add_filter_arguments(parser: argparse.ArgumentParser, *, window: bool = True) -> None:
+    """``--since``/``--until`` (RFC 3339 or 15m, 2h, 7d) and ``--service``/``--model``."""
+    if window:
+        parser.add_argument(
+            "--since", default="1h", help="start: RFC 3339 or a span before now (default 1h)"
+        )
+        parser.add_argument("--until", default=None, help="end (default now)")
+    parser.add_argument("--service", default=None, help="only this service")
+    parser.add_argument("--model", default=None, help="only this model")
