@@ -1,10 +1,19 @@
 -- One row per attributed request: the seven buckets in ns (they sum to E2eNs), streaming figures,
--- tokens, skew and GPU figures. Written by the attributor, never by hand.
+-- tokens, skew and GPU figures. Written by the attributor (latscope.attribution.attributor), never
+-- by hand.
 --
--- Re-attribution (late spans) inserts a new row with a higher Version; ReplacingMergeTree keeps the
--- newest per key and queries read with FINAL. The key's leading columns serve the aggregate
--- queries (service / model / time range); TraceId last makes it one row per request.
--- NetworkNs is NULL when no client span was seen (unknown, not zero).
+-- Re-attribution. Late spans make the attributor compute the request again and insert a new row
+-- with a higher Version (the number of distinct spans it saw, so a re-run over the same spans
+-- writes the same row with the same Version: idempotent). ReplacingMergeTree keeps the newest row
+-- per sorting key, and queries read with FINAL. A late client span moves the request's start
+-- (Timestamp) and may change Model, i.e. the row's key, so the new row would not replace the old
+-- one: for those the attributor also inserts a tombstone, a copy of the old key with IsDeleted = 1
+-- and the new Version, and FINAL drops both the old row and the tombstone.
+--
+-- The key's leading columns serve the aggregate queries (service / model / time range); TraceId
+-- last makes it one row per request. NetworkNs is NULL when no client span was seen (unknown, not
+-- zero). SpansIngestedAt is the newest ingest time among the spans used (the attributor's
+-- watermark restarts from its maximum).
 CREATE TABLE IF NOT EXISTS latscope_attribution
 (
     Timestamp          DateTime64(9) CODEC(Delta, ZSTD(1)),
@@ -25,8 +34,8 @@ CREATE TABLE IF NOT EXISTS latscope_attribution
     DecodeNs           UInt64 CODEC(T64, ZSTD(1)),
     PostprocessNs      UInt64 CODEC(T64, ZSTD(1)),
     OtherNs            UInt64 CODEC(T64, ZSTD(1)),
-    TtftClientNs       Nullable(UInt64) CODEC(T64, ZSTD(1)),
-    TtftServerNs       Nullable(UInt64) CODEC(T64, ZSTD(1)),
+    TtftClientNs       Nullable(Int64) CODEC(ZSTD(1)),
+    TtftServerNs       Nullable(Int64) CODEC(ZSTD(1)),
     TpotNs             Nullable(Float64) CODEC(ZSTD(1)),
     ItlP50Ns           Nullable(Float64) CODEC(ZSTD(1)),
     ItlP99Ns           Nullable(Float64) CODEC(ZSTD(1)),
@@ -36,9 +45,18 @@ CREATE TABLE IF NOT EXISTS latscope_attribution
     OutputTokens       Nullable(UInt32),
     ClockSkewNs        Int64 CODEC(ZSTD(1)),
     Gpu                Map(LowCardinality(String), Float64) CODEC(ZSTD(1)),
-    Version            UInt64
+    SpanCount          UInt32,
+    SpansIngestedAt    DateTime64(6) CODEC(Delta, ZSTD(1)),
+    Version            UInt64,
+    IsDeleted          UInt8
 )
-ENGINE = ReplacingMergeTree(Version)
+ENGINE = ReplacingMergeTree(Version, IsDeleted)
 PARTITION BY toDate(Timestamp)
 ORDER BY (ServiceName, Model, toStartOfHour(Timestamp), TraceId)
 SETTINGS index_granularity = 8192;
+
+-- When each span reached the store: the attributor finds new and late spans by this, not by the
+-- span's own (client-clock, possibly old) Timestamp. A column with a default, so the OTel
+-- Collector's ClickHouse exporter and the latscope collector insert as before.
+ALTER TABLE otel_traces
+    ADD COLUMN IF NOT EXISTS LatscopeIngestedAt DateTime64(6) DEFAULT now64(6) CODEC(Delta, ZSTD(1));
