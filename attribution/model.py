@@ -23,6 +23,7 @@ class SpanRecord:
     attributes: dict[str, str] = field(default_factory=dict)
     events: tuple[tuple[str, int], ...] = ()
     status: str = "Unset"
+    resource: dict[str, str] = field(default_factory=dict)
 
     @property
     def end_ns(self) -> int:
@@ -33,8 +34,12 @@ class SpanRecord:
         if raw is None or raw == "":
             return None
         try:
-            return int(float(raw))
+            return int(raw)
         except ValueError:
+            pass
+        try:
+            return int(float(raw))
+        except (ValueError, OverflowError):
             return None
 
     def attr_float(self, key: str) -> float | None:

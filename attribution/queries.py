@@ -9,6 +9,7 @@ TRACE_SPANS = f"""
 SELECT
     SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
     toUnixTimestamp64Nano(Timestamp) AS StartNs, Duration, SpanAttributes, StatusCode,
+    ResourceAttributes,
     Events.Name AS EventNames,
     arrayMap(t -> toUnixTimestamp64Nano(t), Events.Timestamp) AS EventTimes
 FROM {SPANS_TABLE}

@@ -13,7 +13,9 @@ def load_trace(store: Store, trace_id: str) -> list[SpanRecord]:
     rows = store.query_rows(TRACE_SPANS, {"trace_id": trace_id})
     seen: set[str] = set()
     spans = []
-    for span_id, parent, name, kind, service, start, dur, attrs, status, ev_names, ev_times in rows:
+    for row in rows:
+        (span_id, parent, name, kind, service, start, dur, attrs, status, resource) = row[:10]
+        ev_names, ev_times = row[10], row[11]
         if span_id in seen:  # the same span sent twice by a retrying exporter
             continue
         seen.add(span_id)
@@ -29,6 +31,7 @@ def load_trace(store: Store, trace_id: str) -> list[SpanRecord]:
                 attributes=dict(attrs),
                 events=tuple(zip(ev_names, (int(t) for t in ev_times), strict=False)),
                 status=status,
+                resource=dict(resource),
             )
         )
     return spans

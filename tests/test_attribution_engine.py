@@ -1,0 +1,295 @@
+"""Attribution rules, golden cases: each checked on the per-request engine and the batch engine."""
+
+from __future__ import annotations
+
+import pytest
+from latscope.attribution import sweep
+
+from latscope.semconv import LatscopeAttributes, SpanKind, VllmAttributes
+from tests.attribution_support import MS, T0, TraceBuilder, both
+
+EXPECTED_MS = {
+    "network": 80,
+    "queue": 100,
+    "preprocess": 30,
+    "prefill": 200,
+    "decode": 520,
+    "postprocess": 50,
+    "other": 20,
+}
+
+
+def _layout(tb: TraceBuilder, skew_ms: float = 0, client: bool = True) -> str:
+    c = tb.client(0, 1000, attrs={"gen_ai.request.model": "from-client"}) if client else ""
+    s = tb.server(
+        40 + skew_ms,
+        960 + skew_ms,
+        parent=c,
+        attrs={"gen_ai.request.model": "llama-3-8b", "gen_ai.usage.input_tokens": 812},
+        resource={"k8s.pod.name": "pod-1"},
+    )
+    for name, (ps, pe) in {
+        "queue": (45, 145),
+        "preprocess": (150, 180),
+        "prefill": (180, 380),
+        "decode": (380, 900),
+        "postprocess": (900, 950),
+    }.items():
+        tb.phase(name, ps + skew_ms, pe + skew_ms, parent=s)
+    return s
+
+
+def _ms(a) -> dict[str, float | None]:
+    return {k: None if v is None else v / MS for k, v in a.buckets_ns.items()}
+
+
+def test_client_server_phases() -> None:
+    tb = TraceBuilder()
+    _layout(tb)
+    a = both("t", tb.spans)
+    assert _ms(a) == EXPECTED_MS
+    assert a.e2e_ns == 1000 * MS and a.start_ns == T0
+    assert a.model == "llama-3-8b"  # the server's attribute wins over the client's
+    assert a.input_tokens == 812
+    assert a.clock_skew_ns == 0
+    assert a.resource_attributes == {"k8s.pod.name": "pod-1"}
+
+
+def test_server_only_network_is_unknown() -> None:
+    tb = TraceBuilder()
+    _layout(tb, client=False)
+    a = both("t", tb.spans)
+    assert _ms(a) == {**EXPECTED_MS, "network": None}
+    assert a.e2e_ns == 920 * MS and not a.has_client
+
+
+@pytest.mark.parametrize("skew_ms", [-10_000, -3_000, -41, 41, 3_000, 10_000])
+def test_clock_skew_is_estimated_and_buckets_stay(skew_ms: int) -> None:
+    tb = TraceBuilder()
+    _layout(tb, skew_ms=skew_ms)
+    a = both("t", tb.spans)
+    assert _ms(a) == EXPECTED_MS
+    assert a.clock_skew_ns == skew_ms * MS
+
+
+def test_small_skew_that_still_fits_is_not_adjusted() -> None:
+    tb = TraceBuilder()
+    _layout(tb, skew_ms=30)  # server at 70..990: fits inside 0..1000 as recorded
+    a = both("t", tb.spans)
+    assert a.clock_skew_ns == 0
+    assert _ms(a) == EXPECTED_MS
+
+
+def test_work_after_the_client_got_its_last_byte_is_not_counted() -> None:
+    tb = TraceBuilder()
+    c = tb.client(0, 500)
+    s = tb.server(10, 700, parent=c)  # longer than the client: starts aligned, tail clipped
+    tb.phase("prefill", 20, 100, parent=s)
+    tb.phase("decode", 100, 480, parent=s)
+    tb.phase("postprocess", 480, 650, parent=s)  # 480..500 counts; 500..650 is after the end
+    a = both("t", tb.spans)
+    assert a.e2e_ns == 500 * MS
+    assert a.clock_skew_ns == 10 * MS
+    # Aligned at the client's start: prefill 10..90, decode 90..470, postprocess 470..500.
+    assert _ms(a) == {
+        "network": 0,
+        "queue": 0,
+        "preprocess": 0,
+        "prefill": 80,
+        "decode": 380,
+        "postprocess": 30,
+        "other": 10,
+    }
+
+
+def test_overlapping_phases_follow_the_priority() -> None:
+    tb = TraceBuilder()
+    s = tb.server(0, 100)
+    tb.phase("queue", 0, 100, parent=s)  # wraps everything
+    tb.phase("preprocess", 10, 40, parent=s)
+    tb.phase("prefill", 30, 60, parent=s)
+    tb.phase("decode", 50, 90, parent=s)
+    tb.phase("postprocess", 85, 95, parent=s)
+    a = both("t", tb.spans)
+    assert _ms(a) == {
+        "network": None,
+        "queue": 15,  # 0..10, 95..100
+        "preprocess": 20,  # 10..30
+        "prefill": 20,  # 30..50
+        "decode": 40,  # 50..90
+        "postprocess": 5,  # 90..95
+        "other": 0,
+    }
+
+
+def test_sweep_helper() -> None:
+    got = sweep((0, 100), [("queue", 0, 50), ("prefill", 40, 70), ("bogus", 0, 100)])
+    assert got == {
+        "queue": 40,
+        "preprocess": 0,
+        "prefill": 30,
+        "decode": 0,
+        "postprocess": 0,
+        "other": 30,
+    }
+
+
+def test_retries_each_attempt_counts_and_gaps_are_network() -> None:
+    tb = TraceBuilder()
+    c = tb.client(0, 1000)
+    first = tb.server(50, 250, parent=c, status="Error")
+    tb.phase("queue", 50, 250, parent=first)  # timed out in the queue
+    second = tb.server(400, 950, parent=c, status="Ok")
+    tb.phase("queue", 400, 450, parent=second)
+    tb.phase("prefill", 450, 550, parent=second)
+    tb.phase("decode", 550, 940, parent=second)
+    a = both("t", tb.spans)
+    assert a.attempts == 2
+    assert a.status == "Ok"  # the last attempt's
+    assert _ms(a) == {
+        "network": 0 + 50 + 150 + 50,  # before, between and after the attempts
+        "queue": 200 + 50,
+        "preprocess": 0,
+        "prefill": 100,
+        "decode": 390,
+        "postprocess": 0,
+        "other": 10,
+    }
+
+
+def test_nested_frontend_server_is_not_the_request() -> None:
+    # client -> frontend (SERVER, no phases) -> its client call -> llm server (phases)
+    tb = TraceBuilder()
+    root = tb.client(0, 1000)
+    front = tb.server(10, 990, parent=root, service="gateway")
+    call = tb.add(SpanKind.CLIENT, 20, 980, parent=front, service="gateway")
+    llm = tb.server(30, 970, parent=call)
+    mid = tb.add(SpanKind.INTERNAL, 30, 970, parent=llm)
+    tb.phase("decode", 100, 900, parent=mid)  # two levels below its server
+    a = both("t", tb.spans)
+    assert a.service == "llm-server"
+    assert a.e2e_ns == 960 * MS  # the gateway's client call is this request's client
+    assert a.buckets_ns["decode"] == 800 * MS
+
+
+def test_trace_without_server_span_is_not_attributed() -> None:
+    tb = TraceBuilder()
+    c = tb.client(0, 100)
+    tb.phase("decode", 10, 90, parent=c)
+    assert both("t", tb.spans) is None
+
+
+def test_vllm_request_span_needs_no_phase_spans() -> None:
+    tb = TraceBuilder()
+    c = tb.client(0, 2000)
+    tb.server(
+        100,
+        1900,
+        parent=c,
+        attrs={
+            VllmAttributes.TIME_IN_QUEUE: 0.25,
+            VllmAttributes.TIME_TO_FIRST_TOKEN: 0.4,
+            VllmAttributes.TIME_IN_MODEL_PREFILL: 0.12,
+            VllmAttributes.TIME_IN_MODEL_DECODE: 1.35,
+            VllmAttributes.E2E: 1.8,
+            "gen_ai.usage.prompt_tokens": 300,
+            "gen_ai.usage.completion_tokens": 136,
+            "gen_ai.response.model": "meta-llama/Llama-3-8B",
+        },
+    )
+    a = both("t", tb.spans)
+    assert _ms(a) == pytest.approx(
+        {
+            "network": 200,
+            "queue": 250,
+            "preprocess": 0,
+            "prefill": 120,
+            "decode": 1350,
+            "postprocess": 0,
+            "other": 80,  # scheduling between prefill and first token, and after the last
+        }
+    )
+    assert a.ttft_server_ns == 400 * MS
+    assert a.tpot_ns == pytest.approx(1350 * MS / 135)
+    assert (a.input_tokens, a.output_tokens) == (300, 136)
+    assert a.model == "meta-llama/Llama-3-8B"
+
+
+def test_vllm_without_prefill_attribute_derives_it_from_ttft() -> None:
+    tb = TraceBuilder()
+    tb.server(
+        0,
+        1000,
+        attrs={VllmAttributes.TIME_IN_QUEUE: 0.1, VllmAttributes.TIME_TO_FIRST_TOKEN: 0.3},
+    )
+    a = both("t", tb.spans)
+    assert a.buckets_ns["queue"] == 100 * MS and a.buckets_ns["prefill"] == 200 * MS
+
+
+def test_streaming_figures_and_stalls() -> None:
+    tb = TraceBuilder()
+    first_token = T0 + 300 * MS
+    c = tb.client(0, 1000, attrs={LatscopeAttributes.FIRST_TOKEN_NS: first_token})
+    s = tb.server(20, 980, parent=c)
+    tb.phase("prefill", 30, 250, parent=s)
+    offsets_us = [0, 20_000, 40_000, 60_000, 460_000, 480_000]  # one 400 ms gap
+    tb.phase(
+        "decode",
+        250,
+        740,
+        parent=s,
+        attrs={
+            LatscopeAttributes.TOKEN_OFFSETS_US: str(offsets_us).replace(" ", ""),
+            LatscopeAttributes.TOKEN_COUNT: 6,
+        },
+    )
+    a = both("t", tb.spans, stall_threshold_ns=250 * MS)
+    assert a.ttft_client_ns == 300 * MS
+    assert a.ttft_server_ns == 230 * MS
+    assert a.tpot_ns == pytest.approx(480 * MS / 5)
+    assert a.itl_ns["p50"] == 20 * MS
+    assert a.itl_ns["max"] == 400 * MS
+    assert a.itl_ns["p99"] == pytest.approx((20 + 0.96 * 380) * MS)
+    assert a.stalls == 1
+    assert a.output_tokens == 6
+    # A higher threshold sees no stall.
+    assert both("t", tb.spans, stall_threshold_ns=500 * MS).stalls == 0
+
+
+def test_client_first_token_as_event() -> None:
+    tb = TraceBuilder()
+    c = tb.client(0, 1000, events=((LatscopeAttributes.FIRST_TOKEN_EVENT, T0 + 420 * MS),))
+    tb.server(10, 990, parent=c)
+    assert both("t", tb.spans).ttft_client_ns == 420 * MS
+
+
+def test_gpu_figures_per_phase() -> None:
+    tb = TraceBuilder()
+    s = tb.server(0, 100)
+    tb.phase(
+        "prefill",
+        0,
+        30,
+        parent=s,
+        attrs={"latscope.gpu.utilization.mean": 91.5, "latscope.gpu.energy_mj": 1200},
+    )
+    tb.phase("decode", 30, 100, parent=s, attrs={"latscope.gpu.power.mean": 310.25})
+    tb.phase("queue", 0, 1, parent=s, attrs={"latscope.gpu.power.mean": 1})  # not a GPU phase
+    a = both("t", tb.spans)
+    assert a.gpu == {
+        "prefill": {"utilization_mean": 91.5, "energy_mj": 1200.0},
+        "decode": {"power_mean": 310.25},
+    }
+
+
+def test_bad_attribute_values_do_not_break_the_request() -> None:
+    tb = TraceBuilder()
+    s = tb.server(
+        0,
+        100,
+        attrs={"gen_ai.usage.input_tokens": "lots", "gen_ai.usage.output_tokens": -5},
+    )
+    tb.phase("decode", 10, 90, parent=s, attrs={LatscopeAttributes.TOKEN_OFFSETS_US: "[1,2,"})
+    a = both("t", tb.spans)
+    assert a.input_tokens is None and a.output_tokens is None and a.ttft_server_ns is None
+    assert a.buckets_ns["decode"] == 80 * MS
