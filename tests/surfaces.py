@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -35,6 +40,7 @@ class RequestSpec:
         }
     )
     token_offsets_us: list[int] = field(default_factory=list)
+    gpu: dict[str, dict] = field(default_factory=dict)
     input_tokens: int = 812
     start_ns: int = 0
     trace_id: str = ""
@@ -103,7 +109,7 @@ def send(endpoint: str, specs: list[RequestSpec], token: str = "") -> list[Reque
         )
         s_ctx = set_span_in_context(s_span)
         for phase, (ps, pe) in spec.phases.items():
-            attrs: dict = {LatscopeAttributes.PHASE: phase}
+            attrs: dict = {LatscopeAttributes.PHASE: phase, **spec.gpu.get(phase, {})}
             if phase == "decode" and spec.token_offsets_us:
                 attrs[LatscopeAttributes.TOKEN_OFFSETS_US] = spec.token_offsets_us
                 attrs[LatscopeAttributes.TOKEN_COUNT] = len(spec.token_offsets_us)
@@ -130,3 +136,154 @@ def steady_tokens(count: int, first_us: int, gap_us: int, stall_at: int = -1, st
         out.append(t)
         t += gap_us
     return out
+
+
+# -- a dataset served by a real `latscope serve` -------------------------------------------------
+
+
+def _gpu_attrs(util: float, energy_mj: float) -> dict:
+    return {
+        LatscopeAttributes.GPU_UTIL_MEAN: util,
+        LatscopeAttributes.GPU_ENERGY_MJ: energy_mj,
+    }
+
+
+def dataset(now_ns: int) -> list[RequestSpec]:
+    """Requests with known answers.
+
+    * 30 ``llm-server``/``llama-3-8b`` with a client span, 10-20 min ago, queue growing 10..300 ms,
+      prefill 300 ms, 26 tokens 20 ms apart; one of them waits 3 s in the queue (the tail).
+    * 10 ``llm-server``/``mistral-7b`` server-only (network unknown), 5-10 min ago.
+    * 20 ``llama-3-8b`` 80-100 min ago with prefill 100 ms (the "before" window of compare).
+    * 1 request with a 400 ms inter-token stall.
+    GPU figures on the prefill spans of the recent llama requests (utilization 90 %, 40 J).
+    """
+    specs: list[RequestSpec] = []
+    minute = 60_000 * MS
+    tokens = steady_tokens(26, 0, 20_000)
+    for i in range(30):
+        queue = 3000 if i == 29 else 10 + 10 * i
+        phases = {
+            "queue": (45, 45 + queue),
+            "preprocess": (45 + queue, 75 + queue),
+            "prefill": (75 + queue, 375 + queue),
+            "decode": (375 + queue, 895 + queue),
+            "postprocess": (895 + queue, 945 + queue),
+        }
+        specs.append(
+            RequestSpec(
+                client=(0, 1000 + queue),
+                server=(40, 955 + queue),
+                phases=phases,
+                token_offsets_us=tokens,
+                gpu={"prefill": _gpu_attrs(GPU_UTIL, GPU_ENERGY_MJ)},
+                start_ns=now_ns - 20 * minute + i * 20_000 * MS,
+            )
+        )
+    for i in range(10):
+        specs.append(
+            RequestSpec(
+                model="mistral-7b",
+                client=None,
+                token_offsets_us=tokens,
+                start_ns=now_ns - 10 * minute + i * 20_000 * MS,
+            )
+        )
+    for i in range(20):
+        specs.append(
+            RequestSpec(
+                phases={
+                    "queue": (45, 145),
+                    "preprocess": (150, 180),
+                    "prefill": (180, 280),
+                    "decode": (380, 900),
+                    "postprocess": (900, 950),
+                },
+                token_offsets_us=tokens,
+                start_ns=now_ns - 100 * minute + i * 30_000 * MS,
+            )
+        )
+    specs.append(
+        RequestSpec(
+            model="llama-3-70b",
+            service="rag-server",
+            token_offsets_us=steady_tokens(20, 0, 20_000, stall_at=10, stall_us=400_000),
+            phases={
+                "queue": (45, 145),
+                "preprocess": (150, 180),
+                "prefill": (180, 380),
+                "decode": (380, 900),
+                "postprocess": (900, 950),
+            },
+            start_ns=now_ns - 3 * minute,
+        )
+    )
+    return specs
+
+
+GPU_UTIL, GPU_ENERGY_MJ = 90.0, 40_000.0
+
+
+def attribute_store(dsn: str) -> int:
+    """Attribute every trace in the store with the attribution engine and write the rows, as the
+    running attributor does; returns how many requests were written."""
+    import pyarrow as pa
+    from latscope.attribution.batch import (
+        BATCH_SPANS_SQL,
+        attribute_frame,
+        finish_rows,
+        frame_from_arrow,
+        to_arrow,
+    )
+
+    from latscope.storage import ATTRIBUTION_TABLE, Store
+
+    store = Store.open(dsn)
+    try:
+        store.apply_schema()
+        ids = [r[0] for r in store.query_rows("SELECT DISTINCT TraceId FROM otel_traces")]
+        spans = store.query_arrow(BATCH_SPANS_SQL, {"trace_ids": ids})
+        # ClickHouse's has() answers UInt8; the batch engine expects a boolean there.
+        flag = spans.schema.get_field_index("has_first_token_event")
+        spans = spans.set_column(flag, "has_first_token_event", spans.column(flag).cast(pa.bool_()))
+        frame = frame_from_arrow(spans)
+        table = to_arrow(finish_rows(attribute_frame(frame)))
+        store.insert_arrow(ATTRIBUTION_TABLE, table)
+        return table.num_rows
+    finally:
+        store.close()
+
+
+_BUILT: dict[str, object] = {}
+
+
+def dataset_store() -> tuple[Path, list[RequestSpec]]:
+    """A store holding ``dataset()``'s spans (sent through OTLP to a real ``latscope serve``) and
+    their attribution rows; built once per test session. Test modules serve it one after another
+    (an embedded store belongs to one process at a time) and only read it."""
+    import shutil
+
+    from tests.conftest import start_serve
+
+    if "dir" not in _BUILT:
+        build = Path(tempfile.mkdtemp(prefix="latscope-dataset-"))
+        atexit.register(shutil.rmtree, build, ignore_errors=True)
+        server = start_serve(build / "store")
+        try:
+            specs = send(server.grpc, dataset(time.time_ns()))
+        finally:
+            assert server.stop() == 0, server.text()
+        # Attribute in a separate process: an embedded store belongs to one process at a time.
+        subprocess.run(
+            [sys.executable, "-m", "tests.surfaces", f"chdb://{build / 'store'}"],
+            check=True,
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            timeout=120,
+        )
+        _BUILT.update(dir=build / "store", specs=specs)
+    return _BUILT["dir"], list(_BUILT["specs"])  # type: ignore[return-value, call-overload]
+
+
+if __name__ == "__main__":
+    print(attribute_store(sys.argv[1]))

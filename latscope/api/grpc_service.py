@@ -167,9 +167,9 @@ def summary_message(body: dict[str, Any]) -> query_pb2.SummaryResponse:
     return json_format.ParseDict(data, query_pb2.SummaryResponse(), ignore_unknown_fields=True)
 
 
-def query_parts(settings: Settings, store: Store, *, poll_table: bool = False) -> Parts:
-    """The query service for a latscope process. ``poll_table``: no attributor runs in this
-    process, so Watch and /metrics are fed by reading new rows from the attribution table."""
+def query_parts(settings: Settings, store: Store, *, poll_table: bool = True) -> Parts:
+    """The query service for a latscope process, and (``poll_table``) the poller that feeds
+    Watch and the ``/metrics`` latency histograms from newly attributed rows."""
     servicer = QueryServicer(store, settings)
     parts = Parts(
         grpc_servicers=[lambda server: query_pb2_grpc.add_QueryServiceServicer_to_server(

@@ -1,14 +1,15 @@
 """Attributed requests as they complete: Prometheus histograms and the live feed behind Watch.
 
-The attributor calls :func:`observe` with each batch it writes to ``latscope_attribution``::
+:func:`observe` takes a batch of newly attributed requests and feeds the per-bucket latency
+histograms on ``/metrics`` (labelled by service and model) and every open ``Watch`` stream in
+this process::
 
     from latscope.api.live import observe
     observe(table)  # pyarrow.Table / polars.DataFrame in the attribution table's columns
 
-That feeds the per-bucket latency histograms on ``/metrics`` (labelled by service and model) and
-every open ``Watch`` stream in this process. A process without an attributor (``latscope api``
-over a ClickHouse server) runs :class:`TablePoller` instead, which reads newly written rows from
-the table and feeds the same two.
+:class:`TablePoller` calls it with the rows the attributor wrote to ``latscope_attribution``, so
+the feed works the same whether the attributor runs in this process (``latscope serve``) or in
+collectors elsewhere (``latscope api`` over a ClickHouse server); nothing else needs to call it.
 
 Bounded everywhere: each Watch subscriber has a queue of ``SUBSCRIBER_QUEUE`` requests (a slow
 reader loses the oldest, counted in ``latscope_watch_dropped_total``), and the histograms keep at
@@ -297,50 +298,98 @@ def observe(batch: Any, *, hub: LiveHub = HUB) -> int:
         return 0
 
 
-#: Newly written attribution rows: the attributor's Version grows with each write.
-NEW_ROWS = f"""
+#: Attribution rows written recently. ``SpansIngestedAt`` (when the newest span of the request
+#: reached the store) bounds when the attributor can have written the row, so re-reading a
+#: trailing ``POLL_LAG`` of it catches every row, including ones written out of order.
+RECENT_ROWS = f"""
 SELECT *
 FROM {ATTRIBUTION_TABLE}
-WHERE Version > {{after:UInt64}}
-ORDER BY Version
+WHERE SpansIngestedAt >= fromUnixTimestamp64Micro({{after_us:Int64}}) AND IsDeleted = 0
+ORDER BY SpansIngestedAt
 LIMIT {{limit:UInt32}}
 """
-LATEST_VERSION = f"SELECT max(Version) FROM {ATTRIBUTION_TABLE}"
+LATEST_INGEST = f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {ATTRIBUTION_TABLE}"
+#: The attributor writes a request within its settle window of the last span's arrival; this
+#: covers that window with a wide margin.
+POLL_LAG_US = 120 * 1_000_000
 
 
 class TablePoller:
-    """Reads newly attributed requests from the table, for a process without an attributor.
+    """Feeds ``observe`` from the attribution table: newly attributed requests, once each.
 
-    A background component: polls every ``interval_s`` and calls ``observe`` with what is new.
+    A background component polling every ``interval_s``; it works the same whether the attributor
+    runs in this process (``latscope serve``) or in another (``latscope api`` beside collectors).
+    A request re-attributed later (late spans) is not fed again: the histograms count it once.
+    Memory is bounded by the requests written within ``POLL_LAG_US``, capped at ``max_seen``.
     """
 
     name = "attribution-poller"
 
     def __init__(
-        self, store: Store, *, interval_s: float = 1.0, batch: int = 10_000, hub: LiveHub = HUB
+        self,
+        store: Store,
+        *,
+        interval_s: float = 1.0,
+        batch: int = 20_000,
+        max_seen: int = 1_000_000,
+        hub: LiveHub = HUB,
+        from_start: bool = False,
     ) -> None:
         self.store = store
         self.interval_s = interval_s
         self.batch = batch
+        self.max_seen = max_seen
         self.hub = hub
+        self.from_start = from_start
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._after = 0
+        self._high_us = 0  # newest SpansIngestedAt seen
+        self._seen: dict[str, int] = {}  # trace id -> its SpansIngestedAt (us)
 
     def start(self) -> None:
-        try:
-            self._after = int(self.store.query_rows(LATEST_VERSION)[0][0] or 0)
-        except StoreError as exc:
-            log.warning("attribution poller: %s; starting from the beginning", exc)
+        if not self.from_start:
+            try:  # what is already stored is history, not news
+                self._high_us = int(self.store.query_rows(LATEST_INGEST)[0][0] or 0)
+                self._after_us = self._high_us + 1
+            except StoreError as exc:
+                log.warning("attribution poller: %s; starting from the beginning", exc)
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
+    _after_us = 0
+
     def poll_once(self) -> int:
-        table = self.store.query_arrow(NEW_ROWS, {"after": self._after, "limit": self.batch})
+        """Read and feed what is new; returns how many requests were new."""
+        after = max(self._after_us, self._high_us - POLL_LAG_US)
+        table = self.store.query_arrow(RECENT_ROWS, {"after_us": after, "limit": self.batch})
         if table.num_rows == 0:
             return 0
-        self._after = max(self._after, int(max(table.column("Version").to_pylist())))
-        return observe(table, hub=self.hub)
+        ingested = [
+            int(t.timestamp() * 1e6) if t is not None else 0
+            for t in table.column("SpansIngestedAt").to_pylist()
+        ]
+        fresh = []
+        for i, (trace_id, at_us) in enumerate(
+            zip(table.column("TraceId").to_pylist(), ingested, strict=True)
+        ):
+            if trace_id not in self._seen:
+                self._seen[trace_id] = at_us
+                fresh.append(i)
+        self._high_us = max(self._high_us, max(ingested))
+        if table.num_rows >= self.batch:
+            # A full page: move past it so the next read is not the same page again.
+            self._after_us = max(ingested)
+        self._forget()
+        if not fresh:
+            return 0
+        return observe(table.take(fresh), hub=self.hub)
+
+    def _forget(self) -> None:
+        horizon = self._high_us - 2 * POLL_LAG_US
+        if len(self._seen) > self.max_seen or next(iter(self._seen.values()), horizon) < horizon:
+            self._seen = {t: at for t, at in self._seen.items() if at >= horizon}
+            while len(self._seen) > self.max_seen:  # insertion order: oldest first
+                self._seen.pop(next(iter(self._seen)))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -349,6 +398,8 @@ class TablePoller:
                     pass
             except StoreError as exc:
                 log.warning("attribution poller: %s", exc)
+            except Exception:  # keep polling: one bad batch must not end the live feed
+                log.exception("attribution poller failed")
 
     def stop(self, deadline: float) -> None:
         self._stop.set()

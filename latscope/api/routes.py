@@ -39,7 +39,7 @@ StallMs = Annotated[
     float | None,
     Query(
         description="a gap between tokens longer than this (ms) is a stall; "
-        "default: 4x the request's median gap",
+        f"default: the attributor's stall threshold ({trace.DEFAULT_STALL_MS:g} ms)",
         gt=0,
         le=3_600_000,
         examples=[100.0],

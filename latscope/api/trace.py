@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import itertools
 import re
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
 from latscope.api.errors import InvalidParameter, NotFound
 from latscope.attribution import RequestAttribution, SpanRecord, attribute_trace, load_trace
+from latscope.attribution.engine import DEFAULT_STALL_NS
 from latscope.semconv import LatscopeAttributes, Phase, SpanKind
 from latscope.storage import Store
 
 _TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
-#: A gap between tokens longer than this many median gaps counts as a stall when no threshold is
-#: given: stalls are relative to the request's own pace, so fast and slow models both show them.
-STALL_FACTOR = 4.0
+#: Without a threshold, a stall is what the attributor counts as one (``stalls`` in the
+#: attribution), so the timeline and the count agree.
+DEFAULT_STALL_MS = DEFAULT_STALL_NS / 1e6
 #: The token timeline lists at most this many tokens (the SDK caps what it records anyway).
 MAX_TOKENS = 100_000
 
@@ -151,13 +151,11 @@ def _timeline(
         [(decode.start_ns + us * 1000 - skew - origin) / 1e6 for us in offsets] if decode else []
     )
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    threshold = stall_ms
-    if threshold is None and gaps:
-        threshold = STALL_FACTOR * statistics.median(gaps)
+    threshold = DEFAULT_STALL_MS if stall_ms is None else stall_ms
     stalls = [
         {"index": i + 1, "at_ms": times[i + 1], "gap_ms": gap}
         for i, gap in enumerate(gaps)
-        if threshold is not None and gap > threshold
+        if gap > threshold
     ]
     # On the request's axis: the client saw the first token at its TTFT; without a client span,
     # the first recorded token time stands for it.

@@ -72,7 +72,7 @@ def run(settings: Settings) -> int:
 
     store = Store.open(settings.store)
     version = store.apply_schema()
-    parts = query_parts(settings, store, poll_table=True)
+    parts = query_parts(settings, store)
     for component in parts.components:
         component.start()
     grpc_server, grpc_addr = start_grpc(settings, parts)

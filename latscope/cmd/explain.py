@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stall-ms",
         type=float,
         default=None,
-        help="inter-token gaps longer than this are stalls (default: 4x the median gap)",
+        help="inter-token gaps longer than this are stalls (default: the attributor's, 250 ms)",
     )
     add_source_arguments(parser)
 
