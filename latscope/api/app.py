@@ -9,6 +9,7 @@ and sends it with its API calls).
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from latscope.api.schemas import Health
 from latscope.config import Settings
 from latscope.metrics import REGISTRY
 from latscope.storage import Store, StoreError, StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 DESCRIPTION = """Where the time of an AI inference request went.
 
@@ -93,7 +96,14 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
 
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
+        log.error("store error: %s", exc)
         return _error(500, "store_error", str(exc))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Logged with its stack here; the client gets JSON without one.
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error(500, "internal_error", "the server failed this request; see its log")
 
     @app.get("/healthz", tags=["health"], response_model=Health)
     def healthz() -> dict[str, str]:
