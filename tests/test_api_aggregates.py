@@ -85,7 +85,7 @@ def test_summary_matches_the_dataset(served) -> None:
 
 
 def test_summary_filters_by_model_and_window(served) -> None:
-    server, specs = served
+    server, _ = served
     body = _get(server, "/v1/attribution/summary", model="mistral-7b", since="30m")
     assert body["count"] == 10
     assert body["buckets_ms"]["network"]["p50"] is None  # server-only: network unknown

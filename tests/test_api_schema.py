@@ -61,7 +61,7 @@ def test_generated_requests_get_no_server_error_and_conform(served: Server) -> N
             database=None,
             suppress_health_check=list(HealthCheck),
         )
-        def check(case) -> None:  # noqa: ANN001 (a schemathesis Case)
+        def check(case) -> None:
             case.call_and_validate(checks=CHECKS)
 
         check()
