@@ -5,10 +5,9 @@ already lifted out of the attribute map, as ``BATCH_SPANS_SQL`` returns them); o
 per attributable trace in the attribution table's columns (``table.ATTRIBUTION_SCHEMA``). The
 per-request engine is the oracle: tests check both agree on random layouts.
 
-The priority sweep is done as unions: with intervals ranked (phases by ``PHASE_PRIORITY``, then
-attempt windows as ``other``), the time of rank ``r`` is ``|U(<= r)| - |U(<= r-1)|`` where
-``U(<= r)`` is the union of the intervals ranked ``r`` or better, and a union's length over
-intervals sorted by start is ``sum(max(0, end - max(start, running max of earlier ends)))``.
+Traces are keyed by 64-bit hashes of their ids inside a batch, and the priority sweep is one sort
+of all interval ends with a running count per rank (``_sweep_by_rank``), so a batch costs a
+handful of sorts and joins whatever its size.
 """
 
 from __future__ import annotations
@@ -108,7 +107,7 @@ def frame_from_arrow(table: object) -> pl.DataFrame:
     df = pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     df = df.with_columns(
-        pl.when(pl.col("has_first_token_event"))
+        pl.when(pl.col("has_first_token_event").cast(pl.Boolean))
         .then(pl.col("first_token_event_raw"))
         .otherwise(None)
         .cast(pl.Int64)
@@ -182,78 +181,76 @@ def attribute_frame(
     """
     s = (
         _conform(spans)
-        .unique(["trace_id", "span_id"], keep="first", maintain_order=True)
+        .with_columns(
+            # Integer keys: joins and groupings on 64-bit hashes, not on hex strings (a collision
+            # inside one batch is ~1e-9 likely at 1e5 spans).
+            tk=pl.col("trace_id").hash(),
+            sk=pl.struct("trace_id", "span_id").hash(),
+            pk=pl.struct("trace_id", "parent_id").hash(),
+        )
+        .unique("sk", keep="first", maintain_order=True)
         .with_columns(
             end=pl.col("start") + pl.col("dur"),
             is_server=pl.col("kind") == SpanKind.SERVER,
             has_vllm=pl.any_horizontal(_num(c).is_not_null() for c in _VLLM),
         )
     )
-    counts = s.group_by("trace_id").agg(
+    counts = s.group_by("tk").agg(
         span_count=pl.len().cast(pl.UInt32), ingested_us=pl.col("ingested_us").max()
     )
 
     # Phase spans and the SERVER span that owns each (nearest SERVER ancestor).
     phases = s.filter(pl.col("phase").is_in(Phase.ALL))
-    nodes = s.select(
-        "trace_id",
-        node=pl.col("span_id"),
-        node_parent=pl.col("parent_id"),
-        node_is_server=pl.col("is_server"),
-    )
-    cur = phases.select("trace_id", "span_id", cur=pl.col("parent_id"))
+    nodes = s.select(node="sk", node_parent="pk", node_is_server="is_server")
+    cur = phases.select("sk", cur="pk")
     found = []
     for _ in range(MAX_PHASE_DEPTH):
         if cur.height == 0:
             break
-        j = cur.join(nodes, left_on=["trace_id", "cur"], right_on=["trace_id", "node"])
-        found.append(j.filter(pl.col("node_is_server")).select("trace_id", "span_id", owner="cur"))
-        cur = j.filter(~pl.col("node_is_server")).select(
-            "trace_id", "span_id", cur=pl.col("node_parent")
-        )
+        j = cur.join(nodes, left_on="cur", right_on="node")
+        found.append(j.filter(pl.col("node_is_server")).select("sk", owner="cur"))
+        cur = j.filter(~pl.col("node_is_server")).select("sk", cur="node_parent")
     owners = (
-        pl.concat(found)
-        if found
-        else pl.DataFrame(schema={"trace_id": pl.String, "span_id": pl.String, "owner": pl.String})
+        pl.concat(found) if found else pl.DataFrame(schema={"sk": pl.UInt64, "owner": pl.UInt64})
     )
-    phases = phases.join(owners, on=["trace_id", "span_id"])
+    phases = phases.join(owners, on="sk")
 
     # Candidates, the request's first server span, its client, the attempts.
-    owned = phases.select("trace_id", span_id="owner").unique().with_columns(owns=pl.lit(True))
+    owned = phases.select(sk="owner").unique().with_columns(owns=pl.lit(True))
     servers = (
         s.filter(pl.col("is_server"))
-        .join(owned, on=["trace_id", "span_id"], how="left")
+        .join(owned, on="sk", how="left")
         .with_columns(owns=pl.col("owns").fill_null(False))
         .with_columns(inference=pl.col("owns") | pl.col("has_vllm"))
-        .with_columns(any_inference=pl.col("inference").any().over("trace_id"))
+        .with_columns(any_inference=pl.col("inference").any().over("tk"))
         .filter(pl.col("inference") | ~pl.col("any_inference"))
-        .sort(["trace_id", "start", "span_id"])
+        .sort(["tk", "start", "span_id"])
     )
-    firsts = servers.group_by("trace_id", maintain_order=True).agg(
-        first_id=pl.col("span_id").first(),
-        first_parent=pl.col("parent_id").first(),
+    firsts = servers.group_by("tk", maintain_order=True).agg(
+        trace_id=pl.col("trace_id").first(),
+        first_id=pl.col("sk").first(),
+        first_parent=pl.col("pk").first(),
         first_start=pl.col("start").first(),
         first_end=pl.col("end").first(),
     )
     clients = s.filter(pl.col("kind") == SpanKind.CLIENT).select(
-        "trace_id",
-        first_parent=pl.col("span_id"),
+        first_parent="sk",
         c_start=pl.col("start"),
         c_end=pl.col("end"),
         c_first_token=pl.coalesce(_int("first_token_ns"), pl.col("first_token_event")),
         **{f"c_{col}": pl.col(col) for col in _MERGED},
     )
-    req = firsts.join(clients, on=["trace_id", "first_parent"], how="left").with_columns(
+    req = firsts.join(clients, on="first_parent", how="left").with_columns(
         has_client=pl.col("c_start").is_not_null()
     )
     attempts = servers.join(
-        req.select("trace_id", "first_id", "first_parent", "has_client"), on="trace_id"
+        req.select("tk", "first_id", "first_parent", "has_client"), on="tk"
     ).filter(
         pl.when(pl.col("has_client"))
-        .then(pl.col("parent_id") == pl.col("first_parent"))
-        .otherwise(pl.col("span_id") == pl.col("first_id"))
+        .then(pl.col("pk") == pl.col("first_parent"))
+        .otherwise(pl.col("sk") == pl.col("first_id"))
     )
-    last = attempts.group_by("trace_id", maintain_order=True).agg(
+    last = attempts.group_by("tk", maintain_order=True).agg(
         hull_lo=pl.col("start").min(),
         hull_hi=pl.col("end").max(),
         n_attempts=pl.len().cast(pl.UInt16),
@@ -262,7 +259,7 @@ def attribute_frame(
             for col in (*_MERGED, "service", "status", "resource", "start", "span_id", *_VLLM)
         },
     )
-    req = req.join(last, on="trace_id")
+    req = req.join(last, on="tk")
     c_dur = pl.col("c_end") - pl.col("c_start")
     hull = pl.col("hull_hi") - pl.col("hull_lo")
     fits = ~pl.col("has_client") | (
@@ -278,20 +275,20 @@ def attribute_frame(
         lo=pl.when(pl.col("has_client")).then(pl.col("c_start")).otherwise(pl.col("first_start")),
         hi=pl.when(pl.col("has_client")).then(pl.col("c_end")).otherwise(pl.col("first_end")),
     )
-    frame = req.select("trace_id", "offset", "lo", "hi")
+    frame = req.select("tk", "offset", "lo", "hi")
 
     # Intervals: attempt windows (rank OTHER) clipped to the timeline, phases clipped to them.
-    att = attempts.join(frame, on="trace_id").with_columns(
+    att = attempts.join(frame, on="tk").with_columns(
         a_lo=pl.max_horizontal(pl.col("start") + pl.col("offset"), pl.col("lo")),
         a_hi=pl.min_horizontal(pl.col("end") + pl.col("offset"), pl.col("hi")),
     )
-    win = att.select("trace_id", owner="span_id", a_lo="a_lo", a_hi="a_hi", offset="offset")
-    ph = phases.join(win, on=["trace_id", "owner"])
+    win = att.select(owner="sk", a_lo="a_lo", a_hi="a_hi", offset="offset")
+    ph = phases.join(win, on="owner")
     vllm = _vllm_intervals(att.filter(~pl.col("owns") & pl.col("has_vllm")))
     raw = pl.concat(
         [
             ph.select(
-                "trace_id",
+                "tk",
                 rank=pl.col("phase").replace_strict(_RANK, return_dtype=pl.Int32),
                 s0="start",
                 e0="end",
@@ -302,29 +299,27 @@ def attribute_frame(
             vllm,
         ]
     ).select(
-        "trace_id",
+        "tk",
         "rank",
         s=pl.max_horizontal(pl.col("s0") + pl.col("offset"), pl.col("a_lo")),
         e=pl.min_horizontal(pl.col("e0") + pl.col("offset"), pl.col("a_hi")),
     )
     intervals = pl.concat(
-        [raw, att.select("trace_id", rank=pl.lit(OTHER_RANK, pl.Int32), s="a_lo", e="a_hi")]
+        [raw, att.select("tk", rank=pl.lit(OTHER_RANK, pl.Int32), s="a_lo", e="a_hi")]
     ).filter(pl.col("e") > pl.col("s"))
-    unions = _union_by_rank(intervals)
+    swept = _sweep_by_rank(intervals)
 
-    # Buckets.
-    u = [pl.col(f"u{r}").fill_null(0) for r in range(OTHER_RANK + 1)]
-    bucket_exprs = {
-        BUCKET_COLUMNS[name]: (u[r] - (u[r - 1] if r else 0)) for name, r in _RANK.items()
-    }
-    bucket_exprs["OtherNs"] = u[OTHER_RANK] - u[OTHER_RANK - 1]
+    # Buckets: what no attempt covers is network (client time outside the server).
+    b = [pl.col(f"b{r}").fill_null(0) for r in range(OTHER_RANK + 1)]
+    bucket_exprs = {BUCKET_COLUMNS[name]: b[r] for name, r in _RANK.items()}
+    bucket_exprs["OtherNs"] = b[OTHER_RANK]
     e2e = pl.col("hi") - pl.col("lo")
     bucket_exprs["NetworkNs"] = (
-        pl.when(pl.col("has_client")).then(e2e - u[OTHER_RANK]).otherwise(None)
+        pl.when(pl.col("has_client")).then(e2e - pl.sum_horizontal(b)).otherwise(None)
     )
 
     merged = {col: pl.coalesce(_nz(f"l_{col}"), _nz(f"c_{col}")) for col in _MERGED}
-    out = req.join(unions, on="trace_id", how="left").with_columns(
+    out = req.join(swept, on="tk", how="left").with_columns(
         **{k: v.cast(pl.UInt64) for k, v in bucket_exprs.items()},
         E2eNs=e2e.cast(pl.UInt64),
         Model=pl.coalesce(merged["model"], merged["response_model"], pl.lit("")),
@@ -338,8 +333,8 @@ def attribute_frame(
         ),
     )
     out = _streaming(out, ph, att, stall_threshold_ns)
-    out = out.join(_gpu(ph), on="trace_id", how="left")
-    out = out.join(counts, on="trace_id", how="left")
+    out = out.join(_gpu(ph), on="tk", how="left")
+    out = out.join(counts, on="tk", how="left")
     return out.select(
         Timestamp=pl.col("lo"),
         TraceId="trace_id",
@@ -411,7 +406,7 @@ def _vllm_intervals(att: pl.DataFrame) -> pl.DataFrame:
         ttft=ttft.fill_null(pl.col("q") + pl.col("prefill")),
         decode=_ns(_num("v_decode")).fill_null(0),
     )
-    keep = ("trace_id", "a_lo", "a_hi", "offset")
+    keep = ("tk", "a_lo", "a_hi", "offset")
     st = pl.col("start")
     parts = [
         a.select(*keep, rank=pl.lit(_RANK[Phase.QUEUE], pl.Int32), s0=st, e0=st + pl.col("q")),
@@ -428,28 +423,44 @@ def _vllm_intervals(att: pl.DataFrame) -> pl.DataFrame:
             e0=st + pl.col("ttft") + pl.col("decode"),
         ),
     ]
-    return pl.concat(parts).select("trace_id", "rank", "s0", "e0", "a_lo", "a_hi", "offset")
+    return pl.concat(parts).select("tk", "rank", "s0", "e0", "a_lo", "a_hi", "offset")
 
 
-def _union_by_rank(intervals: pl.DataFrame) -> pl.DataFrame:
-    """trace_id, u0..u5: length of the union of intervals ranked <= r, per trace."""
-    copies = pl.concat(
+def _sweep_by_rank(intervals: pl.DataFrame) -> pl.DataFrame:
+    """tk, b0..b5: per trace, the time whose best (lowest) covering rank is r.
+
+    One sort of the interval ends per batch: each start adds 1 and each end subtracts 1 from its
+    rank's running count, so between two consecutive events the lowest rank with a positive count
+    owns the time. Every trace's counts return to zero at its last event, so the running sums need
+    no per-trace reset and the gap to the next trace's first event is never counted.
+    """
+    events = pl.concat(
         [
-            intervals.filter(pl.col("rank") <= r).with_columns(thr=pl.lit(r, pl.Int32))
-            for r in range(OTHER_RANK + 1)
+            intervals.select("tk", "rank", t="s", d=pl.lit(1, pl.Int32)),
+            intervals.select("tk", "rank", t="e", d=pl.lit(-1, pl.Int32)),
         ]
-    ).sort(["trace_id", "thr", "s"])
-    prev = pl.col("e").cum_max().shift(1).over(["trace_id", "thr"])
-    part = pl.max_horizontal(
-        pl.col("e") - pl.max_horizontal(pl.col("s"), prev.fill_null(pl.col("s"))), pl.lit(0)
+    ).sort(["tk", "t"])
+    ranks = range(OTHER_RANK + 1)
+    counts = [
+        pl.when(pl.col("rank") == r).then(pl.col("d")).otherwise(0).cum_sum().alias(f"c{r}")
+        for r in ranks
+    ]
+    top = pl.when(pl.col("c0") > 0).then(0)
+    for r in ranks[1:]:
+        top = top.when(pl.col(f"c{r}") > 0).then(r)
+    segs = (
+        events.with_columns(counts)
+        .select("tk", top=top.otherwise(None), seg=pl.col("t").shift(-1) - pl.col("t"))
+        .filter(pl.col("top").is_not_null())
+        .group_by(["tk", "top"])
+        .agg(pl.col("seg").sum())
     )
-    sums = copies.with_columns(part=part).group_by(["trace_id", "thr"]).agg(pl.col("part").sum())
-    wide = sums.pivot(on="thr", index="trace_id", values="part")
+    wide = segs.pivot(on="top", index="tk", values="seg")
     return wide.select(
-        "trace_id",
+        "tk",
         *(
-            (pl.col(str(r)) if str(r) in wide.columns else pl.lit(0, pl.Int64)).alias(f"u{r}")
-            for r in range(OTHER_RANK + 1)
+            (pl.col(str(r)) if str(r) in wide.columns else pl.lit(0, pl.Int64)).alias(f"b{r}")
+            for r in ranks
         ),
     )
 
@@ -457,42 +468,50 @@ def _union_by_rank(intervals: pl.DataFrame) -> pl.DataFrame:
 def _streaming(
     out: pl.DataFrame, ph: pl.DataFrame, att: pl.DataFrame, stall_ns: int
 ) -> pl.DataFrame:
-    valid = pl.col("token_offsets").str.contains(_OFFSETS_RE)
-    decodes = (
-        ph.filter((pl.col("phase") == Phase.DECODE) & valid)
-        .sort(["trace_id", "start", "span_id"])
-        .group_by("trace_id", maintain_order=True)
-        .last()
-        .join(att.select("trace_id", owner="span_id", a_start="start"), on=["trace_id", "owner"])
+    cand = ph.filter(pl.col("phase") == Phase.DECODE).select(
+        "tk", "start", "span_id", "owner", "token_count", "token_offsets"
     )
-    tokens = (
-        decodes.select(
-            "trace_id",
-            "start",
+    decodes = (
+        cand.filter(pl.col("token_offsets").str.contains(_OFFSETS_RE))
+        .sort(["tk", "start", "span_id"])
+        .unique("tk", keep="last", maintain_order=True)
+        .join(att.select(owner="sk", a_start="start"), on="owner")
+    )
+    # List arithmetic per decode span (no explode): token offsets in µs -> gaps in ns.
+    # The collector writes compact JSON ("[0,15000]"); other writers may add spaces.
+    spaced = pl.col("token_offsets").str.contains(" ", literal=True)
+    decodes = pl.concat(
+        [
+            decodes.filter(~spaced),
+            decodes.filter(spaced).with_columns(
+                pl.col("token_offsets").str.replace_all(r"\s+", "")
+            ),
+        ]
+    )
+    offs = (
+        pl.col("token_offsets")
+        .str.strip_chars("[]")
+        .str.split(",")
+        .cast(pl.List(pl.Int64), strict=False)
+    )
+    gaps = pl.col("offs").list.diff().list.slice(1).list.eval(pl.element() * 1000)
+    stats = (
+        decodes.select("tk", "start", "a_start", "token_count", offs=offs)
+        .with_columns(gaps=gaps)
+        .select(
+            "tk",
             "a_start",
             "token_count",
-            off=pl.col("token_offsets")
-            .str.strip_chars()
-            .str.strip_chars("[]")
-            .str.split(",")
-            .list.eval(pl.element().str.strip_chars().cast(pl.Int64, strict=False)),
+            n=pl.col("offs").list.len(),
+            first=pl.col("start") + pl.col("offs").list.first() * 1000,
+            last=pl.col("start") + pl.col("offs").list.last() * 1000,
+            ItlP50Ns=pl.col("gaps").list.eval(pl.element().quantile(0.5, "linear")).list.first(),
+            ItlP99Ns=pl.col("gaps").list.eval(pl.element().quantile(0.99, "linear")).list.first(),
+            ItlMaxNs=pl.col("gaps").list.max().cast(pl.Float64),
+            Stalls=pl.col("gaps").list.eval((pl.element() > stall_ns).sum()).list.first(),
         )
-        .explode("off")
-        .with_columns(t=pl.col("start") + pl.col("off") * 1000)
-        .with_columns(gap=pl.col("t").diff().over("trace_id"))
     )
-    stats = tokens.group_by("trace_id").agg(
-        n=pl.len(),
-        first=pl.col("t").first(),
-        last=pl.col("t").last(),
-        a_start=pl.col("a_start").first(),
-        token_count=pl.col("token_count").first(),
-        ItlP50Ns=pl.col("gap").quantile(0.5, "linear"),
-        ItlP99Ns=pl.col("gap").quantile(0.99, "linear"),
-        ItlMaxNs=pl.col("gap").max().cast(pl.Float64),
-        Stalls=(pl.col("gap") > stall_ns).sum(),
-    )
-    out = out.join(stats, on="trace_id", how="left")
+    out = out.join(stats, on="tk", how="left")
     has_tokens = pl.col("n").is_not_null()
     count = _int("token_count")
     out_tokens = pl.coalesce(
@@ -528,19 +547,19 @@ def _gpu(ph: pl.DataFrame) -> pl.DataFrame:
             pl.col("phase").is_in(GPU_PHASES)
             & pl.any_horizontal(_num(c).is_not_null() for c in gpu_cols)
         )
-        .sort(["trace_id", "phase", "start", "span_id"])
-        .group_by(["trace_id", "phase"], maintain_order=True)
+        .sort(["tk", "phase", "start", "span_id"])
+        .group_by(["tk", "phase"], maintain_order=True)
         .last()
     )
     long = (
-        spans.select("trace_id", "phase", *(_num(c).alias(c) for c in gpu_cols))
-        .unpivot(index=["trace_id", "phase"], variable_name="figure", value_name="value")
+        spans.select("tk", "phase", *(_num(c).alias(c) for c in gpu_cols))
+        .unpivot(index=["tk", "phase"], variable_name="figure", value_name="value")
         .drop_nulls("value")
         .with_columns(
             key=pl.col("phase") + "." + pl.col("figure").str.strip_prefix("gpu_"),
         )
     )
-    return long.group_by("trace_id").agg(Gpu=pl.struct(key="key", value="value"))
+    return long.group_by("tk").agg(Gpu=pl.struct(key="key", value="value"))
 
 
 def finish_rows(frame: pl.DataFrame) -> pl.DataFrame:

@@ -54,6 +54,19 @@ class Settings:
         default=10.0, metadata={"help": "seconds to finish in-flight work on SIGTERM"}
     )
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+    attribution_settle_s: float = field(
+        default=5.0,
+        metadata={"help": "seconds a trace must go without new spans before it is attributed"},
+    )
+    attribution_poll_s: float = field(
+        default=1.0, metadata={"help": "seconds between the attributor's passes"}
+    )
+    attribution_batch_traces: int = field(
+        default=5000, metadata={"help": "most traces the attributor loads and attributes at once"}
+    )
+    stall_threshold_ms: float = field(
+        default=250.0, metadata={"help": "a gap between two streamed tokens above this is a stall"}
+    )
 
     @staticmethod
     def env_name(name: str) -> str:
@@ -86,6 +99,14 @@ class Settings:
                 raise ConfigError(f"--token-file: {path} is empty")
         if self.grpc_max_message_bytes < 1024:
             raise ConfigError("--grpc-max-message-bytes must be at least 1024")
+        if self.attribution_settle_s < 0 or self.attribution_poll_s <= 0:
+            raise ConfigError(
+                "--attribution-settle-s must be >= 0 and --attribution-poll-s > 0 (seconds)"
+            )
+        if self.attribution_batch_traces < 1:
+            raise ConfigError("--attribution-batch-traces must be at least 1")
+        if self.stall_threshold_ms <= 0:
+            raise ConfigError("--stall-threshold-ms must be positive (milliseconds)")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ConfigError(
                 f"--log-level: expected debug|info|warning|error, got {self.log_level!r}"

@@ -10,13 +10,15 @@
 -- one: for those the attributor also inserts a tombstone, a copy of the old key with IsDeleted = 1
 -- and the new Version, and FINAL drops both the old row and the tombstone.
 --
+-- Timestamp is in UTC so that the key's hour (toStartOfHour) is the same in Python and SQL.
+--
 -- The key's leading columns serve the aggregate queries (service / model / time range); TraceId
 -- last makes it one row per request. NetworkNs is NULL when no client span was seen (unknown, not
 -- zero). SpansIngestedAt is the newest ingest time among the spans used (the attributor's
 -- watermark restarts from its maximum).
 CREATE TABLE IF NOT EXISTS latscope_attribution
 (
-    Timestamp          DateTime64(9) CODEC(Delta, ZSTD(1)),
+    Timestamp          DateTime64(9, 'UTC') CODEC(Delta, ZSTD(1)),
     TraceId            String CODEC(ZSTD(1)),
     ServiceName        LowCardinality(String),
     Model              LowCardinality(String),
@@ -48,7 +50,8 @@ CREATE TABLE IF NOT EXISTS latscope_attribution
     SpanCount          UInt32,
     SpansIngestedAt    DateTime64(6) CODEC(Delta, ZSTD(1)),
     Version            UInt64,
-    IsDeleted          UInt8
+    IsDeleted          UInt8,
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1
 )
 ENGINE = ReplacingMergeTree(Version, IsDeleted)
 PARTITION BY toDate(Timestamp)
@@ -58,5 +61,10 @@ SETTINGS index_granularity = 8192;
 -- When each span reached the store: the attributor finds new and late spans by this, not by the
 -- span's own (client-clock, possibly old) Timestamp. A column with a default, so the OTel
 -- Collector's ClickHouse exporter and the latscope collector insert as before.
+-- Parts are written in ingest order, so a minmax index lets "spans ingested since T" skip old
+-- granules instead of scanning the column.
 ALTER TABLE otel_traces
     ADD COLUMN IF NOT EXISTS LatscopeIngestedAt DateTime64(6) DEFAULT now64(6) CODEC(Delta, ZSTD(1));
+
+ALTER TABLE otel_traces
+    ADD INDEX IF NOT EXISTS idx_latscope_ingested LatscopeIngestedAt TYPE minmax GRANULARITY 1;

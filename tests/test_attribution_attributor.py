@@ -1,0 +1,250 @@
+"""The attributor: settled traces -> attribution rows, re-attribution on late spans, idempotence,
+and end to end through a real ``latscope serve`` fed by the OTLP exporter."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pyarrow as pa
+import pytest
+from latscope.attribution.attributor import Attributor
+from latscope.collector.mapping import SPANS_SCHEMA
+from opentelemetry.trace import SpanKind, set_span_in_context
+
+from latscope.storage import SPANS_TABLE, Store, StoreError
+from tests.attribution_support import MS, T0
+from tests.conftest import Server, start_serve
+from tests.test_walking_skeleton import EXPECTED, LAYOUT, _provider
+
+_STORES: list[Store] = []
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    return shared_store(tmp_path_factory)
+
+
+def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """The process's embedded store (chDB allows one data directory per process)."""
+    if _STORES:
+        return _STORES[0]
+    try:
+        store = Store.open(f"chdb://{tmp_path_factory.mktemp('attribution-store')}")
+    except StoreError as exc:  # another test module opened one first: share it
+        m = re.search(r"initialized with path '([^']+)'", str(exc))
+        if not m:
+            raise
+        store = Store.open(f"chdb://{m.group(1)}")
+    store.apply_schema()
+    _STORES.append(store)
+    return store
+
+
+def span_rows(trace_id: str, spans: list[dict]) -> pa.Table:
+    """Rows for the spans table (only the columns the attributor reads are filled)."""
+    cols: dict[str, list] = {name: [] for name in SPANS_SCHEMA.names}
+    for s in spans:
+        row = {
+            "Timestamp": s["start"],
+            "TraceId": trace_id,
+            "SpanId": s["id"],
+            "ParentSpanId": s.get("parent", ""),
+            "TraceState": "",
+            "SpanName": s.get("name", "span"),
+            "SpanKind": s["kind"],
+            "ServiceName": s.get("service", "attr-test"),
+            "ResourceAttributes": [],
+            "ScopeName": "",
+            "ScopeVersion": "",
+            "SpanAttributes": list(s.get("attrs", {}).items()),
+            "Duration": s["end"] - s["start"],
+            "StatusCode": "Ok",
+            "StatusMessage": "",
+        }
+        for name in SPANS_SCHEMA.names:
+            cols[name].append(row.get(name, []))
+    return pa.Table.from_pydict(cols, schema=SPANS_SCHEMA)
+
+
+FINAL_ROWS = """
+SELECT TraceId, toUnixTimestamp64Nano(Timestamp), Model, E2eNs, NetworkNs, QueueNs, DecodeNs,
+       OtherNs, HasClient, Version
+FROM latscope_attribution FINAL WHERE TraceId = {t:String}
+"""
+ALL_ROWS = "SELECT count() FROM latscope_attribution WHERE TraceId = {t:String}"
+
+
+def _server_spans(day_offset_ns: int = 0) -> list[dict]:
+    s0 = T0 + day_offset_ns
+    return [
+        {"id": "a1" * 8, "parent": "c1" * 8, "kind": "Server", "start": s0 + 40 * MS,
+         "end": s0 + 960 * MS, "attrs": {"latscope.phase": ""}},
+        {"id": "b1" * 8, "parent": "a1" * 8, "kind": "Internal", "start": s0 + 45 * MS,
+         "end": s0 + 145 * MS, "attrs": {"latscope.phase": "queue"}},
+        {"id": "b2" * 8, "parent": "a1" * 8, "kind": "Internal", "start": s0 + 380 * MS,
+         "end": s0 + 900 * MS, "attrs": {"latscope.phase": "decode"}},
+    ]  # fmt: skip
+
+
+def test_late_client_span_replaces_the_row_and_reruns_are_idempotent(store: Store) -> None:
+    trace_id = uuid.uuid4().hex
+    att = Attributor(store, settle_s=0, poll_s=0.1)
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, _server_spans()))
+    att.run_until_idle()
+    rows = store.query_rows(FINAL_ROWS, {"t": trace_id})
+    assert len(rows) == 1
+    _, start, _, e2e, network, queue, decode, other, has_client, version = rows[0]
+    assert (start, e2e, network, has_client, version) == (T0 + 40 * MS, 920 * MS, None, False, 3)
+    assert (queue, decode, other) == (100 * MS, 520 * MS, 300 * MS)
+
+    # The client span arrives late and starts an hour earlier (a long-running stream), so the
+    # row's start, hour and model (its key) move and the old row must be retracted.
+    time.sleep(0.01)
+    client = {"id": "c1" * 8, "kind": "Client", "start": T0 - 3_600_000 * MS + 40 * MS,
+              "end": T0 + 1000 * MS, "attrs": {"gen_ai.request.model": "late-model"}}  # fmt: skip
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [client]))
+    att.run_until_idle()
+    rows = store.query_rows(FINAL_ROWS, {"t": trace_id})
+    assert len(rows) == 1, rows
+    _, start, model, e2e, network, *_rest, has_client, version = rows[0]
+    assert (start, model, has_client, version) == (client["start"], "late-model", True, 4)
+    assert e2e == client["end"] - client["start"]
+    assert network == e2e - 920 * MS
+
+    # Re-running from scratch (a restarted attributor) writes the same row again: still one.
+    before = store.query_rows(FINAL_ROWS, {"t": trace_id})
+    fresh = Attributor(store, settle_s=0)
+    fresh.watermark_us = 0
+    fresh.run_until_idle()
+    assert store.query_rows(FINAL_ROWS, {"t": trace_id}) == before
+    store.command("OPTIMIZE TABLE latscope_attribution FINAL")
+    assert store.query_rows(FINAL_ROWS, {"t": trace_id}) == before
+
+
+def test_unsettled_trace_waits_for_the_settle_window(store: Store) -> None:
+    trace_id = uuid.uuid4().hex
+    att = Attributor(store, settle_s=3600)
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, _server_spans()))
+    att.run_until_idle()
+    assert store.query_rows(ALL_ROWS, {"t": trace_id})[0][0] == 0
+
+
+def test_batches_are_bounded_and_all_traces_get_done(store: Store) -> None:
+    trace_ids = [uuid.uuid4().hex for _ in range(7)]
+    for t in trace_ids:
+        store.insert_arrow(SPANS_TABLE, span_rows(t, _server_spans()))
+    att = Attributor(store, settle_s=0, batch_traces=2)
+    att.run_until_idle()
+    for t in trace_ids:
+        assert store.query_rows(ALL_ROWS, {"t": t})[0][0] == 1
+
+
+# -- end to end through latscope serve ---------------------------------------------------------
+
+
+def _metric(server: Server, name: str) -> float:
+    text = httpx.get(server.url("/metrics"), timeout=10).text
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def _wait_metric(server: Server, name: str, at_least: float, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _metric(server, name) >= at_least:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{name} never reached {at_least}:\n{server.text()}")
+
+
+_READ_ROWS = r"""
+import json, sys
+from latscope.storage import Store
+store = Store.open(sys.argv[1])
+rows = store.query_rows(
+    "SELECT TraceId, HasClient, E2eNs, NetworkNs, QueueNs, PreprocessNs, PrefillNs, DecodeNs,"
+    " PostprocessNs, OtherNs, Model, ClockSkewNs FROM latscope_attribution FINAL ORDER BY TraceId")
+print(json.dumps([list(r) for r in rows]))
+"""
+
+
+def _read_rows(store_dir: Path) -> list[list]:
+    # The stopped server's store, read from a fresh process (chDB: one store per process).
+    out = subprocess.run(
+        [sys.executable, "-c", _READ_ROWS, f"chdb://{store_dir}"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def send_trace(endpoint: str, *, skew_ns: int = 0) -> tuple[str, Callable[[], None]]:
+    """Server and phase spans of LAYOUT go out now; the client span when the callable is called."""
+    client_tp = _provider(endpoint, "chat-frontend")
+    server_tp = _provider(endpoint, "llm-server")
+    c_span = client_tp.get_tracer("t.client").start_span(
+        "POST /v1/chat/completions", kind=SpanKind.CLIENT, start_time=T0 + LAYOUT["client"][0] * MS
+    )
+    stracer = server_tp.get_tracer("t.server")
+    ss, se = LAYOUT["server"]
+    s_span = stracer.start_span(
+        "chat",
+        context=set_span_in_context(c_span),
+        kind=SpanKind.SERVER,
+        start_time=T0 + ss * MS + skew_ns,
+        attributes={"gen_ai.request.model": "llama-3-8b"},
+    )
+    for phase, (ps, pe) in LAYOUT.items():
+        if phase not in ("client", "server"):
+            p = stracer.start_span(
+                phase,
+                context=set_span_in_context(s_span),
+                start_time=T0 + ps * MS + skew_ns,
+                attributes={"latscope.phase": phase},
+            )
+            p.end(end_time=T0 + pe * MS + skew_ns)
+    s_span.end(end_time=T0 + se * MS + skew_ns)
+    server_tp.force_flush()
+    server_tp.shutdown()
+
+    def send_client() -> None:
+        c_span.end(end_time=T0 + LAYOUT["client"][1] * MS)
+        client_tp.force_flush()
+        client_tp.shutdown()
+
+    return format(s_span.get_span_context().trace_id, "032x"), send_client
+
+
+def test_serve_attributes_and_reattributes_after_a_late_client_span(tmp_path: Path) -> None:
+    server = start_serve(
+        tmp_path / "store", "--attribution-settle-s", "0.3", "--attribution-poll-s", "0.1"
+    )
+    try:
+        full, send_client = send_trace(server.grpc, skew_ns=2_000 * MS)
+        send_client()
+        late, send_late_client = send_trace(server.grpc)
+        _wait_metric(server, "latscope_attributed_requests_total", 2)
+        send_late_client()  # the client span, after the server's spans were attributed
+        _wait_metric(server, "latscope_attributed_requests_total", 3)
+    finally:
+        assert server.stop() == 0, server.text()
+    listed = _read_rows(tmp_path / "store")
+    assert len(listed) == 2, listed  # one row per request after FINAL: no stale duplicate
+    rows = {r[0]: r for r in listed}
+    assert set(rows) == {full, late}
+    buckets = ["network", "queue", "preprocess", "prefill", "decode", "postprocess", "other"]
+    for trace_id in (full, late):
+        _, has_client, e2e, *values, model, _skew = rows[trace_id]
+        assert has_client and e2e == pytest.approx(1000 * MS, abs=MS)
+        got = {b: v / MS for b, v in zip(buckets, values, strict=True)}
+        assert got == pytest.approx({b: float(v) for b, v in EXPECTED.items()}, abs=1.0)
+        assert sum(values) == e2e
+        assert model == "llama-3-8b"
+    assert rows[full][-1] == pytest.approx(2_000 * MS, abs=MS)
