@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import atexit
-import subprocess
-import sys
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, set_span_in_context
 
 from latscope.semconv import GenAIAttributes, LatscopeAttributes
+from tests.conftest import Server, start_serve
 
 MS = 1_000_000
 
@@ -224,66 +225,38 @@ def dataset(now_ns: int) -> list[RequestSpec]:
 GPU_UTIL, GPU_ENERGY_MJ = 90.0, 40_000.0
 
 
-def attribute_store(dsn: str) -> int:
-    """Attribute every trace in the store with the attribution engine and write the rows, as the
-    running attributor does; returns how many requests were written."""
-    import pyarrow as pa
-    from latscope.attribution.batch import (
-        BATCH_SPANS_SQL,
-        attribute_frame,
-        finish_rows,
-        frame_from_arrow,
-        to_arrow,
-    )
-
-    from latscope.storage import ATTRIBUTION_TABLE, Store
-
-    store = Store.open(dsn)
-    try:
-        store.apply_schema()
-        ids = [r[0] for r in store.query_rows("SELECT DISTINCT TraceId FROM otel_traces")]
-        spans = store.query_arrow(BATCH_SPANS_SQL, {"trace_ids": ids})
-        # ClickHouse's has() answers UInt8; the batch engine expects a boolean there.
-        flag = spans.schema.get_field_index("has_first_token_event")
-        spans = spans.set_column(flag, "has_first_token_event", spans.column(flag).cast(pa.bool_()))
-        frame = frame_from_arrow(spans)
-        table = to_arrow(finish_rows(attribute_frame(frame)))
-        store.insert_arrow(ATTRIBUTION_TABLE, table)
-        return table.num_rows
-    finally:
-        store.close()
-
-
 _BUILT: dict[str, object] = {}
 
 
+#: Flags that make the attributor of a test server attribute within a fraction of a second.
+FAST_ATTRIBUTION = ("--attribution-settle-s", "0.3", "--attribution-poll-s", "0.1")
+
+
+def wait_attributed(server: Server, count: int, timeout: float = 60) -> None:
+    """Wait until the server's attributor has written ``count`` requests of the last 7 days."""
+    deadline = time.monotonic() + timeout
+    seen = -1
+    while time.monotonic() < deadline:
+        body = httpx.get(server.url("/v1/services"), params={"since": "7d"}, timeout=30).json()
+        seen = sum(s["count"] for s in body["services"])
+        if seen >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"only {seen} of {count} requests attributed after {timeout} s")
+
+
 def dataset_store() -> tuple[Path, list[RequestSpec]]:
-    """A store holding ``dataset()``'s spans (sent through OTLP to a real ``latscope serve``) and
-    their attribution rows; built once per test session. Test modules serve it one after another
-    (an embedded store belongs to one process at a time) and only read it."""
-    import shutil
-
-    from tests.conftest import start_serve
-
+    """A store holding ``dataset()``: spans sent through OTLP to a real ``latscope serve``, whose
+    attributor wrote their rows; built once per test session. Test modules serve it one after
+    another (an embedded store belongs to one process at a time) and only read it."""
     if "dir" not in _BUILT:
         build = Path(tempfile.mkdtemp(prefix="latscope-dataset-"))
         atexit.register(shutil.rmtree, build, ignore_errors=True)
-        server = start_serve(build / "store")
+        server = start_serve(build / "store", *FAST_ATTRIBUTION)
         try:
             specs = send(server.grpc, dataset(time.time_ns()))
+            wait_attributed(server, len(specs))
         finally:
             assert server.stop() == 0, server.text()
-        # Attribute in a separate process: an embedded store belongs to one process at a time.
-        subprocess.run(
-            [sys.executable, "-m", "tests.surfaces", f"chdb://{build / 'store'}"],
-            check=True,
-            cwd=Path(__file__).resolve().parents[1],
-            capture_output=True,
-            timeout=120,
-        )
         _BUILT.update(dir=build / "store", specs=specs)
     return _BUILT["dir"], list(_BUILT["specs"])  # type: ignore[return-value, call-overload]
-
-
-if __name__ == "__main__":
-    print(attribute_store(sys.argv[1]))

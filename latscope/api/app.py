@@ -135,7 +135,7 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
 
     for router in routers:
         app.include_router(router)
-    app.include_router(v1_router(store), dependencies=[Depends(require_token)])
+    app.include_router(v1_router(store, settings), dependencies=[Depends(require_token)])
 
     from latscope.web import mount_web
 

@@ -107,7 +107,14 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
     def GetAttribution(
         self, request: query_pb2.GetAttributionRequest, context: grpc.ServicerContext
     ) -> query_pb2.RequestAttribution:
-        body = self._answer(context, trace.request_attribution, self.store, request.trace_id)
+        body = self._answer(
+            context,
+            lambda: trace.request_attribution(
+                self.store,
+                request.trace_id,
+                stall_threshold_ms=self.settings.stall_threshold_ms,
+            ),
+        )
         return attribution_message(body)
 
     def Summary(

@@ -25,6 +25,7 @@ from latscope.api.schemas import (
     Tail,
     TraceSpans,
 )
+from latscope.config import Settings
 from latscope.storage import Store
 
 TraceId = Annotated[
@@ -39,7 +40,7 @@ StallMs = Annotated[
     float | None,
     Query(
         description="a gap between tokens longer than this (ms) is a stall; "
-        f"default: the attributor's stall threshold ({trace.DEFAULT_STALL_MS:g} ms)",
+        "default: the server's --stall-threshold-ms",
         gt=0,
         le=3_600_000,
         examples=[100.0],
@@ -73,9 +74,10 @@ _ONE = error_responses(400, 401, 404, 422, 503)
 _MANY = error_responses(400, 401, 422, 503)
 
 
-def v1_router(store: Store) -> APIRouter:
+def v1_router(store: Store, settings: Settings) -> APIRouter:
     """Every ``/v1`` route over ``store`` (the caller adds the token check)."""
     router = APIRouter(prefix="/v1")
+    stall = settings.stall_threshold_ms
 
     @router.get(
         "/requests/{trace_id}/attribution",
@@ -85,12 +87,12 @@ def v1_router(store: Store) -> APIRouter:
     )
     def request_attribution(trace_id: TraceId) -> dict[str, Any]:
         """Where one request's end-to-end time went, bucket by bucket (milliseconds)."""
-        return trace.request_attribution(store, trace_id)
+        return trace.request_attribution(store, trace_id, stall_threshold_ms=stall)
 
     @router.get("/requests/{trace_id}", tags=["requests"], response_model=Explain, responses=_ONE)
     def request_explain(trace_id: TraceId, stall_ms: StallMs = None) -> dict[str, Any]:
         """One request at once: its buckets, its spans as a waterfall and its token timeline."""
-        return trace.explain(store, trace_id, stall_ms)
+        return trace.explain(store, trace_id, stall_ms, stall_threshold_ms=stall)
 
     @router.get(
         "/requests/{trace_id}/tokens",
@@ -100,7 +102,7 @@ def v1_router(store: Store) -> APIRouter:
     )
     def request_tokens(trace_id: TraceId, stall_ms: StallMs = None) -> dict[str, Any]:
         """When each token reached the client's clock, and the inter-token stalls."""
-        return trace.token_timeline(store, trace_id, stall_ms)
+        return trace.token_timeline(store, trace_id, stall_ms, stall_threshold_ms=stall)
 
     @router.get(
         "/traces/{trace_id}/spans", tags=["requests"], response_model=TraceSpans, responses=_ONE

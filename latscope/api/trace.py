@@ -18,8 +18,8 @@ from latscope.semconv import LatscopeAttributes, Phase, SpanKind
 from latscope.storage import Store
 
 _TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
-#: Without a threshold, a stall is what the attributor counts as one (``stalls`` in the
-#: attribution), so the timeline and the count agree.
+#: The attributor's default stall threshold; the API passes the configured one
+#: (``--stall-threshold-ms``) so the timeline and the stored ``stalls`` count agree.
 DEFAULT_STALL_MS = DEFAULT_STALL_NS / 1e6
 #: The token timeline lists at most this many tokens (the SDK caps what it records anyway).
 MAX_TOKENS = 100_000
@@ -39,8 +39,12 @@ def _load(store: Store, trace_id: str) -> list[SpanRecord]:
     return spans
 
 
-def _attribute(trace_id: str, spans: Sequence[SpanRecord]) -> RequestAttribution:
-    result = attribute_trace(trace_id, spans)
+def _attribute(
+    trace_id: str, spans: Sequence[SpanRecord], stall_threshold_ms: float
+) -> RequestAttribution:
+    result = attribute_trace(
+        trace_id, spans, stall_threshold_ns=round(stall_threshold_ms * 1e6)
+    )
     if result is None:
         raise NotFound(
             "no_server_span",
@@ -49,10 +53,16 @@ def _attribute(trace_id: str, spans: Sequence[SpanRecord]) -> RequestAttribution
     return result
 
 
-def request_attribution(store: Store, trace_id: str) -> dict[str, Any]:
-    """``GET /v1/requests/{trace_id}/attribution``: the seven buckets of one request."""
+def request_attribution(
+    store: Store, trace_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
+) -> dict[str, Any]:
+    """``GET /v1/requests/{trace_id}/attribution``: the seven buckets of one request.
+
+    ``stall_threshold_ms``: the gap between tokens that counts as a stall (the attributor's
+    setting, so ``stalls`` here equals the stored count).
+    """
     trace_id = check_trace_id(trace_id)
-    return _attribute(trace_id, _load(store, trace_id)).to_json()
+    return _attribute(trace_id, _load(store, trace_id), stall_threshold_ms).to_json()
 
 
 def _server_side(spans: Sequence[SpanRecord]) -> set[str]:
@@ -140,7 +150,7 @@ def _decode_span(spans: Sequence[SpanRecord]) -> SpanRecord | None:
 
 
 def _timeline(
-    spans: Sequence[SpanRecord], result: RequestAttribution, stall_ms: float | None
+    spans: Sequence[SpanRecord], result: RequestAttribution, stall_ms: float
 ) -> dict[str, Any]:
     decode = _decode_span(spans)
     offsets = decode.attr_int_list(LatscopeAttributes.TOKEN_OFFSETS_US) if decode else []
@@ -151,7 +161,7 @@ def _timeline(
         [(decode.start_ns + us * 1000 - skew - origin) / 1e6 for us in offsets] if decode else []
     )
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    threshold = DEFAULT_STALL_MS if stall_ms is None else stall_ms
+    threshold = stall_ms
     stalls = [
         {"index": i + 1, "at_ms": times[i + 1], "gap_ms": gap}
         for i, gap in enumerate(gaps)
@@ -172,21 +182,34 @@ def _timeline(
     }
 
 
-def token_timeline(store: Store, trace_id: str, stall_ms: float | None = None) -> dict[str, Any]:
-    """``GET /v1/requests/{trace_id}/tokens``: when each token came, and the stalls."""
+def token_timeline(
+    store: Store,
+    trace_id: str,
+    stall_ms: float | None = None,
+    *,
+    stall_threshold_ms: float = DEFAULT_STALL_MS,
+) -> dict[str, Any]:
+    """``GET /v1/requests/{trace_id}/tokens``: when each token came, and the stalls (gaps over
+    ``stall_ms``, by default the attributor's ``stall_threshold_ms``)."""
     trace_id = check_trace_id(trace_id)
     spans = _load(store, trace_id)
-    result = _attribute(trace_id, spans)
-    return {"trace_id": trace_id, **_timeline(spans, result, stall_ms)}
+    result = _attribute(trace_id, spans, stall_threshold_ms)
+    return {"trace_id": trace_id, **_timeline(spans, result, stall_ms or stall_threshold_ms)}
 
 
-def explain(store: Store, trace_id: str, stall_ms: float | None = None) -> dict[str, Any]:
+def explain(
+    store: Store,
+    trace_id: str,
+    stall_ms: float | None = None,
+    *,
+    stall_threshold_ms: float = DEFAULT_STALL_MS,
+) -> dict[str, Any]:
     """``GET /v1/requests/{trace_id}``: attribution, waterfall and token timeline at once."""
     trace_id = check_trace_id(trace_id)
     spans = _load(store, trace_id)
-    result = _attribute(trace_id, spans)
+    result = _attribute(trace_id, spans, stall_threshold_ms)
     return {
         "attribution": result.to_json(),
         "spans": _waterfall(spans, result),
-        "tokens": _timeline(spans, result, stall_ms),
+        "tokens": _timeline(spans, result, stall_ms or stall_threshold_ms),
     }
