@@ -18,6 +18,14 @@ from latscope.config import ConfigError, Settings
 #: subcommand -> module implementing it, in the order ``--help`` lists them.
 COMMANDS: dict[str, str] = {
     "serve": "latscope.serve",
+    "api": "latscope.cmd.api",
+    "report": "latscope.cmd.report",
+    "tail": "latscope.cmd.tail",
+    "compare": "latscope.cmd.compare",
+    "diagnose": "latscope.cmd.diagnose",
+    "explain": "latscope.cmd.explain",
+    "slo": "latscope.cmd.slo",
+    "top": "latscope.cmd.top",
     "demo": "latscope.demo.command",
 }
 

@@ -63,10 +63,15 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
 
 def serve_parts(settings: Settings, store: Store) -> Parts:
     """Everything ``latscope serve`` runs over one store."""
+    from latscope.api.grpc_service import query_parts
     from latscope.attribution.attributor import attributor_parts
     from latscope.collector.service import collector_parts
 
-    return collector_parts(settings, store) + attributor_parts(settings, store)
+    return (
+        collector_parts(settings, store)
+        + attributor_parts(settings, store)
+        + query_parts(settings, store)
+    )
 
 
 def start_grpc(settings: Settings, parts: Parts) -> tuple[grpc.Server, str]:

@@ -1,0 +1,265 @@
+"""Answers about many requests, shaped for the API: parameters as the REST API and the CLI take
+them (time ranges as RFC 3339 or ``15m``), validated, then handed to
+``latscope.attribution.aggregates``, which runs the SQL.
+
+Each function returns the JSON the matching ``/v1`` route serves, with the window it covered
+(``{"since", "until"}`` in RFC 3339 plus ns since the epoch).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from latscope.api.errors import InvalidParameter
+from latscope.api.timerange import TimeRange, TimeRangeError, parse_instant, parse_range
+from latscope.attribution import aggregates as agg
+from latscope.storage import Store
+
+#: Objectives used when none is given: typical interactive-chat targets over 30 days.
+DEFAULT_OBJECTIVES = ("ttft:500:0.99:30", "tpot:50:0.99:30", "e2e:10000:0.99:30")
+MAX_OBJECTIVES = 20
+MAX_GROUPS = 500
+MAX_SLOWEST = 1000
+_GROUP_BY = re.compile(
+    r"^(service|model|route|operation|status|resource\.[A-Za-z0-9_.\-/]{1,128})$"
+)
+_OBJECTIVE = re.compile(
+    r"^(?P<metric>e2e|ttft|tpot):(?P<threshold>\d+(\.\d+)?):(?P<target>0?\.\d+)"
+    r"(:(?P<days>\d+(\.\d+)?))?$"
+)
+
+
+def _range(since: str | None, until: str | None, prefix: str = "") -> TimeRange:
+    try:
+        return parse_range(since, until, prefix=prefix)
+    except TimeRangeError as exc:
+        raise InvalidParameter("invalid_time", str(exc)) from None
+
+
+def _window(r: TimeRange) -> dict[str, Any]:
+    return {**r.to_json(), "since_ns": r.since_ns, "until_ns": r.until_ns}
+
+
+def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except agg.AggregateError as exc:
+        raise InvalidParameter("invalid_parameter", str(exc)) from None
+
+
+def summary(
+    store: Store,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+    group_by: str | None = None,
+    limit_groups: int = 100,
+) -> dict[str, Any]:
+    """Count, percentiles of e2e and of each bucket, and each bucket's share of the time."""
+    if group_by and not _GROUP_BY.match(group_by):
+        raise InvalidParameter(
+            "invalid_group_by",
+            "group_by must be service, model, route, operation, status or resource.<attribute>",
+        )
+    r = _range(since, until)
+    out = _call(
+        agg.summary,
+        store,
+        since_ns=r.since_ns,
+        until_ns=r.until_ns,
+        service=service,
+        model=model,
+        group_by=group_by,
+        limit_groups=min(int(limit_groups), MAX_GROUPS),
+    )
+    out["window"] = _window(r)
+    return out
+
+
+def tail(
+    store: Store,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+    percentile: float = 99,
+) -> dict[str, Any]:
+    """Which bucket the requests above the ``percentile`` spend their extra time in."""
+    r = _range(since, until)
+    out = _call(
+        agg.tail,
+        store,
+        since_ns=r.since_ns,
+        until_ns=r.until_ns,
+        percentile=float(percentile),
+        service=service,
+        model=model,
+    )
+    out["window"] = _window(r)
+    return out
+
+
+def compare(
+    store: Store,
+    *,
+    before_since: str | None = None,
+    before_until: str | None = None,
+    after_since: str | None = None,
+    after_until: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+) -> dict[str, Any]:
+    """Two windows bucket by bucket. ``after`` defaults to the last hour, ``before`` to the
+    window of the same length just before ``after``."""
+    after = _range(after_since, after_until, prefix="after_")
+    if before_since is None and before_until is None:
+        length = after.until - after.since
+        before = TimeRange(after.since - length, after.since)
+    else:
+        if before_since is None or before_until is None:
+            raise InvalidParameter(
+                "invalid_time", "give both before_since and before_until, or neither"
+            )
+        before = _range(before_since, before_until, prefix="before_")
+    out = _call(
+        agg.compare,
+        store,
+        before=(before.since_ns, before.until_ns),
+        after=(after.since_ns, after.until_ns),
+        service=service,
+        model=model,
+    )
+    out["before"].update(before.to_json())
+    out["after"].update(after.to_json())
+    return out
+
+
+def diagnose(
+    store: Store,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+    percentile: float = 99,
+) -> dict[str, Any]:
+    """The usual cause of what the window shows, its first fixes and the numbers behind it."""
+    r = _range(since, until)
+    out = _call(
+        agg.diagnose,
+        store,
+        since_ns=r.since_ns,
+        until_ns=r.until_ns,
+        service=service,
+        model=model,
+        percentile=float(percentile),
+    )
+    out["window"] = _window(r)
+    return out
+
+
+def parse_objective(text: str) -> agg.Objective:
+    """``METRIC:THRESHOLD_MS:TARGET[:WINDOW_DAYS]``, e.g. ``ttft:500:0.99:30``."""
+    m = _OBJECTIVE.match(text.strip())
+    if not m:
+        raise InvalidParameter(
+            "invalid_objective",
+            f"objective {text!r}: write METRIC:THRESHOLD_MS:TARGET[:WINDOW_DAYS] with METRIC "
+            "e2e, ttft or tpot, e.g. ttft:500:0.99:30 (99% of requests TTFT <= 500 ms over "
+            "30 days)",
+        )
+    days = float(m.group("days") or 30)
+    threshold, target = float(m.group("threshold")), float(m.group("target"))
+    if not 0 < target < 1 or threshold <= 0 or not 0 < days <= 400:
+        raise InvalidParameter(
+            "invalid_objective",
+            f"objective {text!r}: target in (0, 1), threshold > 0, window 1..400 days",
+        )
+    return agg.Objective(m.group("metric"), threshold_ms=threshold, target=target, window_days=days)
+
+
+def slo(
+    store: Store,
+    *,
+    objective: list[str] | tuple[str, ...] | str | None = None,
+    at: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+) -> dict[str, Any]:
+    """Error budget left and burn rates (5m, 30m, 1h, 6h) of each objective, as of ``at``."""
+    texts = [objective] if isinstance(objective, str) else list(objective or DEFAULT_OBJECTIVES)
+    if len(texts) > MAX_OBJECTIVES:
+        raise InvalidParameter("invalid_objective", f"at most {MAX_OBJECTIVES} objectives")
+    objectives = [parse_objective(t) for t in texts]
+    now = datetime.now(UTC)
+    try:
+        when = parse_instant(at, now=now, name="at") if at else now
+    except TimeRangeError as exc:
+        raise InvalidParameter("invalid_time", str(exc)) from None
+    if when - timedelta(days=max(o.window_days for o in objectives)) < datetime(
+        1970, 1, 1, tzinfo=UTC
+    ):
+        raise InvalidParameter("invalid_time", "at: the objective window starts before 1970")
+    r = TimeRange(when - timedelta(microseconds=1), when)
+    out = _call(
+        agg.slo, store, objectives=objectives, now_ns=r.until_ns, service=service, model=model
+    )
+    out["at"] = r.to_json()["until"]
+    return out
+
+
+def gpu(
+    store: Store,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+) -> dict[str, Any]:
+    """GPU figures per phase (utilization, memory, power, SM clock, energy)."""
+    r = _range(since, until)
+    out = _call(
+        agg.gpu_by_phase,
+        store,
+        since_ns=r.since_ns,
+        until_ns=r.until_ns,
+        service=service,
+        model=model,
+    )
+    out["window"] = _window(r)
+    return out
+
+
+def services(store: Store, *, since: str | None = None, until: str | None = None) -> dict[str, Any]:
+    """The services seen in the window, each with its models and request counts."""
+    r = _range(since, until)
+    rows = _call(agg.services, store, since_ns=r.since_ns, until_ns=r.until_ns)
+    return {"window": _window(r), "services": rows}
+
+
+def slowest(
+    store: Store,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+    limit: int = 20,
+) -> dict[str, Any]:
+    """The slowest requests of the window, slowest first, each with its buckets."""
+    r = _range(since, until)
+    rows = _call(
+        agg.slowest,
+        store,
+        since_ns=r.since_ns,
+        until_ns=r.until_ns,
+        service=service,
+        model=model,
+        limit=max(1, min(int(limit), MAX_SLOWEST)),
+    )
+    return {"window": _window(r), "requests": rows}

@@ -1,0 +1,143 @@
+"""The REST query API (FastAPI), the web page and the health and metrics endpoints.
+
+Errors are JSON ``{"error": ..., "detail": ...}`` (see ``latscope.api.errors``). With
+``settings.token`` set, every ``/v1`` route needs ``Authorization: Bearer <token>``;
+``/healthz``, ``/readyz``, ``/metrics`` and the page itself stay open (the page asks for the token
+and sends it with its API calls).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from latscope import __version__
+from latscope.api.errors import ApiError, QueryError, error_responses
+from latscope.api.routes import v1_router
+from latscope.api.schemas import Health
+from latscope.config import Settings
+from latscope.metrics import REGISTRY
+from latscope.storage import Store, StoreError, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """Where the time of an AI inference request went.
+
+Every request's end-to-end latency is split into seven buckets that add up to the whole:
+`network | queue | preprocess | prefill | decode | postprocess | other`. Times in the JSON are
+milliseconds as floats. Time-range parameters (`since`, `until`) accept RFC 3339
+(`2026-01-02T15:04:05Z`) or a relative span before now (`15m`, `2h`, `7d`).
+
+Errors are JSON `{"error": code, "detail": why}`: 400 (unusable parameter), 401 (token missing
+or wrong, when the server has one), 404 (unknown trace), 422 (parameter out of bounds).
+"""
+
+
+def _error(status: int, error: str, detail: Any) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": error, "detail": detail})
+
+
+def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter] = ()) -> FastAPI:
+    """The API over ``store``; with ``settings.token`` set, every /v1 route needs it."""
+    app = FastAPI(
+        title="latscope",
+        version=__version__,
+        description=DESCRIPTION,
+        openapi_tags=[
+            {"name": "requests", "description": "one request: buckets, spans, tokens"},
+            {"name": "aggregates", "description": "many requests: summary, tail, compare, ..."},
+            {"name": "health", "description": "liveness, readiness, Prometheus metrics"},
+        ],
+    )
+
+    def require_token(request: Request) -> None:
+        if not settings.token:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), settings.token.encode()
+        ):
+            raise ApiError(401, "unauthorized", "send 'Authorization: Bearer <token>'")
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        response = _error(exc.status_code, exc.error, exc.detail)
+        if exc.status_code == 401:
+            response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    @app.exception_handler(QueryError)
+    async def _query_error(_: Request, exc: QueryError) -> JSONResponse:
+        return _error(exc.status, exc.error, exc.detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(
+            exc.status_code, "not_found" if exc.status_code == 404 else "http_error", exc.detail
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
+        return _error(422, "invalid_request", detail)
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        return _error(503, "store_unavailable", str(exc))
+
+    @app.exception_handler(StoreError)
+    async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
+        log.error("store error: %s", exc)
+        return _error(500, "store_error", str(exc))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Logged with its stack here; the client gets JSON without one.
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error(500, "internal_error", "the server failed this request; see its log")
+
+    @app.get("/healthz", tags=["health"], response_model=Health)
+    def healthz() -> dict[str, str]:
+        """Liveness: the process answers. Needs no token."""
+        return {"status": "ok"}
+
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        response_model=Health,
+        responses=error_responses(503),
+    )
+    def readyz() -> Any:
+        """Readiness: the store answers a query. Needs no token."""
+        if not store.ping():
+            return _error(503, "store_unavailable", f"the store {store.dsn} does not answer")
+        return {"status": "ready"}
+
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+    )
+    def metrics() -> Response:
+        """Prometheus text exposition of every latscope metric in this process, including
+        ``latscope_request_bucket_seconds`` (per bucket, service and model)."""
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    for router in routers:
+        app.include_router(router)
+    app.include_router(v1_router(store, settings), dependencies=[Depends(require_token)])
+
+    from latscope.web import mount_web
+
+    mount_web(app)
+    return app

@@ -1,0 +1,188 @@
+"""``latscope.v1.QueryService`` (proto/latscope/v1/query.proto): the REST answers for programs.
+
+Served on the same gRPC server as the OTLP receiver. With a token configured, every call needs
+metadata ``authorization: Bearer <token>`` (UNAUTHENTICATED otherwise). Errors map to status
+codes: a malformed argument is INVALID_ARGUMENT, an unknown trace NOT_FOUND, a store that does
+not answer UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from latscope.api import trace
+from latscope.api.errors import QueryError
+from latscope.api.live import HUB, LiveHub, TablePoller, WatchFilter, iter_subscription
+from latscope.config import Settings
+from latscope.parts import Parts
+from latscope.storage import Store, StoreError, StoreUnavailable
+from latscope.v1 import query_pb2, query_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND}
+
+
+def attribution_message(body: dict[str, Any]) -> query_pb2.RequestAttribution:
+    """The REST attribution JSON as a ``RequestAttribution`` message (nulls stay unset)."""
+    data = {k: v for k, v in body.items() if v is not None}
+    data["gpu"] = {phase: {"figures": figs} for phase, figs in (body.get("gpu") or {}).items()}
+    data["buckets_ms"] = {k: v for k, v in body["buckets_ms"].items() if v is not None}
+    data["itl_ms"] = {k: v for k, v in body["itl_ms"].items() if v is not None}
+    return json_format.ParseDict(data, query_pb2.RequestAttribution(), ignore_unknown_fields=True)
+
+
+def attribution_dict(message: query_pb2.RequestAttribution) -> dict[str, Any]:
+    """A ``RequestAttribution`` message back in the REST JSON shape (for clients such as top)."""
+    buckets = message.buckets_ms
+    itl = message.itl_ms
+
+    def opt(msg: Any, field: str) -> Any:
+        return getattr(msg, field) if msg.HasField(field) else None
+
+    return {
+        "trace_id": message.trace_id,
+        "service": message.service,
+        "model": message.model,
+        "start_unix_nano": message.start_unix_nano,
+        "e2e_ms": message.e2e_ms,
+        "buckets_ms": {
+            "network": opt(buckets, "network"),
+            "queue": buckets.queue,
+            "preprocess": buckets.preprocess,
+            "prefill": buckets.prefill,
+            "decode": buckets.decode,
+            "postprocess": buckets.postprocess,
+            "other": buckets.other,
+        },
+        "ttft_ms": opt(message, "ttft_ms"),
+        "ttft_server_ms": opt(message, "ttft_server_ms"),
+        "tpot_ms": opt(message, "tpot_ms"),
+        "itl_ms": {k: opt(itl, k) for k in ("p50", "p99", "max")},
+        "stalls": message.stalls,
+        "input_tokens": opt(message, "input_tokens"),
+        "output_tokens": opt(message, "output_tokens"),
+        "clock_skew_ms": message.clock_skew_ms,
+        "attempts": message.attempts,
+        "gpu": {phase: dict(g.figures) for phase, g in message.gpu.items()},
+    }
+
+
+class QueryServicer(query_pb2_grpc.QueryServiceServicer):
+    def __init__(self, store: Store, settings: Settings, *, hub: LiveHub = HUB) -> None:
+        self.store = store
+        self.settings = settings
+        self.hub = hub
+
+    def _authorize(self, context: grpc.ServicerContext) -> None:
+        if not self.settings.token:
+            return
+        metadata = dict(context.invocation_metadata() or ())
+        scheme, _, given = str(metadata.get("authorization", "")).partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), self.settings.token.encode()
+        ):
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, "send metadata 'authorization: Bearer <token>'"
+            )
+
+    def _answer(self, context: grpc.ServicerContext, fn: Any, *args: Any) -> Any:
+        self._authorize(context)
+        try:
+            return fn(*args)
+        except QueryError as exc:
+            context.abort(_STATUS.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+        except StoreUnavailable as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"the store did not answer: {exc}")
+        except StoreError as exc:
+            log.exception("query failed")
+            context.abort(grpc.StatusCode.INTERNAL, f"the store failed the query: {exc}")
+
+    def GetAttribution(
+        self, request: query_pb2.GetAttributionRequest, context: grpc.ServicerContext
+    ) -> query_pb2.RequestAttribution:
+        body = self._answer(
+            context,
+            lambda: trace.request_attribution(
+                self.store,
+                request.trace_id,
+                stall_threshold_ms=self.settings.stall_threshold_ms,
+            ),
+        )
+        return attribution_message(body)
+
+    def Summary(
+        self, request: query_pb2.SummaryRequest, context: grpc.ServicerContext
+    ) -> query_pb2.SummaryResponse:
+        from latscope.api import aggregates
+
+        body = self._answer(
+            context,
+            lambda: aggregates.summary(
+                self.store,
+                since=request.since or None,
+                until=request.until or None,
+                service=request.service or None,
+                model=request.model or None,
+                group_by=request.group_by or None,
+            ),
+        )
+        return summary_message(body)
+
+    def Watch(
+        self, request: query_pb2.WatchRequest, context: grpc.ServicerContext
+    ) -> Iterator[query_pb2.RequestAttribution]:
+        self._authorize(context)
+        if request.min_e2e_ms < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "min_e2e_ms must be >= 0")
+        sub = self.hub.subscribe(WatchFilter(request.service, request.model, request.min_e2e_ms))
+        if sub is None:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many Watch streams open")
+        context.add_callback(sub.close)
+        for body in iter_subscription(sub, alive=context.is_active):
+            yield attribution_message(body)
+
+
+def summary_message(body: dict[str, Any]) -> query_pb2.SummaryResponse:
+    """The REST summary JSON as a ``SummaryResponse``."""
+
+    def stats(d: dict[str, Any] | None, keys: tuple[str, ...]) -> dict[str, float]:
+        return {k: d[k] for k in keys if d and d.get(k) is not None}
+
+    pct = ("p50", "p90", "p95", "p99", "mean")
+    bstat = ("p50", "p95", "p99", "mean", "share")
+
+    def section(d: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "count": int(d.get("count") or 0),
+            "e2e_ms": stats(d.get("e2e_ms"), pct),
+            "buckets_ms": {b: stats(v, bstat) for b, v in (d.get("buckets_ms") or {}).items()},
+        }
+
+    data = section(body)
+    data["groups"] = [
+        {"key": str(g.get("key", "")), **section(g)} for g in body.get("groups") or ()
+    ]
+    window = body.get("window") or {}
+    data["since"], data["until"] = window.get("since", ""), window.get("until", "")
+    return json_format.ParseDict(data, query_pb2.SummaryResponse(), ignore_unknown_fields=True)
+
+
+def query_parts(settings: Settings, store: Store, *, poll_table: bool = True) -> Parts:
+    """The query service for a latscope process, and (``poll_table``) the poller that feeds
+    Watch and the ``/metrics`` latency histograms from newly attributed rows."""
+    servicer = QueryServicer(store, settings)
+    parts = Parts(
+        grpc_servicers=[lambda server: query_pb2_grpc.add_QueryServiceServicer_to_server(
+            servicer, server
+        )]
+    )  # fmt: skip
+    if poll_table:
+        parts.components.append(TablePoller(store))
+    return parts

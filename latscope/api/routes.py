@@ -1,0 +1,251 @@
+"""The ``/v1`` routes. Each route validates its parameters, then calls the function that
+answers the question (``latscope.api.trace`` for one request, ``latscope.api.aggregates`` for many);
+those functions are shared with the gRPC service and the CLI's direct mode."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+
+from latscope.api import aggregates, trace
+from latscope.api.errors import error_responses
+from latscope.api.schemas import (
+    TRACE_ID_EXAMPLE,
+    Attribution,
+    Compare,
+    Diagnosis,
+    Explain,
+    Gpu,
+    RequestTokens,
+    Services,
+    Slo,
+    Slowest,
+    Summary,
+    Tail,
+    TraceSpans,
+)
+from latscope.config import Settings
+from latscope.storage import Store
+
+TraceId = Annotated[
+    str,
+    Path(
+        description="32 hexadecimal characters (W3C trace id)",
+        examples=[TRACE_ID_EXAMPLE],
+        max_length=64,
+    ),
+]
+StallMs = Annotated[
+    float | None,
+    Query(
+        description="a gap between tokens longer than this (ms) is a stall; "
+        "default: the server's --stall-threshold-ms",
+        gt=0,
+        le=3_600_000,
+        examples=[100.0],
+    ),
+]
+
+_TIME_HELP = "RFC 3339 (2026-01-02T15:04:05Z) or a span before now (15m, 2h, 7d)"
+
+
+def _time(description: str, example: str) -> Any:
+    return Query(description=f"{description}: {_TIME_HELP}", max_length=64, examples=[example])
+
+
+Since = Annotated[str | None, _time("start of the window (default: 1 hour before until)", "2h")]
+Until = Annotated[str | None, _time("end of the window (default: now)", "5m")]
+Service = Annotated[
+    str | None,
+    Query(description="only this service (service.name)", max_length=256, examples=["llm-server"]),
+]
+Model = Annotated[
+    str | None,
+    Query(description="only this model (gen_ai.request.model)", max_length=256,
+          examples=["llama-3-8b"]),
+]  # fmt: skip
+Percentile = Annotated[
+    float,
+    Query(description="the tail starts at this percentile of e2e", gt=0, lt=100, examples=[99]),
+]
+
+_ONE = error_responses(400, 401, 404, 422, 503)
+_MANY = error_responses(400, 401, 422, 503)
+
+
+def v1_router(store: Store, settings: Settings) -> APIRouter:
+    """Every ``/v1`` route over ``store`` (the caller adds the token check)."""
+    router = APIRouter(prefix="/v1")
+    stall = settings.stall_threshold_ms
+
+    @router.get(
+        "/requests/{trace_id}/attribution",
+        tags=["requests"],
+        response_model=Attribution,
+        responses=_ONE,
+    )
+    def request_attribution(trace_id: TraceId) -> dict[str, Any]:
+        """Where one request's end-to-end time went, bucket by bucket (milliseconds)."""
+        return trace.request_attribution(store, trace_id, stall_threshold_ms=stall)
+
+    @router.get("/requests/{trace_id}", tags=["requests"], response_model=Explain, responses=_ONE)
+    def request_explain(trace_id: TraceId, stall_ms: StallMs = None) -> dict[str, Any]:
+        """One request at once: its buckets, its spans as a waterfall and its token timeline."""
+        return trace.explain(store, trace_id, stall_ms, stall_threshold_ms=stall)
+
+    @router.get(
+        "/requests/{trace_id}/tokens",
+        tags=["requests"],
+        response_model=RequestTokens,
+        responses=_ONE,
+    )
+    def request_tokens(trace_id: TraceId, stall_ms: StallMs = None) -> dict[str, Any]:
+        """When each token reached the client's clock, and the inter-token stalls."""
+        return trace.token_timeline(store, trace_id, stall_ms, stall_threshold_ms=stall)
+
+    @router.get(
+        "/traces/{trace_id}/spans", tags=["requests"], response_model=TraceSpans, responses=_ONE
+    )
+    def trace_spans(trace_id: TraceId) -> dict[str, Any]:
+        """Every span of a trace, server spans moved onto the client's clock, oldest first."""
+        return trace.trace_spans(store, trace_id)
+
+    @router.get(
+        "/attribution/summary", tags=["aggregates"], response_model=Summary, responses=_MANY
+    )
+    def summary(
+        since: Since = None,
+        until: Until = None,
+        service: Service = None,
+        model: Model = None,
+        group_by: Annotated[
+            str | None,
+            Query(
+                description="also per group: service, model, route, operation, status or "
+                "resource.<attribute> (e.g. resource.k8s.pod.name)",
+                max_length=160,
+                examples=["model"],
+            ),
+        ] = None,
+        limit_groups: Annotated[
+            int, Query(description="at most this many groups, largest first", ge=1, le=500)
+        ] = 100,
+    ) -> dict[str, Any]:
+        """Count, percentiles of e2e and of each bucket, and each bucket's share of the time."""
+        return aggregates.summary(
+            store,
+            since=since,
+            until=until,
+            service=service,
+            model=model,
+            group_by=group_by,
+            limit_groups=limit_groups,
+        )
+
+    @router.get("/attribution/tail", tags=["aggregates"], response_model=Tail, responses=_MANY)
+    def tail(
+        since: Since = None,
+        until: Until = None,
+        service: Service = None,
+        model: Model = None,
+        percentile: Percentile = 99,
+    ) -> dict[str, Any]:
+        """Which bucket the slowest requests spend their extra time in, against the median."""
+        return aggregates.tail(
+            store, since=since, until=until, service=service, model=model, percentile=percentile
+        )
+
+    @router.get(
+        "/attribution/compare", tags=["aggregates"], response_model=Compare, responses=_MANY
+    )
+    def compare(
+        after_since: Annotated[
+            str | None, _time("start of the window under study (default 1h)", "1h")
+        ] = None,
+        after_until: Annotated[
+            str | None, _time("end of the window under study (default now)", "5m")
+        ] = None,
+        before_since: Annotated[
+            str | None,
+            _time("start of the baseline (default: the same length just before)", "25h"),
+        ] = None,
+        before_until: Annotated[str | None, _time("end of the baseline", "24h")] = None,
+        service: Service = None,
+        model: Model = None,
+    ) -> dict[str, Any]:
+        """Two windows (e.g. before and after a deploy) bucket by bucket; the biggest mover."""
+        return aggregates.compare(
+            store,
+            before_since=before_since,
+            before_until=before_until,
+            after_since=after_since,
+            after_until=after_until,
+            service=service,
+            model=model,
+        )
+
+    @router.get(
+        "/attribution/diagnose", tags=["aggregates"], response_model=Diagnosis, responses=_MANY
+    )
+    def diagnose(
+        since: Since = None,
+        until: Until = None,
+        service: Service = None,
+        model: Model = None,
+        percentile: Percentile = 99,
+    ) -> dict[str, Any]:
+        """The dominant bucket, the usual cause and first fixes, with the numbers behind each."""
+        return aggregates.diagnose(
+            store, since=since, until=until, service=service, model=model, percentile=percentile
+        )
+
+    @router.get("/slo", tags=["aggregates"], response_model=Slo, responses=_MANY)
+    def slo(
+        objective: Annotated[
+            list[str] | None,
+            Query(
+                description="METRIC:THRESHOLD_MS:TARGET[:WINDOW_DAYS], metric e2e, ttft or "
+                "tpot; repeat for several (default: "
+                + ", ".join(aggregates.DEFAULT_OBJECTIVES)
+                + ")",
+                max_length=20,
+                examples=[["ttft:500:0.99:30"]],
+            ),
+        ] = None,
+        at: Annotated[
+            str | None, _time("evaluate as of (default now)", "2026-01-02T15:00:00Z")
+        ] = None,
+        service: Service = None,
+        model: Model = None,
+    ) -> dict[str, Any]:
+        """Error budget left and burn rates (5m, 30m, 1h, 6h) per objective, with the
+        fast-burn (14.4x) and slow-burn (6x) alerts of the SRE workbook."""
+        return aggregates.slo(store, objective=objective, at=at, service=service, model=model)
+
+    @router.get("/gpu", tags=["aggregates"], response_model=Gpu, responses=_MANY)
+    def gpu(
+        since: Since = None, until: Until = None, service: Service = None, model: Model = None
+    ) -> dict[str, Any]:
+        """GPU figures per phase over the window (from the NVML samples on phase spans)."""
+        return aggregates.gpu(store, since=since, until=until, service=service, model=model)
+
+    @router.get("/services", tags=["aggregates"], response_model=Services, responses=_MANY)
+    def services(since: Since = None, until: Until = None) -> dict[str, Any]:
+        """The services and models seen in the window, with request counts."""
+        return aggregates.services(store, since=since, until=until)
+
+    @router.get("/requests", tags=["aggregates"], response_model=Slowest, responses=_MANY)
+    def slowest(
+        since: Since = None,
+        until: Until = None,
+        service: Service = None,
+        model: Model = None,
+        limit: Annotated[int, Query(description="how many, slowest first", ge=1, le=1000)] = 20,
+    ) -> dict[str, Any]:
+        """The slowest requests of the window, slowest first, each with its buckets."""
+        return aggregates.slowest(
+            store, since=since, until=until, service=service, model=model, limit=limit
+        )
+
+    return router

@@ -1,0 +1,590 @@
+"""Response models of the REST API: they document the JSON (with examples) in the OpenAPI spec.
+
+Times are milliseconds as floats. Routes return plain dicts; these models validate and
+describe them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TRACE_ID_EXAMPLE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def _example(value: dict[str, Any]) -> ConfigDict:
+    return ConfigDict(json_schema_extra={"examples": [value]})
+
+
+class Buckets(BaseModel):
+    """The seven buckets in ms, summing to ``e2e_ms``; ``network`` is null without a client span."""
+
+    network: float | None
+    queue: float | None
+    preprocess: float | None
+    prefill: float | None
+    decode: float | None
+    postprocess: float | None
+    other: float | None
+
+
+class Itl(BaseModel):
+    p50: float | None
+    p99: float | None
+    max: float | None
+
+
+ATTRIBUTION_EXAMPLE = {
+    "trace_id": TRACE_ID_EXAMPLE,
+    "service": "llm-server",
+    "model": "llama-3-8b",
+    "e2e_ms": 1000.0,
+    "buckets_ms": {
+        "network": 80.0,
+        "queue": 100.0,
+        "preprocess": 30.0,
+        "prefill": 200.0,
+        "decode": 520.0,
+        "postprocess": 50.0,
+        "other": 20.0,
+    },
+    "ttft_ms": 385.0,
+    "ttft_server_ms": 345.0,
+    "tpot_ms": 20.5,
+    "itl_ms": {"p50": 19.8, "p99": 61.0, "max": 75.2},
+    "stalls": 1,
+    "input_tokens": 812,
+    "output_tokens": 26,
+    "clock_skew_ms": 0.0,
+    "attempts": 1,
+    "gpu": {"prefill": {"utilization_mean": 93.0, "energy_mj": 41000.0}},
+}
+
+
+class Attribution(BaseModel):
+    """Where one request's end-to-end time went."""
+
+    model_config = _example(ATTRIBUTION_EXAMPLE)
+
+    trace_id: str
+    service: str
+    model: str
+    e2e_ms: float
+    buckets_ms: Buckets
+    ttft_ms: float | None
+    ttft_server_ms: float | None = None
+    tpot_ms: float | None
+    itl_ms: Itl
+    stalls: int = 0
+    input_tokens: int | None
+    output_tokens: int | None
+    clock_skew_ms: float = Field(description="how far the server clock runs ahead of the client's")
+    attempts: int = 1
+    gpu: dict[str, dict[str, float]] = Field(description="per phase: NVML figures")
+
+
+class SpanEvent(BaseModel):
+    name: str
+    at_ms: float
+
+
+class Span(BaseModel):
+    span_id: str
+    parent_span_id: str
+    name: str
+    kind: str
+    service: str
+    phase: str | None
+    start_ms: float = Field(description="offset from the request's start, on the client's clock")
+    duration_ms: float
+    depth: int
+    status: str
+    attributes: dict[str, str]
+    events: list[SpanEvent]
+
+
+SPAN_EXAMPLE = {
+    "span_id": "00f067aa0ba902b7",
+    "parent_span_id": "53995c3f42cd8ad8",
+    "name": "prefill",
+    "kind": "Internal",
+    "service": "llm-server",
+    "phase": "prefill",
+    "start_ms": 180.0,
+    "duration_ms": 200.0,
+    "depth": 2,
+    "status": "Unset",
+    "attributes": {"latscope.phase": "prefill"},
+    "events": [],
+}
+
+
+class TraceSpans(BaseModel):
+    """Every span of a trace, server spans moved onto the client's clock, oldest first."""
+
+    model_config = _example(
+        {
+            "trace_id": TRACE_ID_EXAMPLE,
+            "start_unix_ms": 1763000000000.0,
+            "clock_skew_ms": 0.0,
+            "spans": [SPAN_EXAMPLE],
+        }
+    )
+
+    trace_id: str
+    start_unix_ms: float
+    clock_skew_ms: float
+    spans: list[Span]
+
+
+class Stall(BaseModel):
+    index: int = Field(description="the token that came late (0 is the first token)")
+    at_ms: float
+    gap_ms: float
+
+
+class TokenTimeline(BaseModel):
+    count: int
+    times_ms: list[float] = Field(description="each token's arrival, from the request's start")
+    first_token_ms: float | None
+    stall_threshold_ms: float | None
+    stalls: list[Stall]
+
+
+TOKENS_EXAMPLE = {
+    "count": 4,
+    "times_ms": [345.0, 365.0, 385.0, 460.0],
+    "first_token_ms": 345.0,
+    "stall_threshold_ms": 80.0,
+    "stalls": [],
+}
+
+
+class RequestTokens(TokenTimeline):
+    model_config = _example({"trace_id": TRACE_ID_EXAMPLE, **TOKENS_EXAMPLE})
+
+    trace_id: str
+
+
+class Explain(BaseModel):
+    """One request: its buckets, its waterfall and its token timeline."""
+
+    model_config = _example(
+        {"attribution": ATTRIBUTION_EXAMPLE, "spans": [SPAN_EXAMPLE], "tokens": TOKENS_EXAMPLE}
+    )
+
+    attribution: Attribution
+    spans: list[Span]
+    tokens: TokenTimeline
+
+
+class Health(BaseModel):
+    model_config = _example({"status": "ok"})
+
+    status: str
+
+
+# -- aggregates ----------------------------------------------------------------------------------
+# Loose on purpose where the attribution engine adds figures: extra keys pass through.
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Window(_Open):
+    since: str
+    until: str
+    since_ns: int
+    until_ns: int
+
+
+WINDOW_EXAMPLE = {
+    "since": "2026-01-02T14:00:00Z",
+    "until": "2026-01-02T15:00:00Z",
+    "since_ns": 1767362400000000000,
+    "until_ns": 1767366000000000000,
+}
+
+
+class Percentiles(_Open):
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+
+
+class BucketStats(_Open):
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    share: float | None = Field(None, description="the bucket's fraction of all time")
+
+
+_BUCKET_STATS_EXAMPLE = {
+    "network": {"p50": 60.0, "p95": 95.0, "p99": 120.0, "mean": 64.0, "share": 0.06},
+    "queue": {"p50": 80.0, "p95": 900.0, "p99": 2400.0, "mean": 210.0, "share": 0.2},
+    "preprocess": {"p50": 25.0, "p95": 40.0, "p99": 55.0, "mean": 27.0, "share": 0.03},
+    "prefill": {"p50": 180.0, "p95": 420.0, "p99": 610.0, "mean": 210.0, "share": 0.2},
+    "decode": {"p50": 460.0, "p95": 900.0, "p99": 1300.0, "mean": 480.0, "share": 0.45},
+    "postprocess": {"p50": 20.0, "p95": 35.0, "p99": 50.0, "mean": 22.0, "share": 0.02},
+    "other": {"p50": 8.0, "p95": 20.0, "p99": 31.0, "mean": 10.0, "share": 0.01},
+}
+_E2E_EXAMPLE = {"p50": 940.0, "p90": 1800.0, "p95": 2300.0, "p99": 3900.0, "mean": 1063.0}
+
+
+class SummaryGroup(_Open):
+    key: str
+    count: int
+    e2e_ms: Percentiles
+    buckets_ms: dict[str, BucketStats]
+
+
+class Summary(_Open):
+    """Percentiles of e2e and of each bucket over the window, and each bucket's share."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "count": 1200,
+                    "e2e_ms": _E2E_EXAMPLE,
+                    "buckets_ms": _BUCKET_STATS_EXAMPLE,
+                    "streaming": {"ttft_ms": {"p50": 290.0, "p95": 700.0, "p99": 1100.0}},
+                    "group_by": "model",
+                    "groups": [
+                        {
+                            "key": "llama-3-8b",
+                            "count": 700,
+                            "e2e_ms": _E2E_EXAMPLE,
+                            "buckets_ms": _BUCKET_STATS_EXAMPLE,
+                        }
+                    ],
+                    "window": WINDOW_EXAMPLE,
+                }
+            ]
+        },
+    )
+
+    count: int
+    e2e_ms: Percentiles
+    buckets_ms: dict[str, BucketStats]
+    streaming: dict[str, Any] | None = None
+    group_by: str | None = None
+    groups: list[SummaryGroup]
+    window: Window
+
+
+class TailBucket(_Open):
+    tail_mean: float | None = None
+    median_mean: float | None = None
+    extra: float | None = None
+    extra_share: float | None = None
+
+
+class Tail(_Open):
+    """Where requests above the percentile spend their extra time, against the median."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "percentile": 99,
+                    "count": 1200,
+                    "threshold_ms": 3900.0,
+                    "tail_count": 12,
+                    "tail_e2e_ms": 4500.0,
+                    "median_e2e_ms": 940.0,
+                    "extra_e2e_ms": 3560.0,
+                    "buckets_ms": {
+                        "queue": {
+                            "tail_mean": 2600.0,
+                            "median_mean": 80.0,
+                            "extra": 2520.0,
+                            "extra_share": 0.71,
+                        }
+                    },
+                    "dominant": "queue",
+                    "window": WINDOW_EXAMPLE,
+                }
+            ]
+        },
+    )
+
+    percentile: float
+    count: int
+    threshold_ms: float | None
+    tail_count: int
+    tail_e2e_ms: float | None
+    median_e2e_ms: float | None
+    extra_e2e_ms: float | None
+    buckets_ms: dict[str, TailBucket]
+    dominant: str | None
+    window: Window
+
+
+class Delta(_Open):
+    before: float | None = None
+    after: float | None = None
+    delta: float | None = None
+
+
+class CompareWindow(_Open):
+    since: str
+    until: str
+    since_ns: int
+    until_ns: int
+    count: int
+
+
+class Compare(_Open):
+    """Two windows bucket by bucket: before, after and the change; the biggest mover named."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "before": {**WINDOW_EXAMPLE, "count": 1100},
+                    "after": {**WINDOW_EXAMPLE, "count": 1200},
+                    "e2e_ms": {"p50": {"before": 900.0, "after": 1300.0, "delta": 400.0}},
+                    "buckets_ms": {
+                        "prefill": {"p50": {"before": 180.0, "after": 560.0, "delta": 380.0}}
+                    },
+                    "mover": "prefill",
+                    "mover_delta_ms": 370.0,
+                    "p99_mover": "prefill",
+                }
+            ]
+        },
+    )
+
+    before: CompareWindow
+    after: CompareWindow
+    e2e_ms: dict[str, Delta]
+    buckets_ms: dict[str, dict[str, Delta]]
+    mover: str | None
+    mover_delta_ms: float | None
+    p99_mover: str | None = None
+
+
+class Verdict(_Open):
+    id: str
+    cause: str
+    bucket: str
+    fixes: list[str]
+    score: float | None = None
+    evidence: dict[str, Any]
+
+
+class Diagnosis(_Open):
+    """The dominant bucket, the usual cause and first fix, with the numbers behind each."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "count": 1200,
+                    "dominant": "decode",
+                    "tail_dominant": "queue",
+                    "verdicts": [
+                        {
+                            "id": "queue_tail",
+                            "bucket": "queue",
+                            "cause": "load exceeds capacity: the slowest requests wait for a "
+                            "worker or batch slot",
+                            "fixes": ["cap the queue depth and shed or reject early"],
+                            "score": 0.71,
+                            "evidence": {"queue_extra_ms": 2520.0, "queue_extra_share": 0.71},
+                        }
+                    ],
+                    "window": WINDOW_EXAMPLE,
+                }
+            ]
+        },
+    )
+
+    count: int
+    dominant: str | None
+    tail_dominant: str | None
+    verdicts: list[Verdict]
+    window: Window
+
+
+class ObjectiveStatus(_Open):
+    name: str
+    metric: str
+    threshold_ms: float
+    target: float
+    window_days: float
+    total: int
+    bad: int
+    compliance: float | None
+    met: bool | None
+    error_budget: float
+    budget_left: float | None
+    burn_rates: dict[str, float | None]
+    alerts: dict[str, bool]
+
+
+class Slo(_Open):
+    """Per objective: compliance, error budget left, burn rates and the fast/slow-burn alerts."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "at": "2026-01-02T15:00:00Z",
+                    "now_ns": 1767366000000000000,
+                    "objectives": [
+                        {
+                            "name": "ttft p99 < 500 ms",
+                            "metric": "ttft",
+                            "threshold_ms": 500,
+                            "target": 0.99,
+                            "window_days": 30,
+                            "total": 120000,
+                            "bad": 600,
+                            "compliance": 0.995,
+                            "met": True,
+                            "error_budget": 0.01,
+                            "budget_left": 0.5,
+                            "burn_rates": {"5m": 0.4, "30m": 0.6, "1h": 0.5, "6h": 0.5},
+                            "alerts": {"fast_burn": False, "slow_burn": False},
+                        }
+                    ],
+                }
+            ]
+        },
+    )
+
+    at: str
+    now_ns: int
+    objectives: list[ObjectiveStatus]
+
+
+class GpuFigure(_Open):
+    mean: float | None = None
+    max: float | None = None
+    total: float | None = None
+    n: int
+
+
+class Gpu(_Open):
+    """GPU figures per phase: utilization (%), memory (bytes), power (W), energy (mJ)."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "phases": {
+                        "prefill": {
+                            "utilization_mean": {
+                                "mean": 91.0,
+                                "max": 99.0,
+                                "total": 9100.0,
+                                "n": 100,
+                            }
+                        }
+                    },
+                    "window": WINDOW_EXAMPLE,
+                }
+            ]
+        },
+    )
+
+    phases: dict[str, dict[str, GpuFigure]]
+    window: Window
+
+
+class ModelCount(_Open):
+    model: str
+    count: int
+
+
+class ServiceSeen(_Open):
+    service: str
+    count: int
+    last_ns: int
+    models: list[ModelCount]
+
+
+class Services(_Open):
+    """Services seen in the window, with their models and request counts."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "window": WINDOW_EXAMPLE,
+                    "services": [
+                        {
+                            "service": "llm-server",
+                            "count": 1200,
+                            "last_ns": 1767365990000000000,
+                            "models": [{"model": "llama-3-8b", "count": 1200}],
+                        }
+                    ],
+                }
+            ]
+        },
+    )
+
+    window: Window
+    services: list[ServiceSeen]
+
+
+class SlowRequest(_Open):
+    trace_id: str
+    start_ns: int
+    service: str
+    model: str
+    e2e_ms: float | None
+    buckets_ms: Buckets
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+
+class Slowest(_Open):
+    """The slowest requests of the window, slowest first, each with its buckets."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "window": WINDOW_EXAMPLE,
+                    "requests": [
+                        {
+                            "trace_id": TRACE_ID_EXAMPLE,
+                            "start_ns": 1767365000000000000,
+                            "service": "llm-server",
+                            "model": "llama-3-8b",
+                            "route": "/v1/chat/completions",
+                            "status": "Ok",
+                            "e2e_ms": 4500.0,
+                            "buckets_ms": ATTRIBUTION_EXAMPLE["buckets_ms"],
+                            "ttft_ms": 2900.0,
+                            "tpot_ms": 21.0,
+                            "input_tokens": 812,
+                            "output_tokens": 70,
+                            "stalls": 0,
+                            "attempts": 1,
+                        }
+                    ],
+                }
+            ]
+        },
+    )
+
+    window: Window
+    requests: list[SlowRequest]

@@ -1,0 +1,1 @@
+"""The query subcommands of ``latscope`` (report, tail, compare, ...), one module each."""

@@ -1,0 +1,238 @@
+"""Where a query command gets its answers: a running API (``--url``) or the store itself.
+
+Both return the same JSON: the API serves the functions that direct mode calls. Errors become
+:class:`SourceError` with a sentence the user can act on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from latscope.storage import Store, StoreError
+
+#: query name -> (REST path, "module:function" answering it over a store).
+QUERIES: dict[str, tuple[str, str]] = {
+    "attribution": (
+        "/v1/requests/{trace_id}/attribution",
+        "latscope.api.trace:request_attribution",
+    ),
+    "explain": ("/v1/requests/{trace_id}", "latscope.api.trace:explain"),
+    "spans": ("/v1/traces/{trace_id}/spans", "latscope.api.trace:trace_spans"),
+    "summary": ("/v1/attribution/summary", "latscope.api.aggregates:summary"),
+    "tail": ("/v1/attribution/tail", "latscope.api.aggregates:tail"),
+    "compare": ("/v1/attribution/compare", "latscope.api.aggregates:compare"),
+    "diagnose": ("/v1/attribution/diagnose", "latscope.api.aggregates:diagnose"),
+    "slo": ("/v1/slo", "latscope.api.aggregates:slo"),
+    "gpu": ("/v1/gpu", "latscope.api.aggregates:gpu"),
+    "services": ("/v1/services", "latscope.api.aggregates:services"),
+    "requests": ("/v1/requests", "latscope.api.aggregates:slowest"),
+}
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class SourceError(Exception):
+    """A query could not be answered; the message says why and what to do."""
+
+    def __init__(self, message: str, *, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def default_url() -> str:
+    url = os.environ.get("LATSCOPE_URL")
+    if url:
+        return url.rstrip("/")
+    host = os.environ.get("LATSCOPE_HTTP", "127.0.0.1:8080")
+    host = host.replace("0.0.0.0", "127.0.0.1")
+    return f"http://{host}"
+
+
+def add_source_arguments(parser: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
+    """``--url``, ``--store``, ``--token-file`` and ``--json``."""
+    group = parser.add_argument_group("where to ask")
+    where = group.add_mutually_exclusive_group()
+    where.add_argument(
+        "--url",
+        help="a running latscope API [env LATSCOPE_URL, default http://127.0.0.1:8080]",
+    )
+    where.add_argument(
+        "--store",
+        metavar="DSN",
+        help="read the store directly instead (chdb:///dir or http(s)://...); an embedded "
+        "store must not be open in a running `latscope serve`",
+    )
+    group.add_argument(
+        "--token-file", metavar="PATH", help="bearer token for the API [env LATSCOPE_TOKEN]"
+    )
+    group.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for an answer"
+    )
+    if json_flag:
+        parser.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+
+
+def _token(args: argparse.Namespace) -> str:
+    path = getattr(args, "token_file", None)
+    if path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise SourceError(f"--token-file: cannot read {path}: {exc.strerror}") from None
+        if not token:
+            raise SourceError(f"--token-file: {path} is empty")
+        return token
+    return os.environ.get("LATSCOPE_TOKEN", "")
+
+
+def _clean(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if v is not None and v != ""}
+
+
+class Source:
+    """Answers queries by name (see ``QUERIES``)."""
+
+    description = ""
+
+    def query(self, name: str, **params: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None
+
+
+class HttpSource(Source):
+    def __init__(self, url: str, token: str = "", timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.url = url.rstrip("/")
+        self.description = self.url
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def query(self, name: str, **params: Any) -> dict[str, Any]:
+        template, _ = QUERIES[name]
+        path_keys = {k for k in params if "{" + k + "}" in template}
+        path = template.format(**{k: params[k] for k in path_keys})
+        query = _clean({k: v for k, v in params.items() if k not in path_keys})
+        try:
+            response = self.client.get(path, params=query)
+        except httpx.ConnectError:
+            raise SourceError(
+                f"no API at {self.url} — start it with `latscope serve` (or `latscope api`), "
+                "pass --url, or read a store directly with --store DSN"
+            ) from None
+        except httpx.TimeoutException:
+            raise SourceError(f"the API at {self.url} did not answer in time (--timeout)") from None
+        except httpx.HTTPError as exc:
+            raise SourceError(f"talking to {self.url} failed: {exc}") from None
+        return _decode(response, self.url)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _decode(response: httpx.Response, url: str) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if response.status_code == 200 and isinstance(body, dict):
+        return body
+    if response.status_code == 401:
+        raise SourceError(
+            f"the API at {url} needs a token: pass --token-file PATH or set LATSCOPE_TOKEN"
+        )
+    if isinstance(body, dict) and "error" in body:
+        detail = body.get("detail")
+        if isinstance(detail, list):  # validation errors: one line per parameter
+            detail = "; ".join(
+                f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail
+            )
+        raise SourceError(
+            f"{detail} ({body['error']})", exit_code=2 if response.is_client_error else 1
+        )
+    if response.status_code == 404:
+        raise SourceError(f"{url} is not a latscope API (404 for {response.request.url.path})")
+    raise SourceError(f"the API at {url} answered {response.status_code}")
+
+
+class StoreSource(Source):
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.description = store.dsn
+
+    def query(self, name: str, **params: Any) -> dict[str, Any]:
+        from latscope.api.errors import QueryError
+
+        _, target = QUERIES[name]
+        module, _, attr = target.partition(":")
+        fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module), attr)
+        try:
+            return fn(self.store, **_clean(params))
+        except QueryError as exc:
+            detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+            raise SourceError(f"{detail} ({exc.error})", exit_code=2) from None
+        except StoreError as exc:
+            raise SourceError(f"the store {self.store.dsn} failed the query: {exc}") from None
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def open_store(dsn: str) -> Store:
+    try:
+        store = Store.open(dsn)
+        store.apply_schema()
+        return store
+    except StoreError as exc:
+        hint = ""
+        if dsn.startswith("chdb:"):
+            hint = (
+                " — an embedded store belongs to one process: if `latscope serve` runs on it, "
+                "ask that instead with --url"
+            )
+        raise SourceError(f"cannot open store: {exc}{hint}") from None
+
+
+@contextmanager
+def open_source(args: argparse.Namespace) -> Iterator[Source]:
+    """The source the flags name: ``--store`` (direct) or ``--url`` / the default API."""
+    if getattr(args, "store", None):
+        source: Source = StoreSource(open_store(args.store))
+    else:
+        source = HttpSource(
+            args.url or default_url(), _token(args), getattr(args, "timeout", DEFAULT_TIMEOUT_S)
+        )
+    try:
+        yield source
+    finally:
+        source.close()
+
+
+def run_command(args: argparse.Namespace, body: Callable[[Source], int]) -> int:
+    """Open the source, run ``body``, turn SourceError into a message and an exit code."""
+    try:
+        with open_source(args) as source:
+            return body(source)
+    except SourceError as exc:
+        print(f"latscope: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def add_filter_arguments(parser: argparse.ArgumentParser, *, window: bool = True) -> None:
+    """``--since``/``--until`` (RFC 3339 or 15m, 2h, 7d) and ``--service``/``--model``."""
+    if window:
+        parser.add_argument(
+            "--since", default="1h", help="start: RFC 3339 or a span before now (default 1h)"
+        )
+        parser.add_argument("--until", default=None, help="end (default now)")
+    parser.add_argument("--service", default=None, help="only this service")
+    parser.add_argument("--model", default=None, help="only this model")

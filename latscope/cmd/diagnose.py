@@ -1,0 +1,80 @@
+"""``latscope diagnose``: the dominant bucket, the usual cause and its first fixes."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.text import Text
+
+from latscope.cmd import _render as r
+from latscope.cmd._source import Source, add_filter_arguments, add_source_arguments, run_command
+
+HELP = "name the dominant bucket, its usual cause and first fixes, with the numbers"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_filter_arguments(parser)
+    parser.add_argument("--percentile", type=float, default=99, help="tail percentile (99)")
+    add_source_arguments(parser)
+
+
+def _figure(key: str, value: Any) -> str:
+    if isinstance(value, float):
+        if key.endswith("_ms"):
+            return r.ms(value)
+        if "share" in key:
+            return r.pct(value)
+        return f"{value:.3g}"
+    return str(value)
+
+
+def render(body: dict[str, Any]) -> None:
+    out = r.console()
+    if not body["count"]:
+        out.print("no attributed requests in this window (widen it with --since)")
+        return
+    head = Text("diagnosis", style="bold").append(f"  {body['count']} requests", style="")
+    out.print(head)
+    if body.get("dominant"):
+        out.print(
+            Text("most time: ")
+            .append(body["dominant"], style="bold " + r.COLOURS.get(body["dominant"], ""))
+            .append("   most of the tail: ")
+            .append(
+                str(body.get("tail_dominant")),
+                style="bold " + r.COLOURS.get(body.get("tail_dominant") or "", ""),
+            )
+        )
+    if not body["verdicts"]:
+        out.print("no known pattern stands out; look at `latscope tail` and `latscope report`")
+        return
+    for i, v in enumerate(body["verdicts"], 1):
+        out.print()
+        out.print(Text(f"{i}. {v['cause']}", style="bold"))
+        out.print(Text(f"   bucket: {v['bucket']}", style=r.COLOURS.get(v["bucket"], "")))
+        out.print("   evidence: " + ", ".join(
+            f"{k} {_figure(k, val)}" for k, val in v["evidence"].items() if val is not None
+        ))  # fmt: skip
+        for fix in v["fixes"]:
+            out.print(f"   → {fix}")
+
+
+def main(args: argparse.Namespace) -> int:
+    def body(source: Source) -> int:
+        with r.progress("diagnosing"):
+            answer = source.query(
+                "diagnose",
+                since=args.since,
+                until=args.until,
+                service=args.service,
+                model=args.model,
+                percentile=args.percentile,
+            )
+        if args.json:
+            r.print_json(answer)
+        else:
+            render(answer)
+        return 0
+
+    return run_command(args, body)

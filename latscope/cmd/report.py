@@ -1,0 +1,115 @@
+"""``latscope report``: the latency budget over a window — percentiles per bucket and a stacked
+bar of where the time went, overall and per service or model."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from latscope.cmd import _render as r
+from latscope.cmd._source import Source, add_filter_arguments, add_source_arguments, run_command
+from latscope.semconv import BUCKETS
+
+HELP = "the latency budget: percentiles per bucket and a stacked bar per service/model"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_filter_arguments(parser)
+    parser.add_argument(
+        "--group-by",
+        default="model",
+        help="one bar per service, model, route, operation, status or resource.<key> "
+        "(default model; 'none' for no groups)",
+    )
+    add_source_arguments(parser)
+
+
+def _shares(section: dict[str, Any]) -> dict[str, float | None]:
+    return {b: section["buckets_ms"][b]["share"] for b in BUCKETS}
+
+
+def render(body: dict[str, Any]) -> None:
+    out = r.console()
+    window = body["window"]
+    out.print(
+        Text("latency budget", style="bold").append(
+            f"  {window['since']} → {window['until']}  {body['count']} requests", style=""
+        )
+    )
+    if not body["count"]:
+        out.print("no attributed requests in this window (widen it with --since)")
+        return
+    e2e = body["e2e_ms"]
+    out.print(
+        "e2e  " + "  ".join(f"{k} {r.ms(e2e[k])}" for k in ("p50", "p90", "p95", "p99", "mean"))
+    )
+    out.print()
+    bars = Table(box=None, pad_edge=False, show_header=False)
+    bars.add_column("group", no_wrap=True, max_width=28)
+    bars.add_column("n", justify="right")
+    bars.add_column("bar", no_wrap=True)
+    bars.add_column("p99", justify="right")
+    bars.add_row("all", str(body["count"]), r.stacked_bar(_shares(body), 40), r.ms(e2e["p99"]))
+    for group in body.get("groups") or []:
+        bars.add_row(
+            group["key"] or "(none)",
+            str(group["count"]),
+            r.stacked_bar(_shares(group), 40),
+            r.ms(group["e2e_ms"]["p99"]),
+        )
+    out.print(bars)
+    out.print(r.legend())
+    out.print()
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    table.add_column("bucket")
+    for col in ("p50", "p95", "p99", "mean", "share"):
+        table.add_column(col, justify="right")
+    for b in BUCKETS:
+        s = body["buckets_ms"][b]
+        table.add_row(
+            Text(b, style=r.COLOURS[b]),
+            r.ms(s["p50"]),
+            r.ms(s["p95"]),
+            r.ms(s["p99"]),
+            r.ms(s["mean"]),
+            r.pct(s["share"]),
+        )
+    out.print(table)
+    streaming = body.get("streaming") or {}
+    if streaming:
+        out.print()
+        for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_p99_ms", "ITL p99")):
+            figs = streaming.get(key) or {}
+            out.print(
+                f"{label:8}"
+                + "  ".join(f"{k} {r.ms(figs.get(k), 2)}" for k in ("p50", "p95", "p99"))
+            )
+        if streaming.get("stalled_requests"):
+            out.print(
+                f"{streaming['stalled_requests']} request(s) had inter-token stalls "
+                f"({streaming['stalls']} stalls)"
+            )
+
+
+def main(args: argparse.Namespace) -> int:
+    def body(source: Source) -> int:
+        group_by = None if args.group_by in ("", "none") else args.group_by
+        with r.progress("summarising"):
+            answer = source.query(
+                "summary",
+                since=args.since,
+                until=args.until,
+                service=args.service,
+                model=args.model,
+                group_by=group_by,
+            )
+        if args.json:
+            r.print_json(answer)
+        else:
+            render(answer)
+        return 0
+
+    return run_command(args, body)

@@ -1,0 +1,72 @@
+"""``latscope slo``: error budget left and burn rates of latency objectives."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from latscope.cmd import _render as r
+from latscope.cmd._source import Source, add_filter_arguments, add_source_arguments, run_command
+
+HELP = "SLOs on TTFT / TPOT / e2e: error budget left and 5m/30m/1h/6h burn rates"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--objective",
+        action="append",
+        metavar="METRIC:MS:TARGET[:DAYS]",
+        help="e.g. ttft:500:0.99:30 (99%% of requests TTFT <= 500 ms over 30 days); repeat "
+        "for several (default: ttft:500:0.99:30, tpot:50:0.99:30, e2e:10000:0.99:30)",
+    )
+    parser.add_argument("--at", default=None, help="evaluate as of (default now)")
+    add_filter_arguments(parser, window=False)
+    add_source_arguments(parser)
+
+
+def _rate(value: float | None, limit: float) -> Text:
+    if value is None:
+        return Text("—")
+    return Text(f"{value:.2f}x", style="bold red" if value > limit else "")
+
+
+def render(body: dict[str, Any]) -> None:
+    out = r.console()
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ("objective", "requests", "met", "budget left", "5m", "30m", "1h", "6h", "alert"):
+        table.add_column(col, justify="left" if col in ("objective", "alert") else "right")
+    for o in body["objectives"]:
+        rates = o["burn_rates"]
+        alerts = [name for name, on in o["alerts"].items() if on]
+        met = "—" if o["met"] is None else ("yes" if o["met"] else "NO")
+        table.add_row(
+            o["name"],
+            str(o["total"]),
+            Text(met, style="" if o["met"] is not False else "bold red"),
+            r.pct(o["budget_left"]),
+            _rate(rates.get("5m"), 14.4),
+            _rate(rates.get("30m"), 6),
+            _rate(rates.get("1h"), 14.4),
+            _rate(rates.get("6h"), 6),
+            Text(", ".join(alerts) or "ok", style="bold red" if alerts else "green"),
+        )
+    out.print(Text(f"SLOs as of {body['at']}", style="bold"))
+    out.print(table)
+
+
+def main(args: argparse.Namespace) -> int:
+    def body(source: Source) -> int:
+        with r.progress("computing burn rates"):
+            answer = source.query(
+                "slo", objective=args.objective, at=args.at, service=args.service, model=args.model
+            )
+        if args.json:
+            r.print_json(answer)
+        else:
+            render(answer)
+        return 0
+
+    return run_command(args, body)

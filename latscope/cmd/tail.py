@@ -1,0 +1,82 @@
+"""``latscope tail``: which bucket the slowest requests spend their extra time in."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from latscope.cmd import _render as r
+from latscope.cmd._source import Source, add_filter_arguments, add_source_arguments, run_command
+from latscope.semconv import BUCKETS
+
+HELP = "the tail: where requests above the pXX spend their extra time, against the median"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_filter_arguments(parser)
+    parser.add_argument(
+        "--percentile", type=float, default=99, help="the tail starts here (default 99)"
+    )
+    add_source_arguments(parser)
+
+
+def render(body: dict[str, Any]) -> None:
+    out = r.console()
+    if not body["count"]:
+        out.print("no attributed requests in this window (widen it with --since)")
+        return
+    out.print(
+        Text(f"tail above p{body['percentile']:g}", style="bold").append(
+            f"  {body['tail_count']} of {body['count']} requests ≥ {r.ms(body['threshold_ms'])}"
+            f"; mean {r.ms(body['tail_e2e_ms'])} against {r.ms(body['median_e2e_ms'])} "
+            f"for the median requests (+{r.ms(body['extra_e2e_ms'])})",
+            style="",
+        )
+    )
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for col, justify in (
+        ("bucket", "left"),
+        ("tail mean", "right"),
+        ("median mean", "right"),
+        ("extra", "right"),
+        ("of extra", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for b in BUCKETS:
+        s = body["buckets_ms"].get(b) or {}
+        style = "bold " + r.COLOURS[b] if b == body["dominant"] else r.COLOURS[b]
+        table.add_row(
+            Text(b, style=style),
+            r.ms(s.get("tail_mean")),
+            r.ms(s.get("median_mean")),
+            r.ms(s.get("extra")),
+            r.pct(s.get("extra_share")),
+        )
+    out.print(table)
+    extra = {b: (body["buckets_ms"].get(b) or {}).get("extra") for b in BUCKETS}
+    out.print(r.stacked_bar({b: v for b, v in extra.items() if v and v > 0}))
+    if body["dominant"]:
+        out.print(Text(f"most of the tail is {body['dominant']}", style="bold"))
+
+
+def main(args: argparse.Namespace) -> int:
+    def body(source: Source) -> int:
+        with r.progress("looking at the tail"):
+            answer = source.query(
+                "tail",
+                since=args.since,
+                until=args.until,
+                service=args.service,
+                model=args.model,
+                percentile=args.percentile,
+            )
+        if args.json:
+            r.print_json(answer)
+        else:
+            render(answer)
+        return 0
+
+    return run_command(args, body)

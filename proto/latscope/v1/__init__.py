@@ -1,0 +1,1 @@
+"""Generated from query.proto; regenerate with ``python -m latscope.api.codegen``."""

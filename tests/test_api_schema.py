@@ -1,0 +1,97 @@
+"""Schemathesis over the served OpenAPI spec: generated requests (valid and invalid) never get a
+5xx, and every answer matches the spec's status codes, content types and schemas."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.conftest import Server, start_serve
+from tests.surfaces import dataset_store
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Server]:
+    store, _ = dataset_store()
+    server = start_serve(store)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+
+
+def test_generated_requests_get_no_server_error_and_conform(served: Server) -> None:
+    # The schemathesis pytest plugin does not run on this pytest; its Python API with
+    # hypothesis does the same, one operation at a time.
+    schema = schemathesis.openapi.from_url(served.url("/openapi.json"))
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 15
+    for operation in operations:
+
+        @given(
+            case=st.one_of(
+                operation.as_strategy(GenerationMode.POSITIVE),
+                operation.as_strategy(GenerationMode.NEGATIVE),
+            )
+        )
+        @settings(
+            max_examples=25,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        def check(case) -> None:
+            case.call_and_validate(checks=CHECKS)
+
+        check()
+
+
+def test_openapi_is_complete(served: Server) -> None:
+    spec = httpx.get(served.url("/openapi.json"), timeout=10).json()
+    routes = {path for path in spec["paths"] if path.startswith("/v1/")}
+    assert routes == {
+        "/v1/requests/{trace_id}/attribution",
+        "/v1/requests/{trace_id}",
+        "/v1/requests/{trace_id}/tokens",
+        "/v1/traces/{trace_id}/spans",
+        "/v1/attribution/summary",
+        "/v1/attribution/tail",
+        "/v1/attribution/compare",
+        "/v1/attribution/diagnose",
+        "/v1/slo",
+        "/v1/gpu",
+        "/v1/services",
+        "/v1/requests",
+    }
+    for path in routes:
+        operation = spec["paths"][path]["get"]
+        assert operation.get("description") or operation.get("summary"), path
+        for status in ("400", "401", "422"):
+            example = operation["responses"][status]["content"]["application/json"]["example"]
+            assert set(example) == {"error", "detail"}, (path, status)
+        ok = operation["responses"]["200"]["content"]["application/json"]["schema"]
+        name = ok["$ref"].rsplit("/", 1)[-1]
+        assert spec["components"]["schemas"][name].get("examples"), (path, name)
+        for param in operation.get("parameters", []):
+            assert param.get("description"), (path, param["name"])
