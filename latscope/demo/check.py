@@ -30,6 +30,9 @@ class BucketCheck:
 
     bucket: str
     truth_mean_ms: float
+    #: Mean and largest width of the truth's bracket: how precisely the truth is known.
+    bracket_mean_ms: float
+    bracket_max_ms: float
     latscope_mean_ms: float
     mean_abs_error_ms: float
     p95_abs_error_ms: float
@@ -45,6 +48,8 @@ class BucketCheck:
         return {
             "bucket": self.bucket,
             "truth_mean_ms": self.truth_mean_ms,
+            "bracket_mean_ms": self.bracket_mean_ms,
+            "bracket_max_ms": self.bracket_max_ms,
             "latscope_mean_ms": self.latscope_mean_ms,
             "mean_abs_error_ms": self.mean_abs_error_ms,
             "p95_abs_error_ms": self.p95_abs_error_ms,
@@ -113,7 +118,7 @@ def compare(
     )
     offenders: list[tuple[float, str, str, float, float]] = []
     for bucket in BUCKETS:
-        truths, seen, errors, within = [], [], [], 0
+        truths, seen, errors, widths, within = [], [], [], [], 0
         for trace_id, truth, attributed in pairs:
             low, high = truth[bucket]
             true_ns = (low + high) / 2
@@ -121,6 +126,7 @@ def compare(
             got_ns = 0.0 if got_ms is None else got_ms * 1e6
             error = max(low - got_ns, got_ns - high, 0.0)
             truths.append(true_ns / 1e6)
+            widths.append((high - low) / 1e6)
             seen.append(got_ns / 1e6)
             errors.append(error / 1e6)
             limit = tolerance_ns(round(true_ns))
@@ -134,6 +140,8 @@ def compare(
             BucketCheck(
                 bucket=bucket,
                 truth_mean_ms=statistics.fmean(truths),
+                bracket_mean_ms=statistics.fmean(widths),
+                bracket_max_ms=max(widths),
                 latscope_mean_ms=statistics.fmean(seen),
                 mean_abs_error_ms=statistics.fmean(errors),
                 p95_abs_error_ms=_p95(errors),

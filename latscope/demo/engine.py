@@ -3,7 +3,9 @@
 Each step of the loop is either a prefill step (admit waiting requests into free batch slots and
 run their prompts; every admitted request gets its first token) or a decode step (every running
 sequence gets one more token). Prefill steps go first, so a long prompt holds every running
-stream back: the inter-token stall that chunked prefill exists to avoid.
+stream back: the inter-token stall that chunked prefill exists to avoid. With a bounded KV cache,
+a batch that outgrows it has its newest sequences preempted (vLLM's recompute policy): they go
+back to the head of the queue and their streams stall until they are recomputed.
 
 The cost of each step comes from ``EngineConfig``; time passes in ``asyncio.sleep`` so the
 simulation needs no CPU, and a busy machine only adds scheduling jitter (recorded by the ground
@@ -43,6 +45,8 @@ class Sequence:
     prompt_tokens: int
     max_tokens: int
     generated: int = 0
+    #: Times the engine preempted it for KV-cache space (its stream stalled each time).
+    preempted: int = 0
     cancelled: bool = False
     finished: bool = False
     admitted: asyncio.Event = field(default_factory=asyncio.Event)
@@ -86,6 +90,7 @@ class Engine:
         self.prefill_steps = 0
         self.decode_steps = 0
         self.rejected = 0
+        self.preemptions = 0
         self.peak_running = 0
         self.peak_waiting = 0
 
@@ -126,18 +131,45 @@ class Engine:
                 await self._decode()
 
     def _admit(self) -> list[Sequence]:
+        """FIFO into free slots, within the prefill-token budget and the KV cache."""
+        config = self.config
         admitted: list[Sequence] = []
-        while self.waiting and len(self.running) + len(admitted) < self.config.max_batch:
-            seq = self.waiting.popleft()
+        tokens = 0
+        kv_used = sum(s.context for s in self.running)
+        while self.waiting and len(self.running) + len(admitted) < config.max_batch:
+            seq = self.waiting[0]
             if seq.cancelled:
+                self.waiting.popleft()
                 continue
+            if admitted and tokens + seq.context > config.max_prefill_tokens:
+                break
+            over_kv = config.kv_cache_tokens and kv_used + seq.context + 1 > config.kv_cache_tokens
+            if over_kv and (self.running or admitted):
+                break  # wait for running sequences to finish and free their cache
+            self.waiting.popleft()
             seq.admitted.set()
             admitted.append(seq)
+            tokens += seq.context
+            kv_used += seq.context
         return admitted
+
+    def _preempt(self) -> None:
+        """Make room for one more token per running sequence, newest out first (recompute)."""
+        limit = self.config.kv_cache_tokens
+        if not limit:
+            return
+        need = sum(s.context + 1 for s in self.running)
+        while need > limit and len(self.running) > 1:
+            victim = self.running.pop()
+            need -= victim.context + 1
+            victim.preempted += 1
+            self.preemptions += 1
+            self.waiting.appendleft(victim)
 
     async def _prefill(self, admitted: list[Sequence]) -> None:
         self.prefill_steps += 1
-        cost = self.config.prefill_cost_ms(sum(s.prompt_tokens for s in admitted))
+        # A preempted sequence recomputes its whole context, generated tokens included.
+        cost = self.config.prefill_cost_ms(sum(s.context for s in admitted))
         await self._sleep(cost / 1000)
         for seq in admitted:
             if seq.done:
@@ -147,6 +179,7 @@ class Engine:
         self.peak_running = max(self.peak_running, len(self.running))
 
     async def _decode(self) -> None:
+        self._preempt()
         self.decode_steps += 1
         batch = self.running
         cost = self.config.decode_cost_ms(len(batch), sum(s.context for s in batch))

@@ -95,11 +95,19 @@ def start(name: str, args: list[str], patterns: dict[str, str], *, timeout: floa
     return child
 
 
+#: The demo knows when its traffic ends, so its serve need not wait long for late spans.
+DEMO_SETTLE_S = 1.0
+
+
 def start_serve(store: str, http: str, otlp_grpc: str) -> Child:
     """``latscope serve`` on ``store``; ``found`` has ``grpc`` (host:port) and ``http`` (URL)."""
     return start(
         "latscope serve",
-        ["latscope.cli", "serve", "--store", store, "--http", http, "--otlp-grpc", otlp_grpc],
+        [
+            *("latscope.cli", "serve", "--store", store, "--http", http),
+            *("--otlp-grpc", otlp_grpc, "--attribution-settle-s", str(DEMO_SETTLE_S)),
+            *("--log-level", "warning"),
+        ],
         {"grpc": r"OTLP/gRPC\s+(\S+)", "http": r"HTTP\s+(http://\S+)"},
     )
 

@@ -20,6 +20,12 @@ class EngineConfig:
     max_batch: int = 16
     #: Requests waiting for a batch slot at most; beyond it the server answers 503.
     max_waiting: int = 1024
+    #: Prompt tokens one prefill step takes at most (vLLM's max_num_batched_tokens); a longer
+    #: prompt still goes alone.
+    max_prefill_tokens: int = 16384
+    #: KV-cache capacity in tokens (0: unlimited). When the running sequences outgrow it, the
+    #: newest is preempted and recomputed later, and its stream stalls meanwhile.
+    kv_cache_tokens: int = 0
     #: Tokenization: fixed cost plus a cost per prompt token (preprocess).
     tokenize_ms: float = 0.5
     tokenize_ms_per_1k: float = 0.5
@@ -123,10 +129,11 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="overload",
             complaint="everything is slow since the launch, even short answers",
-            # 32 users on 4 batch slots: most of a request's life is waiting for a slot.
+            # Arrivals (Poisson, 30/s) beyond what 4 batch slots serve (about 24/s): the queue
+            # grows, and the later a request comes the longer it waits for a slot.
             engine=EngineConfig(max_batch=4),
             load=LoadConfig(
-                concurrency=32,
+                rate=30.0,
                 prompt=Lengths(150, 0.5, 16, 1000),
                 output=Lengths(24, 0.3, 4, 64),
             ),
@@ -136,30 +143,32 @@ SCENARIOS: dict[str, Scenario] = {
             name="long-prompts",
             complaint="the first token takes ages for the RAG app, the chat app is fine",
             # Retrieval stuffs thousands of tokens into each prompt; prefill grows with them.
-            engine=EngineConfig(max_batch=16, prefill_ms_per_1k=40.0),
+            engine=EngineConfig(max_batch=16, prefill_ms_per_1k=80.0),
             load=LoadConfig(
                 concurrency=2,
                 prompt=Lengths(4000, 0.6, 300, 12000),
-                output=Lengths(12, 0.3, 4, 48),
+                output=Lengths(6, 0.3, 2, 32),
             ),
             expect=Expectation("prefill", verdicts=("prefill_prompt_length",)),
         ),
         Scenario(
             name="big-batches",
             complaint="the stream stutters: tokens arrive in bursts with long pauses",
-            # A large running batch makes every decode step slow, and each new prompt's
-            # prefill holds all running streams back (no chunked prefill).
+            # A large running batch makes every decode step slow, and outgrows the KV cache as
+            # its sequences grow: the newest are preempted and their streams stall until they
+            # are recomputed.
             engine=EngineConfig(
                 max_batch=64,
                 decode_ms=8.0,
                 decode_ms_per_seq=0.5,
-                prefill_ms=20.0,
-                prefill_ms_per_1k=60.0,
+                prefill_ms=10.0,
+                prefill_ms_per_1k=20.0,
+                kv_cache_tokens=28_000,
             ),
             load=LoadConfig(
-                concurrency=40,
-                prompt=Lengths(1500, 0.5, 200, 6000),
-                output=Lengths(60, 0.4, 16, 256),
+                concurrency=48,
+                prompt=Lengths(800, 0.3, 200, 3000),
+                output=Lengths(48, 0.3, 16, 128),
             ),
             expect=Expectation("decode", verdicts=("decode_stalls",)),
         ),

@@ -119,6 +119,8 @@ def create_app(scenario: Scenario, recorder: TruthRecorder | None = None) -> Fas
                 await task
 
     app = FastAPI(title="latscope demo LLM server", lifespan=lifespan)
+    # Added last is outermost: truth (before) -> SDK (arrival time) -> truth (after).
+    app.add_middleware(TruthMiddleware, recorder=recorder, after=True)
     app.add_middleware(sdk.TraceparentMiddleware)
     app.add_middleware(TruthMiddleware, recorder=recorder)
 
@@ -201,6 +203,15 @@ def create_app(scenario: Scenario, recorder: TruthRecorder | None = None) -> Fas
             if truth is not None:
                 truth.ended_ns = time.monotonic_ns()
 
+    async def stream_body(req: ChatRequest, truth: RequestTruth | None) -> AsyncIterator[bytes]:
+        """``stream_chat`` plus the truth's reading after the SDK ended the server span."""
+        try:
+            async for piece in stream_chat(req, truth):
+                yield piece
+        finally:
+            if truth is not None:
+                truth.ended_after_ns = time.monotonic_ns()
+
     @sdk.inference(model=scenario.model, operation="chat")
     async def complete_chat(req: ChatRequest, truth: RequestTruth | None) -> dict[str, Any]:
         seq = await front(req, truth)
@@ -249,8 +260,13 @@ def create_app(scenario: Scenario, recorder: TruthRecorder | None = None) -> Fas
             return _error(503, "the server is overloaded; retry later", "overloaded")
         truth = current.get()
         if req.stream:
-            return StreamingResponse(stream_chat(req, truth), media_type="text/event-stream")
-        return JSONResponse(await complete_chat(req, truth))
+            return StreamingResponse(stream_body(req, truth), media_type="text/event-stream")
+        try:
+            answer = await complete_chat(req, truth)
+        finally:
+            if truth is not None:
+                truth.ended_after_ns = time.monotonic_ns()
+        return JSONResponse(answer)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -27,11 +27,14 @@ DEFAULT_CAPACITY = 100_000
 
 @dataclass
 class RequestTruth:
-    """One request as the server saw it. Times are ``time.monotonic_ns`` readings."""
+    """One request as the server saw it. Times are ``time.monotonic_ns`` readings; each
+    boundary is read before and after the SDK's own reading of it."""
 
     request_id: str
-    arrived_ns: int
+    arrived_ns: int = 0
+    arrived_after_ns: int = 0
     ended_ns: int | None = None
+    ended_after_ns: int | None = None
     #: phase -> [low, high] bracket of the time spent in it (summed over its spans).
     phases_ns: dict[str, list[int]] = field(default_factory=dict)
     prompt_tokens: int = 0
@@ -43,8 +46,17 @@ class RequestTruth:
         bracket[0] += low
         bracket[1] += high
 
+    @property
+    def complete(self) -> bool:
+        return self.ended_ns is not None and self.ended_after_ns is not None
+
     def to_json(self) -> dict[str, Any]:
-        server = None if self.ended_ns is None else self.ended_ns - self.arrived_ns
+        server = None
+        if self.ended_ns is not None and self.ended_after_ns is not None:
+            server = [
+                self.ended_ns - (self.arrived_after_ns or self.arrived_ns),
+                self.ended_after_ns - self.arrived_ns,
+            ]
         return {
             "request_id": self.request_id,
             "server_ns": server,
@@ -63,8 +75,8 @@ class TruthRecorder:
         self.forgotten = 0
         self._records: OrderedDict[str, RequestTruth] = OrderedDict()
 
-    def begin(self, request_id: str, arrived_ns: int) -> RequestTruth:
-        record = RequestTruth(request_id, arrived_ns)
+    def begin(self, request_id: str) -> RequestTruth:
+        record = RequestTruth(request_id)
         self._records[request_id] = record
         while len(self._records) > self.capacity:
             self._records.popitem(last=False)
@@ -73,7 +85,7 @@ class TruthRecorder:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "requests": [r.to_json() for r in self._records.values() if r.ended_ns is not None],
+            "requests": [r.to_json() for r in self._records.values() if r.complete],
             "forgotten": self.forgotten,
         }
 
@@ -85,26 +97,36 @@ current: contextvars.ContextVar[RequestTruth | None] = contextvars.ContextVar(
 
 
 class TruthMiddleware:
-    """ASGI middleware (outermost): notes when each request arrived, keyed by ``x-request-id``."""
+    """ASGI middleware around the SDK's ``TraceparentMiddleware``, which reads the arrival time
+    the server span starts at: the outer one (``after=False``) notes the time right before it,
+    keyed by ``x-request-id``, the inner one (``after=True``) right after it."""
 
-    def __init__(self, app: Any, recorder: TruthRecorder) -> None:
+    def __init__(self, app: Any, recorder: TruthRecorder, *, after: bool = False) -> None:
         self.app = app
         self.recorder = recorder
+        self.after = after
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        arrived = time.monotonic_ns()
-        if scope.get("type") != "http":
+        if self.after:
+            record = current.get()
+            if record is not None:
+                record.arrived_after_ns = time.monotonic_ns()
             await self.app(scope, receive, send)
             return
-        request_id = next(
-            (v.decode("latin-1") for k, v in scope.get("headers") or () if k == b"x-request-id"),
-            None,
-        )
+        request_id = None
+        if scope.get("type") == "http":
+            for k, v in scope.get("headers") or ():
+                if k == b"x-request-id":
+                    request_id = v.decode("latin-1")
         if request_id is None:
             await self.app(scope, receive, send)
             return
-        token = current.set(self.recorder.begin(request_id, arrived))
+        record = self.recorder.begin(request_id)
+        token = current.set(record)
         try:
+            # Read last, after every allocation of ours: a garbage collection they set off
+            # would otherwise fall between this reading and the SDK's.
+            record.arrived_ns = time.monotonic_ns()
             await self.app(scope, receive, send)
         finally:
             current.reset(token)
@@ -119,16 +141,16 @@ def truth_buckets(
     ``network`` is what the client waited beyond the server's own time (proxy delay included);
     ``other`` is server time no phase covered.
     """
-    server_ns = int(server["server_ns"])
+    server_lo, server_hi = (int(v) for v in server["server_ns"])
     phases = server.get("phases_ns") or {}
     out: dict[str, tuple[int, int]] = {}
     for bucket in BUCKETS:
         if bucket not in ("network", "other"):
             low, high = phases.get(bucket, (0, 0))
             out[bucket] = (int(low), int(high))
-    out["network"] = (client_e2e_ns[0] - server_ns, client_e2e_ns[1] - server_ns)
+    out["network"] = (client_e2e_ns[0] - server_hi, client_e2e_ns[1] - server_lo)
     out["other"] = (
-        server_ns - sum(h for b, (_, h) in out.items() if b != "network"),
-        server_ns - sum(lo for b, (lo, _) in out.items() if b != "network"),
+        server_lo - sum(h for b, (_, h) in out.items() if b != "network"),
+        server_hi - sum(lo for b, (lo, _) in out.items() if b != "network"),
     )
     return {b: out[b] for b in BUCKETS}
