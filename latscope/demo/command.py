@@ -172,8 +172,15 @@ def main(args: argparse.Namespace) -> int:
         children.append(simulator)
         run = DemoRun(scenario, args.duration, args.clock_skew)
         run.web_url = serve.found["http"].rstrip("/") + "/"
-        execute(run, serve.found["http"], simulator, otlp, seed=args.seed, console=console,
-                progress=not args.no_progress)  # fmt: skip
+        execute(
+            run,
+            serve.found["http"],
+            simulator,
+            otlp,
+            seed=args.seed,
+            console=console,
+            progress=not args.no_progress,
+        )
         children.remove(simulator)
         report.print_report(console, run)
         if args.json:
@@ -187,6 +194,13 @@ def main(args: argparse.Namespace) -> int:
         return status
     except processes.ChildFailed as exc:
         console.print(f"latscope demo: {exc}")
+        return 1
+    except httpx.HTTPError as exc:
+        # A child died or stopped answering mid-run: say which call failed, not a traceback.
+        console.print(f"latscope demo: {type(exc).__name__}: {exc}")
+        for child in children:
+            if not child.alive():
+                console.print(f"{child.name} exited with {child.proc.returncode}:\n{child.tail()}")
         return 1
     finally:
         for child in reversed(children):
@@ -247,13 +261,14 @@ async def _drive(
     proxy = None
     if run.scenario.network_delay_ms > 0:
         parts = urlsplit(url)
-        proxy = DelayProxy((parts.hostname or "127.0.0.1", parts.port or 80),
-                           run.scenario.network_delay_ms / 1000)  # fmt: skip
+        upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        proxy = DelayProxy(upstream, run.scenario.network_delay_ms / 1000)
         host, port = await proxy.start()
         url = f"http://{host}:{port}"
     try:
-        gen = LoadGenerator(url, run.scenario, run.duration_s, seed=seed, console=console,
-                            progress=progress)  # fmt: skip
+        gen = LoadGenerator(
+            url, run.scenario, run.duration_s, seed=seed, console=console, progress=progress
+        )
         run.results = await gen.run()
     finally:
         if proxy is not None:

@@ -268,5 +268,13 @@ class LoadGenerator:
         done = len(self.results)
         errors = sum(1 for r in self.results if not r.ok)
         status = f"{done} done · {self.in_flight} in flight · {errors} errors"
-        elapsed = self.duration_s - max(0.0, deadline - time.monotonic())
-        progress.update(progress.task_ids[0], completed=elapsed, status=status)
+        left = deadline - time.monotonic()
+        description = f"load: {self.scenario.name}"
+        if left <= 0 and self.in_flight:
+            description = f"finishing: {self.scenario.name}"
+        progress.update(
+            progress.task_ids[0],
+            completed=self.duration_s - max(0.0, left),
+            status=status,
+            description=description,
+        )

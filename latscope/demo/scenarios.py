@@ -129,11 +129,11 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="overload",
             complaint="everything is slow since the launch, even short answers",
-            # Arrivals (Poisson, 30/s) beyond what 4 batch slots serve (about 24/s): the queue
+            # Arrivals (Poisson, 22/s) beyond what 4 batch slots serve (about 18/s): the queue
             # grows, and the later a request comes the longer it waits for a slot.
             engine=EngineConfig(max_batch=4),
             load=LoadConfig(
-                rate=30.0,
+                rate=22.0,
                 prompt=Lengths(150, 0.5, 16, 1000),
                 output=Lengths(24, 0.3, 4, 64),
             ),
