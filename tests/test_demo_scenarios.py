@@ -17,7 +17,7 @@ from latscope.demo import scenarios
 #: the baseline, ahead or behind.
 CASES = {
     "healthy": (3.0, 0.0),
-    "overload": (4.0, 4.5),
+    "overload": (6.0, 4.5),
     "long-prompts": (4.0, -3.0),
     "big-batches": (4.0, 6.0),
     "slow-network": (3.0, -5.0),

@@ -244,14 +244,15 @@ def execute(
     run.truth = {t["request_id"]: t for t in truth["requests"]}
     simulator.stop()  # its SDK flushes the server spans on the way out
     with httpx.Client(base_url=api, timeout=60) as client:
-        run.attributions = wait_for_attribution(client, [r.trace_id for r in run.ok_results])
         # Requests are stamped with the client's start time, on this host's clock.
         window = {
             "since": _rfc3339(started),
             "until": _rfc3339(time.time() + 1),
             "service": SERVER_SERVICE,
         }
+        # Once the attributor has settled every request, all their spans are in the store.
         fetch_report(client, run, window, expected=len(run.ok_results))
+        run.attributions = fetch_attributions(client, [r.trace_id for r in run.ok_results])
     run.check = build_check(run)
 
 
@@ -276,17 +277,13 @@ async def _drive(
             run.proxy_ns = {rid: rec.added_ns for rid, rec in proxy.records.items()}
 
 
-def wait_for_attribution(
-    client: httpx.Client, trace_ids: list[str | None], *, timeout_s: float = 90.0
+def fetch_attributions(
+    client: httpx.Client, trace_ids: list[str | None], *, timeout_s: float = 60.0
 ) -> dict[str, dict[str, Any]]:
-    """Each trace's attribution once latscope has all its spans: two reads in a row agree.
-
-    Spans arrive in batches, so an attribution read early can lack a phase; reading until the
-    answer stops changing (and has the client's network figure) waits out the stragglers.
-    """
+    """latscope's attribution of each trace, asking again for those not complete yet (no
+    server span, or no client span so no network figure) until ``timeout_s``."""
     ids = [t for t in trace_ids if t]
-    latest: dict[str, dict[str, Any]] = {}
-    stable: dict[str, dict[str, Any]] = {}
+    found: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
 
     def fetch(trace_id: str) -> tuple[str, dict[str, Any] | None]:
@@ -298,21 +295,18 @@ def wait_for_attribution(
             return trace_id, None
         body = r.json()
         if (body.get("buckets_ms") or {}).get("network") is None:
-            return trace_id, None  # the client span has not landed yet
+            return trace_id, None
         return trace_id, body
 
-    with ThreadPoolExecutor(4) as pool:
-        while len(stable) < len(ids) and time.monotonic() < deadline:
-            pending = [t for t in ids if t not in stable]
+    with ThreadPoolExecutor(8) as pool:
+        while True:
+            pending = [t for t in ids if t not in found]
             for trace_id, body in pool.map(fetch, pending):
-                if body is None:
-                    continue
-                if latest.get(trace_id) == body:
-                    stable[trace_id] = body
-                latest[trace_id] = body
-            if len(stable) < len(ids):
-                time.sleep(0.5)
-    return stable
+                if body is not None:
+                    found[trace_id] = body
+            if len(found) == len(ids) or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.5)
 
 
 def fetch_report(

@@ -33,6 +33,8 @@ _VOCABULARY = (
 )  # fmt: skip
 
 CHAT_PATH = "/v1/chat/completions"
+#: Results kept at most; later calls are counted in ``LoadGenerator.not_kept``.
+MAX_RESULTS = 100_000
 
 
 @dataclass
@@ -101,6 +103,7 @@ class LoadGenerator:
     drain_s: float = 60.0
     results: list[RequestResult] = field(default_factory=list)
     skipped: int = 0
+    not_kept: int = 0
     in_flight: int = 0
 
     @property
@@ -148,10 +151,14 @@ class LoadGenerator:
     ) -> None:
         assert self.load.rate
         calls: set[asyncio.Task[None]] = set()
+        # Arrival times are drawn on an absolute schedule, so a late wake-up (a busy event
+        # loop) does not slow the offered rate down.
+        arrival = time.monotonic()
         while True:
-            await asyncio.sleep(rng.expovariate(self.load.rate))
-            if time.monotonic() >= deadline:
+            arrival += rng.expovariate(self.load.rate)
+            if arrival >= deadline:
                 break
+            await asyncio.sleep(max(0.0, arrival - time.monotonic()))
             if self.in_flight >= self.load.max_in_flight:
                 self.skipped += 1  # open loop, bounded: a full client drops the arrival
                 continue
@@ -226,7 +233,10 @@ class LoadGenerator:
             raise
         finally:
             self.in_flight -= 1
-            self.results.append(result)
+            if len(self.results) < MAX_RESULTS:
+                self.results.append(result)
+            else:
+                self.not_kept += 1
 
     @staticmethod
     async def _read_events(
@@ -265,7 +275,7 @@ class LoadGenerator:
     def _show(self, progress: Progress, deadline: float) -> None:
         if not progress.task_ids:
             progress.add_task(f"load: {self.scenario.name}", total=self.duration_s, status="")
-        done = len(self.results)
+        done = len(self.results) + self.not_kept
         errors = sum(1 for r in self.results if not r.ok)
         status = f"{done} done · {self.in_flight} in flight · {errors} errors"
         left = deadline - time.monotonic()

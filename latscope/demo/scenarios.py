@@ -123,19 +123,20 @@ SCENARIOS: dict[str, Scenario] = {
             name="healthy",
             complaint="nothing: a baseline where generating the answer takes the time",
             engine=EngineConfig(),
-            load=LoadConfig(concurrency=4),
+            # One call in five asks for one JSON answer instead of a stream.
+            load=LoadConfig(concurrency=4, non_stream_share=0.2),
             expect=Expectation("decode", absent=("queue_tail", "decode_stalls")),
         ),
         Scenario(
             name="overload",
             complaint="everything is slow since the launch, even short answers",
-            # Arrivals (Poisson, 22/s) beyond what 4 batch slots serve (about 18/s): the queue
+            # Arrivals (Poisson, 20/s) beyond what 2 batch slots serve (about 15/s): the queue
             # grows, and the later a request comes the longer it waits for a slot.
-            engine=EngineConfig(max_batch=4),
+            engine=EngineConfig(max_batch=2),
             load=LoadConfig(
-                rate=22.0,
+                rate=20.0,
                 prompt=Lengths(150, 0.5, 16, 1000),
-                output=Lengths(24, 0.3, 4, 64),
+                output=Lengths(12, 0.3, 4, 32),
             ),
             expect=Expectation("queue", verdicts=("queue_tail",)),
         ),
