@@ -54,7 +54,14 @@ class Child:
         return self.proc.returncode
 
 
-def start(name: str, args: list[str], patterns: dict[str, str], *, timeout: float = 90.0) -> Child:
+def start(
+    name: str,
+    args: list[str],
+    patterns: dict[str, str],
+    *,
+    timeout: float = 90.0,
+    env: dict[str, str] | None = None,
+) -> Child:
     """Run ``python -m <args>``; wait until every regex in ``patterns`` matched a line.
 
     ``found`` maps each pattern's key to its first group.
@@ -65,7 +72,7 @@ def start(name: str, args: list[str], patterns: dict[str, str], *, timeout: floa
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
         # Own process group: Ctrl-C in the terminal reaches the demo, which stops its children
         # in order (simulator first, so its spans are flushed to serve before serve stops).
         start_new_session=True,
@@ -112,7 +119,9 @@ def start_serve(store: str, http: str, otlp_grpc: str) -> Child:
     )
 
 
-def start_simulator(scenario: str, otlp: str, clock_skew_s: float) -> Child:
+def start_simulator(
+    scenario: str, otlp: str, clock_skew_s: float, *, env: dict[str, str] | None = None
+) -> Child:
     """The simulated LLM server; ``found["url"]`` is its base URL."""
     return start(
         "demo LLM server",
@@ -126,4 +135,5 @@ def start_simulator(scenario: str, otlp: str, clock_skew_s: float) -> Child:
             repr(clock_skew_s),
         ],
         {"url": r"latscope demo server: (http://\S+)"},
+        env=env,
     )

@@ -147,8 +147,12 @@ def create_app(scenario: Scenario, recorder: TruthRecorder | None = None) -> Fas
         # Admitted past the 503 check already: a few requests in preprocess may overshoot
         # max_waiting, never more than uvicorn's limit_concurrency lets in.
         engine_box["engine"].submit(seq, force=True)
-        with measured(truth, "queue"):
-            await seq.admitted.wait()
+        try:
+            with measured(truth, "queue"):
+                await seq.admitted.wait()
+        except BaseException:
+            engine_box["engine"].cancel(seq)  # the client left while waiting for a slot
+            raise
         return seq
 
     def chunk(cid: str, created: int, delta: dict[str, Any], finish: str | None) -> bytes:
