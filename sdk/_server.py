@@ -385,7 +385,11 @@ def _start(spec: _Spec) -> _Request | None:
         return None
     try:
         arrived = arrival_ns.get()
-        start = arrived if arrived is not None and _active.get() is None else RT.clock()
+        if arrived is not None and _active.get() is None:
+            start = arrived
+            arrival_ns.set(None)  # a second handler in the same request starts when it starts
+        else:
+            start = RT.clock()
         span = RT.tracer.start_span(
             spec.name, kind=SpanKind.SERVER, attributes=spec.attrs, start_time=start
         )
