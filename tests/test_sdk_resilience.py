@@ -92,13 +92,20 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # nothing listens once the socket is closed
 
 
-def test_collector_down() -> None:
-    with _configured(f"127.0.0.1:{_closed_port()}"):
-        _run_app_workload()
+def test_collector_down(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", "latscope.sdk"), _configured(f"127.0.0.1:{_closed_port()}"):
+        for _ in range(5):
+            _run_app_workload(requests=40)
+            sdk.force_flush(timeout_s=2)  # each flush fails against the dead address
         stats = _check_bounded()
-        # 200 requests x 5 spans cannot all fit in a 32-span queue nor reach a dead collector.
+        # 200 requests x 5 spans cannot all fit in a 32-span queue nor reach the collector.
         assert stats["spans_dropped"] > 0
         assert stats["spans_exported"] == 0
+        assert stats["spans_failed"] > 0
+    # Counted, and said at most once a minute, not once per span or per failed export.
+    ours = [r.getMessage() for r in caplog.records if r.name == "latscope.sdk"]
+    assert len([m for m in ours if "span export failing" in m]) <= 1
+    assert len([m for m in ours if "dropped" in m]) <= 2
 
 
 def test_collector_refusing_with_resource_exhausted() -> None:
