@@ -318,3 +318,32 @@ def test_exports_from_a_forked_worker() -> None:
         )
         assert proc.returncode == 0, proc.stderr
         assert servicer.names == ["chat child"]
+
+
+def test_malformed_sse_never_reaches_the_app() -> None:
+    """Odd SSE payloads (choices not a list, binary, huge) still stream through untouched."""
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    events = [
+        b'data: {"choices": 7}\n\n',
+        b"data: \xff\xfe\n\n",
+        b'data: {"choices": [{"delta": {"content": ""}}]}\n\n',
+        b"data: " + b"x" * 70_000 + b"\n\n",
+        b"data: [DONE]\n\n",
+    ]
+
+    async def body():
+        for e in events:
+            yield e
+
+    async def endpoint(request):
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/sse", endpoint)])
+    with capture() as cap, run_app(app) as base, sdk.instrument_httpx(httpx.Client()) as http:
+        assert http.get(f"{base}/sse").content == b"".join(events)
+        span = cap.one("GET /sse")
+        assert LatscopeAttributes.FIRST_TOKEN_NS in span.attributes
+        assert LatscopeAttributes.STREAM_END not in span.attributes
