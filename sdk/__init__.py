@@ -13,6 +13,8 @@ Example::
         with sdk.phase("decode"):
             async for tok in sdk.atraced_tokens(model.stream(prompt)):
                 yield tok
+
+``latscope.sdk.testing`` holds a fake NVML module (pynvml's interface) for tests.
 """
 
 from __future__ import annotations

@@ -184,11 +184,15 @@ class _TokenWatch:
 
     def watch(self, chunk: bytes) -> None:
         """Per chunk: first token until found; then only the SSE end marker."""
-        if not self.call._first_token:
-            self.feed(chunk)
-        # OpenAI-style streams end with ``data: [DONE]``; clients stop reading there.
-        if self.sse and b"[DONE]" in chunk:
-            self.done = True
+        try:
+            if not self.call._first_token:
+                self.feed(chunk)
+            # OpenAI-style streams end with ``data: [DONE]``; clients stop reading there.
+            if self.sse and b"[DONE]" in chunk:
+                self.done = True
+        except Exception:
+            _guard.fault("client.watch")
+            self.sse = False  # stop parsing; any further bytes count as the token
 
     def feed(self, chunk: bytes) -> None:
         call = self.call
@@ -276,7 +280,11 @@ def _begin(request: Any) -> ClientCall | None:
 
 
 def _is_sse(response: Any) -> bool:
-    return response.headers.get("content-type", "").startswith("text/event-stream")
+    # A compressed body cannot be scanned before httpx decodes it: then any bytes count.
+    encoding = response.headers.get("content-encoding", "identity").lower()
+    return encoding == "identity" and response.headers.get("content-type", "").startswith(
+        "text/event-stream"
+    )
 
 
 @functools.cache

@@ -2,7 +2,8 @@
 
 OpenTelemetry's ``BatchSpanProcessor`` logs a warning for every dropped span; under a collector
 outage that floods the app's log. This one keeps the same shape (bounded queue, flush on size or
-timer, one worker thread) but counts drops and reports them at most once per interval.
+timer, one worker thread) but counts drops and failures, reports them at most once a minute, and
+backs off (up to 30 s) while exports keep failing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 logger = logging.getLogger("latscope.sdk")
 
 _DROP_LOG_INTERVAL_S = 60.0
+#: Longest pause between export attempts while the collector keeps failing.
+_MAX_BACKOFF_S = 30.0
 
 
 class BoundedBatchProcessor(SpanProcessor):
@@ -48,6 +51,8 @@ class BoundedBatchProcessor(SpanProcessor):
         self.failed = 0
         self._dropped_logged = 0
         self._last_drop_log = 0.0
+        self._last_fail_log = -_DROP_LOG_INTERVAL_S
+        self._final_deadline = 0.0
         self._thread = self._start_thread()
         # Pre-fork servers (gunicorn) configure in the parent; the thread does not survive fork.
         if hasattr(os, "register_at_fork"):
@@ -86,6 +91,7 @@ class BoundedBatchProcessor(SpanProcessor):
     def shutdown(self, timeout_s: float = 5.0) -> None:
         if self._stop:
             return
+        self._final_deadline = time.monotonic() + timeout_s
         self._stop = True
         self._wake.set()
         self._thread.join(timeout_s)
@@ -96,22 +102,34 @@ class BoundedBatchProcessor(SpanProcessor):
         self._log_drops(force=True)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Export what is queued now, ignoring any back-off; False if it did not all go."""
         deadline = time.monotonic() + timeout_millis / 1000
         return self._drain(deadline)
 
     # worker ---------------------------------------------------------------------------------
     def _run(self) -> None:
+        streak = 0
+        retry_at = 0.0
         while not self._stop:
             self._wake.wait(self._delay)
             self._wake.clear()
             if self._stop:
                 break
-            self._drain(None)
+            if time.monotonic() < retry_at:  # backing off after failures: queue, don't hammer
+                continue
+            if self._drain(None):
+                streak = 0
+            else:
+                streak += 1
+                backoff = min(_MAX_BACKOFF_S, self._delay * 2**streak)
+                retry_at = time.monotonic() + backoff
+                self._log_failure(backoff)
             self._log_drops()
-        # Last flush at shutdown, bounded by the exporter's own timeout.
-        self._drain(time.monotonic() + self._delay)
+        # Last flush at shutdown, bounded by the time shutdown() was given.
+        self._drain(self._final_deadline)
 
     def _drain(self, deadline: float | None) -> bool:
+        """Export what is queued, batch by batch; False at the first failed batch or deadline."""
         with self._export_lock:
             while self._queue:
                 if deadline is not None and time.monotonic() > deadline:
@@ -124,11 +142,21 @@ class BoundedBatchProcessor(SpanProcessor):
                 except Exception:
                     logger.debug("span export raised", exc_info=True)
                     result = SpanExportResult.FAILURE
-                if result is SpanExportResult.SUCCESS:
-                    self.exported += len(batch)
-                else:
+                if result is not SpanExportResult.SUCCESS:
                     self.failed += len(batch)
+                    return False
+                self.exported += len(batch)
         return True
+
+    def _log_failure(self, backoff: float) -> None:
+        now = time.monotonic()
+        if now - self._last_fail_log >= _DROP_LOG_INTERVAL_S:
+            logger.warning(
+                "latscope SDK: span export failing (%d spans lost so far); next try in %.1f s",
+                self.failed,
+                backoff,
+            )
+            self._last_fail_log = now
 
     def _log_drops(self, force: bool = False) -> None:
         new = self.dropped - self._dropped_logged

@@ -385,7 +385,11 @@ def _start(spec: _Spec) -> _Request | None:
         return None
     try:
         arrived = arrival_ns.get()
-        start = arrived if arrived is not None and _active.get() is None else RT.clock()
+        if arrived is not None and _active.get() is None:
+            start = arrived
+            arrival_ns.set(None)  # a second handler in the same request starts when it starts
+        else:
+            start = RT.clock()
         span = RT.tracer.start_span(
             spec.name, kind=SpanKind.SERVER, attributes=spec.attrs, start_time=start
         )
@@ -554,10 +558,53 @@ def _wrap_async(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
             _finish(req, exc)
             raise
         _exit(tokens)
+        if _defer_to_body(req, result):
+            return result
         _finish(req)
         return result
 
     return wrapper
+
+
+def _defer_to_body(req: _Request, result: Any) -> bool:
+    """A returned streaming response (Starlette's ``body_iterator``): the request lasts until
+    its body is sent, so end the span then rather than when the handler returned."""
+    try:
+        body = getattr(result, "body_iterator", None)
+        if body is None or not hasattr(body, "__anext__"):
+            return False
+        result.body_iterator = _drive_body(req, body)
+        return True
+    except Exception:
+        _guard.fault("inference.body")
+        return False
+
+
+async def _drive_body(req: _Request, body: Any) -> AsyncIterator[Any]:
+    while True:
+        tokens = _enter(req)
+        try:
+            item = await body.__anext__()
+        except StopAsyncIteration:
+            _finish(req)
+            return
+        except asyncio.CancelledError as exc:
+            _finish(req, exc, ServerAttributes.END_CANCELLED)
+            raise
+        except BaseException as exc:
+            _finish(req, exc)
+            raise
+        finally:
+            _exit(tokens)
+        try:
+            yield item
+        except GeneratorExit:
+            try:
+                if hasattr(body, "aclose"):
+                    await body.aclose()
+            finally:
+                _finish(req, None, ServerAttributes.END_CLIENT_DISCONNECT)
+            raise
 
 
 def _wrap_gen(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:

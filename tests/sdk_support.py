@@ -1,4 +1,5 @@
-"""Shared helpers for the SDK tests: an in-memory span capture and uvicorn on a free port."""
+"""Shared helpers for the SDK tests: an in-memory span capture, uvicorn on a free port and a
+real OTLP/gRPC trace collector on loopback."""
 
 from __future__ import annotations
 

@@ -252,3 +252,37 @@ def test_chunked_plain_response_first_token_is_first_body_bytes() -> None:
         assert attrs[LatscopeAttributes.FIRST_BYTE_NS] <= attrs[LatscopeAttributes.FIRST_TOKEN_NS]
         assert attrs[LatscopeAttributes.FIRST_TOKEN_NS] <= attrs[ClientAttributes.LAST_BYTE_NS]
         assert LatscopeAttributes.STREAM_END not in attrs
+
+
+def test_decorated_endpoint_returning_a_streaming_response() -> None:
+    """@inference directly on a FastAPI endpoint: the span lasts until the body is sent."""
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+    app.add_middleware(sdk.TraceparentMiddleware)
+
+    @app.get("/stream")
+    @sdk.inference(model="toy")
+    async def stream() -> StreamingResponse:
+        with sdk.phase("preprocess"):
+            words = ["a", "b", "c"]
+
+        async def body():
+            with sdk.phase("decode"):
+                for w in words:
+                    await asyncio.sleep(0.001)
+                    sdk.record_token()
+                    yield f"data: {w}\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    with capture() as cap, run_app(app) as base, sdk.instrument_httpx(httpx.Client()) as http:
+        assert http.get(f"{base}/stream").text == "data: a\n\ndata: b\n\ndata: c\n\n"
+        server, client = cap.one("chat toy"), cap.one("GET /stream")
+        decode = cap.phases()[Phase.DECODE]
+        assert server.parent.span_id == client.context.span_id
+        assert decode.parent.span_id == server.context.span_id
+        assert decode.attributes[LatscopeAttributes.TOKEN_COUNT] == 3
+        assert server.end_time >= decode.end_time
+        assert server.attributes[GenAIAttributes.USAGE_OUTPUT_TOKENS] == 3

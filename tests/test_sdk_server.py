@@ -351,3 +351,34 @@ def test_unconfigured_and_disabled_sdk_is_a_passthrough(monkeypatch) -> None:
     with capture() as cap:
         assert handle(3) == 6
         assert cap.spans() == []
+
+
+def test_middleware_starts_the_server_span_at_arrival() -> None:
+    """The ASGI middleware stamps the arrival; the first handler's span starts there."""
+    clock = StepClock()
+    with capture(clock=clock) as cap:
+
+        @sdk.inference(model="llama")
+        async def first() -> None:
+            pass
+
+        @sdk.inference(model="other")
+        async def second() -> None:
+            pass
+
+        async def app(scope, receive, send) -> None:
+            await first()
+            await second()
+
+        middleware = sdk.TraceparentMiddleware(app)
+        scope = {
+            "type": "http",
+            "headers": [(b"traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")],
+        }
+        asyncio.run(middleware(scope, None, None))
+        one, two = cap.one("chat llama"), cap.one("chat other")
+        # Readings: arrival (t0), first's end (t0+1ms), second's start (t0+2ms), its end.
+        assert two.start_time - one.start_time == 2 * MS
+        assert one.end_time - one.start_time == MS
+        assert format(one.context.trace_id, "032x") == "1" * 32
+        assert format(two.parent.span_id, "016x") == "2" * 16
