@@ -64,7 +64,8 @@ def main() -> None:
     results = {
         "scan (count + sum, no FINAL)": best(lambda: store.query_rows(SCAN_SQL), args.repeat),
         "summary SQL without FINAL": best(
-            lambda: store.query_arrow(ag.SUMMARY_SQL.replace(" FINAL", ""), params), args.repeat
+            lambda: store.query_arrow(ag.SUMMARY_SQL[False].replace(" FINAL", ""), params),
+            args.repeat,
         ),
         "summary": best(lambda: ag.summary(store, **week), args.repeat),
         "summary group_by=model": best(
@@ -74,6 +75,7 @@ def main() -> None:
         "compare (3 d vs 4 d)": best(
             lambda: ag.compare(store, before=(T0, mid), after=(mid, T0 + 7 * DAY)), args.repeat
         ),
+        "summary exact=True": best(lambda: ag.summary(store, **week, exact=True), args.repeat),
         "summary, one service, 1 day": best(
             lambda: ag.summary(store, since_ns=T0, until_ns=T0 + DAY, service="chat-api"),
             args.repeat,
