@@ -57,16 +57,31 @@ NOW_SQL = "SELECT toUnixTimestamp64Micro(now64(6))"
 #: Where the watermark restarts after a restart.
 RESUME_SQL = f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {ATTRIBUTION_TABLE}"
 
-#: Settled traces with spans after the watermark, oldest first; WITH TIES keeps every trace
-#: whose newest span shares the cutoff, so the next watermark (the cutoff) misses none.
+#: Traces with spans ingested in (after, upto], by their newest such span, oldest first. WITH
+#: TIES keeps every trace whose newest span shares the cutoff, so the next watermark (the cutoff)
+#: misses none. Traces still receiving spans (any in the settle window, after ``settled``) wait:
+#: they come back with those spans. The range is at most ``step_s`` wide, so each query reads a
+#: bounded slice of the spans table (the minmax index on LatscopeIngestedAt skips the rest)
+#: however far behind the attributor is.
 READY_SQL = f"""
 SELECT TraceId, toUnixTimestamp64Micro(max(LatscopeIngestedAt)) AS last_us
 FROM {SPANS_TABLE}
 WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}})
+  AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({{upto_us:Int64}})
+  AND TraceId NOT IN (
+      SELECT TraceId FROM {SPANS_TABLE}
+      WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{settled_us:Int64}})
+  )
 GROUP BY TraceId
-HAVING max(LatscopeIngestedAt) <= fromUnixTimestamp64Micro({{upto_us:Int64}})
 ORDER BY last_us
 LIMIT {{limit:UInt32}} WITH TIES
+"""
+
+#: After an empty slice: where the next span after the watermark is (to skip idle time).
+NEXT_SQL = f"""
+SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), count()
+FROM {SPANS_TABLE}
+WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}})
 """
 
 #: Live keys already written for a batch of traces (to tombstone those that moved).
@@ -115,9 +130,11 @@ class Attributor:
         poll_s: float = 1.0,
         batch_traces: int = 5000,
         stall_threshold_ns: int = DEFAULT_STALL_NS,
+        step_s: float = 60.0,
     ) -> None:
         self.store = store
         self.settle_us = int(settle_s * 1e6)
+        self.step_us = max(1, int(step_s * 1e6))
         self.poll_s = poll_s
         self.batch_traces = batch_traces
         self.stall_threshold_ns = stall_threshold_ns
@@ -165,15 +182,29 @@ class Attributor:
         upto = self._now_us() - self.settle_us
         written = 0
         for _ in range(max_batches):
-            if self._stop.is_set() and written:
+            if self.watermark_us >= upto or (self._stop.is_set() and written):
                 break
+            # A trace whose spans straddle the slice's end (but have all settled) is attributed
+            # now from what is there and again when the slice reaches its later spans.
+            hi = min(upto, self.watermark_us + self.step_us)
             rows = self.store.query_rows(
                 READY_SQL,
-                {"after_us": self.watermark_us, "upto_us": upto, "limit": self.batch_traces},
+                {
+                    "after_us": self.watermark_us,
+                    "upto_us": hi,
+                    "settled_us": upto,
+                    "limit": self.batch_traces,
+                },
             )
             if not rows:
-                self.watermark_us = max(self.watermark_us, upto)
-                break
+                self.watermark_us = hi
+                if hi < upto:  # skip the idle time to the next span, if any
+                    first_us, count = self.store.query_rows(
+                        NEXT_SQL, {"after_us": self.watermark_us}
+                    )[0]
+                    nxt = int(first_us) - 1 if int(count) else upto
+                    self.watermark_us = max(hi, min(nxt, upto))
+                continue
             trace_ids = [r[0] for r in rows]
             try:
                 written += self.attribute(trace_ids)
@@ -186,8 +217,7 @@ class Attributor:
                 log.exception("attribution batch of %d traces failed; skipped", len(trace_ids))
             self.watermark_us = int(rows[-1][1])
             if len(rows) < self.batch_traces:
-                self.watermark_us = max(self.watermark_us, upto)
-                break
+                self.watermark_us = max(self.watermark_us, hi)
         LAG.set(max(0.0, (self._now_us() - self.watermark_us) / 1e6))
         return written
 
