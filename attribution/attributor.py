@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 
 _HOUR_NS = 3600 * 10**9
 
+#: How far apart (span start times) the spans of one trace may be: a day covers hour-long
+#: streams and any clock skew latscope corrects, and still prunes the spans table to ~3 days.
+SPAN_REACH_NS = 24 * _HOUR_NS
+
 #: The store's clock, in µs (the same clock LatscopeIngestedAt defaults to).
 NOW_SQL = "SELECT toUnixTimestamp64Micro(now64(6))"
 
@@ -64,7 +68,8 @@ RESUME_SQL = f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {ATTRIBU
 #: bounded slice of the spans table (the minmax index on LatscopeIngestedAt skips the rest)
 #: however far behind the attributor is.
 READY_SQL = f"""
-SELECT TraceId, toUnixTimestamp64Micro(max(LatscopeIngestedAt)) AS last_us
+SELECT TraceId, toUnixTimestamp64Micro(max(LatscopeIngestedAt)) AS last_us,
+       toUnixTimestamp64Nano(min(Timestamp)) AS first_ns, toUnixTimestamp64Nano(max(Timestamp))
 FROM {SPANS_TABLE}
 WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}})
   AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({{upto_us:Int64}})
@@ -206,8 +211,13 @@ class Attributor:
                     self.watermark_us = max(hi, min(nxt, upto))
                 continue
             trace_ids = [r[0] for r in rows]
+            # A trace's other spans sit within SPAN_REACH of its new ones (on any sane clock).
+            around = (
+                min(r[2] for r in rows) - SPAN_REACH_NS,
+                max(r[3] for r in rows) + SPAN_REACH_NS,
+            )
             try:
-                written += self.attribute(trace_ids)
+                written += self.attribute(trace_ids, around)
             except StoreError:
                 raise  # retried from the same watermark on the next poll
             except Exception:
@@ -221,9 +231,12 @@ class Attributor:
         LAG.set(max(0.0, (self._now_us() - self.watermark_us) / 1e6))
         return written
 
-    def attribute(self, trace_ids: list[str]) -> int:
-        """Attribute these traces from all their stored spans and write their rows."""
-        spans = frame_from_arrow(self.store.query_arrow(BATCH_SPANS_SQL, {"trace_ids": trace_ids}))
+    def attribute(self, trace_ids: list[str], around: tuple[int, int] | None = None) -> int:
+        """Attribute these traces from their stored spans (started within ``around``, ns) and
+        write their rows."""
+        lo, hi = around or (0, 2**63 - 1)
+        params = {"trace_ids": trace_ids, "from_ns": max(0, lo), "to_ns": min(hi, 2**63 - 1)}
+        spans = frame_from_arrow(self.store.query_arrow(BATCH_SPANS_SQL, params))
         frame = finish_rows(attribute_frame(spans, stall_threshold_ns=self.stall_threshold_ns))
         if frame.height == 0:
             return 0

@@ -36,6 +36,7 @@ from latscope.semconv import (
     SpanKind,
     VllmAttributes,
 )
+from latscope.storage import SPANS_TABLE
 
 #: Frame column -> span attribute it holds ('' or null when absent).
 ATTRIBUTE_COLUMNS: dict[str, str] = {
@@ -85,6 +86,8 @@ def _attr_select() -> str:
 
 
 #: Every span of a batch of traces, in SPAN_COLUMNS (the keys are semconv constants, not input).
+#: The time bounds let ClickHouse prune partitions and use the primary key instead of checking
+#: the trace-id bloom filter of the whole table.
 BATCH_SPANS_SQL = f"""
 SELECT
     TraceId AS trace_id, SpanId AS span_id, ParentSpanId AS parent_id, SpanKind AS kind,
@@ -97,8 +100,10 @@ SELECT
     toUnixTimestamp64Micro(LatscopeIngestedAt) AS ingested_us,
     ResourceAttributes AS resource,
     {_attr_select()}
-FROM otel_traces
+FROM {SPANS_TABLE}
 WHERE TraceId IN {{trace_ids:Array(String)}}
+  AND Timestamp >= fromUnixTimestamp64Nano({{from_ns:Int64}})
+  AND Timestamp <= fromUnixTimestamp64Nano({{to_ns:Int64}})
 """
 
 
