@@ -453,20 +453,15 @@ def _sweep_by_rank(intervals: pl.DataFrame) -> pl.DataFrame:
     top = pl.when(pl.col("c0") > 0).then(0)
     for r in ranks[1:]:
         top = top.when(pl.col(f"c{r}") > 0).then(r)
-    segs = (
+    seg = pl.col("t").shift(-1) - pl.col("t")
+    return (
         events.with_columns(counts)
-        .select("tk", top=top.otherwise(None), seg=pl.col("t").shift(-1) - pl.col("t"))
-        .filter(pl.col("top").is_not_null())
-        .group_by(["tk", "top"])
-        .agg(pl.col("seg").sum())
-    )
-    wide = segs.pivot(on="top", index="tk", values="seg")
-    return wide.select(
-        "tk",
-        *(
-            (pl.col(str(r)) if str(r) in wide.columns else pl.lit(0, pl.Int64)).alias(f"b{r}")
+        .with_columns(top=top.otherwise(None), seg=seg)
+        .group_by("tk")
+        .agg(
+            pl.when(pl.col("top") == r).then(pl.col("seg")).otherwise(0).sum().alias(f"b{r}")
             for r in ranks
-        ),
+        )
     )
 
 
