@@ -138,7 +138,7 @@ SUMMARY_SQL = {
 #: One row per group, by ``exact``; ``{group}`` is a whitelisted expression from
 #: GROUP_BY_COLUMNS or _RESOURCE_GROUP, never input.
 SUMMARY_GROUPED_SQL = {
-    exact: f"SELECT\n    toString({{group}}) AS grp,\n    {_stat_columns(fn)}\nFROM {_FROM}\n"
+    exact: f"SELECT\n    {{group}} AS grp,\n    {_stat_columns(fn)}\nFROM {_FROM}\n"
     f"WHERE {_WHERE}\nGROUP BY grp\nORDER BY n DESC, grp\nLIMIT {{limit:UInt32}}{_SETTINGS}"
     for exact, fn in QUANTILES.items()
 }
