@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import numpy as np
@@ -274,3 +275,21 @@ def test_helpers(store: Store, data) -> None:
     assert mine["count"] == df.height
     gpu = ag.gpu_by_phase(store, since_ns=t0, until_ns=t0 + 2 * H, service=service)
     assert gpu["phases"]["decode"]["energy_mj"]["total"] == approx(float(sum(range(df.height))))
+
+
+@pytest.mark.parametrize("offset", [0, -10 * H])  # the data's window, and an empty one
+def test_answers_are_strict_json(store: Store, data, offset: int) -> None:
+    _, service, t0 = data
+    w = {"since_ns": t0 + offset, "until_ns": t0 + offset + 2 * H}
+    mid = t0 + offset + H
+    answers = [
+        ag.summary(store, **w, service=service, group_by="model"),
+        ag.tail(store, **w, service=service),
+        ag.compare(store, before=(w["since_ns"], mid), after=(mid, w["until_ns"])),
+        ag.diagnose(store, **w, service=service),
+        ag.slo(store, objectives=[ag.Objective("ttft", 500)], now_ns=mid, service=service),
+        ag.slowest(store, **w, service=service, limit=2),
+        ag.services(store, **w),
+        ag.gpu_by_phase(store, **w, service=service),
+    ]
+    json.dumps(answers, allow_nan=False)
