@@ -15,8 +15,9 @@ request to another sorting key (a late client span changes the start time, and s
 the model), the old key gets a tombstone (IsDeleted = 1, new Version), so no stale duplicate
 survives ``FINAL``.
 
-Memory stays bounded: one batch of traces at a time; the watermark restarts from the newest
-``SpansIngestedAt`` already written (work between that and the crash is redone, harmlessly).
+Memory stays bounded: one batch of traces at a time. Each row records in SpansIngestedAt the
+watermark its batch brought the attributor to; after a restart the watermark resumes from the
+largest one (work after it is redone, harmlessly).
 A span whose insert took longer than ``settle_s`` to become visible can be passed by the
 watermark; it is attributed with its trace's next span (or by re-running from an older watermark).
 """
@@ -217,7 +218,8 @@ class Attributor:
                 max(r[3] for r in rows) + SPAN_REACH_NS,
             )
             try:
-                written += self.attribute(trace_ids, around)
+                through = int(rows[-1][1]) if len(rows) >= self.batch_traces else hi
+                written += self.attribute(trace_ids, around, through_us=through)
             except StoreError:
                 raise  # retried from the same watermark on the next poll
             except Exception:
@@ -225,19 +227,26 @@ class Attributor:
                 # it, and move on.
                 BATCH_ERRORS.labels("skipped").inc()
                 log.exception("attribution batch of %d traces failed; skipped", len(trace_ids))
-            self.watermark_us = int(rows[-1][1])
-            if len(rows) < self.batch_traces:
-                self.watermark_us = max(self.watermark_us, hi)
+            self.watermark_us = int(rows[-1][1]) if len(rows) >= self.batch_traces else hi
         LAG.set(max(0.0, (self._now_us() - self.watermark_us) / 1e6))
         return written
 
-    def attribute(self, trace_ids: list[str], around: tuple[int, int] | None = None) -> int:
+    def attribute(
+        self,
+        trace_ids: list[str],
+        around: tuple[int, int] | None = None,
+        *,
+        through_us: int | None = None,
+    ) -> int:
         """Attribute these traces from their stored spans (started within ``around``, ns) and
-        write their rows."""
+        write their rows; ``through_us`` is the watermark once this batch is written (recorded
+        as SpansIngestedAt, where a restarted attributor resumes)."""
         lo, hi = around or (0, 2**63 - 1)
         params = {"trace_ids": trace_ids, "from_ns": max(0, lo), "to_ns": min(hi, 2**63 - 1)}
         spans = frame_from_arrow(self.store.query_arrow(BATCH_SPANS_SQL, params))
         frame = finish_rows(attribute_frame(spans, stall_threshold_ns=self.stall_threshold_ns))
+        if through_us is not None:
+            frame = frame.with_columns(SpansIngestedAt=pl.lit(through_us, pl.Int64))
         if frame.height == 0:
             return 0
         table = to_arrow(frame)

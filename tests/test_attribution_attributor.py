@@ -145,6 +145,13 @@ def test_batches_are_bounded_and_all_traces_get_done(store: Store) -> None:
     att.run_until_idle()
     for t in trace_ids:
         assert store.query_rows(ALL_ROWS, {"t": t})[0][0] == 1
+    # A restarted attributor resumes between the last span it saw and where this one stopped.
+    newest = store.query_rows(
+        "SELECT toUnixTimestamp64Micro(max(LatscopeIngestedAt)) FROM otel_traces"
+        " WHERE TraceId IN {t:Array(String)}",
+        {"t": trace_ids},
+    )[0][0]
+    assert newest <= Attributor(store)._resume() <= att.watermark_us
 
 
 # -- end to end through latscope serve ---------------------------------------------------------
