@@ -34,11 +34,8 @@ def _shares(section: dict[str, Any]) -> dict[str, float | None]:
 def render(body: dict[str, Any]) -> None:
     out = r.console()
     window = body["window"]
-    out.print(
-        Text("latency budget", style="bold").append(
-            f"  {window['since']} → {window['until']}  {body['count']} requests", style=""
-        )
-    )
+    out.print(Text("latency budget", style="bold").append(f"  {body['count']} requests", style=""))
+    out.print(f"{window['since']} → {window['until']}", style="dim")
     if not body["count"]:
         out.print("no attributed requests in this window (widen it with --since)")
         return
