@@ -99,6 +99,10 @@ def test_page_shows_the_numbers_of_the_api(served, browser: Browser, tmp_path: P
     )
     assert page.locator("#verdicts li[data-verdict=queue_tail]").count() == 1
 
+    gpu = api(server, "/v1/gpu", since="1h")["phases"]["prefill"]["utilization_mean"]
+    row = "#gpu-table tr[data-phase=prefill][data-figure=utilization_mean]"
+    assert page.inner_text(f"{row} td.mean") == f"{gpu['mean']:.1f}"
+
     slowest = api(server, "/v1/requests", since="1h", limit=15)["requests"]
     rows = page.locator("#slowest-table tbody tr")
     assert rows.count() == len(slowest)

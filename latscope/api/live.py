@@ -305,6 +305,7 @@ RECENT_ROWS = f"""
 SELECT *
 FROM {ATTRIBUTION_TABLE}
 WHERE SpansIngestedAt >= fromUnixTimestamp64Micro({{after_us:Int64}}) AND IsDeleted = 0
+  AND Timestamp >= now64() - INTERVAL {{horizon_h:UInt32}} HOUR
 ORDER BY SpansIngestedAt
 LIMIT {{limit:UInt32}}
 """
@@ -312,6 +313,9 @@ LATEST_INGEST = f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {ATTR
 #: The attributor writes a request within its settle window of the last span's arrival; this
 #: covers that window with a wide margin.
 POLL_LAG_US = 120 * 1_000_000
+#: Live means requests that started within this many hours (a backfill of old spans is history,
+#: not news); the bound lets ClickHouse skip older partitions on every poll.
+LIVE_HORIZON_H = 24
 
 
 class TablePoller:
@@ -361,7 +365,9 @@ class TablePoller:
     def poll_once(self) -> int:
         """Read and feed what is new; returns how many requests were new."""
         after = max(self._after_us, self._high_us - POLL_LAG_US)
-        table = self.store.query_arrow(RECENT_ROWS, {"after_us": after, "limit": self.batch})
+        table = self.store.query_arrow(
+            RECENT_ROWS, {"after_us": after, "limit": self.batch, "horizon_h": LIVE_HORIZON_H}
+        )
         if table.num_rows == 0:
             return 0
         ingested = [
