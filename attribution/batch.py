@@ -589,6 +589,8 @@ def to_arrow(frame: pl.DataFrame) -> pa.Table:
                 mask=col.is_null(),
             )
         else:
+            if pa.types.is_timestamp(field.type) and pa.types.is_integer(col.type):
+                col = col.cast(pa.int64())
             col = col.cast(field.type)
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=ATTRIBUTION_SCHEMA)

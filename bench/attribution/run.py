@@ -15,12 +15,11 @@ import time
 
 os.environ.setdefault("POLARS_MAX_THREADS", "1")
 
-import numpy as np  # noqa: E402
-import polars as pl  # noqa: E402
-
-from latscope.attribution.batch import SPAN_COLUMNS, attribute_frame, finish_rows, to_arrow  # noqa: E402
-from latscope.attribution.engine import attribute_trace  # noqa: E402
-from latscope.attribution.model import SpanRecord  # noqa: E402
+import numpy as np
+import polars as pl
+from latscope.attribution.batch import SPAN_COLUMNS, attribute_frame, finish_rows, to_arrow
+from latscope.attribution.engine import attribute_trace
+from latscope.attribution.model import SpanRecord
 
 MS = 1_000_000
 T0 = 1_763_000_000_000_000_000

@@ -47,7 +47,7 @@ SELECT
     toUInt8(0) AS IsDeleted
 FROM (
     SELECT number,
-        intDiv(number * {{span_s:UInt64}}, {{rows:UInt64}}) AS sec,
+        intDiv((number - {{first:UInt64}}) * {{span_s:UInt64}}, {{rows:UInt64}}) AS sec,
         cityHash64(number, 11) % 10 != 0 AS has_client,
         toUInt32(16 + cityHash64(number, 12) % 4000) AS in_tokens,
         toUInt32(1 + cityHash64(number, 13) % 300) AS out_tokens,
@@ -61,11 +61,12 @@ FROM (
         toUInt64(out_tokens * (8000000 + cityHash64(number, 19) % 12000000)) AS decode,
         toUInt64(cityHash64(number, 20) % 3000000) AS post,
         toUInt64(cityHash64(number, 21) % 2000000) AS other
-    FROM numbers({{rows:UInt64}})
+    FROM numbers({{first:UInt64}}, {{rows:UInt64}})
 )
 """
 
 
-def generate(store: Store, *, rows: int, t0_ns: int, span_s: int) -> None:
-    """Insert ``rows`` synthetic attributed requests spread over ``span_s`` s from ``t0_ns``."""
-    store.command(GENERATE_SQL, {"rows": rows, "t0_ns": t0_ns, "span_s": span_s})
+def generate(store: Store, *, rows: int, t0_ns: int, span_s: int, first: int = 0) -> None:
+    """Insert ``rows`` synthetic requests (numbers ``first``..) over ``span_s`` s from ``t0_ns``."""
+    params = {"rows": rows, "t0_ns": t0_ns, "span_s": span_s, "first": first}
+    store.command(GENERATE_SQL, params)

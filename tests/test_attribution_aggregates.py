@@ -1,0 +1,276 @@
+"""Aggregates (ClickHouse SQL) checked against a polars recomputation on the same rows."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import polars as pl
+import pytest
+from latscope.attribution import aggregates as ag
+from latscope.attribution.batch import to_arrow
+from latscope.attribution.table import ATTRIBUTION_SCHEMA, BUCKET_COLUMNS
+
+from latscope.semconv import BUCKETS
+from latscope.storage import ATTRIBUTION_TABLE, Store
+from tests.test_attribution_attributor import shared_store
+
+H = 3600 * 10**9
+MS = 1e6
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    return shared_store(tmp_path_factory)
+
+
+def make_rows(n: int, *, service: str, t0: int, seed: int, span_ns: int = 2 * H) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    has_client = rng.random(n) < 0.8
+    parts = {
+        "queue": rng.integers(0, 400, n) * 1_000_000 * np.where(rng.random(n) < 0.05, 20, 1),
+        "preprocess": rng.integers(0, 30, n) * 1_000_000,
+        "prefill": rng.integers(10, 300, n) * 1_000_000,
+        "decode": rng.integers(0, 3000, n) * 1_000_000,
+        "postprocess": rng.integers(0, 20, n) * 1_000_000,
+        "other": rng.integers(0, 10, n) * 1_000_000,
+        "network": np.where(has_client, rng.integers(1, 80, n) * 1_000_000, 0),
+    }
+    e2e = sum(parts.values())
+    input_tokens = rng.integers(1, 4000, n)
+    stalls = (rng.random(n) < 0.1).astype(np.uint32)
+    df = pl.DataFrame(
+        {
+            "Timestamp": t0 + np.sort(rng.integers(0, span_ns, n)),
+            "TraceId": [uuid.UUID(int=int(x)).hex for x in rng.integers(0, 2**62, n)],
+            "ServiceName": service,
+            "Model": rng.choice(["m-small", "m-large"], n),
+            "Operation": "chat",
+            "Route": rng.choice(["/a", "/b", "/c"], n),
+            "ResourceAttributes": [
+                [{"key": "k8s.pod.name", "value": f"pod-{i % 3}"}] for i in range(n)
+            ],
+            "StatusCode": "Ok",
+            "HasClient": has_client,
+            "Attempts": 1,
+            "E2eNs": e2e,
+            **{BUCKET_COLUMNS[b]: parts[b] for b in BUCKETS},
+            "TtftClientNs": np.where(has_client, parts["network"] + parts["prefill"], 0),
+            "TtftServerNs": parts["queue"] + parts["prefill"],
+            "TpotNs": rng.random(n) * 50e6,
+            "ItlP50Ns": rng.random(n) * 40e6,
+            "ItlP99Ns": rng.random(n) * 400e6,
+            "ItlMaxNs": rng.random(n) * 900e6,
+            "Stalls": stalls,
+            "InputTokens": input_tokens,
+            "OutputTokens": rng.integers(1, 500, n),
+            "ClockSkewNs": 0,
+            "Gpu": [[{"key": "decode.energy_mj", "value": float(i)}] for i in range(n)],
+            "SpanCount": 7,
+            "SpansIngestedAt": 0,
+            "Version": 7,
+            "IsDeleted": 0,
+        }
+    )
+    return df.with_columns(
+        NetworkNs=pl.when(pl.col("HasClient")).then(pl.col("NetworkNs")),
+        TtftClientNs=pl.when(pl.col("HasClient")).then(pl.col("TtftClientNs")),
+    )
+
+
+def insert(store: Store, df: pl.DataFrame) -> None:
+    store.insert_arrow(ATTRIBUTION_TABLE, to_arrow(df.select(ATTRIBUTION_SCHEMA.names)))
+
+
+@pytest.fixture(scope="module")
+def data(store: Store) -> tuple[pl.DataFrame, str, int]:
+    service = f"agg-{uuid.uuid4().hex[:8]}"
+    t0 = 1_700_000_000 * 10**9
+    df = make_rows(3000, service=service, t0=t0, seed=11)
+    # Stale versions of 200 requests, with wrong numbers: FINAL must hide them.
+    stale = df.head(200).with_columns(
+        Version=pl.lit(3, pl.UInt64), E2eNs=pl.col("E2eNs") * 50, QueueNs=pl.col("QueueNs") * 50
+    )
+    insert(store, stale)
+    insert(store, df)
+    return df, service, t0
+
+
+def q(s: pl.Series, p: float) -> float:
+    return s.drop_nulls().cast(pl.Float64).quantile(p, "linear") / MS
+
+
+def approx(x: float) -> object:
+    return pytest.approx(x, rel=1e-9, abs=1e-9)
+
+
+def test_summary_matches_polars(store: Store, data) -> None:
+    df, service, t0 = data
+    got = ag.summary(store, since_ns=t0, until_ns=t0 + 2 * H, service=service, exact=True)
+    assert got["count"] == df.height
+    for name, p in ag.E2E_LEVELS:
+        assert got["e2e_ms"][name] == approx(q(df["E2eNs"], p))
+    assert got["e2e_ms"]["mean"] == approx(df["E2eNs"].mean() / MS)
+    total = df["E2eNs"].sum()
+    for bucket in BUCKETS:
+        col = df[BUCKET_COLUMNS[bucket]]
+        figures = got["buckets_ms"][bucket]
+        for name, p in ag.BUCKET_LEVELS:
+            assert figures[name] == approx(q(col, p)), (bucket, name)
+        assert figures["mean"] == approx(col.drop_nulls().mean() / MS)
+        assert figures["share"] == approx(col.sum() / total)
+    assert sum(v["share"] for v in got["buckets_ms"].values()) == approx(1.0)
+    ttft = df.select(pl.coalesce("TtftClientNs", "TtftServerNs")).to_series()
+    assert got["streaming"]["ttft_ms"]["p99"] == approx(q(ttft, 0.99))
+    assert got["streaming"]["tpot_ms"]["p50"] == approx(q(df["TpotNs"], 0.5))
+    assert got["streaming"]["stalled_requests"] == int((df["Stalls"] > 0).sum())
+    assert got["groups"] == []
+
+
+def test_default_percentiles_are_within_the_documented_error(store: Store, data) -> None:
+    df, service, t0 = data
+    got = ag.summary(store, since_ns=t0, until_ns=t0 + 2 * H, service=service)
+    assert got["count"] == df.height
+    for name, p in ag.E2E_LEVELS:
+        assert got["e2e_ms"][name] == pytest.approx(q(df["E2eNs"], p), rel=0.01)
+    for bucket in ("queue", "prefill", "decode"):
+        col = df[BUCKET_COLUMNS[bucket]]
+        assert got["buckets_ms"][bucket]["p99"] == pytest.approx(q(col, 0.99), rel=0.01)
+        assert got["buckets_ms"][bucket]["share"] == approx(col.sum() / df["E2eNs"].sum())
+
+
+@pytest.mark.parametrize("group_by", ["model", "route", "resource.k8s.pod.name"])
+def test_summary_groups_match_polars(store: Store, data, group_by: str) -> None:
+    df, service, t0 = data
+    got = ag.summary(
+        store, since_ns=t0, until_ns=t0 + 2 * H, service=service, group_by=group_by, exact=True
+    )
+    if group_by == "resource.k8s.pod.name":
+        key = df["ResourceAttributes"].list.first().struct.field("value")
+    else:
+        key = df["Model" if group_by == "model" else "Route"]
+    want = df.with_columns(key=key).group_by("key").agg(
+        n=pl.len(), p99=pl.col("E2eNs").quantile(0.99, "linear"), queue=pl.col("QueueNs").sum(),
+        e2e=pl.col("E2eNs").sum(),
+    )  # fmt: skip
+    assert {g["key"] for g in got["groups"]} == set(want["key"])
+    for g in got["groups"]:
+        row = want.filter(pl.col("key") == g["key"]).row(0, named=True)
+        assert g["count"] == row["n"]
+        assert g["e2e_ms"]["p99"] == approx(row["p99"] / MS)
+        assert g["buckets_ms"]["queue"]["share"] == approx(row["queue"] / row["e2e"])
+
+
+def test_filters_and_window_bounds(store: Store, data) -> None:
+    df, service, t0 = data
+    got = ag.summary(
+        store, since_ns=t0, until_ns=t0 + H, service=service, model="m-large", exact=True
+    )
+    want = df.filter((pl.col("Timestamp") < t0 + H) & (pl.col("Model") == "m-large"))
+    assert got["count"] == want.height
+    assert got["e2e_ms"]["p50"] == approx(q(want["E2eNs"], 0.5))
+    empty = ag.summary(store, since_ns=t0 - H, until_ns=t0, service=service)
+    assert empty["count"] == 0 and empty["e2e_ms"]["p50"] is None
+    with pytest.raises(ag.AggregateError):
+        ag.summary(store, since_ns=t0, until_ns=t0, service=service)
+    with pytest.raises(ag.AggregateError, match="group_by"):
+        ag.summary(store, since_ns=t0, until_ns=t0 + H, group_by="nope; DROP TABLE x")
+
+
+def test_tail_matches_polars(store: Store, data) -> None:
+    df, service, t0 = data
+    got = ag.tail(
+        store, since_ns=t0, until_ns=t0 + 2 * H, service=service, percentile=95, exact=True
+    )
+    e2e = df["E2eNs"].cast(pl.Float64)
+    thr, lo, hi = (e2e.quantile(p, "linear") for p in (0.95, 0.45, 0.55))
+    tail_rows = df.filter(pl.col("E2eNs") >= thr)
+    mid_rows = df.filter(pl.col("E2eNs").is_between(lo, hi))
+    assert got["threshold_ms"] == approx(thr / MS)
+    assert got["tail_count"] == tail_rows.height
+    extras = {}
+    for bucket in BUCKETS:
+        col = BUCKET_COLUMNS[bucket]
+        extra = tail_rows[col].fill_null(0).mean() - mid_rows[col].fill_null(0).mean()
+        extras[bucket] = extra / MS
+        assert got["buckets_ms"][bucket]["extra"] == approx(extra / MS)
+    assert sum(extras.values()) == pytest.approx(got["extra_e2e_ms"])
+    assert got["dominant"] == max(extras, key=extras.__getitem__)
+
+
+def test_compare_names_the_mover(store: Store) -> None:
+    service = f"cmp-{uuid.uuid4().hex[:8]}"
+    t0 = 1_700_100_000 * 10**9
+    before = make_rows(800, service=service, t0=t0, seed=1, span_ns=H)
+    after = make_rows(800, service=service, t0=t0 + H, seed=2, span_ns=H).with_columns(
+        PrefillNs=pl.col("PrefillNs") + 150_000_000, E2eNs=pl.col("E2eNs") + 150_000_000
+    )
+    insert(store, pl.concat([before, after]))
+    got = ag.compare(
+        store, before=(t0, t0 + H), after=(t0 + H, t0 + 2 * H), service=service, exact=True
+    )
+    assert got["mover"] == "prefill"
+    assert got["before"]["count"] == got["after"]["count"] == 800
+    for bucket in BUCKETS:
+        col = BUCKET_COLUMNS[bucket]
+        d = after[col].cast(pl.Float64).quantile(0.99, "linear") - before[col].cast(
+            pl.Float64
+        ).quantile(0.99, "linear")
+        assert got["buckets_ms"][bucket]["p99"]["delta"] == approx(d / MS)
+    assert got["e2e_ms"]["mean"]["delta"] == approx(
+        (after["E2eNs"].mean() - before["E2eNs"].mean()) / MS
+    )
+
+
+def test_diagnose_names_queue_when_the_tail_waits(store: Store) -> None:
+    service = f"diag-{uuid.uuid4().hex[:8]}"
+    t0 = 1_700_200_000 * 10**9
+    df = make_rows(1000, service=service, t0=t0, seed=5).with_columns(
+        # The slowest 2 % wait 20 s in the queue.
+        QueueNs=pl.when(pl.int_range(pl.len()) % 50 == 0)
+        .then(20_000_000_000)
+        .otherwise(pl.col("QueueNs"))
+    )
+    df = df.with_columns(
+        E2eNs=pl.sum_horizontal(*(pl.col(c).fill_null(0) for c in BUCKET_COLUMNS.values()))
+    )
+    insert(store, df)
+    got = ag.diagnose(store, since_ns=t0, until_ns=t0 + 2 * H, service=service)
+    assert got["count"] == 1000
+    assert got["tail_dominant"] == "queue"
+    ids = [v["id"] for v in got["verdicts"]]
+    assert "queue_tail" in ids
+    verdict = got["verdicts"][ids.index("queue_tail")]
+    assert verdict["evidence"]["queue_extra_ms"] > 10_000
+    assert verdict["fixes"]
+
+
+def test_slo_budget_and_burn_rates(store: Store) -> None:
+    service = f"slo-{uuid.uuid4().hex[:8]}"
+    now = 1_700_300_000 * 10**9
+    df = make_rows(2000, service=service, t0=now - 24 * H, seed=9, span_ns=24 * H)
+    insert(store, df)
+    objective = ag.Objective("e2e", threshold_ms=3000, target=0.99, window_days=30)
+    got = ag.slo(store, objectives=[objective], now_ns=now, service=service)["objectives"][0]
+    bad = df.filter(pl.col("E2eNs") > 3000 * MS)
+    assert got["total"] == df.height and got["bad"] == bad.height
+    assert got["budget_left"] == approx(1 - (bad.height / df.height) / 0.01)
+    last_hour = df.filter(pl.col("Timestamp") >= now - H)
+    bad_hour = last_hour.filter(pl.col("E2eNs") > 3000 * MS)
+    assert got["burn_rates"]["1h"] == approx((bad_hour.height / last_hour.height) / 0.01)
+    assert got["alerts"]["fast_burn"] == (
+        got["burn_rates"]["1h"] > 14.4 and (got["burn_rates"]["5m"] or 0) > 14.4
+    )
+    with pytest.raises(ag.AggregateError):
+        ag.slo(store, objectives=[{"metric": "latency", "threshold_ms": 1}], now_ns=now)
+
+
+def test_helpers(store: Store, data) -> None:
+    df, service, t0 = data
+    top = ag.slowest(store, since_ns=t0, until_ns=t0 + 2 * H, service=service, limit=3)
+    assert [r["e2e_ms"] for r in top] == [v / MS for v in df["E2eNs"].sort(descending=True)[:3]]
+    seen = ag.services(store, since_ns=t0, until_ns=t0 + 2 * H)
+    mine = next(s for s in seen if s["service"] == service)
+    assert mine["count"] == df.height
+    gpu = ag.gpu_by_phase(store, since_ns=t0, until_ns=t0 + 2 * H, service=service)
+    assert gpu["phases"]["decode"]["energy_mj"]["total"] == approx(float(sum(range(df.height))))
