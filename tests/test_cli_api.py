@@ -45,7 +45,10 @@ def test_api_process_serves_rest_grpc_and_page() -> None:
             )
             assert message.e2e_ms == specs[0].e2e_ms
         proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=30)
+        try:
+            rest, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"no exit after SIGTERM:\n{''.join(lines)}{exc.output}") from None
         assert proc.returncode == 0, "".join(lines) + rest
         assert "latscope api: stopped" in rest
     finally:

@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--before-until", default=None, help="baseline end")
     add_filter_arguments(parser, window=False)
+    parser.add_argument(
+        "--exact", action="store_true", help="exact percentiles (slower over many requests)"
+    )
     add_source_arguments(parser)
 
 
@@ -92,6 +95,7 @@ def main(args: argparse.Namespace) -> int:
                 before_until=args.before_until,
                 service=args.service,
                 model=args.model,
+                exact=args.exact or None,
             )
         if args.json:
             r.print_json(answer)

@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one bar per service, model, route, operation, status or resource.<key> "
         "(default model; 'none' for no groups)",
     )
+    parser.add_argument(
+        "--exact", action="store_true", help="exact percentiles (slower over many requests)"
+    )
     add_source_arguments(parser)
 
 
@@ -101,6 +104,7 @@ def main(args: argparse.Namespace) -> int:
                 until=args.until,
                 service=args.service,
                 model=args.model,
+                exact=args.exact or None,
                 group_by=group_by,
             )
         if args.json:
