@@ -119,6 +119,9 @@ def main() -> None:
             # the synthetic rows have none, so this times the 404 path (validation + lookup).
             miss = best_http_status(client, f"/v1/requests/{trace}/attribution", args.repeat)
             print(f"{'unknown trace 404':<18}{'':>12}{miss * 1e3:>12.1f}")
+            # The floor: an answer that touches neither store nor validation.
+            floor = best_http_status(client, "/healthz", args.repeat)
+            print(f"{'/healthz':<18}{'':>12}{floor * 1e3:>12.1f}")
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
     finally:
