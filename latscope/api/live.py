@@ -289,7 +289,13 @@ def observe(batch: Any, *, hub: LiveHub = HUB) -> int:
     a failure here must not stop attribution, so it is logged and counted as 0.
     """
     try:
-        requests = [row_to_json(row) for row in _rows(batch)]
+        rows = _rows(batch)
+        usable = [r for r in rows if r.get("TraceId") and r.get("E2eNs") is not None]
+        if len(usable) < len(rows):
+            log.warning(
+                "observe: %d row(s) without TraceId or E2eNs skipped", len(rows) - len(usable)
+            )
+        requests = [row_to_json(row) for row in usable]
         record_metrics(requests)
         hub.publish(requests)
         return len(requests)
