@@ -138,7 +138,7 @@ SUMMARY_SQL = {
 #: One row per group, by ``exact``; ``{group}`` is a whitelisted expression from
 #: GROUP_BY_COLUMNS or _RESOURCE_GROUP, never input.
 SUMMARY_GROUPED_SQL = {
-    exact: f"SELECT\n    toString({{group}}) AS grp,\n    {_stat_columns(fn)}\nFROM {_FROM}\n"
+    exact: f"SELECT\n    {{group}} AS grp,\n    {_stat_columns(fn)}\nFROM {_FROM}\n"
     f"WHERE {_WHERE}\nGROUP BY grp\nORDER BY n DESC, grp\nLIMIT {{limit:UInt32}}{_SETTINGS}"
     for exact, fn in QUANTILES.items()
 }
@@ -457,6 +457,8 @@ SELECT
     quantileExactInclusive(0.99)(ItlMaxNs) AS itl_max_p99,
     sum(QueueNs) / sum(E2eNs) AS queue_share,
     sum(PrefillNs) / sum(E2eNs) AS prefill_share,
+    sumIf(PrefillNs, coalesce(TtftServerNs, TtftClientNs) IS NOT NULL)
+        / sum(coalesce(TtftServerNs, TtftClientNs)) AS prefill_ttft_share,
     sum(DecodeNs) / sum(E2eNs) AS decode_share
 FROM {_FROM}
 WHERE {_WHERE}{_SETTINGS}
@@ -598,18 +600,22 @@ def diagnose(
                     },
                 )
             )
-    corr = _finite(f["ttft_corr"])
-    if corr is not None and corr >= 0.5 and (f["prefill_share"] or 0) > 0:
+    # TTFT grows with the prompt when prefill does and prefill is a real part of TTFT (a noisy
+    # queue can hide the trend in TTFT itself, so both correlations are reported).
+    corr = _finite(f["prefill_corr"])
+    in_ttft = _finite(f["prefill_ttft_share"]) or 0.0
+    if corr is not None and corr >= 0.5 and in_ttft >= 0.2:
         verdicts.append(
             (
-                corr * max(f["prefill_share"], 0.1),
+                corr * in_ttft,
                 "prefill_prompt_length",
                 {
-                    "ttft_vs_prompt_tokens_corr": corr,
-                    "prefill_vs_prompt_tokens_corr": _finite(f["prefill_corr"]),
+                    "prefill_vs_prompt_tokens_corr": corr,
+                    "ttft_vs_prompt_tokens_corr": _finite(f["ttft_corr"]),
                     "prefill_ms_per_1k_tokens": _ms(
                         (_finite(f["prefill_ns_per_token"]) or 0) * 1000
                     ),
+                    "prefill_share_of_ttft": in_ttft,
                     "ttft_p95_ms": _ms(f["ttft_p95"]),
                     "prefill_share": f["prefill_share"],
                 },

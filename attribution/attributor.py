@@ -15,8 +15,9 @@ request to another sorting key (a late client span changes the start time, and s
 the model), the old key gets a tombstone (IsDeleted = 1, new Version), so no stale duplicate
 survives ``FINAL``.
 
-Memory stays bounded: one batch of traces at a time; the watermark restarts from the newest
-``SpansIngestedAt`` already written (work between that and the crash is redone, harmlessly).
+Memory stays bounded: one batch of traces at a time. Each row records in SpansIngestedAt the
+watermark its batch brought the attributor to; after a restart the watermark resumes from the
+largest one (work after it is redone, harmlessly).
 A span whose insert took longer than ``settle_s`` to become visible can be passed by the
 watermark; it is attributed with its trace's next span (or by re-running from an older watermark).
 """
@@ -51,22 +52,42 @@ log = logging.getLogger(__name__)
 
 _HOUR_NS = 3600 * 10**9
 
+#: How far apart (span start times) the spans of one trace may be: a day covers hour-long
+#: streams and any clock skew latscope corrects, and still prunes the spans table to ~3 days.
+SPAN_REACH_NS = 24 * _HOUR_NS
+
 #: The store's clock, in µs (the same clock LatscopeIngestedAt defaults to).
 NOW_SQL = "SELECT toUnixTimestamp64Micro(now64(6))"
 
 #: Where the watermark restarts after a restart.
 RESUME_SQL = f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {ATTRIBUTION_TABLE}"
 
-#: Settled traces with spans after the watermark, oldest first; WITH TIES keeps every trace
-#: whose newest span shares the cutoff, so the next watermark (the cutoff) misses none.
+#: Traces with spans ingested in (after, upto], by their newest such span, oldest first. WITH
+#: TIES keeps every trace whose newest span shares the cutoff, so the next watermark (the cutoff)
+#: misses none. Traces still receiving spans (any in the settle window, after ``settled``) wait:
+#: they come back with those spans. The range is at most ``step_s`` wide, so each query reads a
+#: bounded slice of the spans table (the minmax index on LatscopeIngestedAt skips the rest)
+#: however far behind the attributor is.
 READY_SQL = f"""
-SELECT TraceId, toUnixTimestamp64Micro(max(LatscopeIngestedAt)) AS last_us
+SELECT TraceId, toUnixTimestamp64Micro(max(LatscopeIngestedAt)) AS last_us,
+       toUnixTimestamp64Nano(min(Timestamp)) AS first_ns, toUnixTimestamp64Nano(max(Timestamp))
 FROM {SPANS_TABLE}
 WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}})
+  AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({{upto_us:Int64}})
+  AND TraceId NOT IN (
+      SELECT TraceId FROM {SPANS_TABLE}
+      WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{settled_us:Int64}})
+  )
 GROUP BY TraceId
-HAVING max(LatscopeIngestedAt) <= fromUnixTimestamp64Micro({{upto_us:Int64}})
 ORDER BY last_us
 LIMIT {{limit:UInt32}} WITH TIES
+"""
+
+#: After an empty slice: where the next span after the watermark is (to skip idle time).
+NEXT_SQL = f"""
+SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), count()
+FROM {SPANS_TABLE}
+WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}})
 """
 
 #: Live keys already written for a batch of traces (to tombstone those that moved).
@@ -115,9 +136,11 @@ class Attributor:
         poll_s: float = 1.0,
         batch_traces: int = 5000,
         stall_threshold_ns: int = DEFAULT_STALL_NS,
+        step_s: float = 60.0,
     ) -> None:
         self.store = store
         self.settle_us = int(settle_s * 1e6)
+        self.step_us = max(1, int(step_s * 1e6))
         self.poll_s = poll_s
         self.batch_traces = batch_traces
         self.stall_threshold_ns = stall_threshold_ns
@@ -165,18 +188,38 @@ class Attributor:
         upto = self._now_us() - self.settle_us
         written = 0
         for _ in range(max_batches):
-            if self._stop.is_set() and written:
+            if self.watermark_us >= upto or (self._stop.is_set() and written):
                 break
+            # A trace whose spans straddle the slice's end (but have all settled) is attributed
+            # now from what is there and again when the slice reaches its later spans.
+            hi = min(upto, self.watermark_us + self.step_us)
             rows = self.store.query_rows(
                 READY_SQL,
-                {"after_us": self.watermark_us, "upto_us": upto, "limit": self.batch_traces},
+                {
+                    "after_us": self.watermark_us,
+                    "upto_us": hi,
+                    "settled_us": upto,
+                    "limit": self.batch_traces,
+                },
             )
             if not rows:
-                self.watermark_us = max(self.watermark_us, upto)
-                break
+                self.watermark_us = hi
+                if hi < upto:  # skip the idle time to the next span, if any
+                    first_us, count = self.store.query_rows(
+                        NEXT_SQL, {"after_us": self.watermark_us}
+                    )[0]
+                    nxt = int(first_us) - 1 if int(count) else upto
+                    self.watermark_us = max(hi, min(nxt, upto))
+                continue
             trace_ids = [r[0] for r in rows]
+            # A trace's other spans sit within SPAN_REACH of its new ones (on any sane clock).
+            around = (
+                min(r[2] for r in rows) - SPAN_REACH_NS,
+                max(r[3] for r in rows) + SPAN_REACH_NS,
+            )
             try:
-                written += self.attribute(trace_ids)
+                through = int(rows[-1][1]) if len(rows) >= self.batch_traces else hi
+                written += self.attribute(trace_ids, around, through_us=through)
             except StoreError:
                 raise  # retried from the same watermark on the next poll
             except Exception:
@@ -184,17 +227,26 @@ class Attributor:
                 # it, and move on.
                 BATCH_ERRORS.labels("skipped").inc()
                 log.exception("attribution batch of %d traces failed; skipped", len(trace_ids))
-            self.watermark_us = int(rows[-1][1])
-            if len(rows) < self.batch_traces:
-                self.watermark_us = max(self.watermark_us, upto)
-                break
+            self.watermark_us = int(rows[-1][1]) if len(rows) >= self.batch_traces else hi
         LAG.set(max(0.0, (self._now_us() - self.watermark_us) / 1e6))
         return written
 
-    def attribute(self, trace_ids: list[str]) -> int:
-        """Attribute these traces from all their stored spans and write their rows."""
-        spans = frame_from_arrow(self.store.query_arrow(BATCH_SPANS_SQL, {"trace_ids": trace_ids}))
+    def attribute(
+        self,
+        trace_ids: list[str],
+        around: tuple[int, int] | None = None,
+        *,
+        through_us: int | None = None,
+    ) -> int:
+        """Attribute these traces from their stored spans (started within ``around``, ns) and
+        write their rows; ``through_us`` is the watermark once this batch is written (recorded
+        as SpansIngestedAt, where a restarted attributor resumes)."""
+        lo, hi = around or (0, 2**63 - 1)
+        params = {"trace_ids": trace_ids, "from_ns": max(0, lo), "to_ns": min(hi, 2**63 - 1)}
+        spans = frame_from_arrow(self.store.query_arrow(BATCH_SPANS_SQL, params))
         frame = finish_rows(attribute_frame(spans, stall_threshold_ns=self.stall_threshold_ns))
+        if through_us is not None:
+            frame = frame.with_columns(SpansIngestedAt=pl.lit(through_us, pl.Int64))
         if frame.height == 0:
             return 0
         table = to_arrow(frame)

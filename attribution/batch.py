@@ -36,6 +36,7 @@ from latscope.semconv import (
     SpanKind,
     VllmAttributes,
 )
+from latscope.storage import SPANS_TABLE
 
 #: Frame column -> span attribute it holds ('' or null when absent).
 ATTRIBUTE_COLUMNS: dict[str, str] = {
@@ -85,6 +86,8 @@ def _attr_select() -> str:
 
 
 #: Every span of a batch of traces, in SPAN_COLUMNS (the keys are semconv constants, not input).
+#: The time bounds let ClickHouse prune partitions and use the primary key instead of checking
+#: the trace-id bloom filter of the whole table.
 BATCH_SPANS_SQL = f"""
 SELECT
     TraceId AS trace_id, SpanId AS span_id, ParentSpanId AS parent_id, SpanKind AS kind,
@@ -97,8 +100,10 @@ SELECT
     toUnixTimestamp64Micro(LatscopeIngestedAt) AS ingested_us,
     ResourceAttributes AS resource,
     {_attr_select()}
-FROM otel_traces
+FROM {SPANS_TABLE}
 WHERE TraceId IN {{trace_ids:Array(String)}}
+  AND Timestamp >= fromUnixTimestamp64Nano({{from_ns:Int64}})
+  AND Timestamp <= fromUnixTimestamp64Nano({{to_ns:Int64}})
 """
 
 
@@ -448,20 +453,15 @@ def _sweep_by_rank(intervals: pl.DataFrame) -> pl.DataFrame:
     top = pl.when(pl.col("c0") > 0).then(0)
     for r in ranks[1:]:
         top = top.when(pl.col(f"c{r}") > 0).then(r)
-    segs = (
+    seg = pl.col("t").shift(-1) - pl.col("t")
+    return (
         events.with_columns(counts)
-        .select("tk", top=top.otherwise(None), seg=pl.col("t").shift(-1) - pl.col("t"))
-        .filter(pl.col("top").is_not_null())
-        .group_by(["tk", "top"])
-        .agg(pl.col("seg").sum())
-    )
-    wide = segs.pivot(on="top", index="tk", values="seg")
-    return wide.select(
-        "tk",
-        *(
-            (pl.col(str(r)) if str(r) in wide.columns else pl.lit(0, pl.Int64)).alias(f"b{r}")
+        .with_columns(top=top.otherwise(None), seg=seg)
+        .group_by("tk")
+        .agg(
+            pl.when(pl.col("top") == r).then(pl.col("seg")).otherwise(0).sum().alias(f"b{r}")
             for r in ranks
-        ),
+        )
     )
 
 

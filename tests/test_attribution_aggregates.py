@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import numpy as np
@@ -274,3 +275,60 @@ def test_helpers(store: Store, data) -> None:
     assert mine["count"] == df.height
     gpu = ag.gpu_by_phase(store, since_ns=t0, until_ns=t0 + 2 * H, service=service)
     assert gpu["phases"]["decode"]["energy_mj"]["total"] == approx(float(sum(range(df.height))))
+
+
+@pytest.mark.parametrize("offset", [0, -10 * H])  # the data's window, and an empty one
+def test_answers_are_strict_json(store: Store, data, offset: int) -> None:
+    _, service, t0 = data
+    w = {"since_ns": t0 + offset, "until_ns": t0 + offset + 2 * H}
+    mid = t0 + offset + H
+    answers = [
+        ag.summary(store, **w, service=service, group_by="model"),
+        ag.tail(store, **w, service=service),
+        ag.compare(store, before=(w["since_ns"], mid), after=(mid, w["until_ns"])),
+        ag.diagnose(store, **w, service=service),
+        ag.slo(store, objectives=[ag.Objective("ttft", 500)], now_ns=mid, service=service),
+        ag.slowest(store, **w, service=service, limit=2),
+        ag.services(store, **w),
+        ag.gpu_by_phase(store, **w, service=service),
+    ]
+    json.dumps(answers, allow_nan=False)
+
+
+def test_diagnose_prefill_and_stalls_and_peak(store: Store) -> None:
+    service = f"diag2-{uuid.uuid4().hex[:8]}"
+    t0 = 1_700_400_000 * 10**9
+    n = 1200
+    df = make_rows(n, service=service, t0=t0, seed=8, span_ns=H).with_columns(
+        # prefill (and so TTFT) grows with the prompt; a quarter of the streams stall.
+        PrefillNs=pl.col("InputTokens").cast(pl.UInt64) * 200_000,
+        Stalls=(pl.int_range(pl.len()) % 4 == 0).cast(pl.UInt32),
+        DecodeNs=pl.col("DecodeNs") // 10,
+        QueueNs=pl.col("QueueNs") % 200_000_000,  # no random queue outliers: only the peaks
+    )
+    # Busy minutes (every 6th gets 10x the requests) queue for much longer.
+    minute = (pl.col("Timestamp") - t0) // (60 * 10**9)
+    df = df.with_columns(
+        Timestamp=pl.when(pl.int_range(pl.len()) % 3 == 0)
+        .then(t0 + (minute // 6 * 6) * 60 * 10**9 + pl.col("Timestamp") % (60 * 10**9))
+        .otherwise(pl.col("Timestamp"))
+        .cast(pl.Int64)
+    )
+    busy = ((pl.col("Timestamp") - t0) // (60 * 10**9)) % 6 == 0
+    df = df.with_columns(
+        QueueNs=pl.when(busy).then(pl.col("QueueNs") + 1_500_000_000).otherwise(pl.col("QueueNs"))
+    )
+    total = pl.sum_horizontal(*(pl.col(c).fill_null(0) for c in BUCKET_COLUMNS.values()))
+    df = df.with_columns(
+        E2eNs=total.cast(pl.UInt64),
+        TtftServerNs=(pl.col("QueueNs") + pl.col("PrefillNs")).cast(pl.Int64),
+    ).with_columns(TtftClientNs=pl.lit(None, pl.Int64))
+    insert(store, df)
+    got = ag.diagnose(store, since_ns=t0, until_ns=t0 + 2 * H, service=service)
+    verdicts = {v["id"]: v for v in got["verdicts"]}
+    assert {"prefill_prompt_length", "decode_stalls", "peak_only"} <= verdicts.keys(), verdicts
+    assert verdicts["decode_stalls"]["evidence"]["stalled_requests"] == n // 4
+    assert verdicts["prefill_prompt_length"]["evidence"]["prefill_ms_per_1k_tokens"] == (
+        pytest.approx(200, rel=1e-6)
+    )
+    assert verdicts["peak_only"]["evidence"]["load_vs_p95_corr"] > 0.6

@@ -14,8 +14,9 @@
 --
 -- The key's leading columns serve the aggregate queries (service / model / time range); TraceId
 -- last makes it one row per request. NetworkNs is NULL when no client span was seen (unknown, not
--- zero). SpansIngestedAt is the newest ingest time among the spans used (the attributor's
--- watermark restarts from its maximum).
+-- zero). SpansIngestedAt is the attributor's watermark (an ingest time) once the row's batch was
+-- written: every span ingested up to it had been seen, so a restarted attributor resumes from the
+-- maximum.
 CREATE TABLE IF NOT EXISTS latscope_attribution
 (
     Timestamp          DateTime64(9, 'UTC') CODEC(Delta, ZSTD(1)),
