@@ -58,8 +58,12 @@ def summary(
     model: str | None = None,
     group_by: str | None = None,
     limit_groups: int = 100,
+    exact: bool = False,
 ) -> dict[str, Any]:
-    """Count, percentiles of e2e and of each bucket, and each bucket's share of the time."""
+    """Count, percentiles of e2e and of each bucket, and each bucket's share of the time.
+
+    Percentiles are within 0.4 % (a bfloat16 histogram, fast over millions of requests) unless
+    ``exact``."""
     if group_by and not _GROUP_BY.match(group_by):
         raise InvalidParameter(
             "invalid_group_by",
@@ -75,6 +79,7 @@ def summary(
         model=model,
         group_by=group_by,
         limit_groups=min(int(limit_groups), MAX_GROUPS),
+        exact=bool(exact),
     )
     out["window"] = _window(r)
     return out
@@ -88,6 +93,7 @@ def tail(
     service: str | None = None,
     model: str | None = None,
     percentile: float = 99,
+    exact: bool = False,
 ) -> dict[str, Any]:
     """Which bucket the requests above the ``percentile`` spend their extra time in."""
     r = _range(since, until)
@@ -99,6 +105,7 @@ def tail(
         percentile=float(percentile),
         service=service,
         model=model,
+        exact=bool(exact),
     )
     out["window"] = _window(r)
     return out
@@ -113,6 +120,7 @@ def compare(
     after_until: str | None = None,
     service: str | None = None,
     model: str | None = None,
+    exact: bool = False,
 ) -> dict[str, Any]:
     """Two windows bucket by bucket. ``after`` defaults to the last hour, ``before`` to the
     window of the same length just before ``after``."""
@@ -133,6 +141,7 @@ def compare(
         after=(after.since_ns, after.until_ns),
         service=service,
         model=model,
+        exact=bool(exact),
     )
     out["before"].update(before.to_json())
     out["after"].update(after.to_json())

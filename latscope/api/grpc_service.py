@@ -131,6 +131,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
                 service=request.service or None,
                 model=request.model or None,
                 group_by=request.group_by or None,
+                exact=request.exact,
             ),
         )
         return summary_message(body)

@@ -289,7 +289,13 @@ def observe(batch: Any, *, hub: LiveHub = HUB) -> int:
     a failure here must not stop attribution, so it is logged and counted as 0.
     """
     try:
-        requests = [row_to_json(row) for row in _rows(batch)]
+        rows = _rows(batch)
+        usable = [r for r in rows if r.get("TraceId") and r.get("E2eNs") is not None]
+        if len(usable) < len(rows):
+            log.warning(
+                "observe: %d row(s) without TraceId or E2eNs skipped", len(rows) - len(usable)
+            )
+        requests = [row_to_json(row) for row in usable]
         record_metrics(requests)
         hub.publish(requests)
         return len(requests)
@@ -305,6 +311,7 @@ RECENT_ROWS = f"""
 SELECT *
 FROM {ATTRIBUTION_TABLE}
 WHERE SpansIngestedAt >= fromUnixTimestamp64Micro({{after_us:Int64}}) AND IsDeleted = 0
+  AND Timestamp >= now64() - INTERVAL {{horizon_h:UInt32}} HOUR
 ORDER BY SpansIngestedAt
 LIMIT {{limit:UInt32}}
 """
@@ -312,6 +319,9 @@ LATEST_INGEST = f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {ATTR
 #: The attributor writes a request within its settle window of the last span's arrival; this
 #: covers that window with a wide margin.
 POLL_LAG_US = 120 * 1_000_000
+#: Live means requests that started within this many hours (a backfill of old spans is history,
+#: not news); the bound lets ClickHouse skip older partitions on every poll.
+LIVE_HORIZON_H = 24
 
 
 class TablePoller:
@@ -361,7 +371,9 @@ class TablePoller:
     def poll_once(self) -> int:
         """Read and feed what is new; returns how many requests were new."""
         after = max(self._after_us, self._high_us - POLL_LAG_US)
-        table = self.store.query_arrow(RECENT_ROWS, {"after_us": after, "limit": self.batch})
+        table = self.store.query_arrow(
+            RECENT_ROWS, {"after_us": after, "limit": self.batch, "horizon_h": LIVE_HORIZON_H}
+        )
         if table.num_rows == 0:
             return 0
         ingested = [

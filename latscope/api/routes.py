@@ -65,6 +65,14 @@ Model = Annotated[
     Query(description="only this model (gen_ai.request.model)", max_length=256,
           examples=["llama-3-8b"]),
 ]  # fmt: skip
+Exact = Annotated[
+    bool,
+    Query(
+        description="exact percentiles (interpolated order statistics); by default they come "
+        "from a compact histogram, within 0.4 %, much faster over millions of requests",
+        examples=[False],
+    ),
+]
 Percentile = Annotated[
     float,
     Query(description="the tail starts at this percentile of e2e", gt=0, lt=100, examples=[99]),
@@ -131,6 +139,7 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         limit_groups: Annotated[
             int, Query(description="at most this many groups, largest first", ge=1, le=500)
         ] = 100,
+        exact: Exact = False,
     ) -> dict[str, Any]:
         """Count, percentiles of e2e and of each bucket, and each bucket's share of the time."""
         return aggregates.summary(
@@ -141,6 +150,7 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
             model=model,
             group_by=group_by,
             limit_groups=limit_groups,
+            exact=exact,
         )
 
     @router.get("/attribution/tail", tags=["aggregates"], response_model=Tail, responses=_MANY)
@@ -150,10 +160,17 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         service: Service = None,
         model: Model = None,
         percentile: Percentile = 99,
+        exact: Exact = False,
     ) -> dict[str, Any]:
         """Which bucket the slowest requests spend their extra time in, against the median."""
         return aggregates.tail(
-            store, since=since, until=until, service=service, model=model, percentile=percentile
+            store,
+            since=since,
+            until=until,
+            service=service,
+            model=model,
+            percentile=percentile,
+            exact=exact,
         )
 
     @router.get(
@@ -173,6 +190,7 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         before_until: Annotated[str | None, _time("end of the baseline", "24h")] = None,
         service: Service = None,
         model: Model = None,
+        exact: Exact = False,
     ) -> dict[str, Any]:
         """Two windows (e.g. before and after a deploy) bucket by bucket; the biggest mover."""
         return aggregates.compare(
@@ -183,6 +201,7 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
             after_until=after_until,
             service=service,
             model=model,
+            exact=exact,
         )
 
     @router.get(

@@ -42,9 +42,7 @@ def _load(store: Store, trace_id: str) -> list[SpanRecord]:
 def _attribute(
     trace_id: str, spans: Sequence[SpanRecord], stall_threshold_ms: float
 ) -> RequestAttribution:
-    result = attribute_trace(
-        trace_id, spans, stall_threshold_ns=round(stall_threshold_ms * 1e6)
-    )
+    result = attribute_trace(trace_id, spans, stall_threshold_ns=round(stall_threshold_ms * 1e6))
     if result is None:
         raise NotFound(
             "no_server_span",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -38,6 +39,9 @@ QUERIES: dict[str, tuple[str, str]] = {
 }
 
 DEFAULT_TIMEOUT_S = 60.0
+
+# httpx logs every request at INFO; a command's output is its answer, not a request log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class SourceError(Exception):

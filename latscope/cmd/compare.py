@@ -23,17 +23,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--before-until", default=None, help="baseline end")
     add_filter_arguments(parser, window=False)
+    parser.add_argument(
+        "--exact", action="store_true", help="exact percentiles (slower over many requests)"
+    )
     add_source_arguments(parser)
 
 
-def _delta(d: dict[str, Any], *, share: bool = False) -> Text:
-    fmt = r.pct if share else r.ms
-    before, after, delta = d.get("before"), d.get("after"), d.get("delta")
-    text = Text(f"{fmt(before)} → {fmt(after)} ")
-    if delta is not None:
-        sign = "+" if delta > 0 else ""
-        text.append(f"({sign}{fmt(delta)})", style="red" if delta > 0 else "green")
-    return text
+def _num(value: float | None, *, share: bool = False) -> str:
+    if value is None:
+        return "—"
+    return f"{value * 100:.1f}%" if share else f"{value:.1f}"
+
+
+def _change(value: float | None, *, share: bool = False) -> Text:
+    if value is None:
+        return Text("—")
+    text = ("+" if value > 0 else "") + _num(value, share=share)
+    return Text(text, style="red" if value > 0 else "green" if value < 0 else "")
 
 
 def render(body: dict[str, Any]) -> None:
@@ -46,22 +52,28 @@ def render(body: dict[str, Any]) -> None:
         out.print("one of the windows has no attributed requests")
         return
     table = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ("bucket", "p50", "p99", "mean", "share"):
-        table.add_column(col)
-    e2e = body["e2e_ms"]
-    table.add_row(
-        Text("e2e", style="bold"), _delta(e2e["p50"]), _delta(e2e["p99"]), _delta(e2e["mean"]), ""
-    )
+    table.add_column("ms", no_wrap=True, min_width=11)
+    for col in ("p50 was", "now", "Δ", "p99 was", "now", "Δ", "Δmean", "Δshare"):
+        table.add_column(col, justify="right", no_wrap=True)
+
+    def row(name: Text, d: dict[str, Any], share: dict[str, Any] | None) -> None:
+        table.add_row(
+            name,
+            _num(d["p50"]["before"]),
+            _num(d["p50"]["after"]),
+            _change(d["p50"]["delta"]),
+            _num(d["p99"]["before"]),
+            _num(d["p99"]["after"]),
+            _change(d["p99"]["delta"]),
+            _change(d["mean"]["delta"]),
+            _change(share["delta"], share=True) if share else Text(""),
+        )
+
+    row(Text("e2e", style="bold"), body["e2e_ms"], None)
     for bucket in BUCKETS:
         d = body["buckets_ms"][bucket]
         style = "bold " + r.COLOURS[bucket] if bucket == body["mover"] else r.COLOURS[bucket]
-        table.add_row(
-            Text(bucket, style=style),
-            _delta(d["p50"]),
-            _delta(d["p99"]),
-            _delta(d["mean"]),
-            _delta(d["share"], share=True),
-        )
+        row(Text(bucket, style=style), d, d["share"])
     out.print(table)
     if body["mover"]:
         out.print(
@@ -83,6 +95,7 @@ def main(args: argparse.Namespace) -> int:
                 before_until=args.before_until,
                 service=args.service,
                 model=args.model,
+                exact=args.exact or None,
             )
         if args.json:
             r.print_json(answer)

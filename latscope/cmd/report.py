@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one bar per service, model, route, operation, status or resource.<key> "
         "(default model; 'none' for no groups)",
     )
+    parser.add_argument(
+        "--exact", action="store_true", help="exact percentiles (slower over many requests)"
+    )
     add_source_arguments(parser)
 
 
@@ -34,11 +37,8 @@ def _shares(section: dict[str, Any]) -> dict[str, float | None]:
 def render(body: dict[str, Any]) -> None:
     out = r.console()
     window = body["window"]
-    out.print(
-        Text("latency budget", style="bold").append(
-            f"  {window['since']} → {window['until']}  {body['count']} requests", style=""
-        )
-    )
+    out.print(Text("latency budget", style="bold").append(f"  {body['count']} requests", style=""))
+    out.print(f"{window['since']} → {window['until']}", style="dim")
     if not body["count"]:
         out.print("no attributed requests in this window (widen it with --since)")
         return
@@ -104,6 +104,7 @@ def main(args: argparse.Namespace) -> int:
                 until=args.until,
                 service=args.service,
                 model=args.model,
+                exact=args.exact or None,
                 group_by=group_by,
             )
         if args.json:

@@ -30,14 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _rate(value: float | None, limit: float) -> Text:
     if value is None:
         return Text("—")
-    return Text(f"{value:.2f}x", style="bold red" if value > limit else "")
+    return Text(f"{value:.1f}x", style="bold red" if value > limit else "")
 
 
 def render(body: dict[str, Any]) -> None:
     out = r.console()
     table = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ("objective", "requests", "met", "budget left", "5m", "30m", "1h", "6h", "alert"):
-        table.add_column(col, justify="left" if col in ("objective", "alert") else "right")
+    for col in ("objective", "n", "met", "budget", "5m", "30m", "1h", "6h", "alert"):
+        table.add_column(
+            col, justify="left" if col in ("objective", "alert") else "right", no_wrap=True
+        )
     for o in body["objectives"]:
         rates = o["burn_rates"]
         alerts = [name for name, on in o["alerts"].items() if on]
@@ -55,6 +57,11 @@ def render(body: dict[str, Any]) -> None:
         )
     out.print(Text(f"SLOs as of {body['at']}", style="bold"))
     out.print(table)
+    out.print(
+        "budget: error budget left; 5m..6h: burn rates (1x spends the budget exactly over the "
+        "window); alerts: fast_burn = 1h and 5m over 14.4x, slow_burn = 6h and 30m over 6x",
+        style="dim",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

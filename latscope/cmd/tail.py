@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--percentile", type=float, default=99, help="the tail starts here (default 99)"
     )
+    parser.add_argument(
+        "--exact", action="store_true", help="exact percentiles (slower over many requests)"
+    )
     add_source_arguments(parser)
 
 
@@ -71,6 +74,7 @@ def main(args: argparse.Namespace) -> int:
                 until=args.until,
                 service=args.service,
                 model=args.model,
+                exact=args.exact or None,
                 percentile=args.percentile,
             )
         if args.json:

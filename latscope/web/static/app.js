@@ -202,6 +202,21 @@ async function loadSlowest() {
   )));
 }
 
+async function loadGpu() {
+  const body = await api("v1/gpu", filters());
+  const rows = [];
+  for (const [phase, figures] of Object.entries(body.phases)) {
+    for (const [figure, f] of Object.entries(figures)) {
+      rows.push(el("tr", { "data-phase": phase, "data-figure": figure },
+        el("td", { class: "b", style: `--c: var(--${phase})` }, phase), el("td", {}, figure),
+        el("td", { class: "mean" }, num(f.mean)), el("td", {}, num(f.max)),
+        el("td", {}, num(f.total)), el("td", {}, f.n)));
+    }
+  }
+  $("#gpu-table tbody").replaceChildren(...rows);
+  $("#gpu-empty").hidden = rows.length > 0;
+}
+
 // -- one request -------------------------------------------------------------------------------
 
 function renderWaterfall(spans, total) {
@@ -301,7 +316,7 @@ async function run(task) {
 
 async function refresh() {
   showError(null);
-  const tasks = [loadSummary, loadTail, loadDiagnosis, loadSlowest, loadCompare].map((t) => run(t));
+  const tasks = [loadSummary, loadTail, loadDiagnosis, loadGpu, loadSlowest, loadCompare].map((t) => run(t));
   const results = await Promise.allSettled(tasks);
   document.body.dataset.loaded = results.every((r) => r.status === "fulfilled") ? "ok" : "error";
 }

@@ -97,18 +97,20 @@ class RequestAttribution(_message.Message):
     def __init__(self, trace_id: _Optional[str] = ..., service: _Optional[str] = ..., model: _Optional[str] = ..., e2e_ms: _Optional[float] = ..., buckets_ms: _Optional[_Union[Buckets, _Mapping]] = ..., ttft_ms: _Optional[float] = ..., ttft_server_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., itl_ms: _Optional[_Union[InterTokenLatency, _Mapping]] = ..., stalls: _Optional[int] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., clock_skew_ms: _Optional[float] = ..., attempts: _Optional[int] = ..., gpu: _Optional[_Mapping[str, GpuFigures]] = ..., start_unix_nano: _Optional[int] = ...) -> None: ...
 
 class SummaryRequest(_message.Message):
-    __slots__ = ("since", "until", "service", "model", "group_by")
+    __slots__ = ("since", "until", "service", "model", "group_by", "exact")
     SINCE_FIELD_NUMBER: _ClassVar[int]
     UNTIL_FIELD_NUMBER: _ClassVar[int]
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     GROUP_BY_FIELD_NUMBER: _ClassVar[int]
+    EXACT_FIELD_NUMBER: _ClassVar[int]
     since: str
     until: str
     service: str
     model: str
     group_by: str
-    def __init__(self, since: _Optional[str] = ..., until: _Optional[str] = ..., service: _Optional[str] = ..., model: _Optional[str] = ..., group_by: _Optional[str] = ...) -> None: ...
+    exact: bool
+    def __init__(self, since: _Optional[str] = ..., until: _Optional[str] = ..., service: _Optional[str] = ..., model: _Optional[str] = ..., group_by: _Optional[str] = ..., exact: _Optional[bool] = ...) -> None: ...
 
 class Percentiles(_message.Message):
     __slots__ = ("p50", "p90", "p95", "p99", "mean")

@@ -1,0 +1,104 @@
+"""Bearer token: with one set, every /v1 route and gRPC query needs it; health stays open."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from latscope.v1 import query_pb2, query_pb2_grpc
+
+from tests.conftest import Server, start_serve
+
+TOKEN = "s3cret-token"
+TRACE = "ab" * 16
+V1_ROUTES = [
+    f"/v1/requests/{TRACE}/attribution",
+    f"/v1/requests/{TRACE}",
+    f"/v1/requests/{TRACE}/tokens",
+    f"/v1/traces/{TRACE}/spans",
+    "/v1/attribution/summary",
+    "/v1/attribution/tail",
+    "/v1/attribution/compare",
+    "/v1/attribution/diagnose",
+    "/v1/slo",
+    "/v1/gpu",
+    "/v1/services",
+    "/v1/requests",
+]
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_serve(tmp_path_factory.mktemp("auth") / "store", env={"LATSCOPE_TOKEN": TOKEN})
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_the_spec_lists_every_v1_route(guarded: Server) -> None:
+    spec = httpx.get(guarded.url("/openapi.json"), timeout=10).json()
+    assert {p for p in spec["paths"] if p.startswith("/v1/")} == {
+        p.replace(TRACE, "{trace_id}") for p in V1_ROUTES
+    }
+
+
+@pytest.mark.parametrize("path", V1_ROUTES)
+@pytest.mark.parametrize("header", [None, "Bearer wrong", f"Basic {TOKEN}", "Bearer"])
+def test_v1_needs_the_token(guarded: Server, path: str, header: str | None) -> None:
+    headers = {"Authorization": header} if header else {}
+    response = httpx.get(guarded.url(path), headers=headers, timeout=30)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert response.json()["error"] == "unauthorized"
+
+
+@pytest.mark.parametrize("path", V1_ROUTES)
+def test_v1_answers_with_the_token(guarded: Server, path: str) -> None:
+    response = httpx.get(
+        guarded.url(path), headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+    )
+    assert response.status_code in (200, 404), response.text
+    assert response.status_code == (404 if TRACE in path else 200)
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics", "/", "/openapi.json"])
+def test_health_metrics_and_page_stay_open(guarded: Server, path: str) -> None:
+    assert httpx.get(guarded.url(path), timeout=10).status_code == 200
+
+
+def test_grpc_query_needs_the_token(guarded: Server) -> None:
+    with grpc.insecure_channel(guarded.grpc) as channel:
+        stub = query_pb2_grpc.QueryServiceStub(channel)
+        request = query_pb2.GetAttributionRequest(trace_id=TRACE)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.GetAttribution(request, timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as info:
+            stub.GetAttribution(
+                request, timeout=10, metadata=[("authorization", f"Bearer {TOKEN}")]
+            )
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as info:
+            next(iter(stub.Watch(query_pb2.WatchRequest(), timeout=10)))
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_cli_says_how_to_pass_the_token(guarded: Server, tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "latscope.cli", "report", "--url", guarded.http]
+    denied = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert denied.returncode == 1
+    assert "needs a token" in denied.stderr and "--token-file" in denied.stderr
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    allowed = subprocess.run(
+        [*cmd, "--token-file", str(token_file), "--json"], capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert allowed.returncode == 0, allowed.stderr
+    assert '"count": 0' in allowed.stdout

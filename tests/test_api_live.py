@@ -1,0 +1,110 @@
+"""Live: spans in -> the attributor -> Watch streams and the /metrics latency histograms."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from latscope.v1 import query_pb2, query_pb2_grpc
+
+from latscope.api.grpc_service import attribution_dict
+from tests.conftest import Server, start_serve
+from tests.surfaces import FAST_ATTRIBUTION, RequestSpec, send, steady_tokens
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Server]:
+    server = start_serve(tmp_path / "store", *FAST_ATTRIBUTION)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _spec(queue_ms: float, model: str = "llama-3-8b") -> RequestSpec:
+    q = queue_ms
+    return RequestSpec(
+        model=model,
+        client=(0, 1000 + q),
+        server=(40, 960 + q),
+        phases={
+            "queue": (45, 45 + q),
+            "prefill": (50 + q, 250 + q),
+            "decode": (250 + q, 900 + q),
+        },
+        token_offsets_us=steady_tokens(10, 0, 50_000),
+    )
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        m = re.match(rf"^{name}\{{(.*)\}} (\S+)$", line)
+        if m and ",".join(sorted(m.group(1).split(","))) == want:
+            return float(m.group(2))
+    return 0.0
+
+
+def test_watch_and_metrics_follow_attributed_requests(live: Server) -> None:
+    with grpc.insecure_channel(live.grpc) as channel:
+        stub = query_pb2_grpc.QueryServiceStub(channel)
+        stream = stub.Watch(query_pb2.WatchRequest(model="llama-3-8b", min_e2e_ms=1100), timeout=60)
+        got: list[dict] = []
+        done = threading.Event()
+
+        def read() -> None:
+            try:
+                for message in stream:
+                    got.append(attribution_dict(message))
+                    if len(got) == 2:
+                        break
+            except grpc.RpcError:
+                pass
+            done.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        # Top runs the same stream from the command line, as JSON lines.
+        top = subprocess.Popen(
+            [sys.executable, "-m", "latscope.cli", "top", "--grpc", live.grpc, "--count", "3",
+             "--duration", "60", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        specs = [_spec(300), _spec(20), _spec(600), _spec(400, model="mistral-7b")]
+        # The subscriptions are open before the requests complete: give them a moment to attach.
+        threading.Event().wait(1.5)
+        send(live.grpc, specs)
+        assert done.wait(45), "Watch delivered nothing"
+        stream.cancel()
+        out, err = top.communicate(timeout=60)
+    slow = {specs[0].trace_id: specs[0], specs[2].trace_id: specs[2]}
+    assert {r["trace_id"] for r in got} == set(slow)
+    for r in got:
+        assert r["e2e_ms"] == pytest.approx(slow[r["trace_id"]].e2e_ms, abs=0.01)
+        assert r["buckets_ms"]["queue"] == pytest.approx(
+            slow[r["trace_id"]].expected_buckets()["queue"], abs=0.01
+        )
+    assert top.returncode == 0, err
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 3
+    assert {json.loads(line)["trace_id"] for line in lines} <= {s.trace_id for s in specs}
+
+    text = httpx.get(live.url("/metrics"), timeout=10).text
+    labels = {"service": "llm-server", "model": "llama-3-8b"}
+    assert _metric(text, "latscope_request_e2e_seconds_count", **labels) == 3
+    assert _metric(text, "latscope_request_bucket_seconds_count", bucket="queue", **labels) == 3
+    queue_sum = _metric(text, "latscope_request_bucket_seconds_sum", bucket="queue", **labels)
+    assert queue_sum == pytest.approx((300 + 20 + 600) / 1000, abs=1e-6)
+    # 20 ms of queue is under the 25 ms bound; 300 and 600 ms are not under 250 ms.
+    le = _metric(text, "latscope_request_bucket_seconds_bucket", bucket="queue", le="0.025",
+                 **labels)  # fmt: skip
+    assert le == 1
+    assert _metric(text, "latscope_request_e2e_seconds_count",
+                   service="llm-server", model="mistral-7b") == 1  # fmt: skip

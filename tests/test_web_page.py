@@ -1,0 +1,151 @@
+"""The web page in headless Debian chromium (Playwright): real data from a running server, the
+right numbers on screen, a screenshot."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from tests.conftest import Server, start_serve
+from tests.surfaces import RequestSpec, dataset_store
+
+CHROMIUM = os.environ.get("LATSCOPE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
+#: Where the screenshots go (CI keeps them as artifacts when it sets this).
+SHOTS = os.environ.get("LATSCOPE_SCREENSHOTS")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (see .ci/run)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[Server, list[RequestSpec]]]:
+    store, specs = dataset_store()
+    server = start_serve(store)
+    try:
+        yield server, specs
+    finally:
+        server.stop()
+
+
+def api(server: Server, path: str, **params: object) -> dict:
+    return httpx.get(server.url(path), params=params, timeout=30).json()
+
+
+def _screenshot(page: Page, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(SHOTS) / name)
+    return path
+
+
+def _cells(page: Page, selector: str) -> list[str]:
+    return [c.strip() for c in page.locator(selector).all_inner_texts()]
+
+
+def test_page_shows_the_numbers_of_the_api(served, browser: Browser, tmp_path: Path) -> None:
+    server, specs = served
+    stalled = next(s for s in specs if s.model == "llama-3-70b")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(server.url(f"/#trace={stalled.trace_id}"))
+    page.wait_for_selector("body[data-loaded]", timeout=30_000)
+    page.wait_for_selector("body[data-request]", timeout=30_000)
+    assert page.get_attribute("body", "data-loaded") == "ok", page.inner_text("#error")
+    assert page.get_attribute("body", "data-request") == "ok"
+
+    summary = api(server, "/v1/attribution/summary", since="1h", group_by="model")
+    assert page.inner_text("#summary-count") == str(summary["count"])
+    for bucket, figures in summary["buckets_ms"].items():
+        row = f"#percentile-table tr[data-bucket={bucket}] td"
+        assert _cells(page, row)[1:4] == [
+            f"{figures['p50']:.1f}",
+            f"{figures['p95']:.1f}",
+            f"{figures['p99']:.1f}",
+        ], bucket
+        share = page.get_attribute(
+            f"#budget-bars .row[data-group=all] .seg[data-bucket={bucket}]", "data-share"
+        )
+        if figures["share"]:
+            assert float(share) == pytest.approx(figures["share"], abs=1e-4), bucket
+    groups = {g["key"]: g["count"] for g in summary["groups"]}
+    for key, count in groups.items():
+        assert page.inner_text(f"#budget-bars .row[data-group='{key}'] .n") == str(count)
+
+    tail = api(server, "/v1/attribution/tail", since="1h")
+    assert f"most of the extra is {tail['dominant']}" in page.inner_text("#tail-text")
+    assert page.get_attribute(f"#tail-table tr[data-bucket={tail['dominant']}]", "class") == (
+        "dominant"
+    )
+    assert page.locator("#verdicts li[data-verdict=queue_tail]").count() == 1
+
+    gpu = api(server, "/v1/gpu", since="1h")["phases"]["prefill"]["utilization_mean"]
+    row = "#gpu-table tr[data-phase=prefill][data-figure=utilization_mean]"
+    assert page.inner_text(f"{row} td.mean") == f"{gpu['mean']:.1f}"
+
+    slowest = api(server, "/v1/requests", since="1h", limit=15)["requests"]
+    rows = page.locator("#slowest-table tbody tr")
+    assert rows.count() == len(slowest)
+    assert rows.first.get_attribute("data-trace") == slowest[0]["trace_id"]
+    assert rows.first.locator("td.e2e").inner_text() == f"{slowest[0]['e2e_ms']:.1f}"
+
+    # The chosen request: buckets, waterfall, tokens with the stall.
+    explained = api(server, f"/v1/requests/{stalled.trace_id}")
+    for bucket, value in explained["attribution"]["buckets_ms"].items():
+        cell = page.inner_text(f"#request-buckets tr[data-bucket={bucket}] td.ms")
+        assert cell == ("–" if value is None else f"{value:.1f}"), bucket
+    assert page.locator("#waterfall .span").count() == len(explained["spans"])
+    assert page.locator("#tokens line.tok").count() == len(stalled.token_offsets_us)
+    assert page.locator("#tokens rect.stall").count() == 1
+    assert "token 10" in page.inner_text("#stalls")
+
+    # Compare: the default windows are the last hour against the hour before.
+    page.wait_for_selector("#compare-table tbody tr")
+    compare = api(
+        server, "/v1/attribution/compare",
+        before_since="2h", before_until="1h", after_since="1h",
+    )  # fmt: skip
+    text = page.inner_text("#compare-text")
+    assert f"before: {compare['before']['count']} requests" in text
+    assert f"after: {compare['after']['count']} requests" in text
+    assert f"biggest mover: {compare['mover']}" in text
+    _screenshot(page, tmp_path, "latscope-page.png")
+    assert errors == []
+    page.close()
+
+
+def test_page_asks_for_the_token(tmp_path: Path, browser: Browser) -> None:
+    server = start_serve(tmp_path / "store", env={"LATSCOPE_TOKEN": "web-token"})
+    try:
+        page = browser.new_page()
+        page.goto(server.url("/"))
+        page.wait_for_selector("#auth:not([hidden])", timeout=30_000)
+        assert "needs a token" in page.inner_text("#auth")
+        page.fill("#token", "web-token")
+        page.click("#auth-form button")
+        page.wait_for_selector("body[data-loaded=ok]", timeout=30_000)
+        assert page.inner_text("#summary-count") == "0"
+        _screenshot(page, tmp_path, "latscope-page-token.png")
+        page.close()
+    finally:
+        server.stop()
