@@ -80,10 +80,11 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     itl50 = streaming.get("itl_p50_ms") or {}
     itl99 = streaming.get("itl_p99_ms") or {}
     console.print(
-        f"TTFT p50 {_ms(ttft.get('p50'))} ms · p95 {_ms(ttft.get('p95'))} ms; inter-token "
-        f"latency p50 {_ms(itl50.get('p50'))} ms, p99 per request up to "
-        f"{_ms(itl99.get('p95'))} ms (p95); {streaming.get('stalled_requests', 0)} requests "
-        f"with stalls"
+        f"TTFT p50 {_ms(ttft.get('p50'))} ms · p95 {_ms(ttft.get('p95'))} ms. Inter-token "
+        f"latency: a typical stream's median {_ms(itl50.get('p50'))} ms, its p99 "
+        f"{_ms(itl99.get('p50'))} ms (p99 {_ms(itl99.get('p95'))} ms in the worst 5 % of "
+        f"streams), longest gap {_ms(streaming.get('itl_max_ms'))} ms; "
+        f"{streaming.get('stalled_requests', 0)} of {summary.get('count', 0)} streams stalled"
     )
 
 
