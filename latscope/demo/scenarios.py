@@ -155,15 +155,16 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="big-batches",
             complaint="the stream stutters: tokens arrive in bursts with long pauses",
-            # A large running batch makes every decode step slow, and outgrows the KV cache as
-            # its sequences grow: the newest are preempted and their streams stall until they
-            # are recomputed.
+            # A large running batch makes every decode step slow; each new prompt's prefill
+            # holds all running streams back (no chunked prefill), and the batch outgrows the
+            # KV cache as its sequences grow: the newest are preempted and stall until they are
+            # recomputed.
             engine=EngineConfig(
                 max_batch=64,
                 decode_ms=8.0,
                 decode_ms_per_seq=0.5,
                 prefill_ms=10.0,
-                prefill_ms_per_1k=20.0,
+                prefill_ms_per_1k=60.0,
                 kv_cache_tokens=28_000,
             ),
             load=LoadConfig(
