@@ -190,7 +190,7 @@ def main(args: argparse.Namespace) -> int:
         if args.check and (run.check is None or not run.check.ok):
             status = 1
         if not args.exit:
-            console.print(f"\nThe web page: [bold]{run.web_url}[/]  (Ctrl-C stops latscope)")
+            console.print("latscope keeps serving the page until Ctrl-C.")
             _wait_for_interrupt()
         return status
     except processes.ChildFailed as exc:
