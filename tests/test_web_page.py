@@ -130,6 +130,15 @@ def test_page_shows_the_numbers_of_the_api(served, browser: Browser, tmp_path: P
     assert f"after: {compare['after']['count']} requests" in text
     assert f"biggest mover: {compare['mover']}" in text
     _screenshot(page, tmp_path, "latscope-page.png")
+
+    # Choosing a request in the slowest list opens it.
+    rows.first.locator("a.trace").click()
+    page.wait_for_function(
+        f"document.querySelector('#request-id').textContent === '{slowest[0]['trace_id']}'",
+        timeout=30_000,
+    )
+    queue = page.inner_text("#request-buckets tr[data-bucket=queue] td.ms")
+    assert queue == f"{slowest[0]['buckets_ms']['queue']:.1f}"
     assert errors == []
     page.close()
 
