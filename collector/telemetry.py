@@ -54,3 +54,8 @@ WRITE_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
+
+# Export every series from the start, so a dashboard sees dropped = 0 rather than nothing.
+for _signal in ("traces", "metrics"):
+    for _metric in (RECEIVED, ACCEPTED, REJECTED, REFUSED, SPOOLED, REPLAYED, DROPPED):
+        _metric.labels(_signal)
