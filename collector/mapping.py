@@ -192,14 +192,17 @@ def _render(keys: list[str], values: list[str], attributes: Any, limits: Limits)
     if len(attributes) > limits.max_attributes:
         return f"{len(attributes)} attributes, more than the limit of {limits.max_attributes}"
     max_len = limits.max_attribute_value
+    add_key, add_value = keys.append, values.append
     for kv in attributes:
         v = kv.value
-        kind = v.WhichOneof("value")
-        text = v.string_value if kind == "string_value" else value_to_string(v)
+        # A non-empty string_value means the oneof holds a string: one call instead of two.
+        text = v.string_value
+        if not text and v.WhichOneof("value") != "string_value":
+            text = value_to_string(v)
         if len(text) > max_len:
             return f"attribute {kv.key[:64]!r} is {len(text)} long, more than {max_len}"
-        keys.append(kv.key)
-        values.append(text)
+        add_key(kv.key)
+        add_value(text)
     return None
 
 

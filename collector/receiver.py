@@ -17,7 +17,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from latscope.collector import telemetry
 from latscope.collector.mapping import Limits, MetricColumns, SpanColumns
-from latscope.collector.writer import BatchWriter, Refused
+from latscope.collector.writer import BatchWriter, Refused, Ticket
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
@@ -57,27 +57,40 @@ class Ingest:
 
     def export_traces(self, request: trace_service_pb2.ExportTraceServiceRequest) -> Outcome:
         """Store an Export's valid spans; raises ``Refused`` when it cannot take them now."""
-        cols = SpanColumns(self.limits)
-        cols.add(request.resource_spans)
-        return self._store("traces", self.spans, cols, "span")
+        with self.spans.arriving():
+            cols = SpanColumns(self.limits)
+            cols.add(request.resource_spans)
+            ticket = self._submit("traces", self.spans, cols)
+        return self._outcome(ticket, "traces", cols, "span")
 
     def export_metrics(self, request: metrics_service_pb2.ExportMetricsServiceRequest) -> Outcome:
-        cols = MetricColumns(self.limits)
-        cols.add(request.resource_metrics)
-        return self._store("metrics", self.metrics, cols, "data point")
+        with self.metrics.arriving():
+            cols = MetricColumns(self.limits)
+            cols.add(request.resource_metrics)
+            ticket = self._submit("metrics", self.metrics, cols)
+        return self._outcome(ticket, "metrics", cols, "data point")
 
-    def _store(
-        self, signal: str, writer: BatchWriter, cols: SpanColumns | MetricColumns, noun: str
-    ) -> Outcome:
+    @staticmethod
+    def _submit(
+        signal: str, writer: BatchWriter, cols: SpanColumns | MetricColumns
+    ) -> Ticket | None:
         telemetry.RECEIVED.labels(signal).inc(cols.rows + cols.rejected)
         if cols.rejected:
             telemetry.REJECTED.labels(signal).inc(cols.rejected)
-        if cols.rows:
-            try:
-                writer.submit(cols.table()).wait(ACK_TIMEOUT_S)
-            except Refused:
-                telemetry.REFUSED.labels(signal).inc(cols.rows)
-                raise
+        if not cols.rows:
+            return None
+        try:
+            return writer.submit(cols.table())
+        except Refused:
+            telemetry.REFUSED.labels(signal).inc(cols.rows)
+            raise
+
+    @staticmethod
+    def _outcome(
+        ticket: Ticket | None, signal: str, cols: SpanColumns | MetricColumns, noun: str
+    ) -> Outcome:
+        if ticket is not None:
+            ticket.wait(ACK_TIMEOUT_S)  # the writer counts what it refuses
         if not cols.rejected:
             return Outcome()
         return Outcome(

@@ -2,10 +2,12 @@
 
 Receivers ``submit`` an Arrow table and wait on the returned ``Ticket``; it resolves once the
 rows are durable (inserted, or fsync'd in the spool), and only then is the Export acknowledged.
-One writer thread per table flushes a batch when it holds ``batch_rows`` rows or its oldest
-rows have waited ``batch_timeout_s``. Every batch gets a fresh ``insert_deduplication_token``
-that it keeps for life, so a replay of a spooled batch that had in fact reached ClickHouse
-stores nothing twice (the table's deduplication window drops it).
+One writer thread per table flushes a batch when it holds ``batch_rows`` rows, when its oldest
+rows have waited ``batch_timeout_s``, or as soon as no other request is being mapped (group
+commit: under load the queue fills while the previous batch is being inserted). Every batch
+gets a fresh ``insert_deduplication_token`` that it keeps for life, so a replay of a spooled
+batch that had in fact reached ClickHouse stores nothing twice (the table's deduplication
+window drops it).
 
 Order: while the spool holds anything, new batches are spooled behind it and the spool is
 replayed oldest first, so ClickHouse sees batches in the order they were acknowledged.
@@ -64,6 +66,19 @@ class Ticket:
             raise self.error
 
 
+class _Arrival:
+    __slots__ = ("writer",)
+
+    def __init__(self, writer: BatchWriter) -> None:
+        self.writer = writer
+
+    def __enter__(self) -> None:
+        self.writer._arrive(1)
+
+    def __exit__(self, *exc: object) -> None:
+        self.writer._arrive(-1)
+
+
 @dataclass(frozen=True)
 class WriterConfig:
     """Batching, queue and retry limits of one ``BatchWriter``."""
@@ -97,6 +112,7 @@ class BatchWriter:
         self._queue: deque[tuple[float, pa.Table, Ticket]] = deque()
         self._queued_rows = 0
         self._stopping = False
+        self._arriving = 0
         self._retry_at = 0.0
         self._failures: dict[int, int] = {}
         self._thread: threading.Thread | None = None
@@ -105,6 +121,19 @@ class BatchWriter:
         self._spool_bytes.set(spool.bytes)
 
     # -- intake --------------------------------------------------------------------------------
+
+    def arriving(self) -> _Arrival:
+        """Context for a request being mapped: the writer holds a batch open only while rows
+        are on their way (group commit), so an idle collector answers without waiting for
+        ``batch_timeout_s`` and a busy one still fills large batches.
+        """
+        return _Arrival(self)
+
+    def _arrive(self, delta: int) -> None:
+        with self._cond:
+            self._arriving += delta
+            if not self._arriving:
+                self._cond.notify_all()
 
     def submit(self, table: pa.Table) -> Ticket:
         """Queue rows for writing; raises ``Refused`` when the queue is full or stopping."""
@@ -186,7 +215,7 @@ class BatchWriter:
                         return []
                 else:
                     self._cond.wait()
-            while not self._stopping and self._queued_rows < cfg.batch_rows:
+            while not self._stopping and self._queued_rows < cfg.batch_rows and self._arriving:
                 left = self._queue[0][0] + cfg.batch_timeout_s - time.monotonic()
                 if left <= 0:
                     break
@@ -204,7 +233,8 @@ class BatchWriter:
             return items
 
     def _write(self, items: list[tuple[float, pa.Table, Ticket]]) -> None:
-        table = pa.concat_tables([t for _, t, _ in items])
+        # One contiguous chunk per column: ClickHouse takes it several times faster than many.
+        table = pa.concat_tables([t for _, t, _ in items]).combine_chunks()
         token = uuid.uuid4().hex
         if len(self.spool) and time.monotonic() >= self._retry_at:
             self._replay()

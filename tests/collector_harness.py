@@ -39,6 +39,9 @@ class FlakyStore:
         self.fail_after: int | None = None
         self.inserts = 0
         self.failures = 0
+        #: when set, inserts wait for it: ClickHouse slower than the intake
+        self.gate: threading.Event | None = None
+        self.blocked = False
         self.embedded = store.embedded
         self.dsn = store.dsn
 
@@ -46,6 +49,9 @@ class FlakyStore:
         if self.fail_after is not None and self.inserts >= self.fail_after:
             self.down = True
             self.fail_after = None
+        if self.gate is not None:
+            self.blocked = True
+            self.gate.wait(30)
         if self.down:
             self.failures += 1
             raise StoreUnavailable("connection refused (test)")
@@ -117,11 +123,18 @@ def start_collector(store: Store | FlakyStore, spool: Path, **overrides: Any) ->
     )
 
 
+_STORE: list[Store] = []
+
+
 @pytest.fixture(scope="session", name="store")
-def store_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    store = Store.open(f"chdb://{tmp_path_factory.mktemp('chdb')}")
-    store.apply_schema()
-    yield store
+def store_fixture(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    # Each test module that imports this fixture gets its own session-scoped copy of it, but
+    # chDB allows one data directory per process: all of them share the first store.
+    if not _STORE:
+        store = Store.open(f"chdb://{tmp_path_factory.mktemp('chdb')}")
+        store.apply_schema()
+        _STORE.append(store)
+    return _STORE[0]
 
 
 @pytest.fixture(name="collector")

@@ -36,6 +36,7 @@ from bench.ingest.traces import make_batch
 from latscope.storage import Store
 from tests.collector_harness import (
     Collector,
+    FlakyStore,
     collector_fixture,  # noqa: F401 (fixture)
     count_spans,
     start_collector,
@@ -243,19 +244,26 @@ def test_token_required_on_grpc_and_http(store: Store, tmp_path: Path) -> None:
 
 
 def test_full_queue_answers_resource_exhausted(store: Store, tmp_path: Path) -> None:
-    # The first Export sits in the queue (a long batch timeout); the next one does not fit.
-    c = start_collector(
-        store, tmp_path / "spool", queue_max_spans=10, batch_max_spans=1000, batch_timeout_s=1.5
-    )
+    # ClickHouse stalls on the first batch; the second Export waits in the queue and the third
+    # does not fit in it.
+    slow = FlakyStore(store)
+    slow.gate = threading.Event()
+    c = start_collector(slow, tmp_path / "spool", queue_max_spans=10)
     try:
         service = _service()
         results: list[object] = []
         with grpc.insecure_channel(c.grpc) as channel:
             stub = trace_service_pb2_grpc.TraceServiceStub(channel)
-            first = threading.Thread(
-                target=lambda: results.append(stub.Export(_export(service), timeout=10))
-            )
-            first.start()
+            senders = [
+                threading.Thread(
+                    target=lambda: results.append(stub.Export(_export(service), timeout=20))
+                )
+                for _ in range(2)
+            ]
+            senders[0].start()
+            while not slow.blocked:  # the writer took the first batch and is stuck
+                time.sleep(0.01)
+            senders[1].start()
             while c.collector.spans._queued_rows == 0:
                 time.sleep(0.01)
             with pytest.raises(grpc.RpcError) as err:
@@ -270,12 +278,15 @@ def test_full_queue_answers_resource_exhausted(store: Store, tmp_path: Path) -> 
             )  # fmt: skip
             assert response.status_code == 429
             assert int(response.headers["retry-after"]) >= 1
-            first.join(10)
-        assert len(results) == 1
-        assert count_spans(store, service) == 7
+            slow.gate.set()
+            for sender in senders:
+                sender.join(20)
+        assert len(results) == 2
+        assert count_spans(store, service) == 14
         metrics = httpx.get(f"{c.http}/metrics").text
         assert 'latscope_collector_refused_total{signal="traces"}' in metrics
     finally:
+        slow.gate.set()
         c.stop()
 
 
