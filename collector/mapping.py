@@ -197,8 +197,16 @@ def _render(keys: list[str], values: list[str], attributes: Any, limits: Limits)
         v = kv.value
         # A non-empty string_value means the oneof holds a string: one call instead of two.
         text = v.string_value
-        if not text and v.WhichOneof("value") != "string_value":
-            text = value_to_string(v)
+        if not text:
+            kind = v.WhichOneof("value")
+            if kind == "int_value":
+                text = str(v.int_value)
+            elif kind == "double_value":
+                text = format_double(v.double_value)
+            elif kind == "bool_value":
+                text = "true" if v.bool_value else "false"
+            elif kind is not None and kind != "string_value":
+                text = value_to_string(v)
         if len(text) > max_len:
             return f"attribute {kv.key[:64]!r} is {len(text)} long, more than {max_len}"
         add_key(kv.key)
@@ -275,6 +283,27 @@ class SpanColumns:
         kinds, codes = SPAN_KINDS, STATUS_CODES
         zero_trace, zero_span = _ZERO_TRACE, _ZERO_SPAN
         service_key = ResourceAttributes.SERVICE_NAME
+        # Bound methods once per Export, not per span: this loop runs for every span received.
+        add_attrs, add_resource = self.attributes.add, self.resource.add
+        add_start, add_duration = self.start.append, self.duration.append
+        add_trace, add_span, add_parent = (
+            self.trace_id.append,
+            self.span_id.append,
+            self.parent.append,
+        )
+        add_state, add_name, add_kind = (
+            self.trace_state.append,
+            self.name.append,
+            self.kind.append,
+        )
+        add_service, add_scope_name, add_scope_version = (
+            self.service.append,
+            self.scope_name.append,
+            self.scope_version.append,
+        )
+        add_code, add_message = self.status_code.append, self.status_message.append
+        add_events_links = self._add_events_links
+        rows = 0
         for rs in resource_spans:
             rkeys: list[str] = []
             rvalues: list[str] = []
@@ -309,31 +338,32 @@ class SpanColumns:
                     avalues: list[str] = []
                     problem = _render(akeys, avalues, span.attributes, limits)
                     if problem is None:
-                        problem = self._add_events_links(span, limits)
+                        problem = add_events_links(span, limits)
                     if problem is not None:
                         self._reject(span, problem)
                         continue
                     if len(set(akeys)) != len(akeys):
                         akeys, avalues = _dedup(akeys, avalues)
-                    self.attributes.add(akeys, avalues)
-                    self.resource.add(rkeys, rvalues)
-                    self.start.append(start)
-                    self.duration.append(end - start)
-                    self.trace_id.append(tid.hex())
-                    self.span_id.append(sid.hex())
-                    self.parent.append(psid.hex())
-                    self.trace_state.append(span.trace_state)
-                    self.name.append(span.name)
+                    add_attrs(akeys, avalues)
+                    add_resource(rkeys, rvalues)
+                    add_start(start)
+                    add_duration(end - start)
+                    add_trace(tid.hex())
+                    add_span(sid.hex())
+                    add_parent(psid.hex())
+                    add_state(span.trace_state)
+                    add_name(span.name)
                     kind = span.kind
-                    self.kind.append(kinds[kind] if 0 <= kind < 6 else "Unspecified")
-                    self.service.append(service)
-                    self.scope_name.append(scope_name)
-                    self.scope_version.append(scope_version)
+                    add_kind(kinds[kind] if 0 <= kind < 6 else "Unspecified")
+                    add_service(service)
+                    add_scope_name(scope_name)
+                    add_scope_version(scope_version)
                     status = span.status
                     code = status.code
-                    self.status_code.append(codes[code] if 0 <= code < 3 else "Unset")
-                    self.status_message.append(status.message)
-                    self.rows += 1
+                    add_code(codes[code] if 0 <= code < 3 else "Unset")
+                    add_message(status.message)
+                    rows += 1
+        self.rows += rows
 
     def _add_events_links(self, span: Span, limits: Limits) -> str | None:
         events, links = span.events, span.links
