@@ -39,6 +39,12 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _timed_cpu(fn: object) -> float:
+    cpu0 = _cpu()
+    fn()  # type: ignore[operator]
+    return _cpu() - cpu0
+
+
 def loadgen(addr: str, exports: int, streams: int, requests: int, seed: int) -> None:
     """Child process: build unique Exports, then send each once over ``streams`` threads."""
     rng = random.Random(seed)
@@ -110,11 +116,32 @@ def _drive(addr: str, args: argparse.Namespace) -> tuple[dict, float]:
 
 
 def bench(args: argparse.Namespace) -> None:
+    from latscope.collector.mapping import SpanColumns
     from latscope.collector.service import collector_parts
 
     from latscope.config import Settings
     from latscope.serve import start_grpc, stop_components
     from latscope.storage import SPANS_TABLE, Store
+
+    # The hot path alone, in this process on one thread: decode vs decode + map to Arrow.
+    rng = random.Random(args.seed + 1)
+    sample = [make_batch(rng, T0 + i * 10**9, args.requests).SerializeToString() for i in range(20)]
+    request_type = trace_service_pb2.ExportTraceServiceRequest
+    sample_spans = len(sample) * args.requests * 7
+
+    def decode() -> None:
+        for payload in sample:
+            request_type.FromString(payload)
+
+    def decode_map() -> None:
+        for payload in sample:
+            cols = SpanColumns()
+            cols.add(request_type.FromString(payload).resource_spans)
+            cols.table()
+
+    decode_map()  # warm-up: first use of Arrow and protobuf paths
+    decode_cpu = min(_timed_cpu(decode) for _ in range(3))
+    map_cpu = min(_timed_cpu(decode_map) for _ in range(3))
 
     # Baseline: the parse-only receiver.
     settings = Settings(otlp_grpc="127.0.0.1:0", grpc_max_message_bytes=64 << 20,
@@ -161,6 +188,8 @@ def bench(args: argparse.Namespace) -> None:
     rate = spans / elapsed
     base_rate = base["spans"] / base["seconds"]
     print(f"exports {args.exports} x {args.requests * 7} spans, {args.streams} streams")
+    print(f"hot path, one thread, best of 3: decode {sample_spans / decode_cpu:,.0f} spans/CPU-s  "
+          f"decode+map+Arrow {sample_spans / map_cpu:>8,.0f} spans/CPU-s")  # fmt: skip
     print(
         f"parse-only baseline : {base_rate:>10,.0f} spans/s   "
         f"{base_cpu / base['spans'] * 1e5:.3f} CPU s/100k spans   p99 {base['p99_ms']:.1f} ms"
