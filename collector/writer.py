@@ -54,6 +54,10 @@ class Ticket:
         self._done = threading.Event()
         self.error: Refused | None = None
 
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
     def resolve(self, error: Refused | None = None) -> None:
         self.error = error
         self._done.set()
@@ -194,10 +198,20 @@ class BatchWriter:
             items = self._next_batch()
             if items is None:
                 break
-            if items:
-                self._write(items)
-            elif len(self.spool):
-                self._replay()
+            try:
+                if items:
+                    self._write(items)
+                elif len(self.spool):
+                    self._replay()
+            except Exception:
+                # A bug here must not wedge the writer: refuse this batch (it was never
+                # acknowledged, so the clients retry it) and keep serving.
+                log.exception("%s: unexpected error writing a batch", self.name)
+                self._retry_at = time.monotonic() + self.config.retry_backoff_s
+                error = Refused("internal error storing the batch; retry", exhausted=False)
+                for _, _, ticket in items or ():
+                    if not ticket.done:
+                        ticket.resolve(error)
         # Drained: one last replay attempt so a clean shutdown leaves as little spooled as can be.
         if len(self.spool) and time.monotonic() >= self._retry_at:
             self._replay()

@@ -42,6 +42,8 @@ class FlakyStore:
         #: when set, inserts wait for it: ClickHouse slower than the intake
         self.gate: threading.Event | None = None
         self.blocked = False
+        #: the next insert raises this unexpected error once (a bug, not an outage)
+        self.bug: Exception | None = None
         self.embedded = store.embedded
         self.dsn = store.dsn
 
@@ -52,6 +54,9 @@ class FlakyStore:
         if self.gate is not None:
             self.blocked = True
             self.gate.wait(30)
+        if self.bug is not None:
+            bug, self.bug = self.bug, None
+            raise bug
         if self.down:
             self.failures += 1
             raise StoreUnavailable("connection refused (test)")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.resources import Resource
@@ -187,3 +188,24 @@ def test_collector_process_spools_while_clickhouse_is_down_and_serve_replays(
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     assert count.strip() == "(12, 12)"
+
+
+def test_an_unexpected_writer_error_refuses_the_batch_and_keeps_serving(
+    store: Store, tmp_path: Path
+) -> None:
+    flaky = FlakyStore(store)
+    flaky.bug = RuntimeError("bug in the insert path (test)")
+    c = start_collector(flaky, tmp_path / "spool")
+    try:
+        service = f"svc-{uuid.uuid4().hex[:12]}"
+        rng = random.Random(3)
+        with grpc.insecure_channel(c.grpc) as channel:
+            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Export(_export(rng, service, 0), timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # not acknowledged: retried
+            stub.Export(_export(rng, service, 1), timeout=10)
+        _wait_drained(c)  # spooled during the backoff after the error, then replayed
+        assert count_spans(store, service) == 7
+    finally:
+        c.stop()
