@@ -8,7 +8,7 @@ from pathlib import Path
 from latscope.collector.http import otlp_http_router
 from latscope.collector.mapping import Limits
 from latscope.collector.receiver import Ingest, MetricsReceiver, TraceReceiver
-from latscope.collector.spool import Spool
+from latscope.collector.spool import Spool, SpoolError
 from latscope.collector.writer import BatchWriter, WriterConfig
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
@@ -42,13 +42,17 @@ class Collector:
             retry_backoff_s=settings.store_retry_s,
         )
         spool_share = settings.spool_max_bytes // 8  # metrics are small; spans get the rest
-        self.spans = BatchWriter(
-            store, SPANS_TABLE, Spool(root / "traces", settings.spool_max_bytes - spool_share),
-            config, signal="traces",
-        )  # fmt: skip
-        self.metrics = BatchWriter(
-            store, METRICS_TABLE, Spool(root / "metrics", spool_share), config, signal="metrics"
-        )
+        try:
+            span_spool = Spool(root / "traces", settings.spool_max_bytes - spool_share)
+            try:
+                metric_spool = Spool(root / "metrics", spool_share)
+            except SpoolError:
+                span_spool.close()
+                raise
+        except SpoolError as exc:
+            raise OSError(str(exc)) from None  # the commands report OSError and exit 1
+        self.spans = BatchWriter(store, SPANS_TABLE, span_spool, config, signal="traces")
+        self.metrics = BatchWriter(store, METRICS_TABLE, metric_spool, config, signal="metrics")
         limits = Limits(
             max_attributes=settings.max_span_attributes,
             max_attribute_value=settings.max_attribute_value_bytes,

@@ -9,6 +9,7 @@ The spool is bounded by bytes; ``append`` answers False instead of growing past 
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -25,7 +26,7 @@ _NAME = re.compile(r"^(\d{20})-([0-9a-f]{32})-(\d+)\.arrow$")
 
 
 class SpoolError(Exception):
-    """A spooled batch cannot be read back (truncated or corrupt file)."""
+    """The spool cannot be used: a batch cannot be read back, or another process holds it."""
 
 
 @dataclass(frozen=True, order=True)
@@ -57,6 +58,15 @@ class Spool:
         self.directory = directory
         self.max_bytes = max_bytes
         directory.mkdir(parents=True, exist_ok=True)
+        # One process per spool: two collectors replaying the same files would race.
+        self._lockfile = open(directory / ".lock", "a")  # noqa: SIM115 (held until close)
+        try:
+            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lockfile.close()
+            raise SpoolError(
+                f"spool {directory} is in use by another collector; give each its own --spool-dir"
+            ) from None
         self._lock = threading.Lock()
         # A temporary file was never renamed, so its batch was never acknowledged: drop it.
         for stale in directory.glob("*.tmp"):
@@ -108,6 +118,10 @@ class Spool:
             self._entries.append(SpoolEntry(seq, token, table.num_rows, path, data.size))
             self.bytes += data.size
         return True
+
+    def close(self) -> None:
+        """Release the spool for another process (or a restarted collector)."""
+        self._lockfile.close()
 
     def read(self, entry: SpoolEntry) -> pa.Table:
         try:

@@ -181,6 +181,7 @@ class BatchWriter:
                 # lost and nothing waiting is left unanswered.
                 log.warning("%s: store too slow at shutdown; spooling the queue", self.name)
                 self._spool_queue()
+        self.spool.close()
 
     def _spool_queue(self) -> None:
         with self._cond:

@@ -209,3 +209,13 @@ def test_an_unexpected_writer_error_refuses_the_batch_and_keeps_serving(
         assert count_spans(store, service) == 7
     finally:
         c.stop()
+
+
+def test_two_collectors_cannot_share_a_spool(store: Store, tmp_path: Path) -> None:
+    c = start_collector(store, tmp_path / "spool")
+    try:
+        with pytest.raises(OSError, match="in use by another collector"):
+            start_collector(store, tmp_path / "spool")
+    finally:
+        c.stop()
+    start_collector(store, tmp_path / "spool").stop()  # free again once the first has stopped
