@@ -32,6 +32,8 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+from prometheus_client import Counter, Gauge
+
 from latscope.attribution.batch import (
     BATCH_SPANS_SQL,
     attribute_frame,
@@ -41,8 +43,6 @@ from latscope.attribution.batch import (
 )
 from latscope.attribution.engine import DEFAULT_STALL_NS
 from latscope.attribution.table import ATTRIBUTION_SCHEMA
-from prometheus_client import Counter, Gauge
-
 from latscope.config import Settings
 from latscope.metrics import REGISTRY
 from latscope.parts import Parts

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import polars as pl
 import pyarrow as pa
+
 from latscope.attribution.engine import (
     DEFAULT_STALL_NS,
     GPU_KEYS,
@@ -27,7 +28,6 @@ from latscope.attribution.engine import (
 )
 from latscope.attribution.model import SpanRecord
 from latscope.attribution.table import ATTRIBUTION_SCHEMA, BUCKET_COLUMNS
-
 from latscope.semconv import (
     GenAIAttributes,
     HttpAttributes,

@@ -32,7 +32,6 @@ import math
 from collections.abc import Sequence
 
 from latscope.attribution.model import RequestAttribution, SpanRecord
-
 from latscope.semconv import (
     BUCKETS,
     GenAIAttributes,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from latscope.attribution.model import SpanRecord
 from latscope.attribution.queries import TRACE_SPANS
-
 from latscope.storage import Store
 
 

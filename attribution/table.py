@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
+
 from latscope.attribution.model import RequestAttribution
 
 _MAP_F = pa.map_(pa.string(), pa.float64())

@@ -1,10 +1,14 @@
-"""OTLP -> spans-table rows: the one place that knows both layouts.
+"""OTLP -> spans-table and metrics-table columns: the one place that knows both layouts.
 
 Column layout and value stringification follow the OpenTelemetry Collector's ClickHouse
 exporter (``otel_traces``): ids as lowercase hex, ``SpanKind`` / ``StatusCode`` as words,
 attributes flattened into ``Map(String, String)`` with non-string values rendered the way
 pdata's ``Value.AsString()`` does (bools ``true``/``false``, doubles without exponent, bytes in
 base64, arrays and kvlists as JSON).
+
+This is the collector's hot path. Rows never exist as Python objects: each Export appends
+straight into flat column lists (map columns as offsets + keys + values), and Arrow builds the
+arrays from those lists in C. Validation runs in the same pass, so a span is touched once.
 """
 
 from __future__ import annotations
@@ -13,19 +17,22 @@ import base64
 import json
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
 
 from latscope.semconv import ResourceAttributes
 
 _MAP = pa.map_(pa.string(), pa.string())
+_TS = pa.timestamp("ns")
 
 SPANS_SCHEMA = pa.schema(
     [
-        ("Timestamp", pa.timestamp("ns")),
+        ("Timestamp", _TS),
         ("TraceId", pa.string()),
         ("SpanId", pa.string()),
         ("ParentSpanId", pa.string()),
@@ -40,7 +47,7 @@ SPANS_SCHEMA = pa.schema(
         ("Duration", pa.uint64()),
         ("StatusCode", pa.string()),
         ("StatusMessage", pa.string()),
-        ("Events.Timestamp", pa.list_(pa.timestamp("ns"))),
+        ("Events.Timestamp", pa.list_(_TS)),
         ("Events.Name", pa.list_(pa.string())),
         ("Events.Attributes", pa.list_(_MAP)),
         ("Links.TraceId", pa.list_(pa.string())),
@@ -50,20 +57,42 @@ SPANS_SCHEMA = pa.schema(
     ]
 )
 
-SPAN_KINDS = {
-    Span.SPAN_KIND_UNSPECIFIED: "Unspecified",
-    Span.SPAN_KIND_INTERNAL: "Internal",
-    Span.SPAN_KIND_SERVER: "Server",
-    Span.SPAN_KIND_CLIENT: "Client",
-    Span.SPAN_KIND_PRODUCER: "Producer",
-    Span.SPAN_KIND_CONSUMER: "Consumer",
-}
+METRICS_SCHEMA = pa.schema(
+    [
+        ("Timestamp", _TS),
+        ("ServiceName", pa.string()),
+        ("MetricName", pa.string()),
+        ("MetricKind", pa.string()),
+        ("Unit", pa.string()),
+        ("Value", pa.float64()),
+        ("Attributes", _MAP),
+        ("ResourceAttributes", _MAP),
+    ]
+)
 
-STATUS_CODES = {
-    Status.STATUS_CODE_UNSET: "Unset",
-    Status.STATUS_CODE_OK: "Ok",
-    Status.STATUS_CODE_ERROR: "Error",
-}
+SPAN_KINDS = (
+    "Unspecified",  # Span.SPAN_KIND_UNSPECIFIED
+    "Internal",
+    "Server",
+    "Client",
+    "Producer",
+    "Consumer",
+)
+
+STATUS_CODES = ("Unset", "Ok", "Error")  # Status.STATUS_CODE_UNSET, _OK, _ERROR
+
+_ZERO_TRACE = bytes(16)
+_ZERO_SPAN = bytes(8)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a single span may carry before it is rejected as oversized."""
+
+    #: most attributes on one span (events and links count their own separately)
+    max_attributes: int = 1024
+    #: longest rendered attribute value, in characters (strings) or bytes (bytes values)
+    max_attribute_value: int = 64 * 1024
 
 
 def format_double(value: float) -> str:
@@ -103,7 +132,11 @@ def _json_value(value: AnyValue) -> Any:
 
 
 def value_to_string(value: AnyValue) -> str:
-    """Render one attribute value as the spans table stores it."""
+    """Render one attribute value as the spans table stores it.
+
+    >>> value_to_string(AnyValue(double_value=1e21))
+    '1000000000000000000000'
+    """
     kind = value.WhichOneof("value")
     if kind == "string_value":
         return value.string_value
@@ -121,68 +154,402 @@ def value_to_string(value: AnyValue) -> str:
 
 
 def attributes_to_pairs(attributes: Iterable[KeyValue]) -> list[tuple[str, str]]:
-    # A repeated key keeps its last value, as a map would.
+    """Attributes as (key, rendered value) pairs; a repeated key keeps its last value."""
     out: dict[str, str] = {}
     for kv in attributes:
         out[kv.key] = value_to_string(kv.value)
     return list(out.items())
 
 
-def resource_spans_to_columns(
-    resource_spans: Iterable[ResourceSpans], spans_filter: Any = None
-) -> dict[str, list]:
-    """Flatten OTLP ``ResourceSpans`` into column lists in ``SPANS_SCHEMA`` order.
+class _MapColumn:
+    """A ``Map(String, String)`` column under construction: offsets + flat keys and values."""
 
-    ``spans_filter(span) -> bool`` may drop individual spans (validation happens before this).
+    __slots__ = ("keys", "offsets", "values")
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = [0]
+        self.keys: list[str] = []
+        self.values: list[str] = []
+
+    def add(self, keys: list[str], values: list[str]) -> None:
+        self.keys += keys
+        self.values += values
+        self.offsets.append(len(self.keys))
+
+    def array(self) -> pa.Array:
+        return pa.MapArray.from_arrays(
+            pa.array(self.offsets, pa.int32()),
+            pa.array(self.keys, pa.string()),
+            pa.array(self.values, pa.string()),
+        )
+
+
+def _render(keys: list[str], values: list[str], attributes: Any, limits: Limits) -> str | None:
+    """Append rendered attributes to keys/values; returns a problem or None.
+
+    String values (the vast majority) take a fast path with no rendering at all.
     """
-    cols: dict[str, list] = {name: [] for name in SPANS_SCHEMA.names}
-    ts, trace_id, span_id, parent = (
-        cols["Timestamp"],
-        cols["TraceId"],
-        cols["SpanId"],
-        cols["ParentSpanId"],
-    )
-    for rs in resource_spans:
-        res_pairs = attributes_to_pairs(rs.resource.attributes)
-        service = dict(res_pairs).get(ResourceAttributes.SERVICE_NAME, "")
-        for ss in rs.scope_spans:
-            scope_name, scope_version = ss.scope.name, ss.scope.version
-            for span in ss.spans:
-                if spans_filter is not None and not spans_filter(span):
-                    continue
-                ts.append(span.start_time_unix_nano)
-                trace_id.append(span.trace_id.hex())
-                span_id.append(span.span_id.hex())
-                parent.append(span.parent_span_id.hex())
-                cols["TraceState"].append(span.trace_state)
-                cols["SpanName"].append(span.name)
-                cols["SpanKind"].append(SPAN_KINDS.get(span.kind, "Unspecified"))
-                cols["ServiceName"].append(service)
-                cols["ResourceAttributes"].append(res_pairs)
-                cols["ScopeName"].append(scope_name)
-                cols["ScopeVersion"].append(scope_version)
-                cols["SpanAttributes"].append(attributes_to_pairs(span.attributes))
-                cols["Duration"].append(max(0, span.end_time_unix_nano - span.start_time_unix_nano))
-                cols["StatusCode"].append(STATUS_CODES.get(span.status.code, "Unset"))
-                cols["StatusMessage"].append(span.status.message)
-                cols["Events.Timestamp"].append([e.time_unix_nano for e in span.events])
-                cols["Events.Name"].append([e.name for e in span.events])
-                cols["Events.Attributes"].append(
-                    [attributes_to_pairs(e.attributes) for e in span.events]
-                )
-                cols["Links.TraceId"].append([lk.trace_id.hex() for lk in span.links])
-                cols["Links.SpanId"].append([lk.span_id.hex() for lk in span.links])
-                cols["Links.TraceState"].append([lk.trace_state for lk in span.links])
-                cols["Links.Attributes"].append(
-                    [attributes_to_pairs(lk.attributes) for lk in span.links]
-                )
-    return cols
+    if len(attributes) > limits.max_attributes:
+        return f"{len(attributes)} attributes, more than the limit of {limits.max_attributes}"
+    max_len = limits.max_attribute_value
+    add_key, add_value = keys.append, values.append
+    for kv in attributes:
+        v = kv.value
+        # A non-empty string_value means the oneof holds a string: one call instead of two.
+        text = v.string_value
+        if not text:
+            kind = v.WhichOneof("value")
+            if kind == "int_value":
+                text = str(v.int_value)
+            elif kind == "double_value":
+                text = format_double(v.double_value)
+            elif kind == "bool_value":
+                text = "true" if v.bool_value else "false"
+            elif kind is not None and kind != "string_value":
+                text = value_to_string(v)
+        if len(text) > max_len:
+            return f"attribute {kv.key[:64]!r} is {len(text)} long, more than {max_len}"
+        add_key(kv.key)
+        add_value(text)
+    return None
 
 
-def columns_to_table(cols: dict[str, list]) -> pa.Table:
-    return pa.Table.from_pydict(cols, schema=SPANS_SCHEMA)
+def _dedup(keys: list[str], values: list[str]) -> tuple[list[str], list[str]]:
+    # A repeated key keeps its last value, as a map would (the OTel spec forbids repeats,
+    # but a hand-built Export can carry them and ClickHouse maps would keep both).
+    merged = dict(zip(keys, values, strict=True))
+    return list(merged), list(merged.values())
 
 
-def spans_table(resource_spans: Iterable[ResourceSpans]) -> pa.Table:
-    """OTLP ``ResourceSpans`` -> an Arrow table ready for ``Store.insert_arrow``."""
-    return columns_to_table(resource_spans_to_columns(resource_spans))
+def span_problem(span: Span) -> str | None:
+    """Why a span cannot be stored as sent (ids and times only), or None when it can."""
+    tid, sid = span.trace_id, span.span_id
+    if len(tid) != 16 or tid == _ZERO_TRACE:
+        return "trace_id must be 16 bytes, not all zero"
+    if len(sid) != 8 or sid == _ZERO_SPAN:
+        return "span_id must be 8 bytes, not all zero"
+    psid = span.parent_span_id
+    if psid and len(psid) != 8:
+        return "parent_span_id must be empty or 8 bytes"
+    if span.end_time_unix_nano < span.start_time_unix_nano:
+        return "end_time_unix_nano is before start_time_unix_nano"
+    return None
+
+
+@dataclass
+class SpanColumns:
+    """Spans of one or more Exports as columns, plus what was rejected and why."""
+
+    limits: Limits = field(default_factory=Limits)
+    rows: int = 0
+    rejected: int = 0
+    first_problem: str = ""
+
+    def __post_init__(self) -> None:
+        self.start: list[int] = []
+        self.trace_id: list[str] = []
+        self.span_id: list[str] = []
+        self.parent: list[str] = []
+        self.trace_state: list[str] = []
+        self.name: list[str] = []
+        self.kind: list[str] = []
+        self.service: list[str] = []
+        self.resource = _MapColumn()
+        self.scope_name: list[str] = []
+        self.scope_version: list[str] = []
+        self.attributes = _MapColumn()
+        self.duration: list[int] = []
+        self.status_code: list[str] = []
+        self.status_message: list[str] = []
+        # Events and links: list columns as offsets into flat children.
+        self.ev_offsets: list[int] = [0]
+        self.ev_time: list[int] = []
+        self.ev_name: list[str] = []
+        self.ev_attrs = _MapColumn()
+        self.ln_offsets: list[int] = [0]
+        self.ln_trace: list[str] = []
+        self.ln_span: list[str] = []
+        self.ln_state: list[str] = []
+        self.ln_attrs = _MapColumn()
+
+    def _reject(self, span: Span, problem: str) -> None:
+        self.rejected += 1
+        if not self.first_problem:
+            self.first_problem = f"span {span.span_id.hex() or '<empty>'}: {problem}"
+
+    def add(self, resource_spans: Iterable[ResourceSpans]) -> None:
+        """Validate and append every span; rejected spans are counted, the rest kept."""
+        limits = self.limits
+        kinds, codes = SPAN_KINDS, STATUS_CODES
+        zero_trace, zero_span = _ZERO_TRACE, _ZERO_SPAN
+        service_key = ResourceAttributes.SERVICE_NAME
+        # Bound methods once per Export, not per span: this loop runs for every span received.
+        add_attrs, add_resource = self.attributes.add, self.resource.add
+        add_start, add_duration = self.start.append, self.duration.append
+        add_trace, add_span, add_parent = (
+            self.trace_id.append,
+            self.span_id.append,
+            self.parent.append,
+        )
+        add_state, add_name, add_kind = (
+            self.trace_state.append,
+            self.name.append,
+            self.kind.append,
+        )
+        add_service, add_scope_name, add_scope_version = (
+            self.service.append,
+            self.scope_name.append,
+            self.scope_version.append,
+        )
+        add_code, add_message = self.status_code.append, self.status_message.append
+        add_events_links = self._add_events_links
+        rows = 0
+        for rs in resource_spans:
+            rkeys: list[str] = []
+            rvalues: list[str] = []
+            problem = _render(rkeys, rvalues, rs.resource.attributes, limits)
+            if problem is not None:
+                for ss in rs.scope_spans:
+                    for span in ss.spans:
+                        self._reject(span, "resource: " + problem)
+                continue
+            if len(set(rkeys)) != len(rkeys):
+                rkeys, rvalues = _dedup(rkeys, rvalues)
+            service = ""
+            if service_key in rkeys:
+                service = rvalues[len(rkeys) - 1 - rkeys[::-1].index(service_key)]
+            for ss in rs.scope_spans:
+                scope = ss.scope
+                scope_name, scope_version = scope.name, scope.version
+                for span in ss.spans:
+                    tid, sid, psid = span.trace_id, span.span_id, span.parent_span_id
+                    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+                    if (
+                        len(tid) != 16
+                        or len(sid) != 8
+                        or (psid and len(psid) != 8)
+                        or end < start
+                        or tid == zero_trace
+                        or sid == zero_span
+                    ):
+                        self._reject(span, span_problem(span) or "invalid span")
+                        continue
+                    akeys: list[str] = []
+                    avalues: list[str] = []
+                    problem = _render(akeys, avalues, span.attributes, limits)
+                    if problem is None:
+                        problem = add_events_links(span, limits)
+                    if problem is not None:
+                        self._reject(span, problem)
+                        continue
+                    if len(set(akeys)) != len(akeys):
+                        akeys, avalues = _dedup(akeys, avalues)
+                    add_attrs(akeys, avalues)
+                    add_resource(rkeys, rvalues)
+                    add_start(start)
+                    add_duration(end - start)
+                    add_trace(tid.hex())
+                    add_span(sid.hex())
+                    add_parent(psid.hex())
+                    add_state(span.trace_state)
+                    add_name(span.name)
+                    kind = span.kind
+                    add_kind(kinds[kind] if 0 <= kind < 6 else "Unspecified")
+                    add_service(service)
+                    add_scope_name(scope_name)
+                    add_scope_version(scope_version)
+                    status = span.status
+                    code = status.code
+                    add_code(codes[code] if 0 <= code < 3 else "Unset")
+                    add_message(status.message)
+                    rows += 1
+        self.rows += rows
+
+    def _add_events_links(self, span: Span, limits: Limits) -> str | None:
+        events, links = span.events, span.links
+        if not events and not links:
+            self.ev_offsets.append(self.ev_offsets[-1])
+            self.ln_offsets.append(self.ln_offsets[-1])
+            return None
+        # Render everything first so a rejected span leaves no half-written children.
+        ev_rows = []
+        for e in events:
+            k: list[str] = []
+            v: list[str] = []
+            problem = _render(k, v, e.attributes, limits)
+            if problem is not None:
+                return f"event {e.name[:64]!r}: {problem}"
+            ev_rows.append((e.time_unix_nano, e.name, k, v))
+        ln_rows = []
+        for lk in links:
+            k, v = [], []
+            problem = _render(k, v, lk.attributes, limits)
+            if problem is not None:
+                return f"link: {problem}"
+            ln_rows.append((lk.trace_id.hex(), lk.span_id.hex(), lk.trace_state, k, v))
+        for t, name, k, v in ev_rows:
+            self.ev_time.append(t)
+            self.ev_name.append(name)
+            self.ev_attrs.add(*_dedup(k, v))
+        self.ev_offsets.append(len(self.ev_time))
+        for t, s, st, k, v in ln_rows:
+            self.ln_trace.append(t)
+            self.ln_span.append(s)
+            self.ln_state.append(st)
+            self.ln_attrs.add(*_dedup(k, v))
+        self.ln_offsets.append(len(self.ln_trace))
+        return None
+
+    def table(self) -> pa.Table:
+        """The accepted spans as an Arrow table in ``SPANS_SCHEMA`` order."""
+        ev = pa.array(self.ev_offsets, pa.int32())
+        ln = pa.array(self.ln_offsets, pa.int32())
+        s = pa.string()
+        arrays = [
+            pa.array(self.start, _TS),
+            pa.array(self.trace_id, s),
+            pa.array(self.span_id, s),
+            pa.array(self.parent, s),
+            pa.array(self.trace_state, s),
+            pa.array(self.name, s),
+            pa.array(self.kind, s),
+            pa.array(self.service, s),
+            self.resource.array(),
+            pa.array(self.scope_name, s),
+            pa.array(self.scope_version, s),
+            self.attributes.array(),
+            pa.array(self.duration, pa.uint64()),
+            pa.array(self.status_code, s),
+            pa.array(self.status_message, s),
+            pa.ListArray.from_arrays(ev, pa.array(self.ev_time, _TS)),
+            pa.ListArray.from_arrays(ev, pa.array(self.ev_name, s)),
+            pa.ListArray.from_arrays(ev, self.ev_attrs.array()),
+            pa.ListArray.from_arrays(ln, pa.array(self.ln_trace, s)),
+            pa.ListArray.from_arrays(ln, pa.array(self.ln_span, s)),
+            pa.ListArray.from_arrays(ln, pa.array(self.ln_state, s)),
+            pa.ListArray.from_arrays(ln, self.ln_attrs.array()),
+        ]
+        return pa.Table.from_arrays(arrays, schema=SPANS_SCHEMA)
+
+
+def spans_table(resource_spans: Iterable[ResourceSpans], limits: Limits | None = None) -> pa.Table:
+    """OTLP ``ResourceSpans`` -> an Arrow table ready for ``Store.insert_arrow``.
+
+    Invalid spans are left out; use ``SpanColumns`` to learn how many and why.
+    """
+    cols = SpanColumns(limits or Limits())
+    cols.add(resource_spans)
+    return cols.table()
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+
+@dataclass
+class MetricColumns:
+    """Gauge and sum data points as metrics-table columns; other metric types are counted."""
+
+    limits: Limits = field(default_factory=Limits)
+    rows: int = 0
+    rejected: int = 0
+    first_problem: str = ""
+
+    def __post_init__(self) -> None:
+        self.time: list[int] = []
+        self.service: list[str] = []
+        self.name: list[str] = []
+        self.kind: list[str] = []
+        self.unit: list[str] = []
+        self.value: list[float] = []
+        self.attributes = _MapColumn()
+        self.resource = _MapColumn()
+
+    def _reject(self, count: int, problem: str) -> None:
+        self.rejected += count
+        if not self.first_problem:
+            self.first_problem = problem
+
+    def add(self, resource_metrics: Iterable[ResourceMetrics]) -> None:
+        limits = self.limits
+        for rm in resource_metrics:
+            rkeys: list[str] = []
+            rvalues: list[str] = []
+            problem = _render(rkeys, rvalues, rm.resource.attributes, limits)
+            rkeys, rvalues = _dedup(rkeys, rvalues)
+            service = dict(zip(rkeys, rvalues, strict=True)).get(
+                ResourceAttributes.SERVICE_NAME, ""
+            )
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    kind = metric.WhichOneof("data")
+                    if kind == "gauge":
+                        points = metric.gauge.data_points
+                    elif kind == "sum":
+                        points = metric.sum.data_points
+                    else:
+                        # Histograms and summaries have no place in this table yet; saying so
+                        # beats storing them wrong.
+                        count = len(getattr(metric, kind).data_points) if kind else 0
+                        self._reject(
+                            count, f"metric {metric.name[:64]!r}: type {kind} is not stored"
+                        )
+                        continue
+                    if problem is not None:
+                        self._reject(len(points), f"resource: {problem}")
+                        continue
+                    for p in points:
+                        k: list[str] = []
+                        v: list[str] = []
+                        point_problem = _render(k, v, p.attributes, limits)
+                        if point_problem is not None:
+                            self._reject(1, f"metric {metric.name[:64]!r}: {point_problem}")
+                            continue
+                        which = p.WhichOneof("value")
+                        if which == "as_int":
+                            value = float(p.as_int)
+                        elif which == "as_double":
+                            value = p.as_double
+                        else:
+                            self._reject(1, f"metric {metric.name[:64]!r}: data point has no value")
+                            continue
+                        self.attributes.add(*_dedup(k, v))
+                        self.resource.add(rkeys, rvalues)
+                        self.time.append(p.time_unix_nano)
+                        self.service.append(service)
+                        self.name.append(metric.name)
+                        self.kind.append(kind)
+                        self.unit.append(metric.unit)
+                        self.value.append(value)
+                        self.rows += 1
+
+    def table(self) -> pa.Table:
+        s = pa.string()
+        arrays = [
+            pa.array(self.time, _TS),
+            pa.array(self.service, s),
+            pa.array(self.name, s),
+            pa.array(self.kind, s),
+            pa.array(self.unit, s),
+            pa.array(self.value, pa.float64()),
+            self.attributes.array(),
+            self.resource.array(),
+        ]
+        return pa.Table.from_arrays(arrays, schema=METRICS_SCHEMA)
+
+
+__all__ = [
+    "METRICS_SCHEMA",
+    "SPANS_SCHEMA",
+    "Limits",
+    "MetricColumns",
+    "SpanColumns",
+    "attributes_to_pairs",
+    "format_double",
+    "span_problem",
+    "spans_table",
+    "value_to_string",
+]
+
+# Keep the enums' numbering honest: the tuples above index by the proto enum value.
+assert len(SPAN_KINDS) - 1 == Span.SPAN_KIND_CONSUMER
+assert len(STATUS_CODES) - 1 == Status.STATUS_CODE_ERROR

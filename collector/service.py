@@ -1,21 +1,88 @@
-"""The collector's parts for a latscope process: OTLP receivers over one store."""
+"""The collector's parts for a latscope process: receivers, writers and spools over a store."""
 
 from __future__ import annotations
 
-from latscope.collector.receiver import TraceReceiver
+import time
+from pathlib import Path
+
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
+from latscope.collector.http import otlp_http_router
+from latscope.collector.mapping import Limits
+from latscope.collector.receiver import Ingest, MetricsReceiver, TraceReceiver
+from latscope.collector.spool import Spool, SpoolError
+from latscope.collector.writer import BatchWriter, WriterConfig
 from latscope.config import Settings
 from latscope.parts import Parts
-from latscope.storage import Store
+from latscope.storage import METRICS_TABLE, SPANS_TABLE, Store
+
+
+def spool_dir(settings: Settings, store: Store) -> Path:
+    """Where the spool lives: the setting, else beside an embedded store, else ./latscope-spool."""
+    if settings.spool_dir:
+        return Path(settings.spool_dir).expanduser().resolve()
+    if store.embedded:
+        # Store.open resolved the DSN to chdb:///absolute/dir.
+        return Path(store.dsn[len("chdb://") :] + "-spool")
+    return Path("latscope-spool").resolve()
+
+
+class Collector:
+    """Both writers as one ``Component``: stop drains spans and metrics before the deadline."""
+
+    name = "collector"
+
+    def __init__(self, settings: Settings, store: Store) -> None:
+        root = spool_dir(settings, store)
+        config = WriterConfig(
+            max_queue_rows=settings.queue_max_spans,
+            batch_rows=settings.batch_max_spans,
+            batch_timeout_s=settings.batch_timeout_s,
+            retry_backoff_s=settings.store_retry_s,
+        )
+        spool_share = settings.spool_max_bytes // 8  # metrics are small; spans get the rest
+        try:
+            span_spool = Spool(root / "traces", settings.spool_max_bytes - spool_share)
+            try:
+                metric_spool = Spool(root / "metrics", spool_share)
+            except SpoolError:
+                span_spool.close()
+                raise
+        except SpoolError as exc:
+            raise OSError(str(exc)) from None  # the commands report OSError and exit 1
+        self.spans = BatchWriter(store, SPANS_TABLE, span_spool, config, signal="traces")
+        self.metrics = BatchWriter(store, METRICS_TABLE, metric_spool, config, signal="metrics")
+        limits = Limits(
+            max_attributes=settings.max_span_attributes,
+            max_attribute_value=settings.max_attribute_value_bytes,
+        )
+        self.ingest = Ingest(self.spans, self.metrics, limits, settings.token)
+
+    def start(self) -> None:
+        self.spans.start()
+        self.metrics.start()
+
+    def stop(self, deadline: float) -> None:
+        # Stop both intakes at once, then drain; the deadline is shared.
+        self.spans.close_intake()
+        self.metrics.close_intake()
+        self.spans.stop(deadline)
+        self.metrics.stop(max(deadline, time.monotonic() + 0.5))
 
 
 def collector_parts(settings: Settings, store: Store) -> Parts:
-    receiver = TraceReceiver(store)
+    """OTLP/gRPC servicers, the OTLP/HTTP router and the writers, over ``store``."""
+    collector = Collector(settings, store)
     return Parts(
         grpc_servicers=[
             lambda server: trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
-                receiver, server
-            )
-        ]
+                TraceReceiver(collector.ingest), server
+            ),
+            lambda server: metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
+                MetricsReceiver(collector.ingest), server
+            ),
+        ],
+        http_routers=[otlp_http_router(collector.ingest, settings.grpc_max_message_bytes)],
+        components=[collector],
     )

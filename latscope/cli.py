@@ -18,6 +18,7 @@ from latscope.config import ConfigError, Settings
 #: subcommand -> module implementing it, in the order ``--help`` lists them.
 COMMANDS: dict[str, str] = {
     "serve": "latscope.serve",
+    "collector": "latscope.collector.command",
     "api": "latscope.cmd.api",
     "report": "latscope.cmd.report",
     "tail": "latscope.cmd.tail",

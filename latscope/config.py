@@ -54,6 +54,13 @@ class Settings:
         default=10.0, metadata={"help": "seconds to finish in-flight work on SIGTERM"}
     )
     log_level: str = field(default="info", metadata={"help": "debug, info, warning or error"})
+    attributor: str = field(
+        default="on",
+        metadata={
+            "help": "run the continuous attributor in this process: on or off "
+            "(with several collectors on one ClickHouse, keep it on in one)"
+        },
+    )
     attribution_settle_s: float = field(
         default=5.0,
         metadata={"help": "seconds a trace must go without new spans before it is attributed"},
@@ -66,6 +73,41 @@ class Settings:
     )
     stall_threshold_ms: float = field(
         default=250.0, metadata={"help": "a gap between two streamed tokens above this is a stall"}
+    )
+    tls_cert: str = field(
+        default="", metadata={"help": "PEM certificate: serve OTLP/gRPC and HTTP over TLS"}
+    )
+    tls_key: str = field(default="", metadata={"help": "PEM private key for --tls-cert"})
+    grpc_workers: int = field(
+        default=32, metadata={"help": "OTLP/gRPC handler threads (Exports waiting on a batch)"}
+    )
+    queue_max_spans: int = field(
+        default=200_000, metadata={"help": "spans queued in memory before RESOURCE_EXHAUSTED"}
+    )
+    batch_max_spans: int = field(
+        default=20_000, metadata={"help": "flush a batch to ClickHouse at this many spans ..."}
+    )
+    batch_timeout_s: float = field(
+        default=0.2, metadata={"help": "... or when its oldest span has waited this long"}
+    )
+    spool_dir: str = field(
+        default="",
+        metadata={
+            "help": "write-ahead spool for when ClickHouse is down "
+            "(default: <store dir>-spool for chdb, ./latscope-spool otherwise)"
+        },
+    )
+    spool_max_bytes: int = field(
+        default=1024**3, metadata={"help": "spool size limit; when full, Exports are refused"}
+    )
+    store_retry_s: float = field(
+        default=1.0, metadata={"help": "after a failed insert, spool for this long, then retry"}
+    )
+    max_span_attributes: int = field(
+        default=1024, metadata={"help": "a span with more attributes is rejected"}
+    )
+    max_attribute_value_bytes: int = field(
+        default=64 * 1024, metadata={"help": "a span with a longer attribute value is rejected"}
     )
 
     @staticmethod
@@ -107,6 +149,20 @@ class Settings:
             raise ConfigError("--attribution-batch-traces must be at least 1")
         if self.stall_threshold_ms <= 0:
             raise ConfigError("--stall-threshold-ms must be positive (milliseconds)")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
+        for name in ("tls_cert", "tls_key"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ConfigError(f"--{name.replace('_', '-')}: no such file {path}")
+        for name in ("grpc_workers", "queue_max_spans", "batch_max_spans", "spool_max_bytes",
+                     "max_span_attributes", "max_attribute_value_bytes"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.batch_timeout_s <= 0 or self.store_retry_s <= 0:
+            raise ConfigError("--batch-timeout-s and --store-retry-s must be greater than 0")
+        if self.attributor not in ("on", "off"):
+            raise ConfigError(f"--attributor: expected on or off, got {self.attributor!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ConfigError(
                 f"--log-level: expected debug|info|warning|error, got {self.log_level!r}"

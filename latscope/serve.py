@@ -14,8 +14,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import uvicorn
@@ -23,7 +25,7 @@ import uvicorn
 from latscope.api import create_app
 from latscope.config import Settings, parse_hostport
 from latscope.parts import Parts
-from latscope.storage import Store
+from latscope.storage import Store, StoreUnavailable
 
 log = logging.getLogger("latscope.serve")
 
@@ -69,21 +71,29 @@ def serve_parts(settings: Settings, store: Store) -> Parts:
 
     return (
         collector_parts(settings, store)
-        + attributor_parts(settings, store)
+        + (attributor_parts(settings, store) if settings.attributor == "on" else Parts())
         + query_parts(settings, store)
     )
 
 
 def start_grpc(settings: Settings, parts: Parts) -> tuple[grpc.Server, str]:
+    # Export handlers mostly wait for their batch to become durable, so more threads than
+    # cores keep the batches full.
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpc"),
+        futures.ThreadPoolExecutor(max_workers=settings.grpc_workers, thread_name_prefix="grpc"),
         options=grpc_options(settings),
     )
     for register in parts.grpc_servicers:
         register(server)
     host, port = parse_hostport(settings.otlp_grpc, name="--otlp-grpc")
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound_port = server.add_insecure_port(target)
+    if settings.tls_cert:
+        credentials = grpc.ssl_server_credentials(
+            [(Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes())]
+        )
+        bound_port = server.add_secure_port(target, credentials)
+    else:
+        bound_port = server.add_insecure_port(target)
     if bound_port == 0:
         raise OSError(f"cannot listen for OTLP/gRPC on {settings.otlp_grpc}")
     server.start()
@@ -112,8 +122,24 @@ def stop_components(parts: Parts, deadline: float) -> None:
             log.exception("stopping %s failed", component.name)
 
 
-def run(settings: Settings) -> int:
-    """Run until SIGTERM or SIGINT; returns the process exit code."""
+def open_store(settings: Settings) -> tuple[Store, int]:
+    """The store with its schema applied, and the schema version."""
+    store = Store.open(settings.store)
+    return store, store.apply_schema()
+
+
+def run(
+    settings: Settings,
+    *,
+    command: str = "serve",
+    make_parts: Callable[[Settings, Store], Parts] = serve_parts,
+    make_app: Callable[..., object] = create_app,
+    open_store: Callable[[Settings], tuple[Store, int | None]] = open_store,
+) -> int:
+    """Run until SIGTERM or SIGINT; returns the process exit code.
+
+    ``latscope collector`` runs the same loop with its own parts, app and store opener.
+    """
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -123,15 +149,21 @@ def run(settings: Settings) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    store = Store.open(settings.store)
-    version = store.apply_schema()
-    parts = serve_parts(settings, store)
+    try:
+        store, version = open_store(settings)
+    except StoreUnavailable as exc:
+        print(f"latscope: {exc}", file=sys.stderr)
+        return 1
+    parts = make_parts(settings, store)
     for component in parts.components:
         component.start()
     grpc_server, grpc_addr = start_grpc(settings, parts)
     sock, http_addr = bind_http(settings)
-    app = create_app(store, settings, routers=parts.http_routers)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    app = make_app(store, settings, routers=parts.http_routers)
+    tls = {}
+    if settings.tls_cert:
+        tls = {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key}
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", **tls)
     http_server = uvicorn.Server(config)
     http_thread = threading.Thread(
         target=http_server.run, kwargs={"sockets": [sock]}, name="http", daemon=True
@@ -145,10 +177,12 @@ def run(settings: Settings) -> int:
         store.close()
         print("latscope: the HTTP server failed to start", file=sys.stderr)
         return 1
+    scheme = "https" if settings.tls_cert else "http"
+    schema = f"schema v{version}" if version is not None else "unreachable, spooling"
     print(
-        f"latscope serve: store {store.dsn} (schema v{version})\n"
+        f"latscope {command}: store {store.dsn} ({schema})\n"
         f"  OTLP/gRPC  {grpc_addr}\n"
-        f"  HTTP       http://{http_addr}",
+        f"  HTTP       {scheme}://{http_addr}",
         flush=True,
     )
     stop.wait()
@@ -158,5 +192,5 @@ def run(settings: Settings) -> int:
     http_thread.join(max(0.0, deadline - time.monotonic()))
     stop_components(parts, deadline)
     store.close()
-    print("latscope serve: stopped", flush=True)
+    print(f"latscope {command}: stopped", flush=True)
     return 0

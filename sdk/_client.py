@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from latscope.sdk import _guard
-from latscope.sdk._propagation import PROPAGATOR
-from latscope.sdk._runtime import RT
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from latscope.sdk import _guard
+from latscope.sdk._propagation import PROPAGATOR
+from latscope.sdk._runtime import RT
 from latscope.semconv import ClientAttributes, GenAIAttributes, HttpAttributes, LatscopeAttributes
 
 #: Bytes of a streamed body scanned for the first SSE token; beyond it any data counts.

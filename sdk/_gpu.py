@@ -24,7 +24,6 @@ from typing import Any
 
 from latscope.sdk import _guard
 from latscope.sdk._options import Options
-
 from latscope.semconv import GpuMetricAttributes, GpuMetrics, LatscopeAttributes
 
 logger = logging.getLogger("latscope.sdk")
@@ -164,8 +163,9 @@ class GpuMonitor:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
         if metric_exporter is None:
-            from latscope.sdk._runtime import grpc_headers, grpc_target
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+            from latscope.sdk._runtime import grpc_headers, grpc_target
 
             endpoint, insecure = grpc_target(opts.export)
             metric_exporter = OTLPMetricExporter(

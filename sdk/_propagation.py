@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
-from latscope.sdk import _guard
-from latscope.sdk._runtime import RT, force_flush
-from latscope.sdk._server import arrival_ns
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from latscope.sdk import _guard
+from latscope.sdk._runtime import RT, force_flush
+from latscope.sdk._server import arrival_ns
 
 PROPAGATOR = TraceContextTextMapPropagator()
 

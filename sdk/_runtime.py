@@ -16,14 +16,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from latscope.sdk import _guard
-from latscope.sdk._export import BoundedBatchProcessor
-from latscope.sdk._options import ExportOptions, GpuOptions, Options, from_env
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 
+from latscope.sdk import _guard
+from latscope.sdk._export import BoundedBatchProcessor
+from latscope.sdk._options import ExportOptions, GpuOptions, Options, from_env
 from latscope.semconv import ResourceAttributes
 
 logger = logging.getLogger("latscope.sdk")

@@ -16,13 +16,13 @@ from array import array
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any, ParamSpec, TypeVar, overload
 
-from latscope.sdk import _guard
-from latscope.sdk._runtime import RT
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from latscope.sdk import _guard
+from latscope.sdk._runtime import RT
 from latscope.semconv import GenAIAttributes, LatscopeAttributes, Phase, ServerAttributes
 
 P = ParamSpec("P")

@@ -11,7 +11,6 @@ from latscope.attribution.batch import attribute_records
 from latscope.attribution.engine import attribute_trace
 from latscope.attribution.model import RequestAttribution, SpanRecord
 from latscope.attribution.table import attribution_row
-
 from latscope.semconv import LatscopeAttributes, SpanKind
 
 MS = 1_000_000

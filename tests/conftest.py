@@ -16,6 +16,24 @@ from pathlib import Path
 import httpx
 import pytest
 
+from latscope.storage import Store
+
+_EMBEDDED: list[Store] = []
+
+
+def embedded_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """The test process's one embedded store, schema applied.
+
+    chDB opens one data directory per process, so every in-process test shares this store (tests
+    keep apart by their own service names and trace ids); tests that need a store of their own
+    start a ``latscope serve`` process.
+    """
+    if not _EMBEDDED:
+        store = Store.open(f"chdb://{tmp_path_factory.mktemp('embedded-store')}")
+        store.apply_schema()
+        _EMBEDDED.append(store)
+    return _EMBEDDED[0]
+
 
 @dataclass
 class Server:

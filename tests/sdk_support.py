@@ -12,12 +12,12 @@ from typing import Any
 
 import grpc
 import uvicorn
-from latscope.sdk import _guard
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from latscope import sdk
+from latscope.sdk import _guard
 
 
 class Capture:

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from latscope.v1 import query_pb2, query_pb2_grpc
 
+from latscope.v1 import query_pb2, query_pb2_grpc
 from tests.conftest import Server, start_serve
 
 TOKEN = "s3cret-token"

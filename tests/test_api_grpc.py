@@ -10,12 +10,12 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from latscope.v1 import query_pb2, query_pb2_grpc
 
 from latscope.api.codegen import PROTO_DIR, generate
 from latscope.api.grpc_service import QueryServicer, attribution_dict
 from latscope.api.live import LiveHub, observe
 from latscope.config import Settings
+from latscope.v1 import query_pb2, query_pb2_grpc
 from tests.conftest import Server, start_serve
 from tests.surfaces import RequestSpec, dataset_store
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from latscope.v1 import query_pb2, query_pb2_grpc
 
 from latscope.api.grpc_service import attribution_dict
+from latscope.v1 import query_pb2, query_pb2_grpc
 from tests.conftest import Server, start_serve
 from tests.surfaces import FAST_ATTRIBUTION, RequestSpec, send, steady_tokens
 

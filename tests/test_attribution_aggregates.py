@@ -8,10 +8,10 @@ import uuid
 import numpy as np
 import polars as pl
 import pytest
+
 from latscope.attribution import aggregates as ag
 from latscope.attribution.batch import to_arrow
 from latscope.attribution.table import ATTRIBUTION_SCHEMA, BUCKET_COLUMNS
-
 from latscope.semconv import BUCKETS
 from latscope.storage import ATTRIBUTION_TABLE, Store
 from tests.test_attribution_attributor import shared_store

@@ -15,16 +15,14 @@ from pathlib import Path
 import httpx
 import pyarrow as pa
 import pytest
-from latscope.attribution.attributor import Attributor
-from latscope.collector.mapping import SPANS_SCHEMA
 from opentelemetry.trace import SpanKind, set_span_in_context
 
-from latscope.storage import SPANS_TABLE, Store, StoreError
+from latscope.attribution.attributor import Attributor
+from latscope.collector.mapping import SPANS_SCHEMA
+from latscope.storage import SPANS_TABLE, Store
 from tests.attribution_support import MS, T0
-from tests.conftest import Server, start_serve
+from tests.conftest import Server, embedded_store, start_serve
 from tests.test_walking_skeleton import EXPECTED, LAYOUT, _provider
-
-_STORES: list[Store] = []
 
 
 @pytest.fixture(scope="module")
@@ -34,18 +32,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
 
 def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     """The process's embedded store (chDB allows one data directory per process)."""
-    if _STORES:
-        return _STORES[0]
-    try:
-        store = Store.open(f"chdb://{tmp_path_factory.mktemp('attribution-store')}")
-    except StoreError as exc:  # another test module opened one first: share it
-        m = re.search(r"initialized with path '([^']+)'", str(exc))
-        if not m:
-            raise
-        store = Store.open(f"chdb://{m.group(1)}")
-    store.apply_schema()
-    _STORES.append(store)
-    return store
+    return embedded_store(tmp_path_factory)
 
 
 def span_rows(trace_id: str, spans: list[dict]) -> pa.Table:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from latscope.attribution import sweep
 
+from latscope.attribution import sweep
 from latscope.semconv import LatscopeAttributes, SpanKind, VllmAttributes
 from tests.attribution_support import MS, T0, TraceBuilder, both
 

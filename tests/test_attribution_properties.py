@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from latscope.attribution.batch import attribute_records
 from latscope.attribution.engine import attribute_trace
-
 from latscope.semconv import Phase, SpanKind, VllmAttributes
 from tests.attribution_support import TraceBuilder, assert_rows_equal, oracle_row
 

@@ -9,8 +9,8 @@ import sys
 
 import grpc
 import httpx
-from latscope.v1 import query_pb2, query_pb2_grpc
 
+from latscope.v1 import query_pb2, query_pb2_grpc
 from tests.surfaces import dataset_store
 
 

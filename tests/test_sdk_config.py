@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from latscope.sdk._options import ExportOptions, from_env, parse_headers
-from latscope.sdk._runtime import RT, grpc_headers, grpc_target
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from latscope import sdk
+from latscope.sdk._options import ExportOptions, from_env, parse_headers
+from latscope.sdk._runtime import RT, grpc_headers, grpc_target
 from tests.sdk_support import capture, collector
 
 

@@ -8,11 +8,11 @@ from concurrent import futures
 
 import grpc
 import pytest
-from latscope.sdk import GpuOptions
-from latscope.sdk.testing import FakeGpu, FakeNvml
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
 from latscope import sdk
+from latscope.sdk import GpuOptions
+from latscope.sdk.testing import FakeGpu, FakeNvml
 from latscope.semconv import GpuMetricAttributes, GpuMetrics
 from latscope.semconv import LatscopeAttributes as LA
 from tests.sdk_support import capture

@@ -13,12 +13,12 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
-from latscope.sdk import ExportOptions, GpuOptions
-from latscope.sdk.testing import FakeGpu, FakeNvml, NVMLError
 
 from examples.client import chat, make_client
 from examples.inference_server import create_app
 from latscope import sdk
+from latscope.sdk import ExportOptions, GpuOptions
+from latscope.sdk.testing import FakeGpu, FakeNvml, NVMLError
 from latscope.semconv import LatscopeAttributes
 from tests.sdk_support import capture, collector, run_app
 

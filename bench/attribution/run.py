@@ -17,6 +17,7 @@ os.environ.setdefault("POLARS_MAX_THREADS", "1")
 
 import numpy as np
 import polars as pl
+
 from latscope.attribution.batch import SPAN_COLUMNS, attribute_frame, finish_rows, to_arrow
 from latscope.attribution.engine import attribute_trace
 from latscope.attribution.model import SpanRecord

@@ -15,9 +15,8 @@ import argparse
 import time
 from collections.abc import Callable
 
-from latscope.attribution import aggregates as ag
-
 from bench.query.generate import generate
+from latscope.attribution import aggregates as ag
 from latscope.storage import ATTRIBUTION_TABLE, Store
 
 T0 = 1_763_000_000_000_000_000

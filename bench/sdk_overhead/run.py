@@ -17,8 +17,6 @@ import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
-from latscope.sdk import GpuOptions
-from latscope.sdk.testing import FakeGpu, FakeNvml
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -27,6 +25,8 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from latscope import sdk
+from latscope.sdk import GpuOptions
+from latscope.sdk.testing import FakeGpu, FakeNvml
 from latscope.semconv import (
     ClientAttributes,
     GenAIAttributes,

@@ -11,6 +11,13 @@
 -- Exactly-once writes: the collector tags every batch with an insert_deduplication_token and
 -- replays a spooled batch with the same token, so the deduplication window below drops a batch
 -- that was already stored (for a ReplicatedMergeTree the window is replicated_deduplication_window).
+-- Chosen over a ReplacingMergeTree keyed by (TraceId, SpanId) because dedup tokens drop the
+-- repeat at insert time: every read sees each span once without FINAL or a GROUP BY, merges stay
+-- cheap, and a span legitimately re-sent by an SDK (same ids, new content) is not silently merged
+-- away. The window keeps the last 10000 tokens; it must cover the inserts between a batch that
+-- reached ClickHouse unseen (the insert timed out) and that batch's replay. Batches go to the
+-- spool while it is non-empty and replay in order, so those are at most the spool's batches
+-- ahead of it; a crash between a replayed insert and its file's removal repeats only that batch.
 CREATE TABLE IF NOT EXISTS otel_traces
 (
     Timestamp          DateTime64(9) CODEC(Delta, ZSTD(1)),

@@ -1,6 +1,7 @@
 -- Gauge and sum data points received on OTLP MetricsService/Export: the SDK's NVML samples
 -- (gpu.uuid / gpu.index attributes) and any other metric. GPU columns are lifted out of the
--- attributes so per-GPU queries use the sort key.
+-- attributes so per-GPU queries use the sort key. Batches carry insert_deduplication_tokens like
+-- the spans (see 001_spans.sql), so a replayed batch is stored once.
 CREATE TABLE IF NOT EXISTS latscope_metrics
 (
     Timestamp          DateTime64(9) CODEC(Delta, ZSTD(1)),

@@ -1,0 +1,148 @@
+"""``latscope collector``: OTLP ingest alone, for a ClickHouse server backend.
+
+Several collectors can run side by side behind a load balancer, each with its own spool. The
+collector starts even when ClickHouse is down: it spools until the server answers, then applies
+the schema and replays. With a ``chdb:///dir`` store it works too (it then owns the store).
+
+It also runs the continuous attributor, which turns settled traces into rows of the attribution
+table that ``latscope api`` reads. Attribution is idempotent, so two attributors on one store do
+the same work twice but write the same rows; with several collectors keep it on in one
+(``--attributor off`` on the others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+from fastapi import APIRouter, FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from latscope import __version__
+from latscope.config import Settings
+from latscope.metrics import REGISTRY
+from latscope.parts import Parts
+from latscope.storage import Store, StoreError, StoreUnavailable
+
+log = logging.getLogger("latscope.collector")
+
+HELP = "OTLP collector alone (gRPC and HTTP ingest), for a ClickHouse server store"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from latscope.cli import add_settings_flags
+
+    add_settings_flags(parser)
+
+
+class DeferredStore(Store):
+    """A store that was unreachable at start: every call first tries to open it (rate-limited).
+
+    Until it opens, calls raise ``StoreUnavailable``, which the writers answer by spooling.
+    """
+
+    def __init__(self, dsn: str, retry_s: float) -> None:
+        super().__init__(client=None, dsn=dsn)
+        self._retry_s = retry_s
+        self._next_try = 0.0
+        self._open_lock = threading.Lock()
+        self._inner: Store | None = None
+
+    def _store(self) -> Store:
+        with self._open_lock:
+            if self._inner is None:
+                now = time.monotonic()
+                if now < self._next_try:
+                    raise StoreUnavailable(f"store {self.dsn} still unreachable")
+                self._next_try = now + self._retry_s
+                inner = Store.open(self.dsn)
+                version = inner.apply_schema()
+                log.info("store %s reachable again (schema v%d)", self.dsn, version)
+                self._inner = inner
+            return self._inner
+
+    def command(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        return self._store().command(sql, parameters)
+
+    def query_rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
+        return self._store().query_rows(sql, parameters)
+
+    def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> pa.Table:
+        return self._store().query_arrow(sql, parameters)
+
+    def insert_arrow(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
+        self._store().insert_arrow(table, data, dedup_token=dedup_token)
+
+    def close(self) -> None:
+        if self._inner is not None:
+            self._inner.close()
+
+
+def open_store(settings: Settings) -> tuple[Store, int | None]:
+    """The store and its schema version, or a ``DeferredStore`` (version None) when down."""
+    try:
+        store = Store.open(settings.store)
+        return store, store.apply_schema()
+    except StoreUnavailable as exc:
+        if settings.store.startswith("chdb:"):
+            raise
+        log.warning("store unreachable at start (%s); spooling until it answers", exc)
+        return DeferredStore(settings.store, settings.store_retry_s), None
+    except StoreError:
+        raise
+
+
+def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter] = ()) -> FastAPI:
+    """The collector's HTTP side: OTLP/HTTP routes, ``/healthz`` and ``/metrics``."""
+    app = FastAPI(title="latscope collector", version=__version__)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """Liveness: the process answers. Needs no token."""
+        return {"status": "ok"}
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    def metrics() -> Response:
+        """Prometheus text exposition of the collector's metrics."""
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    for router in routers:
+        app.include_router(router)
+    return app
+
+
+def ingest_parts(settings: Settings, store: Store) -> Parts:
+    """The collector's receivers, and the attributor unless ``--attributor off``."""
+    from latscope.attribution.attributor import attributor_parts
+    from latscope.collector.service import collector_parts
+
+    parts = collector_parts(settings, store)
+    if settings.attributor == "on":
+        parts = parts + attributor_parts(settings, store)
+    return parts
+
+
+def main(args: argparse.Namespace) -> int:
+
+    from latscope.cli import settings_from_args
+    from latscope.serve import run
+
+    settings = settings_from_args(args)
+    logging.getLogger().setLevel(settings.log_level.upper())
+    try:
+        return run(
+            settings,
+            command="collector",
+            make_parts=ingest_parts,
+            make_app=create_app,
+            open_store=open_store,
+        )
+    except OSError as exc:
+        print(f"latscope: {exc}", file=sys.stderr)
+        return 1

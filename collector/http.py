@@ -1,0 +1,200 @@
+"""OTLP/HTTP: ``POST /v1/traces`` and ``POST /v1/metrics``, protobuf or JSON, optionally gzip'd.
+
+Follows the OTLP/HTTP spec: the response uses the request's encoding; errors carry a
+``google.rpc.Status`` (JSON or protobuf); backpressure is 429 (full) or 503 (shutting down)
+with ``Retry-After``; partial success is a 200 with ``partialSuccess`` filled in. In OTLP/JSON
+trace and span ids are hex strings, not base64 as protobuf's JSON mapping would have them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from latscope.collector.receiver import Ingest, Outcome
+from latscope.collector.writer import Refused
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _read_body(raw: bytes, encoding: str, max_bytes: int) -> bytes:
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return raw
+    if encoding != "gzip":
+        raise BadRequest(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
+    # Bounded inflate: a small gzip bomb must not become gigabytes in memory.
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        body = inflater.decompress(raw, max_bytes + 1)
+    except zlib.error as exc:
+        raise BadRequest(400, f"body is not valid gzip: {exc}") from None
+    if len(body) > max_bytes or inflater.unconsumed_tail:
+        raise BadRequest(413, f"decompressed body is larger than {max_bytes} bytes")
+    return body
+
+
+def _hex_to_b64(obj: dict, key: str) -> None:
+    value = obj.get(key)
+    if isinstance(value, str) and value:
+        try:
+            obj[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+        except ValueError:
+            # Not hex: leave the id empty so validation rejects this span alone.
+            obj[key] = ""
+
+
+def _fix_ids(doc: Any, ids: tuple[str, ...]) -> None:
+    """Rewrite OTLP/JSON hex ids into protobuf-JSON base64, in place, at any depth."""
+    if isinstance(doc, dict):
+        for key in ids:
+            _hex_to_b64(doc, key)
+        for value in doc.values():
+            if isinstance(value, (dict, list)):
+                _fix_ids(value, ids)
+    elif isinstance(doc, list):
+        for value in doc:
+            _fix_ids(value, ids)
+
+
+_SPAN_IDS = ("traceId", "spanId", "parentSpanId")
+_METRIC_IDS = ("traceId", "spanId")  # exemplars
+
+
+def _parse(body: bytes, json_body: bool, message: Message, ids: tuple[str, ...]) -> None:
+    if json_body:
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(400, f"body is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise BadRequest(400, "body must be a JSON object")
+        _fix_ids(doc, ids)
+        try:
+            json_format.ParseDict(doc, message, ignore_unknown_fields=True)
+        except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+            raise BadRequest(400, f"body is not an OTLP JSON Export: {exc}") from None
+    else:
+        try:
+            message.ParseFromString(body)
+        except (DecodeError, RuntimeError, ValueError) as exc:
+            raise BadRequest(400, f"body is not an OTLP protobuf Export: {exc}") from None
+
+
+def _status_response(status: int, message: str, json_body: bool, **headers: str) -> Response:
+    body = status_pb2.Status(code=status, message=message)
+    if json_body:
+        return Response(json_format.MessageToJson(body), status, headers, media_type=JSON)
+    return Response(body.SerializeToString(), status, headers, media_type=PROTOBUF)
+
+
+def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
+    """The OTLP/HTTP routes over ``ingest``; bodies above ``max_bytes`` get a 413."""
+    router = APIRouter(tags=["otlp"])
+
+    def handle(
+        request_body: bytes | None,
+        headers: Any,
+        make: Callable[[], Message],
+        ids: tuple[str, ...],
+        export: Callable[[Any], Outcome],
+        respond: Callable[[Outcome], Message],
+    ) -> Response:
+        content_type = headers.get("content-type", PROTOBUF).split(";")[0].strip().lower()
+        json_body = content_type == JSON
+        if not ingest.authorized(headers.get("authorization")):
+            return _status_response(
+                401, "send 'Authorization: Bearer <token>'", json_body,
+                **{"WWW-Authenticate": "Bearer"},
+            )  # fmt: skip
+        if content_type not in (JSON, PROTOBUF):
+            return _status_response(
+                415, f"unsupported Content-Type {content_type!r}; use {PROTOBUF} or {JSON}", False
+            )
+        try:
+            if request_body is None:
+                raise BadRequest(413, f"body is larger than {max_bytes} bytes")
+            body = _read_body(request_body, headers.get("content-encoding", ""), max_bytes)
+            message = make()
+            _parse(body, json_body, message, ids)
+            outcome = export(message)
+        except BadRequest as exc:
+            return _status_response(exc.status, str(exc), json_body)
+        except Refused as exc:
+            retry = str(max(1, math.ceil(exc.retry_after_s)))
+            return _status_response(
+                429 if exc.exhausted else 503, str(exc), json_body, **{"Retry-After": retry}
+            )
+        reply = respond(outcome)
+        if json_body:
+            return Response(json_format.MessageToJson(reply), 200, media_type=JSON)
+        return Response(reply.SerializeToString(), 200, media_type=PROTOBUF)
+
+    def trace_reply(outcome: Outcome) -> Message:
+        reply = trace_service_pb2.ExportTraceServiceResponse()
+        if outcome.rejected:
+            reply.partial_success.rejected_spans = outcome.rejected
+            reply.partial_success.error_message = outcome.message
+        return reply
+
+    def metric_reply(outcome: Outcome) -> Message:
+        reply = metrics_service_pb2.ExportMetricsServiceResponse()
+        if outcome.rejected:
+            reply.partial_success.rejected_data_points = outcome.rejected
+            reply.partial_success.error_message = outcome.message
+        return reply
+
+    async def _body(request: Request) -> bytes | None:
+        # Read at most max_bytes so an absurd body never fills memory; None means too large.
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @router.post("/v1/traces", response_class=Response)
+    async def traces(request: Request) -> Response:
+        """OTLP/HTTP trace Export (protobuf or JSON, gzip optional)."""
+        from starlette.concurrency import run_in_threadpool
+
+        body = await _body(request)
+        return await run_in_threadpool(
+            handle, body, request.headers, trace_service_pb2.ExportTraceServiceRequest,
+            _SPAN_IDS, ingest.export_traces, trace_reply,
+        )  # fmt: skip
+
+    @router.post("/v1/metrics", response_class=Response)
+    async def metrics(request: Request) -> Response:
+        """OTLP/HTTP metrics Export: gauge and sum points are stored."""
+        from starlette.concurrency import run_in_threadpool
+
+        body = await _body(request)
+        return await run_in_threadpool(
+            handle, body, request.headers, metrics_service_pb2.ExportMetricsServiceRequest,
+            _METRIC_IDS, ingest.export_metrics, metric_reply,
+        )  # fmt: skip
+
+    return router
+
+
+__all__ = ["otlp_http_router"]

@@ -1,0 +1,221 @@
+"""Storage faults: every acknowledged span is stored exactly once, across outages and restarts."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from bench.ingest.traces import make_request
+from latscope.storage import Store
+from tests.collector_harness import (
+    Collector,
+    FlakyStore,
+    count_spans,
+    distinct_spans,
+    start_collector,
+    store_fixture,  # noqa: F401 (fixture)
+)
+from tests.conftest import start_serve
+
+T0 = 1_763_000_000_000_000_000
+
+
+def _export(
+    rng: random.Random, service: str, i: int
+) -> trace_service_pb2.ExportTraceServiceRequest:
+    req = make_request(rng, T0 + i * 1_000_000_000, service=service)
+    # Both resources carry the test's service so counts are per test.
+    for rs in req.resource_spans:
+        rs.resource.attributes[0].value.string_value = service
+    return req
+
+
+def _send(c: Collector, service: str, n: int, seed: int = 0) -> int:
+    """Send n Exports of 7 spans; returns how many were acknowledged."""
+    rng = random.Random(seed)
+    acked = 0
+    with grpc.insecure_channel(c.grpc) as channel:
+        stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+        for i in range(n):
+            try:
+                stub.Export(_export(rng, service, i), timeout=10)
+                acked += 1
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+    return acked
+
+
+def _wait_drained(c: Collector, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while len(c.collector.spans.spool) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not len(c.collector.spans.spool), "spool was not replayed"
+
+
+def test_store_failing_mid_stream_loses_and_duplicates_nothing(
+    store: Store, tmp_path: Path
+) -> None:
+    flaky = FlakyStore(store)
+    flaky.fail_after = 2  # the third insert and everything after fail until the store is back
+    c = start_collector(flaky, tmp_path / "spool", batch_max_spans=14)
+    try:
+        service = f"svc-{uuid.uuid4().hex[:12]}"
+        assert _send(c, service, 20) == 20
+        assert flaky.failures >= 1 and len(c.collector.spans.spool) > 0
+        flaky.down = False
+        _wait_drained(c)
+        assert count_spans(store, service) == 140
+        assert distinct_spans(store, service) == 140
+        metrics = httpx.get(f"{c.http}/metrics").text
+        assert 'latscope_collector_dropped_total{signal="traces"} 0.0' in metrics
+        assert 'latscope_collector_replayed_total{signal="traces"}' in metrics
+    finally:
+        c.stop()
+
+
+def test_restart_replays_the_spool_exactly_once(store: Store, tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    service = f"svc-{uuid.uuid4().hex[:12]}"
+    down = FlakyStore(store)
+    down.down = True
+    first = start_collector(down, spool)
+    assert _send(first, service, 10) == 10  # acknowledged from the spool alone
+    first.stop()  # the store is still down: everything stays spooled
+    files = sorted((spool / "traces").glob("*.arrow"))
+    assert files and count_spans(store, service) == 0
+    backup = tmp_path / "backup"
+    shutil.copytree(spool / "traces", backup)
+
+    second = start_collector(store, spool)
+    _wait_drained(second)
+    second.stop()
+    assert count_spans(store, service) == 70
+
+    # A crash after the insert but before the file was removed replays the same batches again:
+    # their original tokens make ClickHouse drop them.
+    for f in backup.iterdir():
+        shutil.copy(f, spool / "traces" / f.name)
+    third = start_collector(store, spool)
+    _wait_drained(third)
+    third.stop()
+    assert count_spans(store, service) == 70
+
+
+def test_full_spool_refuses_instead_of_dropping(store: Store, tmp_path: Path) -> None:
+    down = FlakyStore(store)
+    down.down = True
+    c = start_collector(down, tmp_path / "spool", spool_max_bytes=200_000)
+    try:
+        service = f"svc-{uuid.uuid4().hex[:12]}"
+        acked = _send(c, service, 60)
+        assert 0 < acked < 60  # some were refused with RESOURCE_EXHAUSTED, none dropped
+        down.down = False
+        _wait_drained(c)
+        assert count_spans(store, service) == acked * 7
+    finally:
+        c.stop()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_collector_process_spools_while_clickhouse_is_down_and_serve_replays(
+    tmp_path: Path,
+) -> None:
+    spool = tmp_path / "spool"
+    cmd = [
+        sys.executable, "-m", "latscope.cli", "collector",
+        "--store", f"http://127.0.0.1:{_closed_port()}",
+        "--spool-dir", str(spool),
+        "--otlp-grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    grpc_addr = None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "OTLP/gRPC" in line:
+            grpc_addr = line.split()[-1]
+            break
+    assert grpc_addr, "".join(lines)
+    service = f"svc-{uuid.uuid4().hex[:12]}"
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=grpc_addr, insecure=True, timeout=10))
+    )
+    tracer = provider.get_tracer("test")
+    for i in range(12):
+        with tracer.start_as_current_span(f"op-{i}"):
+            pass
+    provider.shutdown()
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, output
+    assert list((spool / "traces").glob("*.arrow")), output
+
+    server = start_serve(tmp_path / "store", "--spool-dir", str(spool))
+    deadline = time.monotonic() + 30
+    while list((spool / "traces").glob("*.arrow")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    server.stop()
+    count = subprocess.run(
+        [sys.executable, "-c", (
+            "import sys; from latscope.storage import Store; "
+            "s = Store.open(sys.argv[1]); "
+            "print(s.query_rows('SELECT count(), uniqExact(SpanId) FROM otel_traces "
+            "WHERE ServiceName = {s:String}', {'s': sys.argv[2]})[0])"
+        ), f"chdb://{tmp_path / 'store'}", service],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert count.strip() == "(12, 12)"
+
+
+def test_an_unexpected_writer_error_refuses_the_batch_and_keeps_serving(
+    store: Store, tmp_path: Path
+) -> None:
+    flaky = FlakyStore(store)
+    flaky.bug = RuntimeError("bug in the insert path (test)")
+    c = start_collector(flaky, tmp_path / "spool")
+    try:
+        service = f"svc-{uuid.uuid4().hex[:12]}"
+        rng = random.Random(3)
+        with grpc.insecure_channel(c.grpc) as channel:
+            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Export(_export(rng, service, 0), timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # not acknowledged: retried
+            stub.Export(_export(rng, service, 1), timeout=10)
+        _wait_drained(c)  # spooled during the backoff after the error, then replayed
+        assert count_spans(store, service) == 7
+    finally:
+        c.stop()
+
+
+def test_two_collectors_cannot_share_a_spool(store: Store, tmp_path: Path) -> None:
+    c = start_collector(store, tmp_path / "spool")
+    try:
+        with pytest.raises(OSError, match="in use by another collector"):
+            start_collector(store, tmp_path / "spool")
+    finally:
+        c.stop()
+    start_collector(store, tmp_path / "spool").stop()  # free again once the first has stopped
