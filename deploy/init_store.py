@@ -55,7 +55,9 @@ def apply_retention(store: Store, sql: str) -> list[str]:
     for statement in DDLFile(0, "retention.sql", sql).statements():
         match = _ALTER_TTL.match(statement)
         if not match:
-            raise StoreError(f"retention file: expected ALTER TABLE ... MODIFY TTL, got {statement}")
+            raise StoreError(
+                f"retention file: expected ALTER TABLE ... MODIFY TTL, got {statement}"
+            )
         table = match.group(1)
         if store.query_rows(_HAS_TTL, {"table": table})[0][0]:
             continue

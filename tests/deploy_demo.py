@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+from latscope.attribution import attribute_trace, load_trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-from latscope.attribution import attribute_trace, load_trace
 from latscope.semconv import GenAIAttributes, HttpAttributes, LatscopeAttributes, Phase
 from latscope.storage import ATTRIBUTION_TABLE, METRICS_TABLE, SPANS_TABLE, Store
 from tests.conftest import start_serve
@@ -155,9 +155,7 @@ def _send_request(
         s_span.set_status(Status(StatusCode.ERROR, "upstream worker restarted"))
     s_span.end(end_time=t)
     if c_span is not None:
-        c_span.set_attribute(
-            LatscopeAttributes.FIRST_TOKEN_NS, int(first_token_ns + network / 2)
-        )
+        c_span.set_attribute(LatscopeAttributes.FIRST_TOKEN_NS, int(first_token_ns + network / 2))
         c_span.end(end_time=int(t + network / 2))
 
 
@@ -247,7 +245,9 @@ def attribution_rows(store: Store) -> pa.Table:
     }
     # Only the columns the table has: a column added later takes its default.
     names = [n for n in rows[0] if n in columns]
-    return pa.table({n: pa.array([r[n] for r in rows], type=types.get(n, pa.int64())) for n in names})
+    return pa.table(
+        {n: pa.array([r[n] for r in rows], type=types.get(n, pa.int64())) for n in names}
+    )
 
 
 def gpu_samples(*, first_ns: int, last_ns: int, seed: int) -> pa.Table:

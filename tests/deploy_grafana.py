@@ -101,8 +101,10 @@ def expand_macros(sql: str, *, start: datetime, end: datetime, interval_s: int) 
         "toTime_ms": lambda _: f"fromUnixTimestamp64Milli({t_ms})",
         "timeFilter": one_arg(lambda c: f"{c} >= toDateTime({f_s}) AND {c} <= toDateTime({t_s})"),
         "timeFilter_ms": one_arg(
-            lambda c: f"{c} >= fromUnixTimestamp64Milli({f_ms}) "
-            f"AND {c} <= fromUnixTimestamp64Milli({t_ms})"
+            lambda c: (
+                f"{c} >= fromUnixTimestamp64Milli({f_ms}) "
+                f"AND {c} <= fromUnixTimestamp64Milli({t_ms})"
+            )
         ),
         "dateFilter": one_arg(
             lambda c: f"{c} >= toDate('{start:%Y-%m-%d}') AND {c} <= toDate('{end:%Y-%m-%d}')"
@@ -111,8 +113,9 @@ def expand_macros(sql: str, *, start: datetime, end: datetime, interval_s: int) 
             lambda c: f"toStartOfInterval(toDateTime({c}), INTERVAL {interval_s} second)"
         ),
         "timeInterval_ms": one_arg(
-            lambda c: f"toStartOfInterval(toDateTime64({c}, 3), "
-            f"INTERVAL {interval_s * 1000} millisecond)"
+            lambda c: (
+                f"toStartOfInterval(toDateTime64({c}, 3), INTERVAL {interval_s * 1000} millisecond)"
+            )
         ),
         "interval_s": lambda _: str(interval_s),
     }
@@ -143,9 +146,7 @@ def grafana_sql(
     """A dashboard query as ClickHouse receives it."""
     if interval_s is None:
         interval_s = auto_interval(start, end)
-    return expand_macros(
-        interpolate(sql, variables), start=start, end=end, interval_s=interval_s
-    )
+    return expand_macros(interpolate(sql, variables), start=start, end=end, interval_s=interval_s)
 
 
 def resolve_variables(

@@ -9,7 +9,6 @@ do (tests/deploy_grafana.py) and must run and return rows.
 from __future__ import annotations
 
 import json
-
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +31,9 @@ DATASOURCES = ROOT / "deploy/grafana/provisioning/datasources/clickhouse.yaml"
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, Demo, datetime]]:
     now = datetime.now(UTC).replace(microsecond=0)
-    data = load_demo(tmp_path_factory.mktemp("deploy") / "store", now_ns=int(now.timestamp()) * 10**9)
+    data = load_demo(
+        tmp_path_factory.mktemp("deploy") / "store", now_ns=int(now.timestamp()) * 10**9
+    )
     # One embedded store per process at a time: close it when the module is done.
     store = Store.open(f"chdb://{data.store_dir}")
     try:
@@ -145,7 +146,9 @@ def test_tail_panel_names_every_bucket_once(grafana: Grafana) -> None:
 
 
 def test_slo_burn_rates_match_a_direct_count(grafana: Grafana) -> None:
-    [row] = grafana.run(_panel("Burn rate over the whole range")["targets"][0]["rawSql"]).to_pylist()
+    [row] = grafana.run(
+        _panel("Burn rate over the whole range")["targets"][0]["rawSql"]
+    ).to_pylist()
     v = grafana.variables
     threshold_ns = float(v["e2e_slo_ms"][0]) * 1e6
     budget = 1 - float(v["slo_target"][0])
@@ -212,4 +215,3 @@ def test_time_range_moves_the_data(grafana: Grafana) -> None:
     early.start = datetime.fromtimestamp(grafana.start.timestamp() - 86400 * 2, UTC)
     early.end = datetime.fromtimestamp(grafana.start.timestamp() - 86400, UTC)
     assert early.run(_panel("Requests")["targets"][0]["rawSql"]).to_pylist() == [{"requests": 0}]
-

@@ -78,9 +78,9 @@ def cluster_statements(statement: str, opts: Options) -> list[str]:
     local = f"{table}_local"
     args = [a.strip() for a in (engine.group(2) or "").split(",") if a.strip()]
     zk_path = f"/clickhouse/tables/{{shard}}/{db}/{local}"
-    replicated = f"Replicated{engine.group(1)}(" + ", ".join(
-        [f"'{zk_path}'", "'{replica}'", *args]
-    ) + ")"
+    replicated = (
+        f"Replicated{engine.group(1)}(" + ", ".join([f"'{zk_path}'", "'{replica}'", *args]) + ")"
+    )
     body = statement[match.end() - 1 :]
     body = body.replace(engine.group(0), f"ENGINE = {replicated}", 1)
     # Replicated tables deduplicate retried inserts through Keeper, in their own window.
