@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from latscope.storage import DDLFile
+
 HERE = Path(__file__).resolve().parent
 SINGLE_NODE = HERE.parent
 _DDL_FILE = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
@@ -48,10 +50,9 @@ class Options:
     database: str = "latscope"
 
 
-def _statements(sql: str) -> list[str]:
-    # The same splitting latscope.storage applies to these files.
-    body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
-    return [s.strip() for s in re.split(r";\s*(?:\n|$)", body) if s.strip()]
+def _statements(path: Path) -> list[str]:
+    # Split exactly as latscope applies these files.
+    return DDLFile(0, path.name, path.read_text()).statements()
 
 
 def single_node_files() -> list[Path]:
@@ -128,7 +129,7 @@ def render(opts: Options = Options()) -> dict[str, str]:
                 "Replicated local table + Distributed table under the single-node name.",
             )
         ]
-        for statement in _statements(path.read_text()):
+        for statement in _statements(path):
             parts.extend(s + ";\n" for s in cluster_statements(statement, opts))
             table = _CREATE.match(statement).group(1)  # type: ignore[union-attr]
             ttl = ttl_clause(table, statement)
