@@ -11,6 +11,8 @@ import fnmatch
 import json
 import re
 import shlex
+import subprocess
+import sys
 import tomllib
 from dataclasses import fields
 from pathlib import Path
@@ -22,6 +24,7 @@ import yaml
 
 from latscope.cli import COMMANDS
 from latscope.config import Settings, parse_hostport
+from tests.conftest import start_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -297,3 +300,32 @@ def test_image_defaults_are_valid_settings_and_one_image_serves_every_role() -> 
     # compose reuses this one image for each role
     images = {service(n)["image"] for n in (*LATSCOPE_SERVICES, "schema")}
     assert len(images) == 1
+
+
+def test_image_healthcheck_passes_on_a_running_latscope_and_fails_without_one(
+    tmp_path: Path,
+) -> None:
+    line = next(x for x in dockerfile_stages()[-1] if x.startswith("HEALTHCHECK "))
+    command = json.loads(line[line.index("CMD ") + 4 :])
+    assert command[0] == "python"
+    server = start_serve(tmp_path / "store")
+    try:
+        http = server.http.removeprefix("http://")
+        ok = subprocess.run([sys.executable, *command[1:]], env={"LATSCOPE_HTTP": http}, timeout=30)
+    finally:
+        server.stop()
+    down = subprocess.run(
+        [sys.executable, *command[1:]],
+        env={"LATSCOPE_HTTP": http},
+        capture_output=True,
+        timeout=30,
+    )
+    assert ok.returncode == 0
+    assert down.returncode != 0
+
+
+@pytest.mark.parametrize("name", ["collector", "api"])
+def test_compose_python_healthchecks_compile(name: str) -> None:
+    test = service(name)["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    compile(test[3], f"{name} healthcheck", "exec")
