@@ -12,6 +12,7 @@ neither rewrites parts nor undoes a TTL an operator has changed since.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -35,6 +36,7 @@ def retention_file() -> Path:
 
 
 def open_store(dsn: str, wait_s: float) -> Store:
+    """The store, once it answers; retried every second for ``wait_s`` seconds."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -42,10 +44,11 @@ def open_store(dsn: str, wait_s: float) -> Store:
             if store.ping():
                 return store
             store.close()
-        except StoreUnavailable:
-            pass
-        if time.monotonic() > deadline:
-            raise StoreUnavailable(f"the store did not answer within {wait_s:.0f} s")
+            reason = "it did not answer SELECT 1"
+        except StoreUnavailable as exc:
+            reason = str(exc)  # Store.open redacts the password
+        if time.monotonic() >= deadline:
+            raise StoreUnavailable(f"the store did not answer within {wait_s:.0f} s: {reason}")
         time.sleep(1)
 
 
@@ -69,6 +72,9 @@ def apply_retention(store: Store, sql: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     dsn = os.environ.get("LATSCOPE_STORE") or DEFAULT_STORE
+    # Failures are reported once, below, with the reason; the driver's own log lines would
+    # repeat them on every retry.
+    logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
     try:
         store = open_store(dsn, wait_s=float(os.environ.get("INIT_STORE_WAIT_S", "60")))
         try:

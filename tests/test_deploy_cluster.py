@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -185,3 +186,29 @@ def test_generator_refuses_statements_it_cannot_distribute() -> None:
         generate.cluster_statements(
             "CREATE MATERIALIZED VIEW v TO t AS SELECT 1", generate.Options()
         )
+
+
+def test_init_store_script_prepares_a_store_and_is_idempotent(tmp_path: Path) -> None:
+    env = {"LATSCOPE_STORE": f"chdb://{tmp_path / 'store'}", "PATH": ""}
+    script = str(ROOT / "deploy/init_store.py")
+    runs = [
+        subprocess.run([sys.executable, script], env=env, capture_output=True, text=True)
+        for _ in range(2)
+    ]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
+    assert "TTL set on otel_traces" in runs[0].stdout
+    assert "TTL set on no new tables" in runs[1].stdout
+
+
+def test_init_store_script_reports_an_unreachable_store(tmp_path: Path) -> None:
+    env = {"LATSCOPE_STORE": "http://latscope:x@127.0.0.1:9/latscope", "INIT_STORE_WAIT_S": "0"}
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "deploy/init_store.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1
+    assert run.stderr.startswith("latscope init: ") and "Traceback" not in run.stderr
+    assert ":x@" not in run.stderr  # the password stays out of the message
