@@ -79,7 +79,8 @@ def single_node_tables() -> list[str]:
     names = []
     for ddl in ddl_files():
         for statement in ddl.statements():
-            names.append(re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", statement).group(1))
+            if match := re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", statement):
+                names.append(match.group(1))
     return names
 
 
@@ -212,3 +213,30 @@ def test_init_store_script_reports_an_unreachable_store(tmp_path: Path) -> None:
     assert run.returncode == 1
     assert run.stderr.startswith("latscope init: ") and "Traceback" not in run.stderr
     assert ":x@" not in run.stderr  # the password stays out of the message
+
+
+def test_alter_statements_follow_the_local_and_distributed_tables(store: Store) -> None:
+    # A later single-node file may ALTER a table an earlier one created.
+    create = (
+        "CREATE TABLE IF NOT EXISTS alter_demo\n(\n"
+        "    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),\n    TraceId String\n)\n"
+        "ENGINE = MergeTree\nORDER BY (TraceId, Timestamp)\nSETTINGS index_granularity = 8192"
+    )
+    alters = [
+        "ALTER TABLE alter_demo ADD COLUMN IF NOT EXISTS IngestedAt DateTime64(6) "
+        "DEFAULT now64(6) CODEC(Delta, ZSTD(1))",
+        "ALTER TABLE alter_demo ADD INDEX IF NOT EXISTS idx_ingested IngestedAt TYPE minmax "
+        "GRANULARITY 1",
+    ]
+    opts = generate.Options(database="alter_check")
+    store.command("CREATE DATABASE IF NOT EXISTS alter_check")
+    for statement in [create, *alters]:
+        store.command(statement)
+        for cluster_statement in generate.cluster_statements(statement, opts):
+            store.command(local_twin(cluster_statement)[0])
+    single, local = ("default", "alter_demo"), ("alter_check", "alter_demo_local")
+    assert _columns(store, *local) == _columns(store, *single)
+    assert _indexes(store, *local) == _indexes(store, *single) != []
+    assert [c[:2] for c in _columns(store, "alter_check", "alter_demo")] == [
+        c[:2] for c in _columns(store, *single)
+    ]

@@ -7,6 +7,9 @@ Each single-node ``CREATE TABLE X`` becomes, on every node of the cluster (``ON 
 * ``X``: a ``Distributed`` table over ``X_local`` under the single-node name, so latscope reads and
   writes the cluster with the same SQL it uses on one server.
 
+An ``ALTER TABLE X`` (a column or index added by a later file) applies to ``X_local``, and to ``X``
+when it changes columns.
+
 Sharding keeps all spans and all attribution versions of a trace on one shard (the attributor reads
 a trace's spans together; ``ReplacingMergeTree`` collapses versions only within a shard).
 
@@ -30,6 +33,11 @@ SINGLE_NODE = HERE.parent
 _DDL_FILE = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 _CREATE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+)\s*\(", re.S)
 _ENGINE = re.compile(r"\bENGINE\s*=\s*(\w*MergeTree)(?:\(([^)]*)\))?")
+_ALTER = re.compile(r"^ALTER TABLE (\w+)\s+(.*)$", re.S)
+#: ALTERs that change columns apply to the Distributed table too; the rest (indexes, TTLs,
+#: settings) only to the local tables that store the rows.
+_COLUMN_ALTER = re.compile(r"^(ADD|DROP|MODIFY|RENAME|COMMENT|CLEAR) COLUMN\b")
+_CODEC = re.compile(r"\s+CODEC\((?:[^()]|\([^()]*\))*\)")
 
 #: Keeps what must be read together on one shard; tables not listed shard by TraceId if they
 #: have one, else at random.
@@ -67,13 +75,21 @@ def ttl_clause(table: str, statement: str) -> str | None:
 
 
 def cluster_statements(statement: str, opts: Options) -> list[str]:
-    """One single-node CREATE TABLE -> the replicated local table and its Distributed table."""
+    """One single-node statement -> its cluster statements.
+
+    ``CREATE TABLE X`` -> the replicated local table and its Distributed table; ``ALTER TABLE X``
+    -> the same ALTER on the local tables (and on the Distributed table when it changes columns).
+    """
+    alter = _ALTER.match(statement)
+    if alter:
+        return _alter_statements(alter.group(1), alter.group(2), opts)
     match = _CREATE.match(statement)
     engine = _ENGINE.search(statement)
     if not match or not engine:
         raise ValueError(
             "cluster DDL generation handles 'CREATE TABLE IF NOT EXISTS <name> (...) ENGINE = "
-            f"*MergeTree' statements only; extend generate.py for: {statement[:80]}..."
+            "*MergeTree' and 'ALTER TABLE <name> ...' statements only; extend generate.py for: "
+            f"{statement[:80]}..."
         )
     table, db, cluster = match.group(1), opts.database, opts.cluster
     local = f"{table}_local"
@@ -101,6 +117,15 @@ def cluster_statements(statement: str, opts: Options) -> list[str]:
         f"AS {db}.{local}\n"
         f"ENGINE = Distributed('{cluster}', '{db}', '{local}', {key})",
     ]
+
+
+def _alter_statements(table: str, body: str, opts: Options) -> list[str]:
+    db, cluster = opts.database, opts.cluster
+    out = [f"ALTER TABLE {db}.{table}_local ON CLUSTER '{cluster}'\n    {body}"]
+    if _COLUMN_ALTER.match(body):
+        # A Distributed table stores nothing: codecs do not apply to it.
+        out.append(f"ALTER TABLE {db}.{table} ON CLUSTER '{cluster}'\n    {_CODEC.sub('', body)}")
+    return out
 
 
 def _header(source: str, what: str) -> str:
@@ -131,10 +156,10 @@ def render(opts: Options = Options()) -> dict[str, str]:
         ]
         for statement in _statements(path):
             parts.extend(s + ";\n" for s in cluster_statements(statement, opts))
-            table = _CREATE.match(statement).group(1)  # type: ignore[union-attr]
-            ttl = ttl_clause(table, statement)
-            if ttl:
-                retention.append(f"ALTER TABLE {table} MODIFY {ttl};\n")
+            create = _CREATE.match(statement)
+            ttl = ttl_clause(create.group(1), statement) if create else None
+            if create and ttl:
+                retention.append(f"ALTER TABLE {create.group(1)} MODIFY {ttl};\n")
         out[path.name] = "\n".join(parts)
     out["retention.sql"] = "".join(retention)
     return out
