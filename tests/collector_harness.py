@@ -129,7 +129,7 @@ def start_collector(store: Store | FlakyStore, spool: Path, **overrides: Any) ->
     )
 
 
-@pytest.fixture(scope="session", name="store")
+@pytest.fixture(scope="module", name="store")
 def store_fixture(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return embedded_store(tmp_path_factory)
 

@@ -26,13 +26,22 @@ def embedded_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
 
     chDB opens one data directory per process, so every in-process test shares this store (tests
     keep apart by their own service names and trace ids); tests that need a store of their own
-    start a ``latscope serve`` process.
+    start a ``latscope serve`` process, or call ``release_embedded_store`` first.
     """
     if not _EMBEDDED:
         store = Store.open(f"chdb://{tmp_path_factory.mktemp('embedded-store')}")
         store.apply_schema()
         _EMBEDDED.append(store)
     return _EMBEDDED[0]
+
+
+def release_embedded_store() -> None:
+    """Close the shared store so this process can open another data directory.
+
+    The next ``embedded_store`` call opens a fresh one, so fixtures that hold it are module-scoped.
+    """
+    while _EMBEDDED:
+        _EMBEDDED.pop().close()
 
 
 @dataclass

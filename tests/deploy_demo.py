@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_contex
 from latscope.attribution import attribute_trace, load_trace
 from latscope.semconv import GenAIAttributes, HttpAttributes, LatscopeAttributes, Phase
 from latscope.storage import ATTRIBUTION_TABLE, METRICS_TABLE, SPANS_TABLE, Store
-from tests.conftest import start_serve
+from tests.conftest import release_embedded_store, start_serve
 
 MS = 1_000_000
 #: (client service, server service, model, mean TPOT ms): two front ends over two model servers.
@@ -295,6 +295,7 @@ def load_demo(store_dir: Path, *, now_ns: int, requests: int = 240, seed: int = 
     finally:
         code = server.stop()
     assert code == 0, server.text()
+    release_embedded_store()
     store = Store.open(f"chdb://{store_dir}")
     try:
         store.apply_schema()

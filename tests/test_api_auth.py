@@ -30,6 +30,8 @@ V1_ROUTES = [
     "/v1/services",
     "/v1/requests",
 ]
+#: OTLP/HTTP ingest (POST), served by the same process.
+INGEST_ROUTES = ["/v1/traces", "/v1/metrics"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,22 @@ def test_the_spec_lists_every_v1_route(guarded: Server) -> None:
     spec = httpx.get(guarded.url("/openapi.json"), timeout=10).json()
     assert {p for p in spec["paths"] if p.startswith("/v1/")} == {
         p.replace(TRACE, "{trace_id}") for p in V1_ROUTES
-    }
+    } | set(INGEST_ROUTES)
+
+
+@pytest.mark.parametrize("path", INGEST_ROUTES)
+def test_otlp_http_ingest_needs_the_token(guarded: Server, path: str) -> None:
+    # An empty Export (protobuf encoding of no resource spans/metrics) is valid OTLP.
+    headers = {"Content-Type": "application/x-protobuf"}
+    denied = httpx.post(guarded.url(path), content=b"", headers=headers, timeout=30)
+    assert denied.status_code == 401
+    allowed = httpx.post(
+        guarded.url(path),
+        content=b"",
+        headers={**headers, "Authorization": f"Bearer {TOKEN}"},
+        timeout=30,
+    )
+    assert allowed.status_code == 200, allowed.text
 
 
 @pytest.mark.parametrize("path", V1_ROUTES)

@@ -71,6 +71,8 @@ def test_openapi_is_complete(served: Server) -> None:
     spec = httpx.get(served.url("/openapi.json"), timeout=10).json()
     routes = {path for path in spec["paths"] if path.startswith("/v1/")}
     assert routes == {
+        "/v1/traces",  # OTLP/HTTP ingest, served by the same process
+        "/v1/metrics",
         "/v1/requests/{trace_id}/attribution",
         "/v1/requests/{trace_id}",
         "/v1/requests/{trace_id}/tokens",
@@ -84,7 +86,10 @@ def test_openapi_is_complete(served: Server) -> None:
         "/v1/services",
         "/v1/requests",
     }
-    for path in routes:
+    for path in ("/v1/traces", "/v1/metrics"):
+        operation = spec["paths"][path]["post"]
+        assert operation.get("description") or operation.get("summary"), path
+    for path in routes - {"/v1/traces", "/v1/metrics"}:
         operation = spec["paths"][path]["get"]
         assert operation.get("description") or operation.get("summary"), path
         for status in ("400", "401", "422"):

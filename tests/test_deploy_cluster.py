@@ -19,6 +19,7 @@ from types import ModuleType
 import pytest
 
 from latscope.storage import DDLFile, Store, StoreError, ddl_files
+from tests.conftest import release_embedded_store
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_DIR = ROOT / "deploy/clickhouse/cluster"
@@ -62,6 +63,7 @@ def cluster_statements() -> list[str]:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    release_embedded_store()
     store = Store.open(f"chdb://{tmp_path_factory.mktemp('cluster') / 'store'}")
     try:
         store.apply_schema()
