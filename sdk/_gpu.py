@@ -30,6 +30,11 @@ logger = logging.getLogger("latscope.sdk")
 
 #: Periodic samples kept for phase aggregation; older ones fall off (bounded memory).
 _RING = 512
+#: Reads in a row in which every NVML call failed before NVML is left alone for a while: a
+#: lost GPU or a wedged driver fails every call, and each failing call can be slow.
+_FAILED_READS_BEFORE_PAUSE = 3
+#: How long NVML is left alone then; reads resume afterwards, so a driver hiccup heals.
+PAUSE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,10 @@ class GpuMonitor:
         self._meter_provider: Any = None
         self.reads = 0
         self.errors = 0
+        self.pauses = 0
+        self._failed_reads = 0
+        self._paused_until = 0.0
+        self._nothing: list[Reading] = [(None, None, None, None, None) for _ in devices]
 
     # lifecycle --------------------------------------------------------------------------------
     @classmethod
@@ -100,11 +109,18 @@ class GpuMonitor:
         _quiet(self._nvml.nvmlShutdown)
 
     def stats(self) -> dict[str, int]:
-        return {"gpus": len(self.devices), "nvml_reads": self.reads, "nvml_errors": self.errors}
+        return {
+            "gpus": len(self.devices),
+            "nvml_reads": self.reads,
+            "nvml_errors": self.errors,
+            "nvml_pauses": self.pauses,
+        }
 
     # reading ----------------------------------------------------------------------------------
     def read(self) -> list[Reading]:
-        """One reading of every watched GPU."""
+        """One reading of every watched GPU (all None while NVML is paused after failures)."""
+        if self._paused_until and time.monotonic() < self._paused_until:
+            return self._nothing
         nvml = self._nvml
         out: list[Reading] = []
         for d in self.devices:
@@ -119,7 +135,25 @@ class GpuMonitor:
                 )
             )
         self.reads += 1
+        if any(v is not None for reading in out for v in reading):
+            self._failed_reads = 0
+        else:
+            self._failed_reads += 1
+            if self._failed_reads >= _FAILED_READS_BEFORE_PAUSE:
+                self._pause()
         return out
+
+    def _pause(self) -> None:
+        self._failed_reads = 0
+        self._paused_until = time.monotonic() + PAUSE_S
+        self.pauses += 1
+        if self.pauses == 1:
+            logger.warning(
+                "latscope GPU figures paused: every NVML call failed %d reads in a row; "
+                "retrying every %.0f s (app unaffected)",
+                _FAILED_READS_BEFORE_PAUSE,
+                PAUSE_S,
+            )
 
     def _get(self, fn: Any) -> int | None:
         try:

@@ -51,7 +51,9 @@ class FakeGpu:
 
     def _next(self, name: str) -> int:
         if self.fail is not None:
-            raise self.fail
+            # A fresh traceback each time, as pynvml raises a new error per call: re-raising
+            # one instance would grow its traceback by a frame per call.
+            raise self.fail.with_traceback(None)
         if name not in self._scripts:
             self._scripts[name] = _Script(getattr(self, name))
         return self._scripts[name].next()

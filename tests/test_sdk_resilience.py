@@ -144,6 +144,34 @@ def test_nvml_raising_mid_run_leaves_results_and_spans_intact() -> None:
         assert sdk.stats()["gpu"]["nvml_errors"] > 0
 
 
+def test_nvml_failing_every_call_is_left_alone_then_retried(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    gpu = FakeGpu(utilization=50, power_mw=100_000)
+    nvml = FakeNvml([gpu])
+    with (
+        caplog.at_level("WARNING", "latscope.sdk"),
+        capture(gpu=GpuOptions(enabled=True, nvml=nvml)) as cap,
+    ):
+        gpu.fail = NVMLError("GPU is lost")
+        assert handle(20) == EXPECTED  # prefill and decode: 4 reads, every call failing
+        calls = nvml.calls
+        for _ in range(50):
+            assert handle(20) == EXPECTED
+        assert nvml.calls == calls  # paused: a lost GPU costs the app nothing more
+        assert sdk.stats()["gpu"]["nvml_pauses"] == 1
+        # The GPU comes back and the pause runs out: figures return.
+        gpu.fail = None
+        monkeypatch.setattr("latscope.sdk._gpu.PAUSE_S", 0.0)
+        sdk._runtime.RT.gpu._paused_until = 1.0  # long past
+        cap.clear()
+        assert handle(20) == EXPECTED
+        assert nvml.calls > calls
+        assert LatscopeAttributes.GPU_UTIL_MEAN in cap.one("decode").attributes
+    paused = [r.getMessage() for r in caplog.records if "GPU figures paused" in r.getMessage()]
+    assert len(paused) == 1
+
+
 def test_nvml_init_failing_turns_gpu_off(caplog: pytest.LogCaptureFixture) -> None:
     nvml = FakeNvml([FakeGpu()], init_error=NVMLError("Driver Not Loaded"))
     with caplog.at_level("INFO", "latscope.sdk"), capture(gpu=GpuOptions(True, nvml=nvml)) as cap:
