@@ -6,9 +6,12 @@ attributes flattened into ``Map(String, String)`` with non-string values rendere
 pdata's ``Value.AsString()`` does (bools ``true``/``false``, doubles without exponent, bytes in
 base64, arrays and kvlists as JSON).
 
-This is the collector's hot path. Rows never exist as Python objects: each Export appends
-straight into flat column lists (map columns as offsets + keys + values), and Arrow builds the
-arrays from those lists in C. Validation runs in the same pass, so a span is touched once.
+The hot path is ``decode_spans``: the serialized Export goes to a C decoder (``_otlp.c``, built
+at install time) that validates and maps it straight into Arrow buffers. ``SpanColumns`` is the
+same mapping in Python over parsed protobuf objects: the reference the C decoder is tested
+against, the fallback when the extension was not built, and the path OTLP/JSON takes. Rows never
+exist as Python objects: columns are appended as flat lists (map columns as offsets + keys +
+values), and validation runs in the same pass, so a span is touched once.
 """
 
 from __future__ import annotations
@@ -18,16 +21,26 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import pyarrow as pa
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
 
 from latscope.semconv import ResourceAttributes
 
+_otlp: ModuleType | None
+try:
+    from latscope.collector import _otlp  # type: ignore[attr-defined,no-redef]
+except ImportError:  # built without a C compiler: decode_spans falls back to SpanColumns
+    _otlp = None
+
 _MAP = pa.map_(pa.string(), pa.string())
+_MAP_FIELDS = [_MAP.key_field, _MAP.item_field]
 _TS = pa.timestamp("ns")
 
 SPANS_SCHEMA = pa.schema(
@@ -83,6 +96,10 @@ STATUS_CODES = ("Unset", "Ok", "Error")  # Status.STATUS_CODE_UNSET, _OK, _ERROR
 
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
+#: Arrow and ClickHouse keep nanosecond times as signed 64-bit: anything later (past the year
+#: 2262) cannot be stored, so such a span is rejected rather than failing its whole Export.
+_MAX_TIME = (1 << 63) - 1
+_TIME_PROBLEM = "is past the year 2262 (not a signed 64-bit nanosecond time)"
 
 
 @dataclass(frozen=True)
@@ -233,6 +250,8 @@ def span_problem(span: Span) -> str | None:
         return "parent_span_id must be empty or 8 bytes"
     if span.end_time_unix_nano < span.start_time_unix_nano:
         return "end_time_unix_nano is before start_time_unix_nano"
+    if span.end_time_unix_nano > _MAX_TIME:
+        return "end_time_unix_nano " + _TIME_PROBLEM
     return None
 
 
@@ -329,6 +348,7 @@ class SpanColumns:
                         or len(sid) != 8
                         or (psid and len(psid) != 8)
                         or end < start
+                        or end > _MAX_TIME
                         or tid == zero_trace
                         or sid == zero_span
                     ):
@@ -374,6 +394,8 @@ class SpanColumns:
         # Render everything first so a rejected span leaves no half-written children.
         ev_rows = []
         for e in events:
+            if e.time_unix_nano > _MAX_TIME:
+                return f"event {e.name[:64]!r}: time_unix_nano {_TIME_PROBLEM}"
             k: list[str] = []
             v: list[str] = []
             problem = _render(k, v, e.attributes, limits)
@@ -440,6 +462,120 @@ def spans_table(resource_spans: Iterable[ResourceSpans], limits: Limits | None =
     cols = SpanColumns(limits or Limits())
     cols.add(resource_spans)
     return cols.table()
+
+
+# -- the C decoder --------------------------------------------------------------------------------
+
+#: Whether ``decode_spans`` runs the C decoder (False: the extension was not built here).
+NATIVE = _otlp is not None
+
+#: Most memory one Export may take once decoded into columns (resource attributes are repeated on
+#: every span, so a small Export can expand a lot); beyond it the Export is refused as malformed.
+MAX_DECODED_BYTES = 1 << 30
+
+
+class MalformedExport(ValueError):
+    """The bytes are not an OTLP ``ExportTraceServiceRequest`` (gRPC INVALID_ARGUMENT, HTTP 400)."""
+
+
+@dataclass
+class DecodedSpans:
+    """One Export's accepted spans as a table, and what was rejected and why."""
+
+    table: pa.Table
+    rows: int
+    rejected: int
+    first_problem: str
+
+
+def _json_of(raw: bytes) -> str:
+    # The C decoder's callback for arrays and kvlists, rare enough to render in Python.
+    return value_to_string(AnyValue.FromString(raw))
+
+
+if _otlp is not None:
+    _otlp.set_value_renderer(_json_of)
+
+
+def decode_spans(
+    data: bytes, limits: Limits | None = None, *, native: bool = NATIVE
+) -> DecodedSpans:
+    """A serialized ``ExportTraceServiceRequest`` -> its valid spans as a ``SPANS_SCHEMA`` table.
+
+    Raises ``MalformedExport`` when ``data`` is not an Export. ``native=False`` takes the Python
+    path (the reference) even where the C decoder is built.
+
+    >>> decode_spans(ExportTraceServiceRequest().SerializeToString()).rows
+    0
+    """
+    limits = limits or Limits()
+    if native and _otlp is not None:
+        try:
+            rows, rejected, problem, buffers = _otlp.decode_traces(
+                data, limits.max_attributes, limits.max_attribute_value, MAX_DECODED_BYTES
+            )
+        except _otlp.MalformedExport as exc:
+            raise MalformedExport(str(exc)) from None
+        return DecodedSpans(table_from_buffers(rows, buffers), rows, rejected, problem)
+    try:
+        request = ExportTraceServiceRequest.FromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise MalformedExport(f"not a valid ExportTraceServiceRequest: {exc}") from None
+    cols = SpanColumns(limits)
+    cols.add(request.resource_spans)
+    return DecodedSpans(cols.table(), cols.rows, cols.rejected, cols.first_problem)
+
+
+def table_from_buffers(rows: int, buffers: tuple[Any, ...]) -> pa.Table:
+    """The C decoder's buffers as a ``SPANS_SCHEMA`` table, without copying them.
+
+    The buffers come in column order: fixed-width values, or the offsets of a string, list or map
+    column followed by its children (see the ``B_*`` list in ``_otlp.c``).
+    """
+    b = iter([pa.py_buffer(x) for x in buffers])
+
+    def strings() -> pa.Array:
+        offsets, data = next(b), next(b)
+        return pa.Array.from_buffers(pa.string(), offsets.size // 4 - 1, [None, offsets, data])
+
+    def map_() -> pa.Array:
+        offsets = next(b)
+        entries = pa.StructArray.from_arrays([strings(), strings()], fields=_MAP_FIELDS)
+        n = offsets.size // 4 - 1
+        return pa.Array.from_buffers(_MAP, n, [None, offsets], children=[entries])
+
+    def listed(offsets: pa.Buffer, child: pa.Array) -> pa.Array:
+        return pa.Array.from_buffers(pa.list_(child.type), rows, [None, offsets], children=[child])
+
+    ts = pa.Array.from_buffers(_TS, rows, [None, next(b)])
+    duration = pa.Array.from_buffers(pa.uint64(), rows, [None, next(b)])
+    ids_to_service = [strings() for _ in range(7)]  # TraceId ... ServiceName
+    resource = map_()
+    scope_to_status = [strings() for _ in range(4)]  # ScopeName ... StatusMessage
+    attributes = map_()
+    ev, ev_ts = next(b), next(b)
+    ev_name = strings()
+    ev_attrs = map_()
+    ln = next(b)
+    ln_trace, ln_span, ln_state = strings(), strings(), strings()
+    ln_attrs = map_()
+    arrays = [
+        ts,
+        *ids_to_service,
+        resource,
+        *scope_to_status[:2],
+        attributes,
+        duration,
+        *scope_to_status[2:],
+        listed(ev, pa.Array.from_buffers(_TS, len(ev_name), [None, ev_ts])),
+        listed(ev, ev_name),
+        listed(ev, ev_attrs),
+        listed(ln, ln_trace),
+        listed(ln, ln_span),
+        listed(ln, ln_state),
+        listed(ln, ln_attrs),
+    ]
+    return pa.Table.from_arrays(arrays, schema=SPANS_SCHEMA)
 
 
 # -- metrics -----------------------------------------------------------------------------------
@@ -538,15 +674,21 @@ class MetricColumns:
 
 
 __all__ = [
+    "MAX_DECODED_BYTES",
     "METRICS_SCHEMA",
+    "NATIVE",
     "SPANS_SCHEMA",
+    "DecodedSpans",
     "Limits",
+    "MalformedExport",
     "MetricColumns",
     "SpanColumns",
     "attributes_to_pairs",
+    "decode_spans",
     "format_double",
     "span_problem",
     "spans_table",
+    "table_from_buffers",
     "value_to_string",
 ]
 
