@@ -95,6 +95,14 @@ class BoundedBatchProcessor(SpanProcessor):
         self._stop = True
         self._wake.set()
         self._thread.join(timeout_s)
+        # What the final flush could not send in time is dropped now, not held: a collector
+        # that is down at shutdown must not keep a queue of spans alive with this processor.
+        while True:
+            try:
+                self._queue.popleft()
+            except IndexError:
+                break
+            self.dropped += 1
         try:
             self._exporter.shutdown()
         except Exception:

@@ -214,7 +214,7 @@ class GpuMonitor:
             export_interval_millis=interval_ms,
             export_timeout_millis=opts.export.timeout_s * 1000,
         )
-        provider = MeterProvider(resource=resource, metric_readers=[reader])
+        provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
         meter = provider.get_meter("latscope.sdk.gpu")
         labels = [
             {GpuMetricAttributes.UUID: d.uuid, GpuMetricAttributes.INDEX: str(d.index)}

@@ -162,7 +162,9 @@ def configure(
                 ResourceAttributes.SERVICE_NAME: opts.service_name,
             }
         )
-        provider = TracerProvider(resource=resource)
+        # latscope's own atexit hook flushes whichever provider is current; OpenTelemetry's
+        # would hold every provider a re-configure replaced (and its queued spans) until exit.
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         if span_exporter is not None:
             processor: SpanProcessor = SimpleSpanProcessor(span_exporter)
         else:

@@ -7,7 +7,9 @@ sees identical results, no exception, and that the SDK's queue stayed within its
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -106,6 +108,22 @@ def test_collector_down(caplog: pytest.LogCaptureFixture) -> None:
     ours = [r.getMessage() for r in caplog.records if r.name == "latscope.sdk"]
     assert len([m for m in ours if "span export failing" in m]) <= 1
     assert len([m for m in ours if "dropped" in m]) <= 2
+
+
+def test_reconfiguring_with_the_collector_down_holds_no_old_spans() -> None:
+    endpoint = f"127.0.0.1:{_closed_port()}"
+    old = []
+    for _ in range(3):
+        with _configured(endpoint):
+            _run_app_workload(requests=40)
+            processor = sdk._runtime.RT.processor
+            assert sdk.stats()["spans_queued"] > 0  # nowhere to go
+        old.append(weakref.ref(processor))
+        assert len(processor._queue) == 0  # dropped at shutdown, counted
+        assert processor.dropped > 0
+    del processor
+    gc.collect()
+    assert [ref() for ref in old] == [None, None, None]  # nothing keeps a replaced processor
 
 
 def test_collector_refusing_with_resource_exhausted() -> None:
