@@ -5,7 +5,10 @@ as a query parameter, and returns a JSON-ready dict with times in milliseconds (
 where there is no data). Time windows are ``[since_ns, until_ns)`` in ns since the epoch, on the
 request's start (``Timestamp``: the client's clock when a client span was seen).
 
-Reads use ``FINAL`` so a re-attributed request counts once (see 002_attribution.sql).
+Reads use ``FINAL`` so a re-attributed request counts once (see 002_attribution.sql). ``summary``
+and ``tail`` (so ``compare`` and ``diagnose`` too) take the hours wholly inside their window from
+the hourly rollup where it is up to date, and read only the rest raw (``rollups.plan``): the same
+answers, from a few thousand rollup rows instead of millions of requests.
 
 >>> summary(store, since_ns=t0, until_ns=t1, group_by="model")  # doctest: +SKIP
 {"count": 1200, "e2e_ms": {"p50": ..., "p90": ..., "p95": ..., "p99": ..., "mean": ...},
@@ -24,6 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from latscope.attribution import rollups
+from latscope.attribution.rollups import ROLLUP_TABLE, Plan
 from latscope.semconv import BUCKETS
 from latscope.storage import ATTRIBUTION_TABLE, Store
 
@@ -74,12 +79,13 @@ E2E_LEVELS = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99))
 BUCKET_LEVELS = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 STREAM_LEVELS = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 
-#: ``exact=True``: quantiles with linear interpolation between order statistics (numpy's and
-#: polars' "linear", Excel's PERCENTILE.INC); each column is sorted, which costs seconds over
-#: millions of rows. ``exact=False`` (the default): ClickHouse's bfloat16 histogram, within 0.4 %
-#: (8 significant bits) of the true value and several times cheaper. Counts, means and shares are
-#: exact either way. docs/benchmarks.md has the figures.
-QUANTILES = {True: "quantilesExactInclusive", False: "quantilesBFloat16"}
+#: Percentiles. ``exact=True``: linear interpolation between order statistics (numpy's and polars'
+#: "linear", Excel's PERCENTILE.INC), from every value (each column is sorted: seconds over
+#: millions of rows, always read raw). ``exact=False`` (the default): the same interpolation over
+#: histograms with bins 1 % wide (``rollups.quantiles``), within 0.5 % of the exact value; the
+#: histograms of settled hours come from the rollup. Counts, means and shares are exact either way.
+#: docs/benchmarks.md has the figures.
+EXACT_QUANTILES = "quantilesExactInclusive"
 
 _WHERE = """
     Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64})
@@ -100,7 +106,8 @@ def _levels(levels: Sequence[tuple[str, float]]) -> str:
     return ", ".join(repr(q) for _, q in levels)
 
 
-def _stat_columns(_Q: str) -> str:
+def _stat_columns() -> str:
+    _Q = EXACT_QUANTILES
     parts = [
         "count() AS n",
         f"{_Q}({_levels(E2E_LEVELS)})(E2eNs) AS e2e_q",
@@ -129,19 +136,144 @@ def _stat_columns(_Q: str) -> str:
     return ",\n    ".join(parts)
 
 
-#: The whole window in one row, by ``exact``.
-SUMMARY_SQL = {
-    exact: f"SELECT\n    {_stat_columns(fn)}\nFROM {_FROM}\nWHERE {_WHERE}{_SETTINGS}"
-    for exact, fn in QUANTILES.items()
+#: The whole window in one row, every value read (``exact=True``).
+SUMMARY_SQL = f"SELECT\n    {_stat_columns()}\nFROM {_FROM}\nWHERE {_WHERE}{_SETTINGS}"
+
+#: One row per group (``exact=True``); ``{group}`` is a whitelisted expression from
+#: GROUP_BY_COLUMNS or _RESOURCE_GROUP, never input.
+SUMMARY_GROUPED_SQL = (
+    f"SELECT\n    {{group}} AS grp,\n    {_stat_columns()}\nFROM {_FROM}\n"
+    f"WHERE {_WHERE}\nGROUP BY grp\nORDER BY n DESC, grp\nLIMIT {{limit:UInt32}}{_SETTINGS}"
+)
+
+#: Filters of a raw read over the plan's raw ranges (``{ranges}``, from ``rollups.raw_where``).
+_RAW_WHERE = """{ranges}
+    AND ({service:String} = '' OR ServiceName = {service:String})
+    AND ({model:String} = '' OR Model = {model:String})"""
+
+#: Counts, sums and means over rollup rows and raw rows alike (``{sources}``: a UNION ALL of
+#: SELECTs giving ``grp`` and the rollup's columns), per ``{sets}`` (``grp``, or grouping sets of
+#: every group and the whole window, told apart by ``total``).
+APPROX_SUMMARY_SQL = (
+    """
+SELECT grp, {total} AS total,
+    sum(Requests) AS n, sum(WithClient) AS with_client,
+    sum(E2eSum) AS e2e_sum, e2e_sum / n AS e2e_mean,
+    sum(NetworkSum) AS network_sum, network_sum / sum(NetworkCount) AS network_mean,
+"""
+    + "".join(
+        f"    sum({b.capitalize()}Sum) AS {b}_sum, {b}_sum / n AS {b}_mean,\n"
+        for b in BUCKET_COLUMNS
+        if b != "network"
+    )
+    + """    sum(TtftSum) / sum(TtftCount) AS ttft_mean, sum(TpotSum) / sum(TpotCount) AS tpot_mean,
+    max(ItlMax) AS itl_max, sum(StallsSum) AS stalls, sum(StalledRequests) AS stalled_requests
+FROM ({sources})
+GROUP BY {sets}"""
+    + _SETTINGS
+    + ", force_grouping_standard_compatibility = 1"
+)
+
+#: The same sources' histograms: bin counts per group (and total) and key (metric * 4096 + bin).
+APPROX_HIST_SQL = (
+    """
+SELECT grp, {total} AS total, key, sum(c) AS c
+FROM ({sources})
+GROUP BY {sets}{having}
+ORDER BY total, grp, key"""
+    + _SETTINGS
+    + ", force_grouping_standard_compatibility = 1"
+)
+_HAVING_GROUPS = "\nHAVING total = 1 OR grp IN {groups:Array(String)}"
+
+_ROLLUP_SCALARS = (
+    f"SELECT {{group}} AS grp, {', '.join(rollups.SCALAR_COLUMNS)} "
+    f"FROM {ROLLUP_TABLE} WHERE {rollups.ROLLUP_WHERE}"
+)
+_RAW_SCALARS = (
+    f"SELECT {{group}} AS grp, {rollups.SCALARS_SQL} FROM {_FROM} WHERE {_RAW_WHERE} GROUP BY grp"
+)
+_ROLLUP_HIST = (
+    f"SELECT {{group}} AS grp, key, c FROM {ROLLUP_TABLE} "
+    f"ARRAY JOIN HistKeys AS key, HistCounts AS c WHERE {rollups.ROLLUP_WHERE}"
+)
+_RAW_HIST = (
+    f"SELECT grp, key, count() AS c FROM (SELECT {{group}} AS grp, {rollups.HIST_KEYS_SQL} AS keys "
+    f"FROM {_FROM} WHERE {_RAW_WHERE}) ARRAY JOIN keys AS key GROUP BY grp, key"
+)
+
+#: Quantile levels per histogram metric (the row keys are ``<metric>_q``).
+_METRIC_LEVELS = {
+    "e2e": E2E_LEVELS,
+    **dict.fromkeys(BUCKET_COLUMNS, BUCKET_LEVELS),
+    **dict.fromkeys(("ttft", "ttft_server", "tpot", "itl_p50", "itl_p99"), STREAM_LEVELS),
 }
 
-#: One row per group, by ``exact``; ``{group}`` is a whitelisted expression from
-#: GROUP_BY_COLUMNS or _RESOURCE_GROUP, never input.
-SUMMARY_GROUPED_SQL = {
-    exact: f"SELECT\n    {{group}} AS grp,\n    {_stat_columns(fn)}\nFROM {_FROM}\n"
-    f"WHERE {_WHERE}\nGROUP BY grp\nORDER BY n DESC, grp\nLIMIT {{limit:UInt32}}{_SETTINGS}"
-    for exact, fn in QUANTILES.items()
-}
+
+def _sources(parts: Sequence[str]) -> str:
+    return "\n    UNION ALL\n    ".join(parts)
+
+
+def _approx_summary(
+    store: Store,
+    p: Plan,
+    params: Mapping[str, Any],
+    *,
+    group: str | None,
+    dims: int | None,
+    limit: int = 0,
+    total: bool = True,
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The window's summary row and the top ``limit`` groups' rows (``_stats_json``'s columns)
+    by ``group`` (an SQL expression; None: no groups), from the plan's rollup hours at level
+    ``dims`` and raw reads of the rest (all raw when ``dims`` is None). Two queries: figures,
+    then histograms; the window's total is a grouping set of the same pass."""
+    q = dict(params)
+    rollup, ranges = (bool(p.hours) and dims is not None), p.raw
+    if not rollup:
+        ranges = [(params["since_ns"], params["until_ns"])]
+    else:
+        rollups.rollup_params(p, dims, q)
+    where = rollups.raw_where(ranges, q)
+    if group is None:
+        flag, sets, hist_sets = "1", "grp", "grp, key"
+    elif total:
+        flag = "grouping(grp)"
+        sets, hist_sets = "GROUPING SETS ((grp), ())", "GROUPING SETS ((grp, key), (key))"
+    else:
+        flag, sets, hist_sets = "0", "grp", "grp, key"
+
+    def fill(template: str, rollup_sql: str, raw_sql: str, sets: str, having: str = "") -> str:
+        chosen = ([rollup_sql] if rollup else []) + ([raw_sql] if ranges else [])
+        sources = _sources(chosen).replace("{ranges}", where).replace("{group}", group or "''")
+        return (
+            template.replace("{sources}", sources)
+            .replace("{total}", flag)
+            .replace("{sets}", sets)
+            .replace("{having}", having)
+        )
+
+    rows = _query_dicts(store, fill(APPROX_SUMMARY_SQL, _ROLLUP_SCALARS, _RAW_SCALARS, sets), q)
+    totals = [row for row in rows if row["total"]]
+    groups = sorted((row for row in rows if not row["total"]), key=lambda r: (-r["n"], r["grp"]))
+    if len(groups) > limit:
+        groups = groups[:limit]
+    having = ""
+    if group is not None and len(groups) < len(rows) - len(totals):
+        q["groups"] = [row["grp"] for row in groups]
+        having = _HAVING_GROUPS
+    if not rows:
+        return None, []
+    sql = fill(APPROX_HIST_SQL, _ROLLUP_HIST, _RAW_HIST, hist_sets, having)
+    hists = rollups.histograms(_query_dicts(store, sql, q))
+    for row in totals + groups:
+        found = hists.get(None if row["total"] else row["grp"], {})
+        for metric, levels in _METRIC_LEVELS.items():
+            bins, counts = found.get(metric, ((), ()))
+            row[f"{metric}_q"] = (
+                rollups.quantiles(bins, counts, [lv for _, lv in levels]) if counts else None
+            )
+    return (totals[0] if totals else None), groups
 
 
 def _ms(ns: float | None) -> float | None:
@@ -231,6 +363,7 @@ def summary(
     group_by: str | None = None,
     limit_groups: int = 100,
     exact: bool = False,
+    use_rollups: bool = True,
 ) -> dict[str, Any]:
     """Count, e2e and per-bucket percentiles, shares and streaming figures over a window.
 
@@ -238,21 +371,47 @@ def summary(
     1); ``network`` figures cover only requests with a client span. With ``group_by`` (service,
     model, route, operation, status or ``resource.<key>``) ``groups`` lists the same figures per
     group (largest first, at most ``limit_groups``), each with its ``key``; otherwise it is [].
-    Percentiles are within 0.4 % unless ``exact`` (see QUANTILES).
+    Percentiles are within 0.5 % unless ``exact`` (see EXACT_QUANTILES). ``use_rollups=False``
+    reads every request raw (the same answer, slower; for checking).
     """
     params = _params(since_ns, until_ns, service, model)
-    rows = _query_dicts(store, SUMMARY_SQL[exact], params)
-    out = _stats_json(rows[0]) if rows else _stats_json({"n": 0} | _EMPTY_ROW)
+    expr = _group_expr(group_by, params) if group_by else None
+    rows: list[dict[str, Any]] = []
+    if exact:
+        found = _query_dicts(store, SUMMARY_SQL, params)
+        total = found[0] if found else None
+        if expr:
+            params["limit"] = int(limit_groups)
+            rows = _query_dicts(store, SUMMARY_GROUPED_SQL.replace("{group}", expr), params)
+    else:
+        p = _plan(store, since_ns, until_ns, use_rollups)
+        filters = [name for name, value in (("service", service), ("model", model)) if value]
+        # One pass answers the window and its groups when a rollup level has the group; groups
+        # by a resource attribute (only in the raw rows) are read raw, in a pass of their own.
+        dims = rollups.level_for([*filters, group_by]) if group_by else None
+        if expr and dims is not None:
+            total, rows = _approx_summary(
+                store, p, params, group=expr, dims=dims, limit=limit_groups
+            )
+        else:
+            total, _ = _approx_summary(
+                store, p, params, group=None, dims=rollups.level_for(filters)
+            )
+            if expr:
+                _, rows = _approx_summary(
+                    store, p, params, group=expr, dims=None, limit=limit_groups, total=False
+                )
+    out = _stats_json(total) if total else _stats_json({"n": 0} | _EMPTY_ROW)
     out["window"] = {"since_ns": int(since_ns), "until_ns": int(until_ns)}
     out["group_by"] = group_by
-    out["groups"] = []
-    if group_by:
-        expr = _group_expr(group_by, params)
-        params["limit"] = int(limit_groups)
-        sql = SUMMARY_GROUPED_SQL[exact].replace("{group}", expr)
-        for row in _query_dicts(store, sql, params):
-            out["groups"].append({"key": row["grp"], **_stats_json(row)})
+    out["groups"] = [{"key": row["grp"], **_stats_json(row)} for row in rows]
     return out
+
+
+def _plan(store: Store, since_ns: int, until_ns: int, use_rollups: bool) -> Plan:
+    if use_rollups:
+        return rollups.plan(store, since_ns=since_ns, until_ns=until_ns)
+    return Plan([], [(since_ns, until_ns)])
 
 
 _EMPTY_ROW: dict[str, Any] = {
@@ -278,16 +437,13 @@ _EMPTY_ROW: dict[str, Any] = {
 
 # -- tail -----------------------------------------------------------------------------------------
 
-#: Thresholds first: the pXX of e2e, and the band around the median that stands for "the median
-#: request" (p45..p55, so one odd request cannot be the baseline).
-TAIL_THRESHOLDS_SQL = {
-    exact: f"""
-SELECT count() AS n, {fn}({{q:Float64}}, 0.45, 0.55)(E2eNs) AS t
+#: Thresholds first (``exact=True``): the pXX of e2e, and the band around the median that stands
+#: for "the median request" (p45..p55, so one odd request cannot be the baseline).
+TAIL_THRESHOLDS_SQL = f"""
+SELECT count() AS n, {EXACT_QUANTILES}({{q:Float64}}, 0.45, 0.55)(E2eNs) AS t
 FROM {_FROM}
 WHERE {_WHERE}{_SETTINGS}
 """
-    for exact, fn in QUANTILES.items()
-}
 
 
 def _bucket_means(prefix: str) -> str:
@@ -314,6 +470,60 @@ FROM (
 ){_SETTINGS}
 """
 
+_TAIL_SUMS = rollups.TAIL_SUM_NAMES  # n, e2e, then each bucket
+
+#: ``exact=False``: the e2e histogram with each bucket's sum per bin, over rollup and raw rows.
+APPROX_TAIL_SQL = (
+    f"""
+SELECT bin, {", ".join(f"sum({name}) AS {name}" for name in _TAIL_SUMS)}
+FROM ({{sources}})
+GROUP BY bin
+ORDER BY bin"""
+    + _SETTINGS
+)
+_ROLLUP_TAIL = (
+    f"SELECT bin, {', '.join(_TAIL_SUMS)} FROM {ROLLUP_TABLE} ARRAY JOIN TailBins AS bin, "
+    + ", ".join(
+        f"Tail{'Requests' if name == 'n' else name.capitalize()} AS {name}" for name in _TAIL_SUMS
+    )
+    + f" WHERE {rollups.ROLLUP_WHERE}"
+)
+_RAW_TAIL = (
+    f"SELECT {rollups.bin_sql('E2eNs')} AS bin, {rollups.TAIL_SUMS_SQL} "
+    f"FROM {_FROM} WHERE {_RAW_WHERE} GROUP BY bin"
+)
+
+
+def _approx_tail(
+    store: Store, p: Plan, params: Mapping[str, Any], q: float, dims: int | None
+) -> tuple[float, dict[str, Any]] | None:
+    """(threshold ns, TAIL_SQL's row) from the binned e2e: the tail is every request in the bin
+    of the pXX request or above (the threshold is that bin's lower edge), the median band every
+    request from the p45 request's bin to the p55 one's; means are exact over those requests."""
+    qp = dict(params)
+    rollup, ranges = (bool(p.hours) and dims is not None), p.raw
+    if not rollup:
+        ranges = [(params["since_ns"], params["until_ns"])]
+    else:
+        rollups.rollup_params(p, dims, qp)
+    chosen = ([_ROLLUP_TAIL] if rollup else []) + ([_RAW_TAIL] if ranges else [])
+    sources = _sources(chosen).replace("{ranges}", rollups.raw_where(ranges, qp))
+    rows = _query_dicts(store, APPROX_TAIL_SQL.replace("{sources}", sources), qp)
+    bins, counts = [int(r["bin"]) for r in rows], [int(r["n"]) for r in rows]
+    if not counts:
+        return None
+    tail_bin = rollups.bin_of_rank(bins, counts, q, upper=False)
+    mid_lo = rollups.bin_of_rank(bins, counts, 0.45, upper=False)
+    mid_hi = rollups.bin_of_rank(bins, counts, 0.55, upper=True)
+    tail_rows = [r for r in rows if r["bin"] >= tail_bin]
+    mid_rows = [r for r in rows if mid_lo <= r["bin"] <= mid_hi]
+    n_tail, n_mid = sum(r["n"] for r in tail_rows), sum(r["n"] for r in mid_rows)
+    row: dict[str, Any] = {"n": sum(counts), "n_tail": n_tail, "n_mid": n_mid}
+    for name in ("e2e", *BUCKET_COLUMNS):
+        row[f"{name}_tail"] = sum(r[name] for r in tail_rows) / n_tail
+        row[f"{name}_mid"] = sum(r[name] for r in mid_rows) / n_mid
+    return rollups.bin_floor(tail_bin), row
+
 
 def tail(
     store: Store,
@@ -324,22 +534,22 @@ def tail(
     service: str | None = None,
     model: str | None = None,
     exact: bool = False,
+    use_rollups: bool = True,
 ) -> dict[str, Any]:
     """Where the slowest requests spend their extra time.
 
     For requests with e2e at or above the ``percentile``-th percentile, each bucket's mean minus
     its mean over the median requests (e2e between p45 and p55): ``extra_ms`` per bucket adds up
-    to the tail's extra e2e; ``dominant`` names the bucket with the most extra time.
+    to the tail's extra e2e; ``dominant`` names the bucket with the most extra time. Unless
+    ``exact``, the threshold is the lower edge of the 1 %-wide e2e bin that holds the pXX request
+    (so at most 1 % below it) and the tail is every request from there up; means are exact.
     """
     if not 0 < percentile < 100:
         raise AggregateError(f"percentile must be between 0 and 100, got {percentile}")
     params = _params(since_ns, until_ns, service, model)
-    params["q"] = percentile / 100
-    first = _query_dicts(store, TAIL_THRESHOLDS_SQL[exact], params)[0]
-    n = int(first["n"] or 0)
     out: dict[str, Any] = {
         "percentile": percentile,
-        "count": n,
+        "count": 0,
         "threshold_ms": None,
         "tail_count": 0,
         "tail_e2e_ms": None,
@@ -348,11 +558,25 @@ def tail(
         "buckets_ms": {},
         "dominant": None,
     }
-    if n == 0:
-        return out
-    threshold, mid_lo, mid_hi = first["t"]
-    params.update(threshold=float(threshold), mid_lo=float(mid_lo), mid_hi=float(mid_hi))
-    row = _query_dicts(store, TAIL_SQL, params)[0]
+    if exact:
+        params["q"] = percentile / 100
+        first = _query_dicts(store, TAIL_THRESHOLDS_SQL, params)[0]
+        out["count"] = int(first["n"] or 0)
+        if out["count"] == 0:
+            return out
+        threshold, mid_lo, mid_hi = first["t"]
+        params.update(threshold=float(threshold), mid_lo=float(mid_lo), mid_hi=float(mid_hi))
+        row = _query_dicts(store, TAIL_SQL, params)[0]
+    else:
+        filters = [name for name, value in (("service", service), ("model", model)) if value]
+        p = _plan(store, since_ns, until_ns, use_rollups)
+        found = _approx_tail(
+            store, p, params, percentile / 100, rollups.level_for(filters, tail=True)
+        )
+        if found is None:
+            return out
+        threshold, row = found
+        out["count"] = int(row["n"])
     out.update(
         threshold_ms=_ms(threshold),
         tail_count=int(row["n_tail"]),
@@ -384,18 +608,16 @@ def compare(
     service: str | None = None,
     model: str | None = None,
     exact: bool = False,
+    use_rollups: bool = True,
 ) -> dict[str, Any]:
     """Two windows bucket by bucket: p50 / p99 / mean / share before, after and the delta.
 
     ``mover`` names the bucket whose mean changed most (means add up to the e2e mean, so the
     movers explain the e2e change); ``e2e_ms`` carries the same figures for the whole request.
     """
-    a = summary(
-        store, since_ns=before[0], until_ns=before[1], service=service, model=model, exact=exact
-    )
-    b = summary(
-        store, since_ns=after[0], until_ns=after[1], service=service, model=model, exact=exact
-    )
+    common = {"service": service, "model": model, "exact": exact, "use_rollups": use_rollups}
+    a = summary(store, since_ns=before[0], until_ns=before[1], **common)
+    b = summary(store, since_ns=after[0], until_ns=after[1], **common)
 
     def delta(x: float | None, y: float | None) -> float | None:
         return None if x is None or y is None else y - x

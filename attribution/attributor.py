@@ -42,6 +42,7 @@ from latscope.attribution.batch import (
     to_arrow,
 )
 from latscope.attribution.engine import DEFAULT_STALL_NS
+from latscope.attribution.rollups import Rollups
 from latscope.attribution.table import ATTRIBUTION_SCHEMA
 from latscope.config import Settings
 from latscope.metrics import REGISTRY
@@ -312,7 +313,9 @@ class Attributor:
 
 
 def attributor_parts(settings: Settings, store: Store) -> Parts:
-    """The attributor as a background component of ``latscope serve`` / ``collector``."""
+    """The attributor as a background component of ``latscope serve`` / ``collector``, with the
+    rollup builder beside it: the process that writes attribution rows keeps their hourly
+    rollups fresh (latscope.attribution.rollups)."""
     return Parts(
         components=[
             Attributor(
@@ -321,6 +324,7 @@ def attributor_parts(settings: Settings, store: Store) -> Parts:
                 poll_s=settings.attribution_poll_s,
                 batch_traces=settings.attribution_batch_traces,
                 stall_threshold_ns=int(settings.stall_threshold_ms * 1e6),
-            )
+            ),
+            Rollups(store),
         ]
     )

@@ -10,7 +10,11 @@ from latscope.storage import ATTRIBUTION_TABLE, Store
 
 #: ``rows`` requests spread over ``span_s`` seconds from ``t0_ns``; deterministic per row number.
 GENERATE_SQL = f"""
-INSERT INTO {ATTRIBUTION_TABLE}
+INSERT INTO {ATTRIBUTION_TABLE} (Timestamp, TraceId, ServiceName, Model, Operation, Route,
+    ResourceAttributes, StatusCode, HasClient, Attempts, E2eNs, NetworkNs, QueueNs, PreprocessNs,
+    PrefillNs, DecodeNs, PostprocessNs, OtherNs, TtftClientNs, TtftServerNs, TpotNs, ItlP50Ns,
+    ItlP99Ns, ItlMaxNs, Stalls, InputTokens, OutputTokens, ClockSkewNs, Gpu, SpanCount,
+    SpansIngestedAt, Version, IsDeleted)
 SELECT
     fromUnixTimestamp64Nano({{t0_ns:Int64}} + toInt64(sec) * 1000000000
                             + toInt64(cityHash64(number, 1) % 1000000000)) AS Timestamp,

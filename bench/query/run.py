@@ -1,12 +1,14 @@
 """Aggregate query latency over millions of attributed requests in the embedded ClickHouse.
 
     .venv/bin/python -m bench.query.run [--rows 10000000] [--store chdb:///tmp/latscope-bench-query]
+                                        [--repeat 3] [--fresh]
 
 Loads ``--rows`` synthetic attributed requests over 7 days (generated inside ClickHouse with
-INSERT ... SELECT FROM numbers(), once; re-runs reuse the store), then times summary, tail and
-compare over the whole week (best of ``--repeat``). Baselines measured in the same run: a plain
-scan (count + sum of e2e) and the summary query without FINAL, so the cost of FINAL and of the
-quantiles are visible as ratios.
+INSERT ... SELECT FROM numbers(); a store that already holds that many rows is reused, ``--fresh``
+generates them again), builds the hourly rollups as the background component would (timed on its
+own), then times summary, tail and compare over the whole week and over on-call windows (best of
+``--repeat``). The baseline, measured in the same run, is a plain scan (count + sum of e2e, no
+FINAL); the same questions read raw (``use_rollups=False``) are timed too, for the before/after.
 """
 
 from __future__ import annotations
@@ -17,11 +19,18 @@ from collections.abc import Callable
 
 from bench.query.generate import generate
 from latscope.attribution import aggregates as ag
+from latscope.attribution.rollups import ROLLUP_TABLE, Rollups
 from latscope.storage import ATTRIBUTION_TABLE, Store
 
+#: 2025-11-13 02:13:20 UTC: not on an hour, so every window has partial edge hours.
 T0 = 1_763_000_000_000_000_000
-DAY = 86_400 * 10**9
+HOUR = 3600 * 10**9
+DAY = 24 * HOUR
 SCAN_SQL = f"SELECT count(), sum(E2eNs) FROM {ATTRIBUTION_TABLE}"
+SIZE_SQL = """
+SELECT sum(rows), sum(data_compressed_bytes) FROM system.parts
+WHERE active AND database = currentDatabase() AND table = {table:String}
+"""
 
 
 def best(fn: Callable[[], object], repeat: int) -> float:
@@ -33,56 +42,79 @@ def best(fn: Callable[[], object], repeat: int) -> float:
     return min(times)
 
 
+def load(store: Store, rows: int, fresh: bool) -> None:
+    """Make the store hold exactly ``rows`` generated requests (reusing them when it does)."""
+    have = int(store.query_rows(f"SELECT count() FROM {ATTRIBUTION_TABLE}")[0][0])
+    if have == rows and not fresh:
+        return
+    for table in (ATTRIBUTION_TABLE, ROLLUP_TABLE):
+        store.command(f"TRUNCATE TABLE {table}")
+    t = time.perf_counter()
+    step = 2_000_000  # bounded memory per INSERT ... SELECT
+    for first in range(0, rows, step):
+        n = min(step, rows - first)
+        generate(store, rows=n, t0_ns=T0 + (first * 7 * DAY) // rows,
+                 span_s=max(1, (n * 7 * 86_400) // rows), first=first)  # fmt: skip
+    print(f"generated {rows:,} rows in {time.perf_counter() - t:.1f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--store", default="chdb:///tmp/latscope-bench-query")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--fresh", action="store_true", help="generate the rows again")
     args = parser.parse_args()
 
     store = Store.open(args.store)
     store.apply_schema()
-    have = int(store.query_rows(f"SELECT count() FROM {ATTRIBUTION_TABLE}")[0][0])
-    if have != args.rows:
-        store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
-        t = time.perf_counter()
-        step = 2_000_000  # bounded memory per INSERT ... SELECT
-        for first in range(0, args.rows, step):
-            n = min(step, args.rows - first)
-            generate(store, rows=n, t0_ns=T0 + (first * 7 * DAY) // args.rows,
-                     span_s=max(1, (n * 7 * 86_400) // args.rows), first=first)  # fmt: skip
-        print(f"generated {args.rows:,} rows in {time.perf_counter() - t:.1f} s")
+    load(store, args.rows, args.fresh)
+    t = time.perf_counter()
+    # Nothing else writes to this store: build at once, with no settle time or margin.
+    hours = Rollups(store, settle_s=0, margin_s=0).run_until_idle()
+    print(f"rollup: built {hours} hours in {time.perf_counter() - t:.1f} s")
     parts = store.query_rows(
         f"SELECT count() FROM system.parts WHERE table = '{ATTRIBUTION_TABLE}' AND active"
     )[0][0]
     print(f"{args.rows:,} attributed requests, {parts} active parts")
+    for table in (ATTRIBUTION_TABLE, ROLLUP_TABLE):
+        n, size = store.query_rows(SIZE_SQL, {"table": table})[0]
+        print(f"{table}: {int(n or 0):,} rows, {int(size or 0) / 1e6:.1f} MB on disk")
 
-    week = {"since_ns": T0, "until_ns": T0 + 7 * DAY}
+    end = T0 + 7 * DAY
+    week = {"since_ns": T0, "until_ns": end}
     mid = T0 + 4 * DAY
-    params = {**week, "service": "", "model": ""}
-    results = {
-        "scan (count + sum, no FINAL)": best(lambda: store.query_rows(SCAN_SQL), args.repeat),
-        "summary SQL without FINAL": best(
-            lambda: store.query_arrow(ag.SUMMARY_SQL[False].replace(" FINAL", ""), params),
-            args.repeat,
+    last_hour = {"since_ns": end - HOUR, "until_ns": end}
+    day = {"since_ns": T0, "until_ns": T0 + DAY, "service": "chat-api"}
+    r = args.repeat
+    questions: dict[str, Callable[[], object]] = {
+        "scan (count + sum, no FINAL)": lambda: store.query_rows(SCAN_SQL),
+        "week: summary": lambda: ag.summary(store, **week),
+        "week: summary group_by=model": lambda: ag.summary(store, **week, group_by="model"),
+        "week: summary group_by=route": lambda: ag.summary(store, **week, group_by="route"),
+        "week: tail p99": lambda: ag.tail(store, **week, percentile=99),
+        "week: compare 3 d vs 4 d": lambda: ag.compare(store, before=(T0, mid), after=(mid, end)),
+        "last hour: summary": lambda: ag.summary(store, **last_hour),
+        "last hour: tail p99": lambda: ag.tail(store, **last_hour),
+        "last hour: compare with the one before": lambda: ag.compare(
+            store, before=(end - 2 * HOUR, end - HOUR), after=(end - HOUR, end)
         ),
-        "summary": best(lambda: ag.summary(store, **week), args.repeat),
-        "summary group_by=model": best(
-            lambda: ag.summary(store, **week, group_by="model"), args.repeat
+        "1 service, 1 day: summary": lambda: ag.summary(store, **day),
+        "1 service, 1 day: tail p99": lambda: ag.tail(store, **day),
+        "raw, week: summary": lambda: ag.summary(store, **week, use_rollups=False),
+        "raw, week: summary group_by=model": lambda: ag.summary(
+            store, **week, group_by="model", use_rollups=False
         ),
-        "tail p99": best(lambda: ag.tail(store, **week, percentile=99), args.repeat),
-        "compare (3 d vs 4 d)": best(
-            lambda: ag.compare(store, before=(T0, mid), after=(mid, T0 + 7 * DAY)), args.repeat
+        "raw, week: tail p99": lambda: ag.tail(store, **week, use_rollups=False),
+        "raw, week: compare 3 d vs 4 d": lambda: ag.compare(
+            store, before=(T0, mid), after=(mid, end), use_rollups=False
         ),
-        "summary exact=True": best(lambda: ag.summary(store, **week, exact=True), args.repeat),
-        "summary, one service, 1 day": best(
-            lambda: ag.summary(store, since_ns=T0, until_ns=T0 + DAY, service="chat-api"),
-            args.repeat,
-        ),
+        "raw, week: summary exact=True": lambda: ag.summary(store, **week, exact=True),
     }
+    results = {name: best(fn, r) for name, fn in questions.items()}
     base = results["scan (count + sum, no FINAL)"]
     for name, seconds in results.items():
-        print(f"{name:<32} {seconds:7.3f} s   {seconds / base:6.1f}x scan")
+        print(f"{name:<42} {seconds:7.3f} s   {seconds / base:7.1f}x scan")
 
 
 if __name__ == "__main__":
