@@ -4,6 +4,8 @@ Follows the OTLP/HTTP spec: the response uses the request's encoding; errors car
 ``google.rpc.Status`` (JSON or protobuf); backpressure is 429 (full) or 503 (shutting down)
 with ``Retry-After``; partial success is a 200 with ``partialSuccess`` filled in. In OTLP/JSON
 trace and span ids are hex strings, not base64 as protobuf's JSON mapping would have them.
+Protobuf trace bodies take the gRPC receiver's path (the C decoder, no protobuf objects); JSON
+bodies are parsed into messages and mapped in Python.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from latscope.collector.receiver import Ingest, Outcome
+from latscope.collector.mapping import MalformedExport
+from latscope.collector.receiver import Ingest, Outcome, trace_response
 from latscope.collector.writer import Refused
 
 PROTOBUF = "application/x-protobuf"
@@ -117,6 +120,7 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
         ids: tuple[str, ...],
         export: Callable[[Any], Outcome],
         respond: Callable[[Outcome], Message],
+        export_bytes: Callable[[bytes], Outcome] | None = None,
     ) -> Response:
         content_type = headers.get("content-type", PROTOBUF).split(";")[0].strip().lower()
         json_body = content_type == JSON
@@ -133,9 +137,15 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
             if request_body is None:
                 raise BadRequest(413, f"body is larger than {max_bytes} bytes")
             body = _read_body(request_body, headers.get("content-encoding", ""), max_bytes)
-            message = make()
-            _parse(body, json_body, message, ids)
-            outcome = export(message)
+            if export_bytes is not None and not json_body:
+                try:
+                    outcome = export_bytes(body)
+                except MalformedExport as exc:
+                    raise BadRequest(400, f"body is not an OTLP protobuf Export: {exc}") from None
+            else:
+                message = make()
+                _parse(body, json_body, message, ids)
+                outcome = export(message)
         except BadRequest as exc:
             return _status_response(exc.status, str(exc), json_body)
         except Refused as exc:
@@ -149,11 +159,7 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
         return Response(reply.SerializeToString(), 200, media_type=PROTOBUF)
 
     def trace_reply(outcome: Outcome) -> Message:
-        reply = trace_service_pb2.ExportTraceServiceResponse()
-        if outcome.rejected:
-            reply.partial_success.rejected_spans = outcome.rejected
-            reply.partial_success.error_message = outcome.message
-        return reply
+        return trace_response(outcome)
 
     def metric_reply(outcome: Outcome) -> Message:
         reply = metrics_service_pb2.ExportMetricsServiceResponse()
@@ -180,7 +186,7 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
         body = await _body(request)
         return await run_in_threadpool(
             handle, body, request.headers, trace_service_pb2.ExportTraceServiceRequest,
-            _SPAN_IDS, ingest.export_traces, trace_reply,
+            _SPAN_IDS, ingest.export_traces, trace_reply, ingest.export_trace_bytes,
         )  # fmt: skip
 
     @router.post("/v1/metrics", response_class=Response)

@@ -498,18 +498,18 @@ if _otlp is not None:
 
 
 def decode_spans(
-    data: bytes, limits: Limits | None = None, *, native: bool = NATIVE
+    data: bytes, limits: Limits | None = None, *, native: bool | None = None
 ) -> DecodedSpans:
     """A serialized ``ExportTraceServiceRequest`` -> its valid spans as a ``SPANS_SCHEMA`` table.
 
     Raises ``MalformedExport`` when ``data`` is not an Export. ``native=False`` takes the Python
-    path (the reference) even where the C decoder is built.
+    path (the reference) even where the C decoder is built; the default is ``NATIVE``.
 
     >>> decode_spans(ExportTraceServiceRequest().SerializeToString()).rows
     0
     """
     limits = limits or Limits()
-    if native and _otlp is not None:
+    if (NATIVE if native is None else native) and _otlp is not None:
         try:
             rows, rejected, problem, buffers = _otlp.decode_traces(
                 data, limits.max_attributes, limits.max_attribute_value, MAX_DECODED_BYTES

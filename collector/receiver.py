@@ -4,6 +4,11 @@ An Export is acknowledged only once its valid items are durable (in ClickHouse o
 An invalid span or data point is rejected alone and reported through OTLP partial success;
 backpressure answers ``RESOURCE_EXHAUSTED`` with a RetryInfo, which OTLP clients retry.
 The same ``Ingest`` serves OTLP/gRPC and OTLP/HTTP (``collector/http.py``).
+
+Trace Exports arrive as bytes: gRPC hands the request over unparsed and the C decoder
+(``mapping.decode_spans``) reads the protobuf wire format straight into Arrow columns, so no
+span ever becomes a Python object. Bytes that are not an Export get ``INVALID_ARGUMENT``, as
+gRPC's own parse would have refused them.
 """
 
 from __future__ import annotations
@@ -18,16 +23,26 @@ import pyarrow as pa
 from google.protobuf.duration_pb2 import Duration
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from latscope.collector import telemetry
-from latscope.collector.mapping import Limits, MetricColumns, SpanColumns
+from latscope.collector.mapping import (
+    DecodedSpans,
+    Limits,
+    MalformedExport,
+    MetricColumns,
+    SpanColumns,
+    decode_spans,
+)
 from latscope.collector.writer import BatchWriter, Refused, Ticket
 
 log = logging.getLogger(__name__)
 
 #: how long a request waits for its rows to become durable before it gives up (client retries)
 ACK_TIMEOUT_S = 120.0
+
+
+_Counts = SpanColumns | MetricColumns | DecodedSpans
 
 
 @dataclass
@@ -48,9 +63,9 @@ class Ingest:
         self.metrics = metrics
         self.limits = limits
         self.token = token
-        # One Export is mapped at a time. The GIL serialises this pure-Python work anyway, and
-        # letting a dozen handler threads interleave through it cost about a third more CPU
-        # per span in bench/ingest (GIL hand-offs and cache churn).
+        # One Export is mapped at a time. The GIL serialises this work anyway, and letting a
+        # dozen handler threads interleave through the Python mapping cost about a third more
+        # CPU per span in bench/ingest (GIL hand-offs and cache churn).
         self._mapping = threading.Lock()
 
     def authorized(self, header: str | None) -> bool:
@@ -62,8 +77,20 @@ class Ingest:
             given.strip().encode(), self.token.encode()
         )
 
+    def export_trace_bytes(self, data: bytes) -> Outcome:
+        """Store the valid spans of a serialized Export (OTLP/gRPC, OTLP/HTTP protobuf).
+
+        Raises ``MalformedExport`` when ``data`` is not an Export, ``Refused`` when the
+        collector cannot take its spans now.
+        """
+        with self.spans.arriving():
+            with self._mapping:
+                decoded = decode_spans(data, self.limits)
+            ticket = self._submit("traces", self.spans, decoded, decoded.table)
+        return self._outcome(ticket, "traces", decoded, "span")
+
     def export_traces(self, request: trace_service_pb2.ExportTraceServiceRequest) -> Outcome:
-        """Store an Export's valid spans; raises ``Refused`` when it cannot take them now."""
+        """Store the valid spans of a parsed Export (OTLP/HTTP JSON); raises ``Refused``."""
         with self.spans.arriving():
             with self._mapping:
                 cols = SpanColumns(self.limits)
@@ -82,9 +109,7 @@ class Ingest:
         return self._outcome(ticket, "metrics", cols, "data point")
 
     @staticmethod
-    def _submit(
-        signal: str, writer: BatchWriter, cols: SpanColumns | MetricColumns, table: pa.Table
-    ) -> Ticket | None:
+    def _submit(signal: str, writer: BatchWriter, cols: _Counts, table: pa.Table) -> Ticket | None:
         telemetry.RECEIVED.labels(signal).inc(cols.rows + cols.rejected)
         if cols.rejected:
             telemetry.REJECTED.labels(signal).inc(cols.rejected)
@@ -97,9 +122,7 @@ class Ingest:
             raise
 
     @staticmethod
-    def _outcome(
-        ticket: Ticket | None, signal: str, cols: SpanColumns | MetricColumns, noun: str
-    ) -> Outcome:
+    def _outcome(ticket: Ticket | None, signal: str, cols: _Counts, noun: str) -> Outcome:
         if ticket is not None:
             ticket.wait(ACK_TIMEOUT_S)  # the writer counts what it refuses
         if not cols.rejected:
@@ -140,25 +163,44 @@ def _abort(context: grpc.ServicerContext, error: Refused) -> None:
     context.abort(code, str(error))
 
 
-class TraceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """OTLP/gRPC ``TraceService/Export``."""
+TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+
+
+def trace_response(outcome: Outcome) -> trace_service_pb2.ExportTraceServiceResponse:
+    """The OTLP answer to a trace Export: empty, or the partial success."""
+    response = trace_service_pb2.ExportTraceServiceResponse()
+    if outcome.rejected:
+        response.partial_success.rejected_spans = outcome.rejected
+        response.partial_success.error_message = outcome.message
+    return response
+
+
+class TraceReceiver:
+    """OTLP/gRPC ``TraceService/Export``, registered to take the request as unparsed bytes."""
 
     def __init__(self, ingest: Ingest) -> None:
         self.ingest = ingest
 
-    def Export(
-        self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.ServicerContext
-    ) -> trace_service_pb2.ExportTraceServiceResponse:
+    def Export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         _check(self.ingest, context)
         try:
-            outcome = self.ingest.export_traces(request)
+            outcome = self.ingest.export_trace_bytes(request)
+        except MalformedExport as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Refused as error:
             _abort(context, error)
-        response = trace_service_pb2.ExportTraceServiceResponse()
-        if outcome.rejected:
-            response.partial_success.rejected_spans = outcome.rejected
-            response.partial_success.error_message = outcome.message
-        return response
+        if not outcome.rejected:
+            return b""  # an empty ExportTraceServiceResponse
+        return trace_response(outcome).SerializeToString()
+
+    def register(self, server: grpc.Server) -> None:
+        """Add the Export method to ``server`` with no request parse and no response encoding."""
+        handlers = {"Export": grpc.unary_unary_rpc_method_handler(self.Export)}
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(TRACE_SERVICE, handlers),)
+        )
+        # Registered methods are matched by the gRPC core instead of a Python lookup per call.
+        server.add_registered_method_handlers(TRACE_SERVICE, handlers)
 
 
 class MetricsReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
@@ -184,4 +226,12 @@ class MetricsReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
         return response
 
 
-__all__ = ["Ingest", "MetricsReceiver", "Outcome", "TraceReceiver", "retry_status"]
+__all__ = [
+    "TRACE_SERVICE",
+    "Ingest",
+    "MetricsReceiver",
+    "Outcome",
+    "TraceReceiver",
+    "retry_status",
+    "trace_response",
+]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
+from latscope.collector import mapping
 from latscope.collector.http import otlp_http_router
 from latscope.collector.mapping import Limits
 from latscope.collector.receiver import Ingest, MetricsReceiver, TraceReceiver
@@ -16,6 +17,8 @@ from latscope.collector.writer import BatchWriter, WriterConfig
 from latscope.config import Settings
 from latscope.parts import Parts
 from latscope.storage import METRICS_TABLE, SPANS_TABLE, Store
+
+log = logging.getLogger("latscope.collector")
 
 
 def spool_dir(settings: Settings, store: Store) -> Path:
@@ -58,6 +61,12 @@ class Collector:
             max_attribute_value=settings.max_attribute_value_bytes,
         )
         self.ingest = Ingest(self.spans, self.metrics, limits, settings.token)
+        if not mapping.NATIVE:
+            log.warning(
+                "collector: the C OTLP decoder (latscope.collector._otlp) is not built here; "
+                "decoding spans in Python, several times slower. Reinstall with a C compiler "
+                "and the Python headers to build it."
+            )
 
     def start(self) -> None:
         self.spans.start()
@@ -76,9 +85,7 @@ def collector_parts(settings: Settings, store: Store) -> Parts:
     collector = Collector(settings, store)
     return Parts(
         grpc_servicers=[
-            lambda server: trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
-                TraceReceiver(collector.ingest), server
-            ),
+            TraceReceiver(collector.ingest).register,
             lambda server: metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
                 MetricsReceiver(collector.ingest), server
             ),

@@ -7,34 +7,31 @@ CREATE TABLE IF NOT EXISTS latscope.otel_traces_local ON CLUSTER '{cluster}'
     TraceId            String CODEC(ZSTD(1)),
     SpanId             String CODEC(ZSTD(1)),
     ParentSpanId       String CODEC(ZSTD(1)),
-    TraceState         String CODEC(ZSTD(1)),
-    SpanName           LowCardinality(String) CODEC(ZSTD(1)),
-    SpanKind           LowCardinality(String) CODEC(ZSTD(1)),
-    ServiceName        LowCardinality(String) CODEC(ZSTD(1)),
-    ResourceAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
-    ScopeName          String CODEC(ZSTD(1)),
-    ScopeVersion       String CODEC(ZSTD(1)),
+    TraceState         String CODEC(LZ4),
+    SpanName           LowCardinality(String) CODEC(LZ4),
+    SpanKind           LowCardinality(String) CODEC(LZ4),
+    ServiceName        LowCardinality(String) CODEC(LZ4),
+    ResourceAttributes Map(LowCardinality(String), String) CODEC(LZ4),
+    ScopeName          String CODEC(LZ4),
+    ScopeVersion       String CODEC(LZ4),
     SpanAttributes     Map(LowCardinality(String), String) CODEC(ZSTD(1)),
     Duration           UInt64 CODEC(T64, ZSTD(1)),
-    StatusCode         LowCardinality(String) CODEC(ZSTD(1)),
-    StatusMessage      String CODEC(ZSTD(1)),
+    StatusCode         LowCardinality(String) CODEC(LZ4),
+    StatusMessage      String CODEC(LZ4),
     Events Nested
     (
         Timestamp  DateTime64(9),
         Name       LowCardinality(String),
         Attributes Map(LowCardinality(String), String)
-    ) CODEC(ZSTD(1)),
+    ) CODEC(LZ4),
     Links Nested
     (
         TraceId    String,
         SpanId     String,
         TraceState String,
         Attributes Map(LowCardinality(String), String)
-    ) CODEC(ZSTD(1)),
-    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
-    INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
-    INDEX idx_span_attr_key mapKeys(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
-    INDEX idx_duration Duration TYPE minmax GRANULARITY 1
+    ) CODEC(LZ4),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/latscope/otel_traces_local', '{replica}')
 PARTITION BY toDate(Timestamp)
