@@ -469,8 +469,8 @@ class Rollups:
         """Hours to build now (s since the epoch, ascending) and the cutoff to build them with."""
         now_us = int(self.store.query_rows(NOW_US_SQL)[0][0])
         cutoff = now_us - self.margin_us
-        settled_s = (now_us - self.settle_us) // 10**6
-        states = hour_states(self.store, 0, settled_s - HOUR_S + 1)
+        settled_s = (now_us - self.settle_us) // 10**6  # hours that ended by then are settled
+        states = hour_states(self.store, 0, max(0, settled_s - HOUR_S + 1))
         hours = []
         for hour, state in sorted(states.items()):
             if state.last_us is None or state.usable or state.last_us > cutoff:

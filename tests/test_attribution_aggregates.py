@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from latscope.attribution import aggregates as ag
+from latscope.attribution import rollups
 from latscope.attribution.batch import to_arrow
 from latscope.attribution.table import ATTRIBUTION_SCHEMA, BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
@@ -132,12 +133,34 @@ def test_default_percentiles_are_within_the_documented_error(store: Store, data)
     df, service, t0 = data
     got = ag.summary(store, since_ns=t0, until_ns=t0 + 2 * H, service=service)
     assert got["count"] == df.height
+    within = pytest.approx  # every percentile within ALPHA (0.5 %) of the exact one
     for name, p in ag.E2E_LEVELS:
-        assert got["e2e_ms"][name] == pytest.approx(q(df["E2eNs"], p), rel=0.01)
-    for bucket in ("queue", "prefill", "decode"):
+        assert got["e2e_ms"][name] == within(q(df["E2eNs"], p), rel=rollups.ALPHA + 1e-9)
+    for bucket in BUCKETS:
         col = df[BUCKET_COLUMNS[bucket]]
-        assert got["buckets_ms"][bucket]["p99"] == pytest.approx(q(col, 0.99), rel=0.01)
+        for name, p in ag.BUCKET_LEVELS:
+            want = q(col, p)
+            assert got["buckets_ms"][bucket][name] == within(want, rel=rollups.ALPHA + 1e-9)
         assert got["buckets_ms"][bucket]["share"] == approx(col.sum() / df["E2eNs"].sum())
+    for figure, column in (("tpot_ms", "TpotNs"), ("itl_p50_ms", "ItlP50Ns")):
+        for name, p in ag.STREAM_LEVELS:
+            want = q(df[column], p)
+            assert got["streaming"][figure][name] == within(want, rel=rollups.ALPHA + 1e-9)
+
+
+def test_default_tail_is_binned_and_exact_over_its_bins(store: Store, data) -> None:
+    df, service, t0 = data
+    got = ag.tail(store, since_ns=t0, until_ns=t0 + 2 * H, service=service, percentile=95)
+    exact = ag.tail(
+        store, since_ns=t0, until_ns=t0 + 2 * H, service=service, percentile=95, exact=True
+    )
+    # The threshold is the lower edge of the 1 %-wide bin holding the p95 request.
+    assert exact["threshold_ms"] * (1 - 2 * rollups.ALPHA) <= got["threshold_ms"]
+    assert got["threshold_ms"] <= exact["threshold_ms"]
+    tail_rows = df.filter(pl.col("E2eNs") >= got["threshold_ms"] * MS)
+    assert got["tail_count"] == tail_rows.height
+    assert got["tail_e2e_ms"] == approx(tail_rows["E2eNs"].mean() / MS)
+    assert got["dominant"] == exact["dominant"]
 
 
 @pytest.mark.parametrize("group_by", ["model", "route", "resource.k8s.pod.name"])
