@@ -188,14 +188,14 @@ _HAVING_GROUPS = "\nHAVING total = 1 OR grp IN {groups:Array(String)}"
 
 _ROLLUP_SCALARS = (
     f"SELECT {{group}} AS grp, {', '.join(rollups.SCALAR_COLUMNS)} "
-    f"FROM {ROLLUP_TABLE} WHERE {rollups.ROLLUP_WHERE}"
+    f"FROM {ROLLUP_TABLE} WHERE {{rollup_where}}"
 )
 _RAW_SCALARS = (
     f"SELECT {{group}} AS grp, {rollups.SCALARS_SQL} FROM {_FROM} WHERE {_RAW_WHERE} GROUP BY grp"
 )
 _ROLLUP_HIST = (
     f"SELECT {{group}} AS grp, key, c FROM {ROLLUP_TABLE} "
-    f"ARRAY JOIN HistKeys AS key, HistCounts AS c WHERE {rollups.ROLLUP_WHERE}"
+    "ARRAY JOIN HistKeys AS key, HistCounts AS c WHERE {rollup_where}"
 )
 _RAW_HIST = (
     f"SELECT grp, key, count() AS c FROM (SELECT {{group}} AS grp, {rollups.HIST_KEYS_SQL} AS keys "
@@ -210,31 +210,56 @@ _METRIC_LEVELS = {
 }
 
 
-def _sources(parts: Sequence[str]) -> str:
+@dataclass(frozen=True)
+class _Window:
+    """A window to read: its plan and its bounds (ns)."""
+
+    plan: Plan
+    since_ns: int
+    until_ns: int
+
+
+def _sources(
+    windows: Sequence[_Window],
+    dims: int | None,
+    params: dict[str, Any],
+    group: str,
+    rollup_sql: str,
+    raw_sql: str,
+) -> str:
+    """UNION ALL of each window's rollup rows (its usable hours at level ``dims``) and raw reads
+    of the rest (all of it when ``dims`` is None: no level has what the query needs). With
+    several windows, ``grp`` is the window's index instead of ``group``."""
+    parts = []
+    for i, w in enumerate(windows):
+        tag = group if len(windows) == 1 else f"'{i}'"
+        rollup = bool(w.plan.hours) and dims is not None
+        ranges = w.plan.raw if rollup else [(w.since_ns, w.until_ns)]
+        if rollup:
+            where = rollups.rollup_where(w.plan, int(dims or 0), params, f"w{i}_")
+            parts.append(rollup_sql.replace("{rollup_where}", where).replace("{group}", tag))
+        if ranges:
+            where = rollups.raw_where(ranges, params, f"w{i}_")
+            parts.append(raw_sql.replace("{ranges}", where).replace("{group}", tag))
     return "\n    UNION ALL\n    ".join(parts)
 
 
 def _approx_summary(
     store: Store,
-    p: Plan,
+    windows: Sequence[_Window],
     params: Mapping[str, Any],
     *,
     group: str | None,
     dims: int | None,
     limit: int = 0,
     total: bool = True,
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """The window's summary row and the top ``limit`` groups' rows (``_stats_json``'s columns)
-    by ``group`` (an SQL expression; None: no groups), from the plan's rollup hours at level
-    ``dims`` and raw reads of the rest (all raw when ``dims`` is None). Two queries: figures,
-    then histograms; the window's total is a grouping set of the same pass."""
+) -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
+    """(each window's total row, None if it has no requests; rows of the top ``limit`` groups) with
+    ``_stats_json``'s columns. Groups by ``group`` (an SQL expression; one window only), from
+    the windows' rollup hours at level ``dims`` and raw reads of the rest. Two queries whatever
+    the number of windows: figures, then histograms; a window's total is a grouping set of the
+    same pass as its groups."""
     q = dict(params)
-    rollup, ranges = (bool(p.hours) and dims is not None), p.raw
-    if not rollup:
-        ranges = [(params["since_ns"], params["until_ns"])]
-    else:
-        rollups.rollup_params(p, dims, q)
-    where = rollups.raw_where(ranges, q)
     if group is None:
         flag, sets, hist_sets = "1", "grp", "grp, key"
     elif total:
@@ -244,8 +269,7 @@ def _approx_summary(
         flag, sets, hist_sets = "0", "grp", "grp, key"
 
     def fill(template: str, rollup_sql: str, raw_sql: str, sets: str, having: str = "") -> str:
-        chosen = ([rollup_sql] if rollup else []) + ([raw_sql] if ranges else [])
-        sources = _sources(chosen).replace("{ranges}", where).replace("{group}", group or "''")
+        sources = _sources(windows, dims, q, group or "''", rollup_sql, raw_sql)
         return (
             template.replace("{sources}", sources)
             .replace("{total}", flag)
@@ -254,26 +278,28 @@ def _approx_summary(
         )
 
     rows = _query_dicts(store, fill(APPROX_SUMMARY_SQL, _ROLLUP_SCALARS, _RAW_SCALARS, sets), q)
-    totals = [row for row in rows if row["total"]]
+    if not rows:
+        return [None] * len(windows), []
+    totals = sorted((row for row in rows if row["total"]), key=lambda r: r["grp"])
     groups = sorted((row for row in rows if not row["total"]), key=lambda r: (-r["n"], r["grp"]))
+    having = ""
     if len(groups) > limit:
         groups = groups[:limit]
-    having = ""
-    if group is not None and len(groups) < len(rows) - len(totals):
         q["groups"] = [row["grp"] for row in groups]
         having = _HAVING_GROUPS
-    if not rows:
-        return None, []
     sql = fill(APPROX_HIST_SQL, _ROLLUP_HIST, _RAW_HIST, hist_sets, having)
     hists = rollups.histograms(_query_dicts(store, sql, q))
     for row in totals + groups:
-        found = hists.get(None if row["total"] else row["grp"], {})
+        found = hists.get((bool(row["total"]), row["grp"]), {})
         for metric, levels in _METRIC_LEVELS.items():
             bins, counts = found.get(metric, ((), ()))
             row[f"{metric}_q"] = (
                 rollups.quantiles(bins, counts, [lv for _, lv in levels]) if counts else None
             )
-    return (totals[0] if totals else None), groups
+    if len(windows) == 1:
+        return [totals[0] if totals else None], groups
+    by_window = {row["grp"]: row for row in totals}  # grp is the window's index
+    return [by_window.get(str(i)) for i in range(len(windows))], groups
 
 
 def _ms(ns: float | None) -> float | None:
@@ -384,23 +410,24 @@ def summary(
             params["limit"] = int(limit_groups)
             rows = _query_dicts(store, SUMMARY_GROUPED_SQL.replace("{group}", expr), params)
     else:
-        p = _plan(store, since_ns, until_ns, use_rollups)
+        window = [_Window(_plan(store, since_ns, until_ns, use_rollups), since_ns, until_ns)]
         filters = [name for name, value in (("service", service), ("model", model)) if value]
         # One pass answers the window and its groups when a rollup level has the group; groups
         # by a resource attribute (only in the raw rows) are read raw, in a pass of their own.
         dims = rollups.level_for([*filters, group_by]) if group_by else None
         if expr and dims is not None:
-            total, rows = _approx_summary(
-                store, p, params, group=expr, dims=dims, limit=limit_groups
+            totals, rows = _approx_summary(
+                store, window, params, group=expr, dims=dims, limit=limit_groups
             )
         else:
-            total, _ = _approx_summary(
-                store, p, params, group=None, dims=rollups.level_for(filters)
+            totals, _ = _approx_summary(
+                store, window, params, group=None, dims=rollups.level_for(filters)
             )
             if expr:
                 _, rows = _approx_summary(
-                    store, p, params, group=expr, dims=None, limit=limit_groups, total=False
+                    store, window, params, group=expr, dims=None, limit=limit_groups, total=False
                 )
+        total = totals[0]
     out = _stats_json(total) if total else _stats_json({"n": 0} | _EMPTY_ROW)
     out["window"] = {"since_ns": int(since_ns), "until_ns": int(until_ns)}
     out["group_by"] = group_by
@@ -486,7 +513,7 @@ _ROLLUP_TAIL = (
     + ", ".join(
         f"Tail{'Requests' if name == 'n' else name.capitalize()} AS {name}" for name in _TAIL_SUMS
     )
-    + f" WHERE {rollups.ROLLUP_WHERE}"
+    + " WHERE {rollup_where}"
 )
 _RAW_TAIL = (
     f"SELECT {rollups.bin_sql('E2eNs')} AS bin, {rollups.TAIL_SUMS_SQL} "
@@ -495,19 +522,13 @@ _RAW_TAIL = (
 
 
 def _approx_tail(
-    store: Store, p: Plan, params: Mapping[str, Any], q: float, dims: int | None
+    store: Store, w: _Window, params: Mapping[str, Any], q: float, dims: int | None
 ) -> tuple[float, dict[str, Any]] | None:
     """(threshold ns, TAIL_SQL's row) from the binned e2e: the tail is every request in the bin
     of the pXX request or above (the threshold is that bin's lower edge), the median band every
     request from the p45 request's bin to the p55 one's; means are exact over those requests."""
     qp = dict(params)
-    rollup, ranges = (bool(p.hours) and dims is not None), p.raw
-    if not rollup:
-        ranges = [(params["since_ns"], params["until_ns"])]
-    else:
-        rollups.rollup_params(p, dims, qp)
-    chosen = ([_ROLLUP_TAIL] if rollup else []) + ([_RAW_TAIL] if ranges else [])
-    sources = _sources(chosen).replace("{ranges}", rollups.raw_where(ranges, qp))
+    sources = _sources([w], dims, qp, "''", _ROLLUP_TAIL, _RAW_TAIL)
     rows = _query_dicts(store, APPROX_TAIL_SQL.replace("{sources}", sources), qp)
     bins, counts = [int(r["bin"]) for r in rows], [int(r["n"]) for r in rows]
     if not counts:
@@ -569,9 +590,9 @@ def tail(
         row = _query_dicts(store, TAIL_SQL, params)[0]
     else:
         filters = [name for name, value in (("service", service), ("model", model)) if value]
-        p = _plan(store, since_ns, until_ns, use_rollups)
+        w = _Window(_plan(store, since_ns, until_ns, use_rollups), since_ns, until_ns)
         found = _approx_tail(
-            store, p, params, percentile / 100, rollups.level_for(filters, tail=True)
+            store, w, params, percentile / 100, rollups.level_for(filters, tail=True)
         )
         if found is None:
             return out
@@ -615,9 +636,26 @@ def compare(
     ``mover`` names the bucket whose mean changed most (means add up to the e2e mean, so the
     movers explain the e2e change); ``e2e_ms`` carries the same figures for the whole request.
     """
-    common = {"service": service, "model": model, "exact": exact, "use_rollups": use_rollups}
-    a = summary(store, since_ns=before[0], until_ns=before[1], **common)
-    b = summary(store, since_ns=after[0], until_ns=after[1], **common)
+    if exact:
+        common = {"service": service, "model": model, "exact": True}
+        a = summary(store, since_ns=before[0], until_ns=before[1], **common)
+        b = summary(store, since_ns=after[0], until_ns=after[1], **common)
+    else:
+        # Both windows in one pass: their hours looked up once, one figures query and one
+        # histogram query over both.
+        _params(after[0], after[1], service, model)  # both windows must be non-empty
+        params = _params(before[0], before[1], service, model)
+        found = (
+            rollups.plans(store, [before, after])
+            if use_rollups
+            else [Plan([], [before]), Plan([], [after])]
+        )
+        windows = [_Window(p, lo, hi) for p, (lo, hi) in zip(found, (before, after), strict=True)]
+        filters = [name for name, value in (("service", service), ("model", model)) if value]
+        totals, _ = _approx_summary(
+            store, windows, params, group=None, dims=rollups.level_for(filters)
+        )
+        a, b = (_stats_json(t) if t else _stats_json({"n": 0} | _EMPTY_ROW) for t in totals)
 
     def delta(x: float | None, y: float | None) -> float | None:
         return None if x is None or y is None else y - x

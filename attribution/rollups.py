@@ -349,11 +349,29 @@ MAX_RAW_RANGES = 24
 
 def plan(store: Store, *, since_ns: int, until_ns: int) -> Plan:
     """Split ``[since_ns, until_ns)`` into usable rollup hours and the ranges to read raw."""
-    first = -(-since_ns // HOUR_NS)  # whole hours inside the window
-    last = until_ns // HOUR_NS
-    if last <= first:
-        return Plan([], [(since_ns, until_ns)])
-    states = hour_states(store, first * HOUR_S, last * HOUR_S)
+    return plans(store, [(since_ns, until_ns)])[0]
+
+
+def plans(store: Store, windows: Sequence[tuple[int, int]]) -> list[Plan]:
+    """``plan`` for several windows, looking the hours up once."""
+    spans = [(-(-lo // HOUR_NS), hi // HOUR_NS) for lo, hi in windows]  # whole hours inside
+    whole = [(first, last) for first, last in spans if last > first]
+    states = (
+        hour_states(
+            store, min(f for f, _ in whole) * HOUR_S, max(last for _, last in whole) * HOUR_S
+        )
+        if whole
+        else {}
+    )
+    return [
+        _plan_one(lo, hi, first, last, states)
+        for (lo, hi), (first, last) in zip(windows, spans, strict=True)
+    ]
+
+
+def _plan_one(
+    since_ns: int, until_ns: int, first: int, last: int, states: Mapping[int, HourState]
+) -> Plan:
     hours = [
         (h, int(states[h].built_us or 0))
         for h in range(first * HOUR_S, last * HOUR_S, HOUR_S)
@@ -373,21 +391,24 @@ def plan(store: Store, *, since_ns: int, until_ns: int) -> Plan:
     return Plan(hours, raw)
 
 
-def raw_where(ranges: Sequence[tuple[int, int]], params: dict[str, Any]) -> str:
-    """SQL condition for Timestamp in any of ``ranges``; binds their ends into ``params``."""
+def raw_where(ranges: Sequence[tuple[int, int]], params: dict[str, Any], prefix: str = "") -> str:
+    """SQL condition for Timestamp in any of ``ranges``; binds their ends into ``params`` (names
+    start with ``prefix``, so several windows can share one query)."""
     if not ranges:
         return "0"
     terms = []
     for i, (lo, hi) in enumerate(ranges):
-        params[f"raw_lo_{i}"], params[f"raw_hi_{i}"] = int(lo), int(hi)
+        lo_name, hi_name = f"{prefix}raw_lo_{i}", f"{prefix}raw_hi_{i}"
+        params[lo_name], params[hi_name] = int(lo), int(hi)
         terms.append(
-            f"(Timestamp >= fromUnixTimestamp64Nano({{raw_lo_{i}:Int64}}) "
-            f"AND Timestamp < fromUnixTimestamp64Nano({{raw_hi_{i}:Int64}}))"
+            f"(Timestamp >= fromUnixTimestamp64Nano({{{lo_name}:Int64}}) "
+            f"AND Timestamp < fromUnixTimestamp64Nano({{{hi_name}:Int64}}))"
         )
     return "(" + " OR ".join(terms) + ")"
 
 
-#: Rollup rows of the plan's hours at one level (``{hours}``: (hour s, cutoff µs) pairs).
+#: Rollup rows of a plan's hours at one level (``hours``: (hour s, cutoff µs) pairs); parameter
+#: names get a per-window prefix in ``rollup_where``.
 ROLLUP_WHERE = """
     Dims = {dims:UInt8}
     AND Timestamp >= toDateTime({h0:UInt32}, 'UTC') AND Timestamp < toDateTime({h1:UInt32}, 'UTC')
@@ -398,12 +419,19 @@ ROLLUP_WHERE = """
 """
 
 
-def rollup_params(p: Plan, dims: int, params: dict[str, Any]) -> None:
-    """Bind what ROLLUP_WHERE needs for the plan's hours into ``params``."""
-    params["dims"] = dims
-    params["hours"] = p.hours
-    params["h0"] = min((h for h, _ in p.hours), default=0)
-    params["h1"] = max((h for h, _ in p.hours), default=0) + HOUR_S
+def rollup_where(p: Plan, dims: int, params: dict[str, Any], prefix: str = "") -> str:
+    """ROLLUP_WHERE for the plan's hours, its values bound into ``params``."""
+    bound = {
+        "dims": dims,
+        "hours": p.hours,
+        "h0": min((h for h, _ in p.hours), default=0),
+        "h1": max((h for h, _ in p.hours), default=0) + HOUR_S,
+    }
+    sql = ROLLUP_WHERE
+    for name, value in bound.items():
+        params[prefix + name] = value
+        sql = sql.replace("{" + name + ":", "{" + prefix + name + ":")
+    return sql
 
 
 # -- keeping the rollup fresh ---------------------------------------------------------------------
@@ -527,14 +555,14 @@ def _runs(hours: Sequence[int], max_hours: int) -> list[list[int]]:
 
 def histograms(
     rows: Iterable[Mapping[str, Any]],
-) -> dict[Any, dict[str, tuple[list[int], list[int]]]]:
-    """(grp, total, key, c) rows, ordered by key within a group -> {group: {metric: (bins,
-    counts)}}, the window's total under the group None."""
+) -> dict[tuple[bool, Any], dict[str, tuple[list[int], list[int]]]]:
+    """(grp, total, key, c) rows, ordered by key within a group -> {(total, grp): {metric:
+    (bins, counts)}}."""
     names = list(METRICS)
-    out: dict[Any, dict[str, tuple[list[int], list[int]]]] = {}
+    out: dict[tuple[bool, Any], dict[str, tuple[list[int], list[int]]]] = {}
     for row in rows:
         key = int(row["key"])
-        group = None if row["total"] else row["grp"]
+        group = (bool(row["total"]), row["grp"])
         bins, counts = out.setdefault(group, {}).setdefault(names[key // KEY_STRIDE], ([], []))
         bins.append(key % KEY_STRIDE)
         counts.append(int(row["c"]))
