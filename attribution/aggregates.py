@@ -107,27 +107,27 @@ def _levels(levels: Sequence[tuple[str, float]]) -> str:
 
 
 def _stat_columns() -> str:
-    _Q = EXACT_QUANTILES
+    fn = EXACT_QUANTILES
     parts = [
         "count() AS n",
-        f"{_Q}({_levels(E2E_LEVELS)})(E2eNs) AS e2e_q",
+        f"{fn}({_levels(E2E_LEVELS)})(E2eNs) AS e2e_q",
         "avg(E2eNs) AS e2e_mean",
         "sum(E2eNs) AS e2e_sum",
     ]
     for bucket, col in BUCKET_COLUMNS.items():
         parts += [
-            f"{_Q}({_levels(BUCKET_LEVELS)})({col}) AS {bucket}_q",
+            f"{fn}({_levels(BUCKET_LEVELS)})({col}) AS {bucket}_q",
             f"avg({col}) AS {bucket}_mean",
             f"sum({col}) AS {bucket}_sum",
         ]
     parts += [
-        f"{_Q}({_levels(STREAM_LEVELS)})(coalesce(TtftClientNs, TtftServerNs)) AS ttft_q",
+        f"{fn}({_levels(STREAM_LEVELS)})(coalesce(TtftClientNs, TtftServerNs)) AS ttft_q",
         "avg(coalesce(TtftClientNs, TtftServerNs)) AS ttft_mean",
-        f"{_Q}({_levels(STREAM_LEVELS)})(TtftServerNs) AS ttft_server_q",
-        f"{_Q}({_levels(STREAM_LEVELS)})(TpotNs) AS tpot_q",
+        f"{fn}({_levels(STREAM_LEVELS)})(TtftServerNs) AS ttft_server_q",
+        f"{fn}({_levels(STREAM_LEVELS)})(TpotNs) AS tpot_q",
         "avg(TpotNs) AS tpot_mean",
-        f"{_Q}({_levels(STREAM_LEVELS)})(ItlP50Ns) AS itl_p50_q",
-        f"{_Q}({_levels(STREAM_LEVELS)})(ItlP99Ns) AS itl_p99_q",
+        f"{fn}({_levels(STREAM_LEVELS)})(ItlP50Ns) AS itl_p50_q",
+        f"{fn}({_levels(STREAM_LEVELS)})(ItlP99Ns) AS itl_p99_q",
         "max(ItlMaxNs) AS itl_max",
         "sum(Stalls) AS stalls",
         "countIf(Stalls > 0) AS stalled_requests",

@@ -8,7 +8,8 @@
 -- per sorting key, and queries read with FINAL. A late client span moves the request's start
 -- (Timestamp) and may change Model, i.e. the row's key, so the new row would not replace the old
 -- one: for those the attributor also inserts a tombstone, a copy of the old key with IsDeleted = 1
--- and the new Version, and FINAL drops both the old row and the tombstone.
+-- and the new Version, and FINAL drops both the old row and the tombstone. The hourly rollups
+-- (004_rollups.sql) are built from FINAL reads, and not read for an hour written to since.
 --
 -- Timestamp is in UTC so that the key's hour (toStartOfHour) is the same in Python and SQL.
 --
