@@ -34,7 +34,7 @@ from latscope.collector.mapping import (
     SpanColumns,
     decode_spans,
 )
-from latscope.collector.writer import BatchWriter, Refused, Ticket
+from latscope.collector.writer import BatchWriter, JournalWriter, Refused, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Ingest:
     """Validate Exports and hand their rows to the writers; shared by gRPC and HTTP."""
 
     def __init__(
-        self, spans: BatchWriter, metrics: BatchWriter, limits: Limits, token: str = ""
+        self, spans: JournalWriter, metrics: BatchWriter, limits: Limits, token: str = ""
     ) -> None:
         self.spans = spans
         self.metrics = metrics
@@ -86,7 +86,7 @@ class Ingest:
         with self.spans.arriving():
             with self._mapping:
                 decoded = decode_spans(data, self.limits)
-            ticket = self._submit("traces", self.spans, decoded, decoded.table)
+            ticket = self._submit("traces", self.spans, decoded, decoded.table, data)
         return self._outcome(ticket, "traces", decoded, "span")
 
     def export_traces(self, request: trace_service_pb2.ExportTraceServiceRequest) -> Outcome:
@@ -96,7 +96,9 @@ class Ingest:
                 cols = SpanColumns(self.limits)
                 cols.add(request.resource_spans)
                 table = cols.table()
-            ticket = self._submit("traces", self.spans, cols, table)
+            # The journal keeps Exports in the wire format, whatever encoding they came in.
+            raw = request.SerializeToString() if cols.rows else b""
+            ticket = self._submit("traces", self.spans, cols, table, raw)
         return self._outcome(ticket, "traces", cols, "span")
 
     def export_metrics(self, request: metrics_service_pb2.ExportMetricsServiceRequest) -> Outcome:
@@ -109,13 +111,22 @@ class Ingest:
         return self._outcome(ticket, "metrics", cols, "data point")
 
     @staticmethod
-    def _submit(signal: str, writer: BatchWriter, cols: _Counts, table: pa.Table) -> Ticket | None:
+    def _submit(
+        signal: str,
+        writer: BatchWriter | JournalWriter,
+        cols: _Counts,
+        table: pa.Table,
+        raw: bytes | None = None,
+    ) -> Ticket | None:
         telemetry.RECEIVED.labels(signal).inc(cols.rows + cols.rejected)
         if cols.rejected:
             telemetry.REJECTED.labels(signal).inc(cols.rejected)
         if not cols.rows:
             return None
         try:
+            if isinstance(writer, JournalWriter):
+                assert raw is not None
+                return writer.submit(table, raw)
             return writer.submit(table)
         except Refused:
             telemetry.REFUSED.labels(signal).inc(cols.rows)

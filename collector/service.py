@@ -13,7 +13,7 @@ from latscope.collector.http import otlp_http_router
 from latscope.collector.mapping import Limits
 from latscope.collector.receiver import Ingest, MetricsReceiver, TraceReceiver
 from latscope.collector.spool import Spool, SpoolError
-from latscope.collector.writer import BatchWriter, WriterConfig
+from latscope.collector.writer import BatchWriter, JournalWriter, WriterConfig
 from latscope.config import Settings
 from latscope.parts import Parts
 from latscope.storage import METRICS_TABLE, SPANS_TABLE, Store
@@ -54,12 +54,14 @@ class Collector:
                 raise
         except SpoolError as exc:
             raise OSError(str(exc)) from None  # the commands report OSError and exit 1
-        self.spans = BatchWriter(store, SPANS_TABLE, span_spool, config, signal="traces")
-        self.metrics = BatchWriter(store, METRICS_TABLE, metric_spool, config, signal="metrics")
         limits = Limits(
             max_attributes=settings.max_span_attributes,
             max_attribute_value=settings.max_attribute_value_bytes,
         )
+        self.spans = JournalWriter(
+            store, SPANS_TABLE, span_spool, config, signal="traces", limits=limits
+        )
+        self.metrics = BatchWriter(store, METRICS_TABLE, metric_spool, config, signal="metrics")
         self.ingest = Ingest(self.spans, self.metrics, limits, settings.token)
         if not mapping.NATIVE:
             log.warning(

@@ -1,28 +1,43 @@
-"""The write-ahead spool: batches ClickHouse could not take yet, on local disk, in order.
+"""The write-ahead spool: batches not yet in ClickHouse, on local disk, in order.
 
-Each batch is one Arrow IPC file named ``<sequence>-<dedup token>-<rows>.arrow``, written to
-a temporary name, fsync'd, renamed and the directory fsync'd before ``append`` returns, so a
-batch the collector acknowledged survives a crash. Replays insert with the batch's original
-token, so a replay that already reached ClickHouse before a crash stores nothing twice.
-The spool is bounded by bytes; ``append`` answers False instead of growing past it.
+Two kinds of entry share one sequence:
+
+* an Arrow IPC file ``<sequence>-<dedup token>-<rows>.arrow`` holds one batch ClickHouse could
+  not take (written to a temporary name, fsync'd, renamed and the directory fsync'd before
+  ``append`` returns);
+* a journal segment ``<sequence>-<dedup token>.otlp`` holds serialized OTLP trace Exports,
+  appended and fsync'd before each is acknowledged (``Segment``); a closed segment becomes one
+  ClickHouse insert. A torn record at its end (a crash mid-write, never acknowledged) is ignored.
+
+Replays insert with the entry's original token, so a replay that already reached ClickHouse
+before a crash stores nothing twice. The spool is bounded by bytes; ``append`` answers False
+instead of growing past it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import logging
 import os
 import re
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from latscope.collector.mapping import SPANS_SCHEMA, Limits, MalformedExport, decode_spans
+
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^(\d{20})-([0-9a-f]{32})-(\d+)\.arrow$")
+_SEGMENT = re.compile(r"^(\d{20})-([0-9a-f]{32})\.otlp$")
+#: First line of a journal segment; the second is its limits as JSON, then the records.
+_MAGIC = b"latscope otlp-traces journal 1\n"
 
 
 class SpoolError(Exception):
@@ -33,6 +48,7 @@ class SpoolError(Exception):
 class SpoolEntry:
     seq: int
     token: str
+    #: -1 for a journal segment found at start: its rows are known once it is read
     rows: int
     path: Path
     size: int
@@ -74,16 +90,14 @@ class Spool:
         self._entries: list[SpoolEntry] = []
         for path in directory.iterdir():
             match = _NAME.match(path.name)
+            segment = _SEGMENT.match(path.name)
             if match:
-                self._entries.append(
-                    SpoolEntry(
-                        int(match.group(1)),
-                        match.group(2),
-                        int(match.group(3)),
-                        path,
-                        path.stat().st_size,
-                    )
-                )
+                seq, token, rows = int(match.group(1)), match.group(2), int(match.group(3))
+            elif segment:
+                seq, token, rows = int(segment.group(1)), segment.group(2), -1
+            else:
+                continue
+            self._entries.append(SpoolEntry(seq, token, rows, path, path.stat().st_size))
         self._entries.sort()
         self._next = self._entries[-1].seq + 1 if self._entries else 0
         self.bytes = sum(e.size for e in self._entries)
@@ -119,11 +133,36 @@ class Spool:
             self.bytes += data.size
         return True
 
+    def open_segment(self, limits: Limits) -> Segment:
+        """Start a journal segment; it joins ``entries()`` once closed."""
+        with self._lock:
+            seq = self._next
+            self._next += 1
+        return Segment(self, seq, uuid.uuid4().hex, limits)
+
+    def _grow(self, size: int) -> bool:
+        with self._lock:
+            if self.bytes + size > self.max_bytes:
+                return False
+            self.bytes += size
+            return True
+
+    def _shrink(self, size: int) -> None:
+        with self._lock:
+            self.bytes -= size
+
+    def _add(self, entry: SpoolEntry) -> None:
+        with self._lock:
+            self._entries.append(entry)
+            self._entries.sort()
+
     def close(self) -> None:
         """Release the spool for another process (or a restarted collector)."""
         self._lockfile.close()
 
     def read(self, entry: SpoolEntry) -> pa.Table:
+        if entry.path.suffix == ".otlp":
+            return read_segment(entry.path)
         try:
             with ipc.open_stream(pa.memory_map(str(entry.path))) as reader:
                 return reader.read_all()
@@ -145,3 +184,103 @@ class Spool:
             self._entries.remove(entry)
             self.bytes -= entry.size
         return target
+
+
+class Segment:
+    """A journal segment being written: each ``append`` is durable (fsync'd) when it returns.
+
+    Only the writer's journal thread appends; ``close`` hands the segment to the spool's
+    entries, where it waits for its insert (or a replay).
+    """
+
+    def __init__(self, spool: Spool, seq: int, token: str, limits: Limits) -> None:
+        self.spool = spool
+        self.seq = seq
+        self.token = token
+        self.path = spool.directory / f"{seq:020d}-{token}.otlp"
+        # The limits the Exports were checked against: a replay maps them the same way even if
+        # the collector restarts with other settings.
+        self._header = (
+            _MAGIC
+            + json.dumps(
+                {"max_attributes": limits.max_attributes,
+                 "max_attribute_value": limits.max_attribute_value}
+            ).encode()
+            + b"\n"
+        )  # fmt: skip
+        self._fd: int | None = None
+        self.size = 0
+        self.rows = 0
+
+    def append(self, records: list[bytes], rows: int) -> bool:
+        """Write serialized Exports durably; False (nothing written) when the spool is full."""
+        parts = [] if self._fd is not None else [self._header]
+        for record in records:
+            parts.append(len(record).to_bytes(4, "little"))
+            parts.append(record)
+        data = b"".join(parts)
+        if not self.spool._grow(len(data)):
+            return False
+        first = self._fd is None
+        try:
+            if first:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                _fsync_dir(self.spool.directory)  # the name must survive a crash as the data does
+            assert self._fd is not None
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fdatasync(self._fd)
+        except OSError:
+            self.spool._shrink(len(data))
+            if first and self._fd is not None:
+                # Never leave a segment without its header: the next append starts afresh.
+                os.close(self._fd)
+                self._fd = None
+                self.path.unlink(missing_ok=True)
+            elif self._fd is not None:
+                # Cut a partial record off, so later records stay readable.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self.size)
+            raise
+        self.size += len(data)
+        self.rows += rows
+        return True
+
+    def close(self) -> SpoolEntry | None:
+        """No more appends; the entry to insert (None when nothing was written)."""
+        if self._fd is None:
+            return None
+        os.close(self._fd)
+        self._fd = None
+        entry = SpoolEntry(self.seq, self.token, self.rows, self.path, self.size)
+        self.spool._add(entry)
+        return entry
+
+
+def read_segment(path: Path) -> pa.Table:
+    """A journal segment's Exports as one spans table (a torn last record is left out)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SpoolError(f"cannot read journal segment {path}: {exc}") from exc
+    if not data.startswith(_MAGIC):
+        raise SpoolError(f"{path} is not a journal segment")
+    end = data.find(b"\n", len(_MAGIC))
+    try:
+        limits = Limits(**json.loads(data[len(_MAGIC) : end]))
+    except (ValueError, TypeError) as exc:
+        raise SpoolError(f"{path}: unreadable header: {exc}") from exc
+    tables = []
+    pos = end + 1
+    while pos + 4 <= len(data):
+        size = int.from_bytes(data[pos : pos + 4], "little")
+        if pos + 4 + size > len(data):
+            break  # torn: written when the process died, so never acknowledged
+        try:
+            decoded = decode_spans(data[pos + 4 : pos + 4 + size], limits)
+        except MalformedExport as exc:
+            raise SpoolError(f"{path}: record at byte {pos} is not an Export: {exc}") from exc
+        tables.append(decoded.table)
+        pos += 4 + size
+    return pa.concat_tables(tables) if tables else SPANS_SCHEMA.empty_table()

@@ -1,16 +1,27 @@
-"""Bounded queue -> columnar batches -> ClickHouse, or the spool when ClickHouse cannot take them.
+"""Bounded queue -> columnar batches -> ClickHouse, with the spool for what it has not taken.
 
-Receivers ``submit`` an Arrow table and wait on the returned ``Ticket``; it resolves once the
-rows are durable (inserted, or fsync'd in the spool), and only then is the Export acknowledged.
-One writer thread per table flushes a batch when it holds ``batch_rows`` rows, when its oldest
-rows have waited ``batch_timeout_s``, or as soon as no other request is being mapped (group
-commit: under load the queue fills while the previous batch is being inserted). Every batch
-gets a fresh ``insert_deduplication_token`` that it keeps for life, so a replay of a spooled
-batch that had in fact reached ClickHouse stores nothing twice (the table's deduplication
-window drops it).
+Receivers ``submit`` rows and wait on the returned ``Ticket``; it resolves once the rows are
+durable, and only then is the Export acknowledged. Two writers:
 
-Order: while the spool holds anything, new batches are spooled behind it and the spool is
-replayed oldest first, so ClickHouse sees batches in the order they were acknowledged.
+* ``JournalWriter`` (spans): each Export's serialized bytes are appended to a journal segment in
+  the spool and fsync'd (group commit: every Export that arrived during one fsync shares the
+  next); the decoded rows wait in memory, and a segment becomes one ClickHouse insert when it
+  holds ``batch_rows`` rows or its oldest rows have waited ``batch_timeout_s``. Under load an
+  Export is acknowledged once journaled, so insert size no longer depends on how many Exports
+  clients keep in flight (16 SDKs sending 448 spans each made 3,500-row parts, which ClickHouse
+  then spent more CPU merging than inserting). When nothing else is arriving, the segment is
+  inserted at once and the acknowledgement waits for it: a quiet collector's clients can read
+  what they sent as soon as it is acknowledged.
+* ``BatchWriter`` (metrics): one thread flushes a batch when it holds ``batch_rows`` rows, when
+  its oldest rows have waited ``batch_timeout_s``, or as soon as no other request is being
+  mapped (group commit); the batch is inserted, or fsync'd in the spool, before the Export is
+  acknowledged.
+
+Every batch has an ``insert_deduplication_token`` it keeps for life (a journal segment's is in
+its name), so a replay of a spooled batch that had in fact reached ClickHouse stores nothing
+twice (the table's deduplication window drops it). Order: spooled batches are replayed oldest
+first and new ones wait behind them, so ClickHouse sees batches in the order they were
+acknowledged.
 """
 
 from __future__ import annotations
@@ -25,7 +36,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from latscope.collector import telemetry
-from latscope.collector.spool import Spool, SpoolEntry, SpoolError
+from latscope.collector.mapping import Limits
+from latscope.collector.spool import Segment, Spool, SpoolEntry, SpoolError
 from latscope.storage import Store, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -335,4 +347,331 @@ class BatchWriter:
                   why, rows)  # fmt: skip
 
 
-__all__ = ["BatchWriter", "Refused", "Ticket", "WriterConfig"]
+class JournalWriter:
+    """Writes the spans table through a journal in the spool; a ``Component`` of the process.
+
+    ``submit`` takes the decoded rows and the Export's serialized bytes; the ticket resolves
+    once the bytes are fsync'd. Two threads: the journal thread appends and fsyncs, the insert
+    thread inserts closed segments oldest first (from memory, or read back from the spool after
+    a failure or a restart).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        table: str,
+        spool: Spool,
+        config: WriterConfig,
+        *,
+        signal: str,
+        limits: Limits,
+    ) -> None:
+        self.name = f"collector-writer-{signal}"
+        self.store = store
+        self.table = table
+        self.spool = spool
+        self.config = config
+        self.signal = signal
+        self.limits = limits
+        self._cond = threading.Condition()
+        self._pending: list[tuple[bytes, pa.Table, Ticket]] = []
+        self._pending_rows = 0
+        # Rows acknowledged and still in memory: the open segment's and closed segments' whose
+        # insert has not happened yet (dropped, and read back later, when ClickHouse fails).
+        self._memory: dict[int, list[pa.Table]] = {}
+        self._memory_rows = 0
+        # Tickets acknowledged when their segment's insert is done (a quiet collector's).
+        self._waiting: dict[int, list[Ticket]] = {}
+        self._segment: Segment | None = None
+        self._segment_tables: list[pa.Table] = []
+        self._segment_since = 0.0
+        self._arriving = 0
+        self._stopping = False
+        self._journal_done = False
+        self._halted = False  # stop() gave up waiting: the spool belongs to the next start
+        self._retry_at = 0.0
+        self._failures: dict[int, int] = {}
+        self._threads: list[threading.Thread] = []
+        self._depth = telemetry.QUEUE_DEPTH.labels(signal)
+        self._spool_bytes = telemetry.SPOOL_BYTES.labels(signal)
+        self._spool_bytes.set(spool.bytes)
+
+    # -- intake --------------------------------------------------------------------------------
+
+    def arriving(self) -> _Arrival:
+        """Context for a request being decoded (kept for the receivers' common path)."""
+        return _Arrival(self)  # type: ignore[arg-type]
+
+    def _arrive(self, delta: int) -> None:
+        with self._cond:
+            self._arriving += delta
+
+    def submit(self, table: pa.Table, raw: bytes) -> Ticket:
+        """Journal an Export (``raw``) whose rows are ``table``; raises ``Refused`` when full."""
+        rows = table.num_rows
+        ticket = Ticket(rows)
+        with self._cond:
+            if self._stopping:
+                raise Refused("the collector is shutting down", exhausted=False)
+            held = self._memory_rows + self._pending_rows
+            # One Export larger than the whole queue still goes in when nothing is held.
+            if held and held + rows > self.config.max_queue_rows:
+                raise Refused(
+                    f"ingest queue full ({held} rows waiting for ClickHouse); retry later",
+                    exhausted=True,
+                    retry_after_s=max(1.0, self.config.batch_timeout_s),
+                )
+            self._pending.append((raw, table, ticket))
+            self._pending_rows += rows
+            self._depth.set(self._memory_rows + self._pending_rows)
+            self._cond.notify_all()
+        return ticket
+
+    def drained(self) -> bool:
+        """Whether everything acknowledged is in ClickHouse (nothing pending, open or spooled)."""
+        with self._cond:
+            return not self._pending and self._segment is None and not len(self.spool)
+
+    # -- component -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for target, suffix in ((self._journal_loop, "journal"), (self._insert_loop, "insert")):
+            thread = threading.Thread(target=target, name=f"{self.name}-{suffix}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def close_intake(self) -> None:
+        """Refuse new Exports from now on (UNAVAILABLE / 503); journaled ones are still inserted."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def stop(self, deadline: float) -> None:
+        """Stop intake, journal what was submitted, insert what time allows before ``deadline``.
+
+        Whatever is not inserted by then is already in the spool: the next start replays it.
+        """
+        self.close_intake()
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._cond:
+            self._halted = True
+            waiting = [t for tickets in self._waiting.values() for t in tickets]
+            self._waiting.clear()
+            self._cond.notify_all()
+        for ticket in waiting:
+            ticket.resolve()  # journaled: durable in the spool
+        if any(thread.is_alive() for thread in self._threads):
+            log.warning("%s: store too slow at shutdown; %d batches stay spooled for the next "
+                        "start", self.name, len(self.spool))  # fmt: skip
+        self.spool.close()
+
+    # -- the journal thread --------------------------------------------------------------------
+
+    def _journal_loop(self) -> None:
+        cfg = self.config
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopping:
+                    if self._segment is None:
+                        self._cond.wait()
+                        continue
+                    left = self._segment_since + cfg.batch_timeout_s - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                # Everything that arrived while the last fsync ran shares the next one.
+                batch, self._pending = self._pending, []
+                rows = self._pending_rows
+                self._pending_rows = 0
+                self._memory_rows += rows
+                stopping = self._stopping
+            stored = False
+            if batch:
+                try:
+                    stored = self._journal(batch, rows)
+                except Exception:
+                    # A bug here must not wedge the journal: refuse (never acknowledged, so the
+                    # clients retry) and keep serving.
+                    log.exception("%s: unexpected error journaling Exports", self.name)
+                    self._refuse(batch, rows, "internal error journaling the Export; retry")
+            with self._cond:
+                # Quiet: nothing else arriving, and nothing older waiting for ClickHouse.
+                quiet = (
+                    not self._pending
+                    and not self._arriving
+                    and not len(self.spool)
+                    and time.monotonic() >= self._retry_at
+                )
+            segment = self._segment
+            if stored and quiet:
+                # Nothing else is coming: insert now, and acknowledge once inserted.
+                self._close_segment([ticket for _, _, ticket in batch])
+            else:
+                for _, _, ticket in batch if stored else ():
+                    ticket.resolve()
+                if segment is not None and (
+                    stopping
+                    or segment.rows >= cfg.batch_rows
+                    or time.monotonic() - self._segment_since >= cfg.batch_timeout_s
+                ):
+                    self._close_segment()
+            if stopping:
+                with self._cond:
+                    if not self._pending:
+                        self._journal_done = True
+                        self._cond.notify_all()
+                        return
+
+    def _journal(self, batch: list[tuple[bytes, pa.Table, Ticket]], rows: int) -> bool:
+        """Append and fsync; True when stored (the tickets are the caller's to resolve)."""
+        if self._segment is None:
+            self._segment = self.spool.open_segment(self.limits)
+            self._segment_since = time.monotonic()
+        try:
+            stored = self._segment.append([raw for raw, _, _ in batch], rows)
+        except OSError as exc:
+            log.error("%s: cannot write the journal: %s", self.name, exc)
+            stored = False
+        if not stored:
+            self._refuse(batch, rows, "the spool is full (ClickHouse is behind or down); retry")
+            return False
+        self._segment_tables.extend(table for _, table, _ in batch)
+        self._spool_bytes.set(self.spool.bytes)
+        telemetry.ACCEPTED.labels(self.signal).inc(rows)
+        return True
+
+    def _refuse(self, batch: list[tuple[bytes, pa.Table, Ticket]], rows: int, why: str) -> None:
+        with self._cond:
+            self._memory_rows -= rows
+            self._depth.set(self._memory_rows + self._pending_rows)
+        telemetry.REFUSED.labels(self.signal).inc(rows)
+        error = Refused(why, exhausted=True, retry_after_s=max(1.0, self.config.retry_backoff_s))
+        for _, _, ticket in batch:
+            ticket.resolve(error)
+
+    def _close_segment(self, tickets: list[Ticket] | None = None) -> None:
+        segment, tables = self._segment, self._segment_tables
+        self._segment, self._segment_tables = None, []
+        assert segment is not None
+        entry = segment.close()
+        with self._cond:
+            if entry is not None and tickets:
+                self._waiting[entry.seq] = tickets
+            if entry is not None and time.monotonic() >= self._retry_at:
+                self._memory[entry.seq] = tables
+            else:
+                # ClickHouse is failing: the rows wait in the spool, not in memory.
+                dropped = sum(t.num_rows for t in tables)
+                self._memory_rows -= dropped
+                if entry is not None:
+                    telemetry.SPOOLED.labels(self.signal).inc(dropped)
+                self._depth.set(self._memory_rows + self._pending_rows)
+            self._cond.notify_all()
+        if entry is None:
+            for ticket in tickets or ():
+                ticket.resolve()
+
+    # -- the insert thread ---------------------------------------------------------------------
+
+    def _insert_loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._halted:
+                        return
+                    entries = self.spool.entries()
+                    now = time.monotonic()
+                    if entries and now >= self._retry_at:
+                        break
+                    if self._journal_done and (not entries or self._stopping):
+                        # Stopping while ClickHouse fails: the rest waits in the spool.
+                        return
+                    self._cond.wait(self._retry_at - now if entries else None)
+                entry = entries[0]
+                tables = self._memory.pop(entry.seq, None)
+            try:
+                self._insert_entry(entry, tables)
+            except Exception:
+                log.exception("%s: unexpected error inserting a batch", self.name)
+                self._failed(tables)
+            with self._cond:
+                waiting = self._waiting.pop(entry.seq, ())
+            for ticket in waiting:
+                ticket.resolve()  # inserted, or left in the spool: durable either way
+
+    def _insert_entry(self, entry: SpoolEntry, tables: list[pa.Table] | None) -> None:
+        if tables is None:
+            try:
+                table = self.spool.read(entry)
+            except SpoolError as exc:
+                self._lose(entry, str(exc), rows=max(entry.rows, 0))
+                return
+        else:
+            # One contiguous chunk per column: ClickHouse takes it several times faster than many.
+            table = pa.concat_tables(tables).combine_chunks() if tables else None
+        if table is None or not table.num_rows:
+            self._removed(entry, tables)
+            return
+        if self._insert(table, entry.token):
+            self._removed(entry, tables)
+            if tables is None:
+                telemetry.REPLAYED.labels(self.signal).inc(table.num_rows)
+                log.info("%s: replayed %d spooled rows", self.name, table.num_rows)
+            return
+        self._failed(tables)
+        if self.store.ping():
+            # Only rejections count: an unreachable store may stay down for days without loss.
+            self._failures[entry.seq] = self._failures.get(entry.seq, 0) + 1
+            if self._failures[entry.seq] >= self.config.max_replay_attempts:
+                self._lose(entry, "ClickHouse keeps rejecting it", rows=table.num_rows)
+
+    def _removed(self, entry: SpoolEntry, tables: list[pa.Table] | None) -> None:
+        self.spool.remove(entry)
+        self._failures.pop(entry.seq, None)
+        self._spool_bytes.set(self.spool.bytes)
+        with self._cond:
+            if tables is not None:
+                self._memory_rows -= sum(t.num_rows for t in tables)
+                self._depth.set(self._memory_rows + self._pending_rows)
+            self._cond.notify_all()
+
+    def _failed(self, tables: list[pa.Table] | None) -> None:
+        """After a failed insert: back off, and let every closed segment wait in the spool."""
+        with self._cond:
+            self._retry_at = time.monotonic() + self.config.retry_backoff_s
+            released = [tables] if tables is not None else []
+            released.extend(self._memory.values())
+            self._memory.clear()
+            rows = sum(t.num_rows for ts in released for t in ts)
+            self._memory_rows -= rows
+            self._depth.set(self._memory_rows + self._pending_rows)
+            waiting = [t for tickets in self._waiting.values() for t in tickets]
+            self._waiting.clear()
+        if rows:
+            telemetry.SPOOLED.labels(self.signal).inc(rows)
+        for ticket in waiting:
+            ticket.resolve()  # durable in the spool; ClickHouse gets it on a replay
+
+    def _insert(self, table: pa.Table, token: str) -> bool:
+        """Insert a batch; False when the store did not take it."""
+        started = time.perf_counter()
+        try:
+            self.store.insert_arrow(self.table, table, dedup_token=token)
+        except StoreError as exc:
+            level = logging.WARNING if isinstance(exc, StoreUnavailable) else logging.ERROR
+            log.log(level, "%s: insert of %d rows failed: %s", self.name, table.num_rows, exc)
+            return False
+        telemetry.WRITE_SECONDS.labels(self.signal).observe(time.perf_counter() - started)
+        return True
+
+    def _lose(self, entry: SpoolEntry, why: str, *, rows: int) -> None:
+        target = self.spool.quarantine(entry)
+        self._failures.pop(entry.seq, None)
+        self._spool_bytes.set(self.spool.bytes)
+        telemetry.DROPPED.labels(self.signal).inc(rows)
+        log.error("%s: spooled batch set aside as %s (%s); %d rows not stored", self.name, target,
+                  why, rows)  # fmt: skip
+
+
+__all__ = ["BatchWriter", "JournalWriter", "Refused", "Ticket", "WriterConfig"]

@@ -98,6 +98,14 @@ class Collector:
     def collector(self) -> Any:
         return self.parts.components[0]
 
+    def wait_stored(self, timeout: float = 30) -> None:
+        """Wait until every acknowledged span is in ClickHouse (acknowledged means journaled:
+        the insert follows within the batch timeout)."""
+        deadline = time.monotonic() + timeout
+        while not self.collector.spans.drained():
+            assert time.monotonic() < deadline, "acknowledged spans were not inserted"
+            time.sleep(0.02)
+
 
 def start_collector(store: Store | FlakyStore, spool: Path, **overrides: Any) -> Collector:
     flaky = store if isinstance(store, FlakyStore) else FlakyStore(store)

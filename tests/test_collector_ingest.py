@@ -75,6 +75,7 @@ def test_grpc_exporter_spans_are_stored_with_every_field(
         SimpleSpanProcessor(GrpcSpanExporter(endpoint=collector.grpc, insecure=True, timeout=10))
     )
     _emit(provider, 5)
+    collector.wait_stored()
     rows = store.query_rows(
         "SELECT SpanName, SpanKind, StatusCode, StatusMessage, SpanAttributes, ScopeName, "
         "ScopeVersion, ResourceAttributes['service.name'], Events.Name, "
@@ -99,6 +100,7 @@ def test_http_exporter_protobuf(collector: Collector, store: Store) -> None:
     exporter = HttpSpanExporter(endpoint=f"{collector.http}/v1/traces", timeout=10)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     _emit(provider, 4)
+    collector.wait_stored()
     assert count_spans(store, service) == 4
 
 
@@ -143,6 +145,7 @@ def test_http_json_gzip_with_one_bad_span(collector: Collector, store: Store) ->
     partial = response.json()["partialSuccess"]
     assert partial["rejectedSpans"] == "1"
     assert "end_time_unix_nano is before start_time_unix_nano" in partial["errorMessage"]
+    collector.wait_stored()
     rows = store.query_rows(
         "SELECT TraceId, SpanId, SpanKind, SpanAttributes['n'] FROM otel_traces "
         "WHERE ServiceName = {s:String} ORDER BY SpanId",
@@ -186,6 +189,7 @@ def test_grpc_batch_with_one_bad_span(
         reply = trace_service_pb2_grpc.TraceServiceStub(channel).Export(req, timeout=10)
     assert reply.partial_success.rejected_spans == 1
     assert reason in reply.partial_success.error_message
+    collector.wait_stored()
     assert count_spans(store, service) == 6  # the other spans of the 7 are stored
 
 
@@ -238,34 +242,32 @@ def test_token_required_on_grpc_and_http(store: Store, tmp_path: Path) -> None:
         )  # fmt: skip
         assert ok.status_code == 200
         assert httpx.get(f"{c.http}/healthz").status_code == 200
+        c.wait_stored()
         assert count_spans(store, service) == 14
     finally:
         c.stop()
 
 
 def test_full_queue_answers_resource_exhausted(store: Store, tmp_path: Path) -> None:
-    # ClickHouse stalls on the first batch; the second Export waits in the queue and the third
-    # does not fit in it.
+    # ClickHouse stalls on the first batch. The Export behind it is journaled and acknowledged,
+    # its rows waiting in memory; the third does not fit the queue and is refused with a
+    # RetryInfo.
     slow = FlakyStore(store)
     slow.gate = threading.Event()
-    c = start_collector(slow, tmp_path / "spool", queue_max_spans=10)
+    c = start_collector(slow, tmp_path / "spool", queue_max_spans=14)
     try:
         service = _service()
         results: list[object] = []
         with grpc.insecure_channel(c.grpc) as channel:
             stub = trace_service_pb2_grpc.TraceServiceStub(channel)
-            senders = [
-                threading.Thread(
-                    target=lambda: results.append(stub.Export(_export(service), timeout=20))
-                )
-                for _ in range(2)
-            ]
-            senders[0].start()
-            while not slow.blocked:  # the writer took the first batch and is stuck
+            # A quiet collector acknowledges after the insert: this one waits for ClickHouse.
+            first = threading.Thread(
+                target=lambda: results.append(stub.Export(_export(service), timeout=20))
+            )
+            first.start()
+            while not slow.blocked:  # the insert thread took its batch and is stuck
                 time.sleep(0.01)
-            senders[1].start()
-            while c.collector.spans._queued_rows == 0:
-                time.sleep(0.01)
+            results.append(stub.Export(_export(service), timeout=10))  # journaled, in memory
             with pytest.raises(grpc.RpcError) as err:
                 stub.Export(_export(service), timeout=10)
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -279,9 +281,9 @@ def test_full_queue_answers_resource_exhausted(store: Store, tmp_path: Path) -> 
             assert response.status_code == 429
             assert int(response.headers["retry-after"]) >= 1
             slow.gate.set()
-            for sender in senders:
-                sender.join(20)
+            first.join(20)
         assert len(results) == 2
+        c.wait_stored()
         assert count_spans(store, service) == 14
         metrics = httpx.get(f"{c.http}/metrics").text
         assert 'latscope_collector_refused_total{signal="traces"}' in metrics
