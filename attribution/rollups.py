@@ -35,7 +35,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Counter, Gauge
+
 from latscope.attribution.table import BUCKET_COLUMNS
+from latscope.metrics import REGISTRY
 from latscope.storage import ATTRIBUTION_TABLE, Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -436,6 +439,20 @@ def rollup_where(p: Plan, dims: int, params: dict[str, Any], prefix: str = "") -
 
 # -- keeping the rollup fresh ---------------------------------------------------------------------
 
+#: Hours remembered as built empty (bounded; see Rollups.build).
+_EMPTY_MAX = 10_000
+
+HOURS_BUILT = Counter(
+    "latscope_rollup_hours_built",
+    "Hours of attribution rows summarised into the hourly rollup, rebuilds included",
+    registry=REGISTRY,
+)
+HOURS_DUE = Gauge(
+    "latscope_rollup_hours_due",
+    "Settled hours without an up-to-date rollup at the builder's last pass (read raw meanwhile)",
+    registry=REGISTRY,
+)
+
 
 class Rollups:
     """A ``latscope.parts.Component``: builds each hour once it settled, and rebuilds hours
@@ -509,13 +526,18 @@ class Rollups:
         return hours, cutoff
 
     def run_until_idle(self) -> int:
-        """Build every hour that is due; returns how many hours were built."""
+        """Build every hour that is due (until stopped); returns how many hours were built."""
         hours, cutoff = self.due()
+        left = len(hours)
+        HOURS_DUE.set(left)
         for run in _runs(hours, self.max_hours):
             if self._stop.is_set():
                 break
             self.build(run, cutoff)
-        return len(hours)
+            HOURS_BUILT.inc(len(run))
+            left -= len(run)
+            HOURS_DUE.set(left)
+        return len(hours) - left
 
     def build(self, hours: Sequence[int], cutoff_us: int) -> None:
         """Build consecutive ``hours`` (within one day) with cutoff ``cutoff_us``."""
@@ -532,6 +554,8 @@ class Rollups:
         for hour in hours:
             if hour not in built:
                 self._empty[hour] = cutoff_us
+        while len(self._empty) > _EMPTY_MAX:  # forgetting one costs one more (empty) build
+            del self._empty[min(self._empty)]
         log.debug(
             "built %d rollup hours from %d in %.2f s", len(hours), lo, time.perf_counter() - started
         )
