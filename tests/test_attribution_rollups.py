@@ -90,6 +90,8 @@ def test_plan_takes_whole_settled_hours_from_the_rollup(store: Store, data) -> N
         {"group_by": "operation"},
         {"group_by": "status"},
         {"group_by": "resource.k8s.pod.name"},
+        {"group_by": "route", "limit_groups": 2},
+        {"group_by": "resource.k8s.pod.name", "limit_groups": 1},
         {"service": 0},
         {"service": 0, "group_by": "route"},
         {"service": 1, "model": "m-large"},
@@ -103,6 +105,10 @@ def test_rollup_answers_equal_raw_answers(store: Store, data, query: dict) -> No
     got = ag.summary(store, **WINDOW, **query)
     raw = ag.summary(store, **WINDOW, **query, use_rollups=False)
     assert got["count"] > 0 and close(got, raw) == []
+    if "limit_groups" in query:  # the largest groups, as the exact answer ranks them
+        exact = ag.summary(store, **WINDOW, **query, exact=True)
+        assert [g["key"] for g in got["groups"]] == [g["key"] for g in exact["groups"]]
+        assert len(got["groups"]) == query["limit_groups"]
 
 
 @pytest.mark.parametrize("query", [{}, {"service": 0}, {"model": "m-large"}])
