@@ -14,14 +14,16 @@ import pytest
 
 from latscope.attribution import aggregates as ag
 from latscope.attribution import rollups
-from latscope.attribution.attributor import attributor_parts
+from latscope.attribution.attributor import Attributor, attributor_parts
 from latscope.attribution.rollups import HOUR_NS, ROLLUP_TABLE, Rollups
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.config import Settings
 from latscope.semconv import BUCKETS
-from latscope.storage import Store
+from latscope.storage import SPANS_TABLE, Store
+from tests.attribution_support import MS as MS_NS
+from tests.attribution_support import T0 as T1
 from tests.test_attribution_aggregates import insert, make_rows, q
-from tests.test_attribution_attributor import shared_store
+from tests.test_attribution_attributor import _server_spans, shared_store, span_rows
 
 H = HOUR_NS
 MS = 1e6
@@ -341,3 +343,40 @@ def test_levels_and_build_runs() -> None:
 def test_the_attributor_process_keeps_rollups(store: Store) -> None:
     parts = attributor_parts(Settings(), store)
     assert [c.name for c in parts.components] == ["attributor", "rollups"]
+
+
+def test_a_late_client_span_after_the_build_through_the_attributor(store: Store) -> None:
+    """The attributor's own re-attribution (a new row an hour earlier, under another model, and
+    a tombstone for the old key) after the old hour's rollup was built: counted once."""
+    service = f"e2e-{uuid.uuid4().hex[:6]}"
+    trace_id = uuid.uuid4().hex
+    s0 = T0 + 96 * H + 13 * 60 * 10**9  # 13 minutes into an hour
+    spans = [{**span, "start": span["start"] - T1 + s0, "end": span["end"] - T1 + s0,
+              "service": service} for span in _server_spans()]  # fmt: skip
+    attributor = Attributor(store, settle_s=0)
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, spans))
+    attributor.run_until_idle()
+    build(store)
+    bounds = {"since_ns": s0 - 2 * H - 10**9, "until_ns": s0 + 2 * H}
+    window = bounds | {"service": service}
+    hour = s0 // H * H // 10**9
+    assert hour in [h for h, _ in rollups.plan(store, **bounds).hours]
+    first = ag.summary(store, **window)
+    assert first["count"] == 1 and first["e2e_ms"]["mean"] == pytest.approx(920)
+
+    client = {"id": "c1" * 8, "kind": "Client", "start": s0 - H + 40 * MS_NS,
+              "end": s0 + 1000 * MS_NS, "service": service,
+              "attrs": {"gen_ai.request.model": "late-model"}}  # fmt: skip
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [client]))
+    attributor.run_until_idle()
+    assert hour not in [h for h, _ in rollups.plan(store, **bounds).hours]
+    e2e_ms = (client["end"] - client["start"]) / MS_NS
+    for _ in range(2):  # before the rebuild (raw), then after it (rollup)
+        got = ag.summary(store, **window, group_by="model")
+        assert got["count"] == 1 and got["e2e_ms"]["mean"] == pytest.approx(e2e_ms)
+        assert [g["key"] for g in got["groups"]] == ["late-model"]
+        assert close(got, ag.summary(store, **window, group_by="model", use_rollups=False)) == []
+        build(store)
+    # The request's new hour is built; its old one holds only the replaced row and the tombstone
+    # (nothing after FINAL: no rollup rows, read raw at no cost).
+    assert [h for h, _ in rollups.plan(store, **bounds).hours] == [hour - 3600]
