@@ -89,12 +89,19 @@ typedef struct {
 } Problem;
 
 typedef struct {
+    size_t e0, n;
+} RowCache;
+
+typedef struct {
     Buf b[NB];
     Buf res[4];            /* the current resource's attributes: key offsets, keys, value offsets, values */
     Slice service;         /* service.name among them */
     SliceList res_kvs, span_kvs, sub_kvs, values, events, links;
     uint32_t *htab;
     size_t hcap;
+    /* Per map (span, event, link attributes): the last row found free of repeated keys. The
+     * next row with the same keys needs no check: consecutive spans mostly share them. */
+    RowCache seen[3];
     long long max_attrs, max_value;
     size_t max_bytes, total;
     Py_ssize_t rows, rejected;
@@ -875,13 +882,30 @@ static inline uint64_t hash_bytes(const uint8_t *p, size_t n)
     return h ^ (h >> 32);
 }
 
+/* Whether the n keys of the rows starting at entries a0 and b0 are the same, in order. */
+static int same_keys(const Buf *m, size_t a0, size_t b0, size_t n)
+{
+    size_t ka = (size_t)get_i32(&m[0], a0), kb = (size_t)get_i32(&m[0], b0);
+    size_t la = (size_t)get_i32(&m[0], a0 + n) - ka, lb = (size_t)get_i32(&m[0], b0 + n) - kb;
+    if (la != lb)
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((size_t)get_i32(&m[0], a0 + i) - ka != (size_t)get_i32(&m[0], b0 + i) - kb)
+            return 0;
+    return memcmp(m[1].p + ka, m[1].p + kb, la) == 0;
+}
+
 /* The map entries from e0 on form one row; a repeated key keeps its first position and its
- * last value, as a dict would (mapping._dedup). */
-static int dedup_row(Ctx *c, Buf *m, size_t e0)
+ * last value, as a dict would (mapping._dedup). seen, when given, remembers a checked row.
+ * Entries before e0 all belong to checked rows (a rejected span's rows are rolled back, and
+ * the caches reset with them), so a cached row still holds the keys it was checked with. */
+static int dedup_row(Ctx *c, Buf *m, size_t e0, RowCache *seen)
 {
     size_t e1 = n_offsets(&m[0]);
     size_t n = e1 - e0;
     if (n < 2)
+        return 0;
+    if (seen != NULL && seen->n == n && seen->e0 + n <= e0 && same_keys(m, seen->e0, e0, n))
         return 0;
     size_t cap = 16;
     while (cap < 2 * n)
@@ -915,8 +939,13 @@ static int dedup_row(Ctx *c, Buf *m, size_t e0)
             }
         }
     }
-    if (!dup)
+    if (!dup) {
+        if (seen != NULL) {
+            seen->e0 = e0;
+            seen->n = n;
+        }
         return 0;
+    }
     /* Rare: rebuild the row. winner[i] is the entry whose value the key of first occurrence i
      * ends up with. */
     size_t *first = malloc(n * sizeof(size_t)), *winner = malloc(n * sizeof(size_t));
@@ -1206,7 +1235,7 @@ static int do_event(Ctx *c, Slice ev, int depth, int emit, Problem *pr)
     }
     if (!emit)
         return 0;
-    if (dedup_row(c, &b[B_EVA_KO], e0) || push_off(c, &b[B_EVA_O], n_offsets(&b[B_EVA_KO])) ||
+    if (dedup_row(c, &b[B_EVA_KO], e0, &c->seen[1]) || push_off(c, &b[B_EVA_O], n_offsets(&b[B_EVA_KO])) ||
         need(c, &b[B_EV_TS], 8))
         return -1;
     memcpy(b[B_EV_TS].p + b[B_EV_TS].len, &time, 8);
@@ -1260,7 +1289,7 @@ static int do_link(Ctx *c, Slice ln, int depth, int emit, Problem *pr)
     }
     if (!emit)
         return 0;
-    if (dedup_row(c, &b[B_LNA_KO], e0) || push_off(c, &b[B_LNA_O], n_offsets(&b[B_LNA_KO])))
+    if (dedup_row(c, &b[B_LNA_KO], e0, &c->seen[2]) || push_off(c, &b[B_LNA_O], n_offsets(&b[B_LNA_KO])))
         return -1;
     return add_hex(c, &b[B_LNT_O], tid) || add_hex(c, &b[B_LNS_O], sid) ||
                    add_str(c, &b[B_LNST_O], state.p, state.n)
@@ -1400,9 +1429,10 @@ static int do_span(Ctx *c, Slice span, int depth, const Scope *sc)
     if (pr.kind != P_NONE) {
         for (int i = B_ROLLBACK; i < NB; i++)
             b[i].len = mark[i - B_ROLLBACK];
+        memset(c->seen, 0, sizeof(c->seen)); /* they may point into what was rolled back */
         return note_problem(c, sid, &pr, 0);
     }
-    if (dedup_row(c, &b[B_ATT_KO], e0) || push_off(c, &b[B_ATT_O], n_offsets(&b[B_ATT_KO])) ||
+    if (dedup_row(c, &b[B_ATT_KO], e0, &c->seen[0]) || push_off(c, &b[B_ATT_O], n_offsets(&b[B_ATT_KO])) ||
         push_off(c, &b[B_EV_O], n_offsets(&b[B_EVN_O])) ||
         push_off(c, &b[B_LN_O], n_offsets(&b[B_LNT_O])))
         return -1;
@@ -1595,7 +1625,7 @@ static int do_resource_spans(Ctx *c, Slice rs, int depth)
     c->service.p = (const uint8_t *)"";
     c->service.n = 0;
     if (pr.kind == P_NONE) {
-        if (dedup_row(c, c->res, 0))
+        if (dedup_row(c, c->res, 0, NULL))
             return -1;
         size_t n = n_offsets(&c->res[0]);
         for (size_t i = 0; i < n; i++) {

@@ -129,11 +129,24 @@ def exports(draw: st.DrawFn) -> ExportTraceServiceRequest:
                 scope=InstrumentationScope(
                     name=draw(text), version=draw(text), attributes=draw(attributes)
                 ),
-                spans=draw(st.lists(spans(), max_size=3)),
+                spans=draw(st.lists(spans(), max_size=4)),
             )
+            if len(ss.spans) > 1 and draw(st.booleans()):
+                _share_keys(ss.spans, draw)
             rs.scope_spans.append(ss)
         request.resource_spans.append(rs)
     return request
+
+
+def _share_keys(spans: list[Span], draw: st.DrawFn) -> None:
+    """Give spans the first one's attribute keys, as one instrumentation's spans have (the C
+    decoder skips the repeated-key check for a row with the previous row's keys), sometimes
+    with a key repeated."""
+    keys = [kv.key for kv in spans[0].attributes]
+    for span in spans[1:]:
+        del span.attributes[:]
+        for key in keys + draw(st.lists(st.sampled_from(keys or ["k"]), max_size=1)):
+            span.attributes.add(key=key).value.CopyFrom(draw(scalar_values))
 
 
 limits = _mostly(

@@ -1,4 +1,5 @@
-"""Random and mutated Export payloads never crash the collector (gRPC and HTTP)."""
+"""Random and mutated Export payloads never crash the collector (gRPC and HTTP), and the C
+decoder agrees with the Python mapping (the reference) on every Export, valid or not."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ from collections.abc import Iterator
 
 import grpc
 import httpx
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.ingest.traces import make_batch
+from latscope.collector import mapping
+from latscope.collector.mapping import Limits, MalformedExport, decode_spans
 from latscope.storage import Store
+from tests.collector_exports import exports, limits, mutate, reencode, varint
 from tests.collector_harness import Collector, start_collector, store_fixture  # noqa: F401
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -76,3 +82,115 @@ def test_fuzzed_exports_get_an_answer_and_never_crash(
     )
     assert json_response.status_code in (200, 400), json_response.text
     assert client.get("/healthz").status_code == 200
+
+
+# -- the C decoder against the Python mapping ---------------------------------------------------
+
+native = pytest.mark.skipif(not mapping.NATIVE, reason="the C decoder is not built here")
+REALISTIC = [
+    make_batch(random.Random(seed), 1_763_000_000_000_000_000, 3).SerializeToString()
+    for seed in range(4)
+]
+
+
+def _decode(data: bytes, limits: Limits, native: bool) -> tuple | str:
+    try:
+        d = decode_spans(data, limits, native=native)
+    except MalformedExport:
+        return "malformed"
+    if native:
+        d.table.validate(full=True)  # offsets, UTF-8, lengths: what Arrow and ClickHouse assume
+    return d.rows, d.rejected, d.first_problem, d.table
+
+
+def assert_same(data: bytes, limits: Limits) -> None:
+    """The C decoder and the reference accept the same bytes and produce the same answer."""
+    c, py = _decode(data, limits, True), _decode(data, limits, False)
+    if isinstance(c, str) or isinstance(py, str):
+        assert c == py, (c if isinstance(c, str) else "decoded", py, data)
+        return
+    assert c[:3] == py[:3], data
+    table_c, table_py = c[3], py[3]
+    assert isinstance(table_c, pa.Table) and isinstance(table_py, pa.Table)
+    for name in table_py.column_names:
+        assert table_c[name].equals(table_py[name]), (
+            name, table_c[name].to_pylist(), table_py[name].to_pylist()
+        )  # fmt: skip
+    assert table_c.schema == table_py.schema
+
+
+@native
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    request=exports(),
+    limits=limits,
+    seed=st.integers(0, 2**32 - 1),
+    how=st.sampled_from(["as protobuf writes it", "re-encoded", "re-encoded and damaged"]),
+)
+def test_c_decoder_matches_the_python_mapping(
+    request: ExportTraceServiceRequest, limits: Limits, seed: int, how: str
+) -> None:
+    # Every value type, events, links, unicode, invalid spans, repeated keys; re-encoded with
+    # shuffled field order, unknown fields and groups, merged messages, repeated scalars and
+    # wrong wire types; damaged with changed, inserted and cut bytes.
+    rng = random.Random(seed)
+    data = request.SerializeToString()
+    if how != "as protobuf writes it":
+        data = reencode(data, ExportTraceServiceRequest.DESCRIPTOR, rng)
+    if how == "re-encoded and damaged":
+        data = mutate(data, rng, rng.randrange(1, 4))
+    assert_same(data, limits)
+
+
+@native
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    data=st.one_of(
+        st.binary(max_size=300),
+        st.builds(
+            lambda i, seed, edits: mutate(REALISTIC[i], random.Random(seed), edits),
+            st.integers(0, len(REALISTIC) - 1),
+            st.integers(0, 2**32 - 1),
+            st.integers(1, 8),
+        ),
+    )
+)
+def test_c_decoder_survives_random_and_damaged_bytes(data: bytes) -> None:
+    assert_same(data, Limits())
+
+
+def _ld(field: int, payload: bytes) -> bytes:
+    return varint(field << 3 | 2) + varint(len(payload)) + payload
+
+
+def _in_span(body: bytes) -> bytes:
+    ids = _ld(1, b"\x01" * 16) + _ld(2, b"\x02" * 8)
+    return _ld(1, _ld(2, _ld(2, ids + body)))
+
+
+@native
+@pytest.mark.parametrize("depth", range(44, 50))
+def test_nesting_limit_is_upbs(depth: int) -> None:
+    # A span attribute's value nested in arrays, around protobuf's limit of 100 levels.
+    value = _ld(1, b"x")
+    for _ in range(depth):
+        value = _ld(5, _ld(1, value))
+    assert_same(_in_span(_ld(9, _ld(1, b"k") + _ld(2, value))), Limits())
+    group = b""
+    for _ in range(depth * 2 + 2):
+        group = varint(99 << 3 | 3) + group + varint(99 << 3 | 4)
+    assert_same(_in_span(group), Limits())
+
+
+@native
+def test_an_export_that_expands_past_the_limit_is_malformed() -> None:
+    from latscope.collector import _otlp  # type: ignore[attr-defined]
+
+    # One big resource attribute, repeated on every one of many small spans.
+    resource = _ld(1, _ld(1, _ld(1, b"k") + _ld(2, _ld(1, b"v" * 4000))))
+    span = _ld(2, _ld(1, b"\x01" * 16) + _ld(2, b"\x02" * 8))
+    data = _ld(1, resource + _ld(2, span * 300))
+    rows, *_ = _otlp.decode_traces(data, 1024, 65536, 1 << 30)
+    assert rows == 300
+    with pytest.raises(_otlp.MalformedExport, match="expands to more than"):
+        _otlp.decode_traces(data, 1024, 65536, 1 << 20)

@@ -1,20 +1,24 @@
 """Ingest benchmark: OTLP/gRPC load on loopback into the collector and the embedded ClickHouse.
 
-    .venv/bin/python -m bench.ingest.run [--exports 400] [--streams 8] [--requests 64]
+    .venv/bin/python -m bench.ingest.run [--exports 300] [--streams 16] [--requests 64]
 
 A load generator (a separate process, so its CPU is not the collector's) sends pre-built
 Exports of realistic LLM request traces (7 spans per request, ~15 attributes each) over N
-concurrent gRPC streams. The same run first measures a parse-only receiver (it decodes the
-protobuf and answers) as the baseline, then the real collector end to end: every span
-acknowledged and queryable in ClickHouse. Printed: spans/s, collector CPU seconds per 100k
-spans, spans per collector CPU-second, p99 Export latency, the ratio to the baseline and bytes
-per span on disk after OPTIMIZE FINAL.
+concurrent gRPC streams. The same run measures the decode paths alone on one thread, a
+parse-only receiver (gRPC decodes the protobuf and answers) as the baseline, then the real
+collector end to end: every span acknowledged and queryable in ClickHouse. Printed: spans/s
+(wall clock, from the first Export sent to the last span queryable), collector CPU seconds per
+100k spans and spans per collector CPU-second (whole process: every thread, chDB's included),
+that CPU by thread (from /proc/self/task), the background merges that follow the run until the
+table settles, p99 Export latency, the ratio to the baseline and bytes per span on disk after
+OPTIMIZE FINAL.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import subprocess
@@ -22,8 +26,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -43,6 +49,64 @@ def _timed_cpu(fn: object) -> float:
     cpu0 = _cpu()
     fn()  # type: ignore[operator]
     return _cpu() - cpu0
+
+
+def _threads() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of every live thread of this process, by thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue  # the thread ended meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+#: Thread groups of the breakdown, in print order.
+GROUPS = (
+    ("gRPC + decode (Python handler threads, gRPC core)", "latscope"),
+    ("journal thread (append + fsync, acknowledge)", "latscope"),
+    ("insert thread, Python side (concat, Arrow IPC)", "latscope"),
+    ("insert thread, inside chDB's insert call", "chDB"),
+    ("chDB pipeline threads (parse, sort, compress, write)", "chDB"),
+    ("chDB merges (MergeMutate threads)", "chDB"),
+    ("threads that ended during the run (chDB's pools)", "chDB"),
+    ("other", "other"),
+)
+
+
+def _group(comm: str, python_name: str | None) -> str:
+    if python_name is not None:
+        if python_name.startswith(("grpc", "Thread-")) or "_serve" in python_name:
+            return GROUPS[0][0]
+        if python_name.endswith("-journal"):
+            return GROUPS[1][0]
+        if python_name.endswith("-insert"):
+            return GROUPS[2][0]
+        return GROUPS[7][0]
+    if comm.startswith(("grpc", "event_engine", "default-execut", "resolver")):
+        return GROUPS[0][0]
+    if comm.startswith("MergeMutate"):
+        return GROUPS[5][0]
+    return GROUPS[4][0]
+
+
+def cpu_by_group(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], total: float
+) -> Counter[str]:
+    """CPU seconds per group between two ``_threads()`` snapshots; ``total`` is the process's."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    groups: Counter[str] = Counter()
+    for tid, (comm, cpu) in after.items():
+        groups[_group(comm, names.get(tid))] += cpu - before.get(tid, (comm, 0.0))[1]
+    groups[GROUPS[6][0]] += max(0.0, total - sum(groups.values()))
+    return groups
 
 
 def loadgen(addr: str, exports: int, streams: int, requests: int, seed: int) -> None:
@@ -97,64 +161,99 @@ class ParseOnly(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
-def _drive(addr: str, args: argparse.Namespace) -> tuple[dict, float]:
-    """Run the load generator against ``addr``; returns its figures and this process's CPU s."""
-    child = subprocess.Popen(
-        [sys.executable, "-m", "bench.ingest.run", "--loadgen", addr,
-         "--exports", str(args.exports), "--streams", str(args.streams),
-         "--requests", str(args.requests)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert child.stdin and child.stdout
-    json.loads(child.stdout.readline())  # ready: payloads are built
-    cpu0 = _cpu()
-    result_go = time.perf_counter()
-    child.stdin.write("go\n")
-    child.stdin.flush()
-    result = json.loads(child.stdout.readline())
-    child.wait()
-    result["go"] = result_go
-    return result, cpu0
+class _Load:
+    """The load generator, started and holding its payloads until ``go``."""
+
+    def __init__(self, addr: str, args: argparse.Namespace) -> None:
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", "bench.ingest.run", "--loadgen", addr,
+             "--exports", str(args.exports), "--streams", str(args.streams),
+             "--requests", str(args.requests)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.child.stdin and self.child.stdout
+        json.loads(self.child.stdout.readline())  # ready: payloads are built
+
+    def go(self) -> float:
+        assert self.child.stdin
+        started = time.perf_counter()
+        self.child.stdin.write("go\n")
+        self.child.stdin.flush()
+        return started
+
+    def result(self) -> dict[str, Any]:
+        assert self.child.stdout
+        result = json.loads(self.child.stdout.readline())
+        self.child.wait()
+        return result
 
 
-def bench(args: argparse.Namespace) -> None:
-    from latscope.collector.mapping import SpanColumns
-    from latscope.collector.service import collector_parts
-    from latscope.config import Settings
-    from latscope.serve import start_grpc, stop_components
-    from latscope.storage import SPANS_TABLE, Store
+def _hot_paths(args: argparse.Namespace) -> dict[str, float]:
+    """Spans per CPU-second on one thread, best of 3: protobuf decode, the Python mapping (the
+    reference) and the C decoder, each from serialized Exports to what it produces."""
+    from latscope.collector.mapping import NATIVE, decode_spans
 
-    # The hot path alone, in this process on one thread: decode vs decode + map to Arrow.
     rng = random.Random(args.seed + 1)
     sample = [make_batch(rng, T0 + i * 10**9, args.requests).SerializeToString() for i in range(20)]
+    n = len(sample) * args.requests * 7
     request_type = trace_service_pb2.ExportTraceServiceRequest
-    sample_spans = len(sample) * args.requests * 7
+    paths = {
+        "protobuf decode (upb), no mapping": lambda: [request_type.FromString(p) for p in sample],
+        "Python mapping (protobuf + SpanColumns -> Arrow)": lambda: [
+            decode_spans(p, native=False) for p in sample
+        ],
+    }
+    if NATIVE:
+        paths["C decoder (wire format -> Arrow table)"] = lambda: [decode_spans(p) for p in sample]
+    out = {}
+    for name, fn in paths.items():
+        fn()  # warm-up
+        out[name] = n / min(_timed_cpu(fn) for _ in range(3))
+    return out
 
-    def decode() -> None:
-        for payload in sample:
-            request_type.FromString(payload)
 
-    def decode_map() -> None:
-        for payload in sample:
-            cols = SpanColumns()
-            cols.add(request_type.FromString(payload).resource_spans)
-            cols.table()
-
-    decode_map()  # warm-up: first use of Arrow and protobuf paths
-    decode_cpu = min(_timed_cpu(decode) for _ in range(3))
-    map_cpu = min(_timed_cpu(decode_map) for _ in range(3))
-
-    # Baseline: the parse-only receiver.
-    settings = Settings(otlp_grpc="127.0.0.1:0", grpc_max_message_bytes=64 << 20,
-                        grpc_workers=args.streams * 2)  # fmt: skip
+def _baseline(args: argparse.Namespace) -> tuple[dict[str, Any], float]:
     server = grpc.server(futures.ThreadPoolExecutor(args.streams * 2), options=[
         ("grpc.max_receive_message_length", 64 << 20)])  # fmt: skip
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(ParseOnly(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    base, cpu0 = _drive(f"127.0.0.1:{port}", args)
-    base_cpu = _cpu() - cpu0
+    load = _Load(f"127.0.0.1:{port}", args)
+    cpu0 = _cpu()
+    started = load.go()
+    result = load.result()
+    result["wall"] = time.perf_counter() - started
+    cpu = _cpu() - cpu0
     server.stop(0)
+    return result, cpu
+
+
+def _merges_settle(store: Any, table: str, timeout: float = 120.0) -> float:
+    """Wait until no merge of ``table`` has run for 2 s; returns the wait in seconds."""
+    started = time.monotonic()
+    quiet_since = started
+    while time.monotonic() - started < timeout:
+        running = store.query_rows(
+            "SELECT count() FROM system.merges WHERE table = {t:String}", {"t": table}
+        )[0][0]
+        now = time.monotonic()
+        if running:
+            quiet_since = now
+        elif now - quiet_since >= 2.0:
+            break
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def bench(args: argparse.Namespace) -> None:
+    from latscope.collector.mapping import NATIVE
+    from latscope.collector.service import collector_parts
+    from latscope.config import Settings
+    from latscope.serve import start_grpc, stop_components
+    from latscope.storage import SPANS_TABLE, Store
+
+    hot = _hot_paths(args)
+    base, base_cpu = _baseline(args)
 
     # The collector, end to end into the embedded ClickHouse.
     workdir = Path(tempfile.mkdtemp(prefix="latscope-bench-"))
@@ -164,21 +263,47 @@ def bench(args: argparse.Namespace) -> None:
         otlp_grpc="127.0.0.1:0", store=store.dsn, spool_dir=str(workdir / "spool"),
         grpc_max_message_bytes=64 << 20, grpc_workers=args.streams * 2,
     )  # fmt: skip
+    # CPU the insert thread spends inside chDB's insert (the rest of that thread is Python).
+    insert_cpu = [0.0]
+    insert_arrow = store.insert_arrow
+
+    def timed_insert(table: str, data: Any, **kwargs: Any) -> None:
+        started = time.thread_time()
+        try:
+            insert_arrow(table, data, **kwargs)
+        finally:
+            insert_cpu[0] += time.thread_time() - started
+
+    store.insert_arrow = timed_insert  # type: ignore[method-assign]
     parts = collector_parts(settings, store)
     for component in parts.components:
         component.start()
     grpc_server, addr = start_grpc(settings, parts)
-    run, cpu0 = _drive(addr, args)
-    started = run["go"]
-    # Acknowledged means durable (journaled); the inserts follow within the batch timeout.
-    while not parts.components[0].spans.drained():
-        time.sleep(0.005)
-    stored = store.query_rows(f"SELECT count() FROM {SPANS_TABLE}")[0][0]
+    writer = parts.components[0].spans
+    load = _Load(addr, args)
+    threads0, cpu0 = _threads(), _cpu()
+    started = load.go()
+    run = load.result()
+    # Acknowledged means journaled (fsync'd); the last inserts follow within the batch timeout.
+    while not writer.drained():
+        time.sleep(0.002)
     elapsed = time.perf_counter() - started
     cpu = _cpu() - cpu0
+    threads1 = _threads()
+    groups = cpu_by_group(threads0, threads1, cpu)
+    groups[GROUPS[2][0]] -= insert_cpu[0]
+    groups[GROUPS[3][0]] += insert_cpu[0]
+    stored = store.query_rows(f"SELECT count() FROM {SPANS_TABLE}")[0][0]
+    assert stored == run["spans"], (stored, run["spans"])
+    # The merges ClickHouse still owes for this run's parts: CPU until the table settles.
+    cpu1 = _cpu()
+    settle_s = _merges_settle(store, SPANS_TABLE)
+    settle_cpu = _cpu() - cpu1
+    parts_left = store.query_rows(
+        "SELECT count() FROM system.parts WHERE active AND table = {t:String}", {"t": SPANS_TABLE}
+    )[0][0]
     grpc_server.stop(5).wait()
     stop_components(parts, time.monotonic() + 30)
-    assert stored == run["spans"], (stored, run["spans"])
     store.command(f"OPTIMIZE TABLE {SPANS_TABLE} FINAL")
     on_disk = store.query_rows(
         "SELECT sum(bytes_on_disk), sum(rows) FROM system.parts "
@@ -188,28 +313,39 @@ def bench(args: argparse.Namespace) -> None:
     store.close()
 
     spans = run["spans"]
+    per100k = 1e5 / spans
     rate = spans / elapsed
-    base_rate = base["spans"] / base["seconds"]
-    print(f"exports {args.exports} x {args.requests * 7} spans, {args.streams} streams")
-    print(f"hot path, one thread, best of 3: decode {sample_spans / decode_cpu:,.0f} spans/CPU-s  "
-          f"decode+map+Arrow {sample_spans / map_cpu:>8,.0f} spans/CPU-s")  # fmt: skip
-    print(
-        f"parse-only baseline : {base_rate:>10,.0f} spans/s   "
-        f"{base_cpu / base['spans'] * 1e5:.3f} CPU s/100k spans   p99 {base['p99_ms']:.1f} ms"
-    )
-    print(
-        f"collector -> chDB   : {rate:>10,.0f} spans/s   "
-        f"{cpu / spans * 1e5:.3f} CPU s/100k spans   p99 {run['p99_ms']:.1f} ms"
-    )
-    print(f"collector spans per CPU-second (per core): {spans / cpu:,.0f}")
+    base_rate = base["spans"] / base["wall"]
+    load1 = os.getloadavg()[0]
+    print(f"exports {args.exports} x {args.requests * 7} spans, {args.streams} streams; "
+          f"C decoder {'on' if NATIVE else 'NOT BUILT'}; load average {load1:.2f}")  # fmt: skip
+    print("decode paths alone, one thread, best of 3 (spans per CPU-second):")
+    for name, value in hot.items():
+        print(f"  {name:52s} {value:>12,.0f}")
+    base_per100k = base_cpu * 1e5 / base["spans"]
+    print(f"parse-only baseline : {base_rate:>10,.0f} spans/s   "
+          f"{base_per100k:.3f} CPU s/100k spans   p99 {base['p99_ms']:.1f} ms")  # fmt: skip
+    print(f"collector -> chDB   : {rate:>10,.0f} spans/s   "
+          f"{cpu * per100k:.3f} CPU s/100k spans   p99 {run['p99_ms']:.1f} ms")  # fmt: skip
+    print(f"collector spans per CPU-second (whole process, all threads): {spans / cpu:,.0f}")
     print(f"ratio to parse-only (spans/s): {rate / base_rate:.2f}")
+    print("collector CPU by thread, s per 100k spans:")
+    sides: Counter[str] = Counter()
+    for name, side in GROUPS:
+        print(f"  {name:56s} {groups[name] * per100k:6.3f}")
+        sides[side] += groups[name]
+    print(f"  = latscope {sides['latscope'] * per100k:.3f} + chDB {sides['chDB'] * per100k:.3f}"
+          f" + other {sides['other'] * per100k:.3f}")  # fmt: skip
+    print(f"merges after the run, until the table settled ({settle_s:.0f} s, {parts_left} parts "
+          f"left): {settle_cpu * per100k:.3f} CPU s/100k spans; with them "
+          f"{spans / (cpu + settle_cpu):,.0f} spans per CPU-second")  # fmt: skip
     print(f"bytes per span on disk: {on_disk[0] / on_disk[1]:.1f}  ({on_disk[1]} rows)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--exports", type=int, default=400)
-    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--exports", type=int, default=300)
+    parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--requests", type=int, default=64, help="requests (x7 spans) per Export")
     parser.add_argument("--loadgen", metavar="ADDR", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1)
