@@ -6,9 +6,10 @@
 Loads ``--rows`` synthetic attributed requests over 7 days (generated inside ClickHouse with
 INSERT ... SELECT FROM numbers(); a store that already holds that many rows is reused, ``--fresh``
 generates them again), builds the hourly rollups as the background component would (timed on its
-own), then times summary, tail and compare over the whole week and over on-call windows (best of
-``--repeat``). The baseline, measured in the same run, is a plain scan (count + sum of e2e, no
-FINAL); the same questions read raw (``use_rollups=False``) are timed too, for the before/after.
+own), then times summary, tail and compare over the whole week and over on-call windows (best
+and worst of ``--repeat``). The baseline, measured in the same run, is a plain scan (count + sum
+of e2e, no FINAL); the same questions read raw (``use_rollups=False``) are timed too, for the
+before/after.
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ WHERE active AND database = currentDatabase() AND table = {table:String}
 """
 
 
-def best(fn: Callable[[], object], repeat: int) -> float:
+def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """Best and worst of ``repeat`` runs (s)."""
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return min(times)
+    return min(times), max(times)
 
 
 def load(store: Store, rows: int, fresh: bool) -> None:
@@ -111,10 +113,11 @@ def main() -> None:
         ),
         "raw, week: summary exact=True": lambda: ag.summary(store, **week, exact=True),
     }
-    results = {name: best(fn, r) for name, fn in questions.items()}
-    base = results["scan (count + sum, no FINAL)"]
-    for name, seconds in results.items():
-        print(f"{name:<42} {seconds:7.3f} s   {seconds / base:7.1f}x scan")
+    results = {name: timed(fn, r) for name, fn in questions.items()}
+    base = results["scan (count + sum, no FINAL)"][0]
+    print(f"{'':<42} {'best':>7}   {'worst':>7}   best / scan")
+    for name, (low, high) in results.items():
+        print(f"{name:<42} {low:7.3f} s {high:7.3f} s {low / base:7.1f}x")
 
 
 if __name__ == "__main__":
