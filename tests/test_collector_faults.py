@@ -22,6 +22,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from bench.ingest.traces import make_request
+from latscope.collector.mapping import decode_spans
+from latscope.collector.spool import Spool
 from latscope.storage import Store
 from tests.collector_harness import (
     Collector,
@@ -120,6 +122,45 @@ def test_restart_replays_the_spool_exactly_once(store: Store, tmp_path: Path) ->
     _wait_drained(third)
     third.stop()
     assert count_spans(store, service) == 70
+
+
+def test_a_torn_journal_record_is_left_out_and_the_rest_replayed(
+    store: Store, tmp_path: Path
+) -> None:
+    # A crash in the middle of an append leaves a partial record at a segment's end; it was
+    # never acknowledged (the fsync had not returned), so the replay skips it.
+    spool = tmp_path / "spool"
+    service = f"svc-{uuid.uuid4().hex[:12]}"
+    down = FlakyStore(store)
+    down.down = True
+    first = start_collector(down, spool)
+    assert _send(first, service, 4) == 4
+    first.stop()
+    segments = sorted((spool / "traces").glob("*.otlp"))
+    assert segments
+    with open(segments[-1], "ab") as f:
+        f.write((5000).to_bytes(4, "little") + b"\x0a\x03abc")  # a length, then too few bytes
+    second = start_collector(store, spool)
+    _wait_drained(second)
+    second.stop()
+    assert count_spans(store, service) == 28
+    assert not _spooled(spool / "traces")
+
+
+def test_batches_spooled_by_the_previous_version_are_replayed(store: Store, tmp_path: Path) -> None:
+    # Before the journal, a batch ClickHouse could not take was spooled as an Arrow file.
+    service = f"svc-{uuid.uuid4().hex[:12]}"
+    request = _export(random.Random(5), service, 0)
+    table = decode_spans(request.SerializeToString()).table
+    old = Spool(tmp_path / "spool" / "traces", 1 << 30)
+    assert old.append(uuid.uuid4().hex, table)
+    old.close()
+    c = start_collector(store, tmp_path / "spool")
+    try:
+        _wait_drained(c)
+        assert count_spans(store, service) == 7
+    finally:
+        c.stop()
 
 
 def test_full_spool_refuses_instead_of_dropping(store: Store, tmp_path: Path) -> None:

@@ -262,6 +262,8 @@ def bench(args: argparse.Namespace) -> None:
     settings = Settings(
         otlp_grpc="127.0.0.1:0", store=store.dsn, spool_dir=str(workdir / "spool"),
         grpc_max_message_bytes=64 << 20, grpc_workers=args.streams * 2,
+        **{k: v for k, v in (("batch_max_spans", args.batch_max_spans),
+                             ("batch_timeout_s", args.batch_timeout_s)) if v is not None},
     )  # fmt: skip
     # CPU the insert thread spends inside chDB's insert (the rest of that thread is Python).
     insert_cpu = [0.0]
@@ -318,7 +320,8 @@ def bench(args: argparse.Namespace) -> None:
     base_rate = base["spans"] / base["wall"]
     load1 = os.getloadavg()[0]
     print(f"exports {args.exports} x {args.requests * 7} spans, {args.streams} streams; "
-          f"C decoder {'on' if NATIVE else 'NOT BUILT'}; load average {load1:.2f}")  # fmt: skip
+          f"C decoder {'on' if NATIVE else 'NOT BUILT'}; batches of {settings.batch_max_spans} "
+          f"spans / {settings.batch_timeout_s} s; load average {load1:.2f}")  # fmt: skip
     print("decode paths alone, one thread, best of 3 (spans per CPU-second):")
     for name, value in hot.items():
         print(f"  {name:52s} {value:>12,.0f}")
@@ -349,6 +352,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64, help="requests (x7 spans) per Export")
     parser.add_argument("--loadgen", metavar="ADDR", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--batch-max-spans", type=int, help="the collector's (default: its own)")
+    parser.add_argument("--batch-timeout-s", type=float, help="the collector's (default: its own)")
     args = parser.parse_args()
     if args.loadgen:
         loadgen(args.loadgen, args.exports, args.streams, args.requests, args.seed)
