@@ -287,8 +287,15 @@ def _approx_summary(
         groups = groups[:limit]
         q["groups"] = [row["grp"] for row in groups]
         having = _HAVING_GROUPS
+    elif group is not None and total:
+        # Every group is answered: the total's histograms are their sum, no second grouping set.
+        flag, hist_sets = "0", "grp, key"
     sql = fill(APPROX_HIST_SQL, _ROLLUP_HIST, _RAW_HIST, hist_sets, having)
     hists = rollups.histograms(_query_dicts(store, sql, q))
+    if group is not None and total and not having:
+        hists[(True, "")] = rollups.merge_histograms(
+            hists.get((False, row["grp"]), {}) for row in groups
+        )
     for row in totals + groups:
         found = hists.get((bool(row["total"]), row["grp"]), {})
         for metric, levels in _METRIC_LEVELS.items():

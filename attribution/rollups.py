@@ -591,3 +591,19 @@ def histograms(
         bins.append(key % KEY_STRIDE)
         counts.append(int(row["c"]))
     return out
+
+
+def merge_histograms(
+    parts: Iterable[Mapping[str, tuple[Sequence[int], Sequence[int]]]],
+) -> dict[str, tuple[list[int], list[int]]]:
+    """The sum of several groups' histograms (as ``histograms`` gives them), per metric."""
+    summed: dict[str, dict[int, int]] = {}
+    for part in parts:
+        for metric, (bins, counts) in part.items():
+            into = summed.setdefault(metric, {})
+            for b, c in zip(bins, counts, strict=True):
+                into[b] = into.get(b, 0) + c
+    return {
+        metric: (sorted(by_bin), [by_bin[b] for b in sorted(by_bin)])
+        for metric, by_bin in summed.items()
+    }
