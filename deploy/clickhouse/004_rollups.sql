@@ -8,8 +8,9 @@
 -- When each attribution row was written (the store's clock, at insert). A rollup hour is built
 -- from every row visible at its build and records a cutoff (BuiltAt): an hour with any row written
 -- after its cutoff (a re-attribution, a tombstone, a late request) is read raw until rebuilt.
--- Rows written before this column existed read it as the time of the read (or of the merge that
--- rewrites them): always later than their insert, so at worst their hours stay on the raw path.
+-- Rows written before this column existed have it as the time the projection below was
+-- materialized, of the read, or of the merge that rewrites them: always later than their insert,
+-- so at worst their hours are read raw until rebuilt.
 ALTER TABLE latscope_attribution
     ADD COLUMN IF NOT EXISTS AttributedAt DateTime64(6, 'UTC') DEFAULT now64(6) CODEC(Delta, ZSTD(1));
 
