@@ -282,7 +282,9 @@ def _approx_summary(
     else:
         flag, sets, hist_sets = "0", "grp", "grp, key"
 
-    def fill(template: str, rollup_sql: str, raw_sql: str, sets: str, having: str = "") -> str:
+    def fill(
+        template: str, rollup_sql: str, raw_sql: Mapping[bool, str], sets: str, having: str = ""
+    ) -> str:
         sources = _sources(windows, dims, q, group or "''", rollup_sql, raw_sql)
         return (
             template.replace("{sources}", sources)
