@@ -16,6 +16,9 @@
  * Output: one Arrow buffer per offsets/data/values array of SPANS_SCHEMA, in the order of the
  * B_* enum below (mapping.py assembles the table). Rare, fiddly values (arrays and kvlists,
  * rendered as JSON) are handed back to Python one value at a time.
+ *
+ * Built by setuptools at install time (pyproject.toml, ext-modules); after editing this file,
+ * run `pip install -e .` again to rebuild the extension an editable install imports.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -386,6 +386,7 @@ class JournalWriter:
         self._segment_tables: list[pa.Table] = []
         self._segment_since = 0.0
         self._arriving = 0
+        self._journaling = False  # a batch taken from _pending is being written
         self._stopping = False
         self._journal_done = False
         self._halted = False  # stop() gave up waiting: the spool belongs to the next start
@@ -430,7 +431,12 @@ class JournalWriter:
     def drained(self) -> bool:
         """Whether everything acknowledged is in ClickHouse (nothing pending, open or spooled)."""
         with self._cond:
-            return not self._pending and self._segment is None and not len(self.spool)
+            return (
+                not self._pending
+                and not self._journaling
+                and self._segment is None
+                and not len(self.spool)
+            )
 
     # -- component -----------------------------------------------------------------------------
 
@@ -485,6 +491,7 @@ class JournalWriter:
                 rows = self._pending_rows
                 self._pending_rows = 0
                 self._memory_rows += rows
+                self._journaling = bool(batch)
                 stopping = self._stopping
             stored = False
             if batch:
@@ -516,18 +523,21 @@ class JournalWriter:
                     or time.monotonic() - self._segment_since >= cfg.batch_timeout_s
                 ):
                     self._close_segment()
-            if stopping:
-                with self._cond:
-                    if not self._pending:
-                        self._journal_done = True
-                        self._cond.notify_all()
-                        return
+            with self._cond:
+                self._journaling = False
+                if stopping and not self._pending:
+                    self._journal_done = True
+                    self._cond.notify_all()
+                    return
 
     def _journal(self, batch: list[tuple[bytes, pa.Table, Ticket]], rows: int) -> bool:
         """Append and fsync; True when stored (the tickets are the caller's to resolve)."""
         if self._segment is None:
-            self._segment = self.spool.open_segment(self.limits)
-            self._segment_since = time.monotonic()
+            segment = self.spool.open_segment(self.limits)
+            with self._cond:
+                self._segment = segment
+                self._segment_since = time.monotonic()
+        assert self._segment is not None
         try:
             stored = self._segment.append([raw for raw, _, _ in batch], rows)
         except OSError as exc:
@@ -551,11 +561,12 @@ class JournalWriter:
             ticket.resolve(error)
 
     def _close_segment(self, tickets: list[Ticket] | None = None) -> None:
-        segment, tables = self._segment, self._segment_tables
-        self._segment, self._segment_tables = None, []
-        assert segment is not None
-        entry = segment.close()
         with self._cond:
+            # Under the lock: drained() must never see the segment gone and not yet an entry.
+            segment, tables = self._segment, self._segment_tables
+            self._segment, self._segment_tables = None, []
+            assert segment is not None
+            entry = segment.close()
             if entry is not None and tickets:
                 self._waiting[entry.seq] = tickets
             if entry is not None and time.monotonic() >= self._retry_at:
