@@ -62,8 +62,8 @@ def summary(
 ) -> dict[str, Any]:
     """Count, percentiles of e2e and of each bucket, and each bucket's share of the time.
 
-    Percentiles are within 0.4 % (a bfloat16 histogram, fast over millions of requests) unless
-    ``exact``."""
+    Percentiles are within 0.5 % (logarithmic histograms, merged from hourly rollups where the
+    window covers whole settled hours) unless ``exact``."""
     if group_by and not _GROUP_BY.match(group_by):
         raise InvalidParameter(
             "invalid_group_by",

@@ -69,7 +69,7 @@ Exact = Annotated[
     bool,
     Query(
         description="exact percentiles (interpolated order statistics); by default they come "
-        "from a compact histogram, within 0.4 %, much faster over millions of requests",
+        "from compact histograms, within 0.5 %, much faster over millions of requests",
         examples=[False],
     ),
 ]

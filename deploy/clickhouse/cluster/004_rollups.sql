@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS latscope.latscope_attribution_hourly_local ON CLUSTER
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/latscope/latscope_attribution_hourly_local', '{replica}', BuiltAt)
 PARTITION BY toDate(Timestamp)
 ORDER BY (Dims, ServiceName, Model, Timestamp, Route, Operation, StatusCode)
-TTL toDateTime(Timestamp) + INTERVAL 30 DAY
+TTL toDateTime(Timestamp) + INTERVAL 90 DAY
 SETTINGS index_granularity = 1024;
 
 CREATE TABLE IF NOT EXISTS latscope.latscope_attribution_hourly ON CLUSTER '{cluster}'

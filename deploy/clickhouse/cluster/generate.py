@@ -48,7 +48,13 @@ SHARDING_KEYS = {
 }
 #: Days each table keeps its rows (whole days: tables are partitioned by day and set
 #: ttl_only_drop_parts, so expiry drops parts instead of rewriting them).
-RETENTION_DAYS = {"otel_traces": 30, "latscope_attribution": 90, "latscope_metrics": 30}
+RETENTION_DAYS = {
+    "otel_traces": 30,
+    "latscope_attribution": 90,
+    # The rollup serves the same windows as the rows it summarises.
+    "latscope_attribution_hourly": 90,
+    "latscope_metrics": 30,
+}
 DEFAULT_RETENTION_DAYS = 30
 
 
