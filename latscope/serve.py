@@ -32,6 +32,40 @@ log = logging.getLogger("latscope.serve")
 HELP = "OTLP receiver + REST API over one store (embedded chDB by default)"
 
 
+class Shutdown:
+    """SIGTERM and SIGINT as a flag the main thread polls.
+
+    Python runs a signal's handler in the main thread between bytecodes, whichever thread the
+    kernel delivered the signal to, so a main thread blocked in a lock (``Event.wait()`` without a
+    timeout) may never run it: a ``latscope serve`` was once seen ignoring SIGTERM that way. And a
+    handler must take no lock the code it interrupts may hold (``Event.set()`` takes the lock
+    ``Event.wait()`` holds between its waits). So the handler only records the signal, and the
+    main thread sleeps in short steps.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._record)
+        signal.signal(signal.SIGINT, self._record)
+
+    def _record(self, signum: int, _frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, less when a signal came."""
+        if self.signum is None:
+            time.sleep(seconds)
+
+    def wait(self) -> None:
+        """Until SIGTERM or SIGINT."""
+        while self.signum is None:
+            time.sleep(0.1)
+        log.info("received %s, shutting down", signal.Signals(self.signum).name)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from latscope.cli import add_settings_flags
 
@@ -140,14 +174,8 @@ def run(
 
     ``latscope collector`` runs the same loop with its own parts, app and store opener.
     """
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = Shutdown()
+    stop.install()
 
     try:
         store, version = open_store(settings)
@@ -170,7 +198,7 @@ def run(
     )
     http_thread.start()
     while not http_server.started and http_thread.is_alive():
-        stop.wait(0.02)
+        stop.sleep(0.02)
     if not http_thread.is_alive():
         grpc_server.stop(0)
         stop_components(parts, time.monotonic() + settings.shutdown_grace_s)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import signal
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -169,3 +171,27 @@ def test_sigterm_keeps_every_acknowledged_span(tmp_path) -> None:
             assert_buckets(get_attribution(again, trace_id), EXPECTED)
     finally:
         again.stop()
+
+
+def test_a_signal_delivered_to_another_thread_still_stops_serve() -> None:
+    # The kernel may hand a process's SIGTERM to any thread (gRPC's, chDB's); Python runs the
+    # handler only when the main thread next runs bytecode, so the main loop must not block in
+    # a lock. Here the signal goes to a busy worker thread on purpose.
+    script = """
+import signal, threading, time
+from latscope.serve import Shutdown
+stop = Shutdown()
+stop.install()
+def worker():
+    time.sleep(0.3)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    time.sleep(30)
+threading.Thread(target=worker, daemon=True).start()
+stop.wait()
+print("stopped on", signal.Signals(stop.signum).name)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=20
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stopped on SIGTERM"

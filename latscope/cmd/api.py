@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 import time
@@ -19,8 +18,6 @@ import uvicorn
 
 from latscope.config import Settings
 from latscope.storage import Store, StoreError
-
-log = logging.getLogger("latscope.api")
 
 HELP = "REST API + web page + gRPC query service alone (for a ClickHouse server store)"
 
@@ -59,16 +56,10 @@ def run(settings: Settings) -> int:
     """Run until SIGTERM or SIGINT; returns the process exit code."""
     from latscope.api import create_app
     from latscope.api.grpc_service import query_parts
-    from latscope.serve import bind_http, start_grpc, stop_components
+    from latscope.serve import Shutdown, bind_http, start_grpc, stop_components
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = Shutdown()
+    stop.install()
 
     store = Store.open(settings.store)
     version = store.apply_schema()
@@ -85,7 +76,7 @@ def run(settings: Settings) -> int:
     )
     http_thread.start()
     while not http_server.started and http_thread.is_alive():
-        stop.wait(0.02)
+        stop.sleep(0.02)
     if not http_thread.is_alive():
         grpc_server.stop(0)
         stop_components(parts, time.monotonic() + settings.shutdown_grace_s)
