@@ -728,7 +728,8 @@ static int fmt_complex(Ctx *c, Buf *o, Py_ssize_t *length)
     }
     char *w = PyBytes_AS_STRING(raw);
     for (size_t i = 0; i < c->values.len; i++) {
-        memcpy(w, c->values.v[i].p, c->values.v[i].n);
+        if (c->values.v[i].n)
+            memcpy(w, c->values.v[i].p, c->values.v[i].n);
         w += c->values.v[i].n;
     }
     PyObject *text = PyObject_CallOneArg(c->render, raw);
@@ -880,7 +881,8 @@ static inline uint64_t hash_bytes(const uint8_t *p, size_t n)
         n -= 8;
     }
     uint64_t w = 0;
-    memcpy(&w, p, n);
+    if (n)
+        memcpy(&w, p, n);
     h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
     return h ^ (h >> 32);
 }
@@ -924,7 +926,8 @@ static int dedup_row(Ctx *c, Buf *m, size_t e0, RowCache *seen)
     }
     uint32_t *tab = c->htab;
     memset(tab, 0xff, cap * sizeof(uint32_t));
-    const char *kd = m[1].p;
+    /* No storage yet when every key so far is empty; "" keeps the pointer arithmetic defined. */
+    const char *kd = m[1].p ? m[1].p : "";
     int dup = 0;
     for (size_t i = e0; i < e1 && !dup; i++) {
         size_t a = (size_t)get_i32(&m[0], i), b = (size_t)get_i32(&m[0], i + 1);
@@ -992,8 +995,11 @@ static int dedup_row(Ctx *c, Buf *m, size_t e0, RowCache *seen)
         return -1;
     }
     char *ck = copy, *cv = copy + klen, *cko = cv + vlen, *cvo = cko + olen;
-    memcpy(ck, m[1].p + k0, klen);
-    memcpy(cv, m[3].p + v0, vlen);
+    /* A buffer nothing was written to yet has no storage: memcpy must not see its NULL. */
+    if (klen)
+        memcpy(ck, m[1].p + k0, klen);
+    if (vlen)
+        memcpy(cv, m[3].p + v0, vlen);
     memcpy(cko, m[0].p + ooff, olen);
     memcpy(cvo, m[2].p + ooff, olen);
     m[0].len = ooff;

@@ -5,6 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import grpc
@@ -55,3 +59,51 @@ def test_without_the_c_decoder_the_collector_maps_in_python_and_says_so(
         assert count_spans(store, service) == 14
     finally:
         c.stop()
+
+
+def _sanitizer_runtimes() -> list[str]:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        return []
+    out = []
+    for lib in ("libasan.so", "libubsan.so"):
+        found = subprocess.run([gcc, f"-print-file-name={lib}"], capture_output=True, text=True)
+        if not os.path.isabs(found.stdout.strip()):
+            return []  # gcc prints the bare name back when it has no such runtime
+        out.append(found.stdout.strip())
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_the_c_decoder_under_address_and_undefined_behaviour_sanitizers(tmp_path: Path) -> None:
+    # The decoder reads untrusted network bytes: any read out of bounds or undefined behaviour,
+    # even one that happens to work in the release build, aborts this run.
+    runtimes = _sanitizer_runtimes()
+    if not runtimes:
+        pytest.skip("no gcc with AddressSanitizer and UBSan runtimes on this machine")
+    root = Path(__file__).resolve().parents[1]
+    built = tmp_path / "_otlp_sanitized.so"
+    include = sysconfig.get_paths()["include"]
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-O1", "-g", "-fno-omit-frame-pointer",
+         "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", f"-I{include}",
+         str(root / "collector/_otlp.c"), "-o", str(built)],
+        check=True,
+    )  # fmt: skip
+    env = {
+        **os.environ,
+        "LD_PRELOAD": ":".join(runtimes),
+        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+        "PYTHONPATH": str(root),
+    }
+    run = subprocess.run(
+        [sys.executable, str(root / "tests/sanitized_decoder.py"), str(built), "500"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=500,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    decoded, malformed = map(int, run.stdout.split())
+    assert decoded > 500 and malformed > 500  # both paths of the decoder were exercised
