@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
-import time
 from typing import Any
 
 import polars as pl
@@ -46,8 +44,8 @@ from latscope.attribution.rollups import Rollups
 from latscope.attribution.table import ATTRIBUTION_SCHEMA
 from latscope.config import Settings
 from latscope.metrics import REGISTRY
-from latscope.parts import Parts
-from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store, StoreError, StoreUnavailable
+from latscope.parts import Parts, Poller
+from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +119,7 @@ LAG = Gauge(
 )
 
 
-class Attributor:
+class Attributor(Poller):
     """A ``latscope.parts.Component``: attributes settled traces until stopped.
 
     >>> Attributor(store, settle_s=5, poll_s=1).run_until_idle()  # doctest: +SKIP
@@ -142,35 +140,13 @@ class Attributor:
         self.store = store
         self.settle_us = int(settle_s * 1e6)
         self.step_us = max(1, int(step_s * 1e6))
-        self.poll_s = poll_s
+        super().__init__(poll_s)
         self.batch_traces = batch_traces
         self.stall_threshold_ns = stall_threshold_ns
         self.watermark_us: int | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    # -- Component ---------------------------------------------------------------------------
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="attributor", daemon=True)
-        self._thread.start()
-
-    def stop(self, deadline: float) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(max(0.0, deadline - time.monotonic()))
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_until_idle()
-            except StoreUnavailable as exc:
-                BATCH_ERRORS.labels("store").inc()
-                log.warning("attribution paused, store unavailable: %s", exc)
-            except Exception:
-                BATCH_ERRORS.labels("store").inc()
-                log.exception("attribution pass failed; retrying")
-            self._stop.wait(self.poll_s)
+    def failed(self, exc: Exception) -> None:
+        BATCH_ERRORS.labels("store").inc()
 
     # -- work --------------------------------------------------------------------------------
 
@@ -189,7 +165,7 @@ class Attributor:
         upto = self._now_us() - self.settle_us
         written = 0
         for _ in range(max_batches):
-            if self.watermark_us >= upto or (self._stop.is_set() and written):
+            if self.watermark_us >= upto or (self.stopping and written):
                 break
             # A trace whose spans straddle the slice's end (but have all settled) is attributed
             # now from what is there and again when the slice reaches its later spans.

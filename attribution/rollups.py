@@ -29,7 +29,6 @@ import bisect
 import itertools
 import logging
 import math
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,7 +38,8 @@ from prometheus_client import Counter, Gauge
 
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.metrics import REGISTRY
-from latscope.storage import ATTRIBUTION_TABLE, Store, StoreUnavailable
+from latscope.parts import Poller
+from latscope.storage import ATTRIBUTION_TABLE, Store
 
 log = logging.getLogger(__name__)
 
@@ -454,7 +454,7 @@ HOURS_DUE = Gauge(
 )
 
 
-class Rollups:
+class Rollups(Poller):
     """A ``latscope.parts.Component``: builds each hour once it settled, and rebuilds hours
     written to after their build (re-attributions, late requests).
 
@@ -480,33 +480,10 @@ class Rollups:
         self.store = store
         self.settle_us = int(settle_s * 1e6)
         self.margin_us = int(margin_s * 1e6)
-        self.poll_s = poll_s
+        super().__init__(poll_s)
         self.max_hours = max(1, max_hours)
         # Hours whose build wrote nothing (every row replaced or deleted): hour -> cutoff.
         self._empty: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    # -- Component ---------------------------------------------------------------------------
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="rollups", daemon=True)
-        self._thread.start()
-
-    def stop(self, deadline: float) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(max(0.0, deadline - time.monotonic()))
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_until_idle()
-            except StoreUnavailable as exc:
-                log.warning("rollups paused, store unavailable: %s", exc)
-            except Exception:
-                log.exception("rollup pass failed; retrying")
-            self._stop.wait(self.poll_s)
 
     # -- work --------------------------------------------------------------------------------
 
@@ -531,7 +508,7 @@ class Rollups:
         left = len(hours)
         HOURS_DUE.set(left)
         for run in _runs(hours, self.max_hours):
-            if self._stop.is_set():
+            if self.stopping:
                 break
             self.build(run, cutoff)
             HOURS_BUILT.inc(len(run))
