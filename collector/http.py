@@ -158,9 +158,6 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
             return Response(json_format.MessageToJson(reply), 200, media_type=JSON)
         return Response(reply.SerializeToString(), 200, media_type=PROTOBUF)
 
-    def trace_reply(outcome: Outcome) -> Message:
-        return trace_response(outcome)
-
     def metric_reply(outcome: Outcome) -> Message:
         reply = metrics_service_pb2.ExportMetricsServiceResponse()
         if outcome.rejected:
@@ -186,7 +183,7 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
         body = await _body(request)
         return await run_in_threadpool(
             handle, body, request.headers, trace_service_pb2.ExportTraceServiceRequest,
-            _SPAN_IDS, ingest.export_traces, trace_reply, ingest.export_trace_bytes,
+            _SPAN_IDS, ingest.export_traces, trace_response, ingest.export_trace_bytes,
         )  # fmt: skip
 
     @router.post("/v1/metrics", response_class=Response)

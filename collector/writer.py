@@ -85,7 +85,7 @@ class Ticket:
 class _Arrival:
     __slots__ = ("writer",)
 
-    def __init__(self, writer: BatchWriter) -> None:
+    def __init__(self, writer: _StoreWriter) -> None:
         self.writer = writer
 
     def __enter__(self) -> None:
@@ -112,8 +112,9 @@ class WriterConfig:
     max_replay_attempts: int = 20
 
 
-class BatchWriter:
-    """Writes one table's rows to the store in batches; a ``Component`` of the process."""
+class _StoreWriter:
+    """What both writers share: one table, its spool, inserts with a backoff after a failure,
+    and setting aside a spooled batch ClickHouse keeps rejecting."""
 
     def __init__(
         self, store: Store, table: str, spool: Spool, config: WriterConfig, *, signal: str
@@ -125,22 +126,17 @@ class BatchWriter:
         self.config = config
         self.signal = signal
         self._cond = threading.Condition()
-        self._queue: deque[tuple[float, pa.Table, Ticket]] = deque()
-        self._queued_rows = 0
         self._stopping = False
         self._arriving = 0
         self._retry_at = 0.0
         self._failures: dict[int, int] = {}
-        self._thread: threading.Thread | None = None
         self._depth = telemetry.QUEUE_DEPTH.labels(signal)
         self._spool_bytes = telemetry.SPOOL_BYTES.labels(signal)
         self._spool_bytes.set(spool.bytes)
 
-    # -- intake --------------------------------------------------------------------------------
-
     def arriving(self) -> _Arrival:
-        """Context for a request being mapped: the writer holds a batch open only while rows
-        are on their way (group commit), so an idle collector answers without waiting for
+        """Context for a request being decoded: the writer treats the collector as busy while
+        rows are on their way (group commit), so an idle collector answers without waiting for
         ``batch_timeout_s`` and a busy one still fills large batches.
         """
         return _Arrival(self)
@@ -150,6 +146,51 @@ class BatchWriter:
             self._arriving += delta
             if not self._arriving:
                 self._cond.notify_all()
+
+    def _insert(self, table: pa.Table, token: str) -> bool:
+        """Insert a batch; False (and a backoff) when the store did not take it."""
+        started = time.perf_counter()
+        try:
+            self.store.insert_arrow(self.table, table, dedup_token=token)
+        except StoreError as exc:
+            self._retry_at = time.monotonic() + self.config.retry_backoff_s
+            level = logging.WARNING if isinstance(exc, StoreUnavailable) else logging.ERROR
+            log.log(level, "%s: insert of %d rows failed: %s", self.name, table.num_rows, exc)
+            return False
+        telemetry.WRITE_SECONDS.labels(self.signal).observe(time.perf_counter() - started)
+        return True
+
+    def _count_failure(self, entry: SpoolEntry, rows: int) -> None:
+        # Only rejections count: an unreachable store may stay down for days without loss.
+        if self._store_reachable():
+            self._failures[entry.seq] = self._failures.get(entry.seq, 0) + 1
+            if self._failures[entry.seq] >= self.config.max_replay_attempts:
+                self._lose(entry, "ClickHouse keeps rejecting it", rows=rows)
+
+    def _store_reachable(self) -> bool:
+        return self.store.ping()
+
+    def _lose(self, entry: SpoolEntry, why: str, *, rows: int) -> None:
+        target = self.spool.quarantine(entry)
+        self._failures.pop(entry.seq, None)
+        self._spool_bytes.set(self.spool.bytes)
+        telemetry.DROPPED.labels(self.signal).inc(rows)
+        log.error("%s: spooled batch set aside as %s (%s); %d rows not stored", self.name, target,
+                  why, rows)  # fmt: skip
+
+
+class BatchWriter(_StoreWriter):
+    """Writes one table's rows to the store in batches; a ``Component`` of the process."""
+
+    def __init__(
+        self, store: Store, table: str, spool: Spool, config: WriterConfig, *, signal: str
+    ) -> None:
+        super().__init__(store, table, spool, config, signal=signal)
+        self._queue: deque[tuple[float, pa.Table, Ticket]] = deque()
+        self._queued_rows = 0
+        self._thread: threading.Thread | None = None
+
+    # -- intake --------------------------------------------------------------------------------
 
     def submit(self, table: pa.Table) -> Ticket:
         """Queue rows for writing; raises ``Refused`` when the queue is full or stopping."""
@@ -298,19 +339,6 @@ class BatchWriter:
         for _, _, ticket in items:
             ticket.resolve(error)
 
-    def _insert(self, table: pa.Table, token: str) -> bool:
-        """Insert a batch; False (and a backoff) when the store did not take it."""
-        started = time.perf_counter()
-        try:
-            self.store.insert_arrow(self.table, table, dedup_token=token)
-        except StoreError as exc:
-            self._retry_at = time.monotonic() + self.config.retry_backoff_s
-            level = logging.WARNING if isinstance(exc, StoreUnavailable) else logging.ERROR
-            log.log(level, "%s: insert of %d rows failed: %s", self.name, table.num_rows, exc)
-            return False
-        telemetry.WRITE_SECONDS.labels(self.signal).observe(time.perf_counter() - started)
-        return True
-
     def _replay(self) -> None:
         """Insert spooled batches oldest first with their original tokens; stop at a failure."""
         for entry in self.spool.entries():
@@ -328,26 +356,8 @@ class BatchWriter:
             telemetry.REPLAYED.labels(self.signal).inc(table.num_rows)
             log.info("%s: replayed %d spooled rows", self.name, table.num_rows)
 
-    def _count_failure(self, entry: SpoolEntry, rows: int) -> None:
-        # Only rejections count: an unreachable store may stay down for days without loss.
-        if self._store_reachable():
-            self._failures[entry.seq] = self._failures.get(entry.seq, 0) + 1
-            if self._failures[entry.seq] >= self.config.max_replay_attempts:
-                self._lose(entry, "ClickHouse keeps rejecting it", rows=rows)
 
-    def _store_reachable(self) -> bool:
-        return self.store.ping()
-
-    def _lose(self, entry: SpoolEntry, why: str, *, rows: int) -> None:
-        target = self.spool.quarantine(entry)
-        self._failures.pop(entry.seq, None)
-        self._spool_bytes.set(self.spool.bytes)
-        telemetry.DROPPED.labels(self.signal).inc(rows)
-        log.error("%s: spooled batch set aside as %s (%s); %d rows not stored", self.name, target,
-                  why, rows)  # fmt: skip
-
-
-class JournalWriter:
+class JournalWriter(_StoreWriter):
     """Writes the spans table through a journal in the spool; a ``Component`` of the process.
 
     ``submit`` takes the decoded rows and the Export's serialized bytes; the ticket resolves
@@ -366,14 +376,8 @@ class JournalWriter:
         signal: str,
         limits: Limits,
     ) -> None:
-        self.name = f"collector-writer-{signal}"
-        self.store = store
-        self.table = table
-        self.spool = spool
-        self.config = config
-        self.signal = signal
+        super().__init__(store, table, spool, config, signal=signal)
         self.limits = limits
-        self._cond = threading.Condition()
         self._pending: list[tuple[bytes, pa.Table, Ticket]] = []
         self._pending_rows = 0
         # Rows acknowledged and still in memory: the open segment's and closed segments' whose
@@ -385,27 +389,12 @@ class JournalWriter:
         self._segment: Segment | None = None
         self._segment_tables: list[pa.Table] = []
         self._segment_since = 0.0
-        self._arriving = 0
         self._journaling = False  # a batch taken from _pending is being written
-        self._stopping = False
         self._journal_done = False
         self._halted = False  # stop() gave up waiting: the spool belongs to the next start
-        self._retry_at = 0.0
-        self._failures: dict[int, int] = {}
         self._threads: list[threading.Thread] = []
-        self._depth = telemetry.QUEUE_DEPTH.labels(signal)
-        self._spool_bytes = telemetry.SPOOL_BYTES.labels(signal)
-        self._spool_bytes.set(spool.bytes)
 
     # -- intake --------------------------------------------------------------------------------
-
-    def arriving(self) -> _Arrival:
-        """Context for a request being decoded (kept for the receivers' common path)."""
-        return _Arrival(self)  # type: ignore[arg-type]
-
-    def _arrive(self, delta: int) -> None:
-        with self._cond:
-            self._arriving += delta
 
     def submit(self, table: pa.Table, raw: bytes) -> Ticket:
         """Journal an Export (``raw``) whose rows are ``table``; raises ``Refused`` when full."""
@@ -631,11 +620,7 @@ class JournalWriter:
                 log.info("%s: replayed %d spooled rows", self.name, table.num_rows)
             return
         self._failed(tables)
-        if self.store.ping():
-            # Only rejections count: an unreachable store may stay down for days without loss.
-            self._failures[entry.seq] = self._failures.get(entry.seq, 0) + 1
-            if self._failures[entry.seq] >= self.config.max_replay_attempts:
-                self._lose(entry, "ClickHouse keeps rejecting it", rows=table.num_rows)
+        self._count_failure(entry, table.num_rows)
 
     def _removed(self, entry: SpoolEntry, tables: list[pa.Table] | None) -> None:
         self.spool.remove(entry)
@@ -663,26 +648,6 @@ class JournalWriter:
             telemetry.SPOOLED.labels(self.signal).inc(rows)
         for ticket in waiting:
             ticket.resolve()  # durable in the spool; ClickHouse gets it on a replay
-
-    def _insert(self, table: pa.Table, token: str) -> bool:
-        """Insert a batch; False when the store did not take it."""
-        started = time.perf_counter()
-        try:
-            self.store.insert_arrow(self.table, table, dedup_token=token)
-        except StoreError as exc:
-            level = logging.WARNING if isinstance(exc, StoreUnavailable) else logging.ERROR
-            log.log(level, "%s: insert of %d rows failed: %s", self.name, table.num_rows, exc)
-            return False
-        telemetry.WRITE_SECONDS.labels(self.signal).observe(time.perf_counter() - started)
-        return True
-
-    def _lose(self, entry: SpoolEntry, why: str, *, rows: int) -> None:
-        target = self.spool.quarantine(entry)
-        self._failures.pop(entry.seq, None)
-        self._spool_bytes.set(self.spool.bytes)
-        telemetry.DROPPED.labels(self.signal).inc(rows)
-        log.error("%s: spooled batch set aside as %s (%s); %d rows not stored", self.name, target,
-                  why, rows)  # fmt: skip
 
 
 __all__ = ["BatchWriter", "JournalWriter", "Refused", "Ticket", "WriterConfig"]
