@@ -433,8 +433,8 @@ def summary(
             params["limit"] = int(limit_groups)
             rows = _query_dicts(store, SUMMARY_GROUPED_SQL.replace("{group}", expr), params)
     else:
-        window = [_Window(_plan(store, since_ns, until_ns, use_rollups), since_ns, until_ns)]
-        filters = [name for name, value in (("service", service), ("model", model)) if value]
+        window = _windows(store, [(since_ns, until_ns)], use_rollups)
+        filters = _filters(service, model)
         # One pass answers the window and its groups when a rollup level has the group; groups
         # by a resource attribute (only in the raw rows) are read raw, in a pass of their own.
         dims = rollups.level_for([*filters, group_by]) if group_by else None
@@ -451,17 +451,26 @@ def summary(
                     store, window, params, group=expr, dims=None, limit=limit_groups, total=False
                 )
         total = totals[0]
-    out = _stats_json(total) if total else _stats_json({"n": 0} | _EMPTY_ROW)
+    out = _stats_or_empty(total)
     out["window"] = {"since_ns": int(since_ns), "until_ns": int(until_ns)}
     out["group_by"] = group_by
     out["groups"] = [{"key": row["grp"], **_stats_json(row)} for row in rows]
     return out
 
 
-def _plan(store: Store, since_ns: int, until_ns: int, use_rollups: bool) -> Plan:
-    if use_rollups:
-        return rollups.plan(store, since_ns=since_ns, until_ns=until_ns)
-    return Plan([], [(since_ns, until_ns)])
+def _windows(store: Store, bounds: Sequence[tuple[int, int]], use_rollups: bool) -> list[_Window]:
+    """The windows to read, each with its plan (all raw when ``use_rollups`` is False)."""
+    found = rollups.plans(store, bounds) if use_rollups else [Plan([], [b]) for b in bounds]
+    return [_Window(p, lo, hi) for p, (lo, hi) in zip(found, bounds, strict=True)]
+
+
+def _filters(service: str | None, model: str | None) -> list[str]:
+    """The dimensions a query filters on, for ``rollups.level_for``."""
+    return [name for name, value in (("service", service), ("model", model)) if value]
+
+
+def _stats_or_empty(row: dict[str, Any] | None) -> dict[str, Any]:
+    return _stats_json(row) if row else _stats_json({"n": 0} | _EMPTY_ROW)
 
 
 _EMPTY_ROW: dict[str, Any] = {
@@ -613,11 +622,9 @@ def tail(
         params.update(threshold=float(threshold), mid_lo=float(mid_lo), mid_hi=float(mid_hi))
         row = _query_dicts(store, TAIL_SQL, params)[0]
     else:
-        filters = [name for name, value in (("service", service), ("model", model)) if value]
-        w = _Window(_plan(store, since_ns, until_ns, use_rollups), since_ns, until_ns)
-        found = _approx_tail(
-            store, w, params, percentile / 100, rollups.level_for(filters, tail=True)
-        )
+        (w,) = _windows(store, [(since_ns, until_ns)], use_rollups)
+        level = rollups.level_for(_filters(service, model), tail=True)
+        found = _approx_tail(store, w, params, percentile / 100, level)
         if found is None:
             return out
         threshold, row = found
@@ -669,17 +676,11 @@ def compare(
         # histogram query over both.
         _params(after[0], after[1], service, model)  # both windows must be non-empty
         params = _params(before[0], before[1], service, model)
-        found = (
-            rollups.plans(store, [before, after])
-            if use_rollups
-            else [Plan([], [before]), Plan([], [after])]
-        )
-        windows = [_Window(p, lo, hi) for p, (lo, hi) in zip(found, (before, after), strict=True)]
-        filters = [name for name, value in (("service", service), ("model", model)) if value]
+        windows = _windows(store, [before, after], use_rollups)
         totals, _ = _approx_summary(
-            store, windows, params, group=None, dims=rollups.level_for(filters)
+            store, windows, params, group=None, dims=rollups.level_for(_filters(service, model))
         )
-        a, b = (_stats_json(t) if t else _stats_json({"n": 0} | _EMPTY_ROW) for t in totals)
+        a, b = (_stats_or_empty(t) for t in totals)
 
     def delta(x: float | None, y: float | None) -> float | None:
         return None if x is None or y is None else y - x
