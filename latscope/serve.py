@@ -25,7 +25,7 @@ import uvicorn
 from latscope.api import create_app
 from latscope.config import Settings, parse_hostport
 from latscope.parts import Parts
-from latscope.storage import Store, StoreUnavailable
+from latscope.storage import Store, StoreUnavailable, redact_dsn
 
 log = logging.getLogger("latscope.serve")
 
@@ -169,10 +169,12 @@ def run(
     make_parts: Callable[[Settings, Store], Parts] = serve_parts,
     make_app: Callable[..., object] = create_app,
     open_store: Callable[[Settings], tuple[Store, int | None]] = open_store,
+    grpc_label: str = "OTLP/gRPC",
 ) -> int:
     """Run until SIGTERM or SIGINT; returns the process exit code.
 
-    ``latscope collector`` runs the same loop with its own parts, app and store opener.
+    ``latscope collector`` and ``latscope api`` run the same loop with their own parts (and the
+    collector its own store opener); ``grpc_label`` names what the gRPC port serves.
     """
     stop = Shutdown()
     stop.install()
@@ -208,9 +210,9 @@ def run(
     scheme = "https" if settings.tls_cert else "http"
     schema = f"schema v{version}" if version is not None else "unreachable, spooling"
     print(
-        f"latscope {command}: store {store.dsn} ({schema})\n"
-        f"  OTLP/gRPC  {grpc_addr}\n"
-        f"  HTTP       {scheme}://{http_addr}",
+        f"latscope {command}: store {redact_dsn(store.dsn)} ({schema})\n"
+        f"  {grpc_label:<10} {grpc_addr}\n"
+        f"  {'HTTP':<10} {scheme}://{http_addr}",
         flush=True,
     )
     stop.wait()

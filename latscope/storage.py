@@ -118,7 +118,7 @@ class Store:
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreUnavailable(f"cannot open store {_redact(dsn)}: {exc}") from exc
+            raise StoreUnavailable(f"cannot open store {redact_dsn(dsn)}: {exc}") from exc
         return cls(client, dsn)
 
     # -- schema --------------------------------------------------------------------------------
@@ -208,7 +208,8 @@ def _is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, (OperationalError, ConnectionError, TimeoutError, OSError))
 
 
-def _redact(dsn: str) -> str:
+def redact_dsn(dsn: str) -> str:
+    """The DSN with its password, if any, shown as ``***`` (for logs and messages)."""
     parts = urlsplit(dsn)
     if parts.password:
         return dsn.replace(f":{parts.password}@", ":***@")
