@@ -40,7 +40,7 @@ from latscope.attribution.batch import (
     to_arrow,
 )
 from latscope.attribution.engine import DEFAULT_STALL_NS
-from latscope.attribution.rollups import Rollups
+from latscope.attribution.rollups import NOW_US_SQL, Rollups
 from latscope.attribution.table import ATTRIBUTION_SCHEMA
 from latscope.config import Settings
 from latscope.metrics import REGISTRY
@@ -55,8 +55,6 @@ _HOUR_NS = 3600 * 10**9
 #: streams and any clock skew latscope corrects, and still prunes the spans table to ~3 days.
 SPAN_REACH_NS = 24 * _HOUR_NS
 
-#: The store's clock, in µs (the same clock LatscopeIngestedAt defaults to).
-NOW_SQL = "SELECT toUnixTimestamp64Micro(now64(6))"
 
 #: Where the watermark restarts after a restart.
 RESUME_SQL = f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {ATTRIBUTION_TABLE}"
@@ -151,7 +149,7 @@ class Attributor(Poller):
     # -- work --------------------------------------------------------------------------------
 
     def _now_us(self) -> int:
-        return int(self.store.query_rows(NOW_SQL)[0][0])
+        return int(self.store.query_rows(NOW_US_SQL)[0][0])
 
     def _resume(self) -> int:
         value = self.store.query_rows(RESUME_SQL)[0][0]

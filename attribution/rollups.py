@@ -302,6 +302,7 @@ WHERE Timestamp >= toDateTime({{h0:UInt32}}, 'UTC') AND Timestamp < toDateTime({
 GROUP BY hour, built_us
 """
 
+#: The store's clock, in µs (the clock AttributedAt and LatscopeIngestedAt default to).
 NOW_US_SQL = "SELECT toUnixTimestamp64Micro(now64(6))"
 
 
