@@ -3,10 +3,47 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from latscope.semconv import BUCKETS
+
+# Attribute values are strings in the spans table. These are the only forms read as numbers, so
+# the SQL attributor (attribution/sql/) parses exactly what this module parses: a decimal number
+# (an optional exponent), an integer of at most 19 digits read exactly (ns timestamps), and token
+# offsets as a JSON array of such integers. Anything else counts as absent.
+NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")
+INTEGER = re.compile(r"^-?[0-9]{1,19}$")
+_INT64 = 2**63
+INT_ARRAY = re.compile(r"^\[\s*(-?[0-9]{1,15}\s*(,\s*-?[0-9]{1,15}\s*)*)?\]$")
+
+
+def parse_float(raw: str | None) -> float | None:
+    """A decimal number, or None (also for inf / nan, which NUMBER does not match)."""
+    if raw is None or not NUMBER.match(raw):
+        return None
+    return float(raw)
+
+
+def parse_int(raw: str | None) -> int | None:
+    """An integer read exactly, else a decimal number truncated toward zero, else None."""
+    if raw is None:
+        return None
+    if INTEGER.match(raw) and -_INT64 <= (exact := int(raw)) < _INT64:
+        return exact
+    value = parse_float(raw)
+    if value is None or not math.isfinite(value) or not -_INT64 <= value < _INT64:
+        return None
+    return int(value)
+
+
+def parse_int_list(raw: str | None) -> list[int]:
+    """A JSON array of integers, else [] (the whole value is ignored)."""
+    if not raw or not INT_ARRAY.match(raw):
+        return []
+    return [int(v) for v in json.loads(raw)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,43 +67,30 @@ class SpanRecord:
         return self.start_ns + self.duration_ns
 
     def attr_int(self, key: str) -> int | None:
-        raw = self.attributes.get(key)
-        if raw is None or raw == "":
-            return None
-        try:
-            return int(raw)
-        except ValueError:
-            pass
-        try:
-            return int(float(raw))
-        except (ValueError, OverflowError):
-            return None
+        return parse_int(self.attributes.get(key))
 
     def attr_float(self, key: str) -> float | None:
-        raw = self.attributes.get(key)
-        if raw is None or raw == "":
-            return None
-        try:
-            return float(raw)
-        except ValueError:
-            return None
+        return parse_float(self.attributes.get(key))
 
     def attr_int_list(self, key: str) -> list[int]:
-        raw = self.attributes.get(key)
-        if not raw:
-            return []
-        try:
-            values = json.loads(raw)
-        except ValueError:
-            return []
-        return [int(v) for v in values if isinstance(v, (int, float))]
+        return parse_int_list(self.attributes.get(key))
+
+
+def request_id(trace_id: str, span_id: str) -> str:
+    """A request's id: its trace id and its client span's id (else its server span's)."""
+    return f"{trace_id}-{span_id}"
 
 
 @dataclass(slots=True)
 class RequestAttribution:
-    """Where one request's end-to-end time went; the buckets always sum to ``e2e_ns``."""
+    """Where one request's end-to-end time went; the buckets always sum to ``e2e_ns``.
+
+    ``request_span_id`` is the request's client span id (its server span's without a client):
+    with the trace id it names the request (``request_id``).
+    """
 
     trace_id: str
+    request_span_id: str
     start_ns: int
     service: str
     model: str
@@ -89,6 +113,14 @@ class RequestAttribution:
     clock_skew_ns: int = 0
     gpu: dict[str, dict[str, float]] = field(default_factory=dict)
     resource_attributes: dict[str, str] = field(default_factory=dict)
+    provider: str = ""
+    #: The client span ended at the response headers (upstream HTTP instrumentation of a
+    #: stream): the request was extended to the server's end plus the estimated return leg.
+    headers_only: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return request_id(self.trace_id, self.request_span_id)
 
     def to_json(self) -> dict[str, Any]:
         """The REST shape of DESIGN.md: milliseconds as floats."""
@@ -98,6 +130,7 @@ class RequestAttribution:
 
         return {
             "trace_id": self.trace_id,
+            "request_id": self.request_id,
             "service": self.service,
             "model": self.model,
             "e2e_ms": ms(self.e2e_ns),
@@ -113,5 +146,6 @@ class RequestAttribution:
             "output_tokens": self.output_tokens,
             "clock_skew_ms": ms(self.clock_skew_ns),
             "attempts": self.attempts,
+            "client_headers_only": self.headers_only,
             "gpu": self.gpu,
         }

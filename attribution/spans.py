@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from latscope.attribution.model import SpanRecord
 from latscope.attribution.queries import TRACE_SPANS
+from latscope.semconv import SpanKind, StatusCode
 from latscope.storage import Store
 
 
 def load_trace(store: Store, trace_id: str) -> list[SpanRecord]:
-    """Every stored span of ``trace_id`` (lowercase hex), oldest first; [] when none."""
+    """Every stored span of ``trace_id`` (lowercase hex), oldest first; [] when none. Span kinds
+    and status codes in older exporters' spellings (``SPAN_KIND_SERVER``) read as current ones."""
     rows = store.query_rows(TRACE_SPANS, {"trace_id": trace_id})
     seen: set[str] = set()
     spans = []
@@ -23,13 +25,13 @@ def load_trace(store: Store, trace_id: str) -> list[SpanRecord]:
                 span_id=span_id,
                 parent_span_id=parent,
                 name=name,
-                kind=kind,
+                kind=SpanKind.normalize(kind),
                 service=service,
                 start_ns=int(start),
                 duration_ns=int(dur),
                 attributes=dict(attrs),
                 events=tuple(zip(ev_names, (int(t) for t in ev_times), strict=False)),
-                status=status,
+                status=StatusCode.normalize(status),
                 resource=dict(resource),
             )
         )

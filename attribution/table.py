@@ -28,8 +28,10 @@ ATTRIBUTION_SCHEMA = pa.schema(
     [
         ("Timestamp", pa.timestamp("ns")),
         ("TraceId", pa.string()),
+        ("RequestSpanId", pa.string()),
         ("ServiceName", pa.string()),
         ("Model", pa.string()),
+        ("Provider", pa.string()),
         ("Operation", pa.string()),
         ("Route", pa.string()),
         ("ResourceAttributes", _MAP_S),
@@ -77,8 +79,10 @@ def attribution_row(
     return {
         "Timestamp": a.start_ns,
         "TraceId": a.trace_id,
+        "RequestSpanId": a.request_span_id,
         "ServiceName": a.service,
         "Model": a.model,
+        "Provider": a.provider,
         "Operation": a.operation,
         "Route": a.route,
         "ResourceAttributes": list(a.resource_attributes.items()),

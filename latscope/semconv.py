@@ -36,6 +36,37 @@ class SpanKind:
     CONSUMER: Final = "Consumer"
     UNSPECIFIED: Final = "Unspecified"
 
+    #: Spellings of older OpenTelemetry Collector ClickHouse exporters (the protobuf enum
+    #: names): read as the current ones.
+    LEGACY: Final = {
+        "SPAN_KIND_INTERNAL": INTERNAL,
+        "SPAN_KIND_SERVER": SERVER,
+        "SPAN_KIND_CLIENT": CLIENT,
+        "SPAN_KIND_PRODUCER": PRODUCER,
+        "SPAN_KIND_CONSUMER": CONSUMER,
+        "SPAN_KIND_UNSPECIFIED": UNSPECIFIED,
+    }
+
+    @staticmethod
+    def normalize(raw: str) -> str:
+        """``SPAN_KIND_SERVER`` -> ``Server``; current spellings unchanged."""
+        return SpanKind.LEGACY.get(raw, raw)
+
+
+class StatusCode:
+    """``StatusCode`` strings as the spans table stores them, and the older exporters' ones."""
+
+    UNSET: Final = "Unset"
+    OK: Final = "Ok"
+    ERROR: Final = "Error"
+
+    LEGACY: Final = {"STATUS_CODE_UNSET": UNSET, "STATUS_CODE_OK": OK, "STATUS_CODE_ERROR": ERROR}
+
+    @staticmethod
+    def normalize(raw: str) -> str:
+        """``STATUS_CODE_ERROR`` -> ``Error``; current spellings unchanged."""
+        return StatusCode.LEGACY.get(raw, raw)
+
 
 class LatscopeAttributes:
     """latscope's own attribute and event names."""
@@ -67,7 +98,12 @@ class GenAIAttributes:
     """OpenTelemetry GenAI semantic-convention keys (and the older names still in the wild)."""
 
     OPERATION_NAME: Final = "gen_ai.operation.name"
+    PROVIDER_NAME: Final = "gen_ai.provider.name"
+    #: Deprecated name of PROVIDER_NAME (semantic conventions before 1.37), still read.
     SYSTEM: Final = "gen_ai.system"
+    TOOL_NAME: Final = "gen_ai.tool.name"
+    #: Seconds from the request's start until the first chunk of a streamed response (client).
+    RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
     REQUEST_MODEL: Final = "gen_ai.request.model"
     RESPONSE_MODEL: Final = "gen_ai.response.model"
     REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
@@ -78,8 +114,19 @@ class GenAIAttributes:
     USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
 
 
+class GenAIOperation:
+    """Values of ``gen_ai.operation.name`` that the run explanation tells apart."""
+
+    EXECUTE_TOOL: Final = "execute_tool"
+    INVOKE_AGENT: Final = "invoke_agent"
+
+
 class VllmAttributes:
-    """vLLM / SGLang ``llm_request`` span latencies, floats in seconds."""
+    """vLLM / SGLang ``llm_request`` span latencies, floats in seconds.
+
+    vLLM v1 sets all but the last two; older vLLM has no prefill/decode split (queue, TTFT, e2e
+    only); SGLang's request root has TTFT, e2e, decode, inference and prefill (no queue).
+    """
 
     SPAN_NAME: Final = "llm_request"
     TIME_IN_QUEUE: Final = "gen_ai.latency.time_in_queue"
@@ -88,7 +135,24 @@ class VllmAttributes:
     TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"
     TIME_IN_MODEL_FORWARD: Final = "gen_ai.latency.time_in_model_forward"
     TIME_IN_MODEL_EXECUTE: Final = "gen_ai.latency.time_in_model_execute"
+    TIME_IN_MODEL_INFERENCE: Final = "gen_ai.latency.time_in_model_inference"
     E2E: Final = "gen_ai.latency.e2e"
+
+
+#: SGLang's request stage slices (``RequestStage`` in python/sglang/srt/observability/
+#: req_time_stats.py): span name -> the bucket it stands for, under an SGLang request root. The
+#: dispatch stages (``api_server_dispatch``, ``dpc_dispatch``, ``request_process``) are containers
+#: of these and the disaggregation hand-over stages (bootstrap, KV transfer) are neither queueing
+#: nor compute on this request: both stay ``other``.
+SGLANG_STAGES: Final = {
+    "tokenize": "preprocess",
+    "prefill_waiting": "queue",
+    "decode_waiting": "queue",
+    "prefill_forward": "prefill",
+    "chunked_prefill": "prefill",
+    "decode_forward": "decode",
+    "decode_loop": "decode",
+}
 
 
 class HttpAttributes:

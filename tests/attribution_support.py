@@ -7,11 +7,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from latscope.attribution.batch import attribute_records
-from latscope.attribution.engine import attribute_trace
+import pyarrow as pa
+
+from latscope.attribution.engine import attribute_requests
 from latscope.attribution.model import RequestAttribution, SpanRecord
+from latscope.attribution.sql import attribution_select
 from latscope.attribution.table import attribution_row
+from latscope.collector.mapping import SPANS_SCHEMA
 from latscope.semconv import LatscopeAttributes, SpanKind
+from latscope.storage import SPANS_TABLE, Store
 
 MS = 1_000_000
 T0 = 1_763_000_000_000_000_000
@@ -69,23 +73,89 @@ class TraceBuilder:
         return self.add(SpanKind.INTERNAL, start, end, parent=parent, attrs=attrs, **kw)
 
 
-def both(trace_id: str, spans: list[SpanRecord], **kw: Any) -> RequestAttribution | None:
-    """The per-request result, after checking the batch engine gives the same row."""
-    oracle = attribute_trace(trace_id, spans, **kw)
-    frame = attribute_records({trace_id: spans}, **kw)
-    if oracle is None:
-        assert frame.height == 0
-        return None
-    assert frame.height == 1
-    assert_rows_equal(oracle_row(oracle, len(spans)), frame.row(0, named=True))
-    return oracle
+def spans_table(traces: dict[str, list[SpanRecord]]) -> pa.Table:
+    """SpanRecords -> rows of the spans table, as the collector writes them."""
+    cols: dict[str, list] = {name: [] for name in SPANS_SCHEMA.names}
+    for trace_id, spans in traces.items():
+        for s in spans:
+            row = {
+                "Timestamp": s.start_ns,
+                "TraceId": trace_id,
+                "SpanId": s.span_id,
+                "ParentSpanId": s.parent_span_id,
+                "TraceState": "",
+                "SpanName": s.name,
+                "SpanKind": s.kind,
+                "ServiceName": s.service,
+                "ResourceAttributes": list(s.resource.items()),
+                "ScopeName": "",
+                "ScopeVersion": "",
+                "SpanAttributes": list(s.attributes.items()),
+                "Duration": s.duration_ns,
+                "StatusCode": s.status,
+                "StatusMessage": "",
+                "Events.Timestamp": [t for _, t in s.events],
+                "Events.Name": [n for n, _ in s.events],
+                "Events.Attributes": [[] for _ in s.events],
+            }
+            for name in SPANS_SCHEMA.names:
+                cols[name].append(row.get(name, []))
+    return pa.Table.from_pydict(cols, schema=SPANS_SCHEMA)
+
+
+#: The SQL attributor over an explicit list of traces (the attributor proper selects them by
+#: ingest time).
+_BY_IDS = "SELECT arrayJoin({trace_ids:Array(String)}) AS trace_id"
+
+
+def sql_rows(store: Store, trace_ids: list[str], *, stall_threshold_ns: int | None = None) -> list[dict]:
+    """What the SQL attributor computes for these stored traces: one dict per request."""
+    from latscope.attribution.engine import DEFAULT_STALL_NS
+
+    sql = attribution_select(_BY_IDS, SPANS_TABLE, "1")
+    table = store.query_arrow(
+        sql,
+        {
+            "trace_ids": trace_ids,
+            "stall_ns": DEFAULT_STALL_NS if stall_threshold_ns is None else stall_threshold_ns,
+            "through_us": 0,
+        },
+    )
+    ts = table.schema.get_field_index("Timestamp")
+    table = table.set_column(ts, "Timestamp", table.column(ts).cast(pa.int64()))
+    return table.to_pylist()
+
+
+_COUNTER = itertools.count()
+
+
+def sql_check(
+    store: Store, traces: dict[str, list[SpanRecord]], **kw: Any
+) -> dict[str, list[RequestAttribution]]:
+    """The reference results of these traces, after checking the SQL attributor writes the same
+    rows for them (stored under fresh trace ids so tests never see each other's spans)."""
+    run = next(_COUNTER)
+    renamed = {f"{run:08x}{i:024x}": (t, spans) for i, (t, spans) in enumerate(traces.items())}
+    store.insert_arrow(SPANS_TABLE, spans_table({k: v[1] for k, v in renamed.items()}))
+    got = sql_rows(store, list(renamed), **kw)
+    out: dict[str, list[RequestAttribution]] = {}
+    for stored_id, (trace_id, spans) in renamed.items():
+        oracle = attribute_requests(stored_id, spans, **kw)
+        mine = sorted((r for r in got if r["TraceId"] == stored_id), key=lambda r: r["RequestSpanId"])
+        want = sorted(oracle, key=lambda a: a.request_span_id)
+        assert len(mine) == len(want), (trace_id, len(mine), len(want))
+        for a, row in zip(want, mine, strict=True):
+            assert_rows_equal(oracle_row(a, len(spans)), row)
+            a.trace_id = trace_id
+        out[trace_id] = want
+    return out
 
 
 def oracle_row(a: RequestAttribution, span_count: int) -> dict[str, Any]:
     return attribution_row(a, span_count=span_count, ingested_us=0)
 
 
-_SKIP = {"SpansIngestedAt", "Version", "IsDeleted"}
+_SKIP = {"SpansIngestedAt", "Version", "IsDeleted", "TraceId"}
 
 
 def assert_rows_equal(want: dict[str, Any], got: dict[str, Any]) -> None:
@@ -95,7 +165,7 @@ def assert_rows_equal(want: dict[str, Any], got: dict[str, Any]) -> None:
         g = got[key]
         if key in ("Gpu", "ResourceAttributes"):
             w = dict(w)
-            g = {d["key"]: d["value"] for d in (g or [])}
+            g = dict(g or [])
             assert g.keys() == w.keys(), (key, w, g)
             for k in w:
                 assert _close(w[k], g[k]), (key, k, w[k], g[k])
@@ -113,3 +183,29 @@ def _close(w: Any, g: Any) -> bool:
 
 def server_total(a: RequestAttribution) -> int:
     return sum(v for k, v in a.buckets_ns.items() if k != "network" and v is not None)
+
+
+_SQL_STORE: list[Store] = []
+
+
+def check_sql_with(store: Store | None) -> None:
+    """Make ``both`` and ``every_request`` also check the SQL attributor against ``store``."""
+    _SQL_STORE.clear()
+    if store is not None:
+        _SQL_STORE.append(store)
+
+
+def every_request(trace_id: str, spans: list[SpanRecord], **kw: Any) -> list[RequestAttribution]:
+    """Every request of a trace, by the reference engine, checked against the SQL attributor
+    when a store is set (``check_sql_with``)."""
+    if _SQL_STORE:
+        return sql_check(_SQL_STORE[0], {trace_id: spans}, **kw)[trace_id]
+    return attribute_requests(trace_id, spans, **kw)
+
+
+def both(trace_id: str, spans: list[SpanRecord], **kw: Any) -> RequestAttribution | None:
+    """The one request of a single-call trace (None when it has none), checked against the SQL
+    attributor when a store is set."""
+    found = every_request(trace_id, spans, **kw)
+    assert len(found) <= 1, [a.request_id for a in found]
+    return found[0] if found else None

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from latscope.attribution import sweep
-from latscope.semconv import LatscopeAttributes, SpanKind, VllmAttributes
-from tests.attribution_support import MS, T0, TraceBuilder, both
+from latscope.semconv import ClientAttributes, LatscopeAttributes, SpanKind, VllmAttributes
+from tests.attribution_support import MS, T0, TraceBuilder, both, check_sql_with
+from tests.conftest import embedded_store
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _sql(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every golden case also runs through the SQL attributor, which must give the same rows."""
+    check_sql_with(embedded_store(tmp_path_factory))
+    yield
+    check_sql_with(None)
 
 EXPECTED_MS = {
     "network": 80,
@@ -82,7 +93,9 @@ def test_small_skew_that_still_fits_is_not_adjusted() -> None:
 
 def test_work_after_the_client_got_its_last_byte_is_not_counted() -> None:
     tb = TraceBuilder()
-    c = tb.client(0, 500)
+    # latscope's client says it read the whole response (its last byte), so a longer server
+    # span is work after the response, not a client span that ended at the headers.
+    c = tb.client(0, 500, attrs={ClientAttributes.LAST_BYTE_NS: T0 + 500 * MS})
     s = tb.server(10, 700, parent=c)  # longer than the client: starts aligned, tail clipped
     tb.phase("prefill", 20, 100, parent=s)
     tb.phase("decode", 100, 480, parent=s)

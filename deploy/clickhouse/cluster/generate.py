@@ -38,6 +38,9 @@ _ALTER = re.compile(r"^ALTER TABLE (\w+)\s+(.*)$", re.S)
 #: settings) only to the local tables that store the rows.
 _COLUMN_ALTER = re.compile(r"^(ADD|DROP|MODIFY|RENAME|COMMENT|CLEAR) COLUMN\b")
 _CODEC = re.compile(r"\s+CODEC\((?:[^()]|\([^()]*\))*\)")
+#: A sorting-key change riding on an ADD COLUMN (only the ALTER that adds a column may append it
+#: to the key): the Distributed table has no key, so it takes the column alone.
+_ORDER_BY = re.compile(r",\s*MODIFY ORDER BY \((?:[^()]|\([^()]*\))*\)")
 
 #: Keeps what must be read together on one shard; tables not listed shard by TraceId if they
 #: have one, else at random.
@@ -129,8 +132,9 @@ def _alter_statements(table: str, body: str, opts: Options) -> list[str]:
     db, cluster = opts.database, opts.cluster
     out = [f"ALTER TABLE {db}.{table}_local ON CLUSTER '{cluster}'\n    {body}"]
     if _COLUMN_ALTER.match(body):
-        # A Distributed table stores nothing: codecs do not apply to it.
-        out.append(f"ALTER TABLE {db}.{table} ON CLUSTER '{cluster}'\n    {_CODEC.sub('', body)}")
+        # A Distributed table stores nothing: codecs and sorting keys do not apply to it.
+        plain = _ORDER_BY.sub("", _CODEC.sub("", body))
+        out.append(f"ALTER TABLE {db}.{table} ON CLUSTER '{cluster}'\n    {plain}")
     return out
 
 

@@ -1,0 +1,186 @@
+"""A trace with several inference calls (an agent run, a RAG pipeline), explained as a whole.
+
+The run's end-to-end time is its root span's. Along its *critical path* (the chain of work the
+root waited on) every instant is counted once, in one of: an LLM call's seven buckets, a tool
+call (a span with ``gen_ai.operation.name = execute_tool`` and everything under it that is not an
+LLM call), or the app's own time (orchestration, and calls to other services). These add up to
+the root's duration.
+
+The critical path is Jaeger's, made exact: from the end of a span, walk back; at each point take
+the child that finished last at or before that point (clipped to it), count the gap after it as
+the span's own time, count the child down to its start recursively, continue from the child's
+start. So back-to-back children are both on the path, a parallel group counts its last-finishing
+branch (and whatever ran before that branch started), and a child outliving its parent counts
+only up to the parent's end. An LLM call is one step: its client span (extended to the server's
+end for a headers-only client) holds its bucket timeline from ``engine.request_segments``, clipped
+to the part of the call the path covers. The walk does not descend from a span into a SERVER child
+of another service (another host's clock): a call to another service is one step of its caller's
+category.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from latscope.attribution.engine import (
+    DEFAULT_STALL_NS,
+    Request,
+    TraceIndex,
+    attribute_request,
+    find_requests,
+    request_segments,
+)
+from latscope.attribution.model import RequestAttribution, SpanRecord
+from latscope.semconv import BUCKETS, GenAIAttributes, GenAIOperation, SpanKind
+
+APP = "app"
+TOOL = "tool"
+LLM = "llm"
+
+
+@dataclass
+class PathStep:
+    """One piece of the critical path: ``[start_ns, end_ns)`` on the root's clock."""
+
+    span_id: str
+    name: str
+    category: str  # APP, TOOL or LLM
+    start_ns: int
+    end_ns: int
+    request_id: str | None = None
+    bucket: str | None = None  # for LLM steps
+
+
+@dataclass
+class CallOnPath:
+    """An LLM call of the run and how much of it the root waited for."""
+
+    attribution: RequestAttribution
+    on_path_ns: int = 0
+    on_path_buckets_ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0))
+
+
+@dataclass
+class ToolOnPath:
+    span: SpanRecord
+    on_path_ns: int = 0
+
+
+@dataclass
+class RunExplanation:
+    trace_id: str
+    root: SpanRecord
+    e2e_ns: int
+    llm_ns: dict[str, int]  # per bucket, on the critical path
+    tool_ns: int
+    app_ns: int
+    calls: list[CallOnPath]
+    tools: list[ToolOnPath]
+    path: list[PathStep]
+
+
+def _is_tool(span: SpanRecord) -> bool:
+    return span.attributes.get(GenAIAttributes.OPERATION_NAME) == GenAIOperation.EXECUTE_TOOL
+
+
+def _root(spans: Sequence[SpanRecord], index: TraceIndex) -> SpanRecord:
+    """The earliest span whose parent is not stored (the longest on a tie)."""
+    roots = [s for s in spans if s.parent_span_id not in index.by_id] or list(spans)
+    return min(roots, key=lambda s: (s.start_ns, -s.duration_ns, s.span_id))
+
+
+def explain_run(
+    trace_id: str, spans: Sequence[SpanRecord], *, stall_threshold_ns: int = DEFAULT_STALL_NS
+) -> RunExplanation | None:
+    """The run's critical path split into LLM buckets, tool time and app time; None for a trace
+    with no spans."""
+    if not spans:
+        return None
+    index = TraceIndex(spans)
+    root = _root(spans, index)
+    requests = find_requests(spans)
+    # An LLM call is entered at its client span, or at its first attempt when it has none.
+    entry: dict[str, tuple[Request, CallOnPath, int, int, list[tuple[str, int, int]]]] = {}
+    calls = []
+    for r in requests:
+        call = CallOnPath(attribute_request(trace_id, r, stall_threshold_ns=stall_threshold_ns))
+        tl, pieces = request_segments(r)
+        entry[r.span_id] = (r, call, tl.lo, tl.hi, pieces)
+        calls.append(call)
+    tools: dict[str, ToolOnPath] = {}
+    path: list[PathStep] = []
+    totals = {APP: 0, TOOL: 0}
+    llm = dict.fromkeys(BUCKETS, 0)
+
+    def interval(span: SpanRecord) -> tuple[int, int]:
+        hit = entry.get(span.span_id)
+        return (hit[2], hit[3]) if hit is not None else (span.start_ns, span.end_ns)
+
+    def own(span: SpanRecord, category: str, a: int, b: int) -> None:
+        if b <= a:
+            return
+        totals[category] += b - a
+        path.append(PathStep(span.span_id, span.name, category, a, b))
+        for tool_id in tool_stack:
+            tools[tool_id].on_path_ns += b - a
+
+    tool_stack: list[str] = []
+
+    def walk(span: SpanRecord, lo: int, hi: int, category: str) -> None:
+        hit = entry.get(span.span_id)
+        if hit is not None:
+            _, call, _, _, pieces = hit
+            for name, a, b in pieces:
+                a, b = max(a, lo), min(b, hi)
+                if b > a:
+                    llm[name] += b - a
+                    call.on_path_ns += b - a
+                    call.on_path_buckets_ns[name] += b - a
+                    path.append(
+                        PathStep(span.span_id, span.name, LLM, a, b, call.attribution.request_id, name)
+                    )
+            return
+        if _is_tool(span):
+            category = TOOL
+            tools.setdefault(span.span_id, ToolOnPath(span))
+            tool_stack.append(span.span_id)
+        kids = [
+            c
+            for c in index.children.get(span.span_id, ())
+            if not (c.kind == SpanKind.SERVER and c.service != span.service)
+        ]
+        t = hi
+        while t > lo:
+            best, best_end, best_start = None, lo, 0
+            for c in kids:
+                c_lo, c_hi = interval(c)
+                end = min(c_hi, t)
+                if c_lo >= t or end <= lo or end <= c_lo:
+                    continue
+                key = (end, -c_lo, c.span_id)
+                if best is None or key > (best_end, -best_start, best.span_id):
+                    best, best_end, best_start = c, end, c_lo
+            if best is None:
+                own(span, category, lo, t)
+                break
+            own(span, category, best_end, t)
+            start = max(best_start, lo)
+            walk(best, start, best_end, category)
+            t = start
+        if _is_tool(span):
+            tool_stack.pop()
+
+    walk(root, root.start_ns, root.end_ns, APP)
+    path.sort(key=lambda p: p.start_ns)
+    return RunExplanation(
+        trace_id=trace_id,
+        root=root,
+        e2e_ns=root.duration_ns,
+        llm_ns=llm,
+        tool_ns=totals[TOOL],
+        app_ns=totals[APP],
+        calls=calls,
+        tools=sorted(tools.values(), key=lambda t: (t.span.start_ns, t.span.span_id)),
+        path=path,
+    )
