@@ -1405,7 +1405,7 @@ def random_client(rng: random.Random, kind: str | None, **knobs: Any) -> ClientP
     if kind == "sdk":
         return SdkClient(_draw(rng, 0.5, 20), _draw(rng, 0.5, 20), _draw(rng, 5, 80), **knobs)
     http = HttpxClient(
-        _draw(rng, 0.5, 20), semconv=knobs.pop("semconv", rng.choice(("old", "new")))
+        _draw(rng, 0.5, 10), semconv=knobs.pop("semconv", rng.choice(("old", "new")))
     )
     if kind == "httpx":
         return http
