@@ -25,43 +25,17 @@ from tests.collector_harness import (
 )
 from tests.conftest import Server, start_serve
 from tests.upstream_traces import (
+    BUILDERS,
     JSON_EXPORTER_TRACES_DDL,
     MS,
     OLD_EXPORTER_TRACES_DDL,
     Built,
-    httpx_stream,
     old_exporter_arrow,
     old_exporter_rows,
-    openai_v2_chat,
-    openinference_chat,
     sdk_request,
-    sglang_request,
     span_records,
-    vllm_parallel_request,
-    vllm_v0_request,
     vllm_v1_request,
 )
-
-#: Every builder in the shapes it offers: (label, seed -> Built).
-BUILDERS: list[tuple[str, Callable[[int], Built]]] = [
-    ("sdk", lambda s: sdk_request(s)),
-    ("sdk-retries", lambda s: sdk_request(s, retries=2)),
-    ("sdk-no-client", lambda s: sdk_request(s, client=None)),
-    ("sglang-httpx", lambda s: sglang_request(s, tp=2, chunks=2)),
-    ("sglang-alone", lambda s: sglang_request(s, client=None)),
-    ("sglang-level1", lambda s: sglang_request(s, client="sdk", slice_level=1)),
-    ("sglang-no-slices", lambda s: sglang_request(s, client="sdk", slice_level=0)),
-    ("vllm-v1", lambda s: vllm_v1_request(s, skew_ns=2_500 * MS)),
-    ("vllm-v0", lambda s: vllm_v0_request(s)),
-    ("vllm-n3", lambda s: vllm_parallel_request(s, n=3)),
-    ("httpx-sdk", lambda s: httpx_stream(s, server="sdk")),
-    ("httpx-vllm-new-semconv", lambda s: httpx_stream(s, server="vllm_v1", semconv="new")),
-    ("openai-v2", lambda s: openai_v2_chat(s, skew_ns=-1_200 * MS)),
-    ("openai-v2-system-ttfc", lambda s: openai_v2_chat(s, provider_key="system", ttfc=True)),
-    ("openinference-httpx", lambda s: openinference_chat(s)),
-    ("openinference-alone", lambda s: openinference_chat(s, with_httpx=False)),
-    ("gateway", lambda s: sdk_request(s, client="gateway")),
-]
 
 
 def _export(target: str, built: Built) -> None:

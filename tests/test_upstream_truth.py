@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 
 from latscope.attribution.model import SpanRecord
 from tests.agent_traces import AgentRun, Parallel, agent_run, agent_runs, path_by_walk, summary
-from tests.test_upstream_serve import BUILDERS
 from tests.upstream_traces import (
+    BUILDERS,
     MS,
     SECOND,
     Built,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
@@ -1532,6 +1532,29 @@ def openinference_chat(
     return single_call(
         seed, client="openinference", server=server, client_knobs={"with_httpx": with_httpx}, **kw
     )
+
+
+#: Every builder in the shapes it offers, for tests that go through them all: (label,
+#: seed -> Built).
+BUILDERS: list[tuple[str, Callable[[int], Built]]] = [
+    ("sdk", lambda s: sdk_request(s)),
+    ("sdk-retries", lambda s: sdk_request(s, retries=2)),
+    ("sdk-no-client", lambda s: sdk_request(s, client=None)),
+    ("sglang-httpx", lambda s: sglang_request(s, tp=2, chunks=2)),
+    ("sglang-alone", lambda s: sglang_request(s, client=None)),
+    ("sglang-level1", lambda s: sglang_request(s, client="sdk", slice_level=1)),
+    ("sglang-no-slices", lambda s: sglang_request(s, client="sdk", slice_level=0)),
+    ("vllm-v1", lambda s: vllm_v1_request(s, skew_ns=2_500 * MS)),
+    ("vllm-v0", lambda s: vllm_v0_request(s)),
+    ("vllm-n3", lambda s: vllm_parallel_request(s, n=3)),
+    ("httpx-sdk", lambda s: httpx_stream(s, server="sdk")),
+    ("httpx-vllm-new-semconv", lambda s: httpx_stream(s, server="vllm_v1", semconv="new")),
+    ("openai-v2", lambda s: openai_v2_chat(s, skew_ns=-1_200 * MS)),
+    ("openai-v2-system-ttfc", lambda s: openai_v2_chat(s, provider_key="system", ttfc=True)),
+    ("openinference-httpx", lambda s: openinference_chat(s)),
+    ("openinference-alone", lambda s: openinference_chat(s, with_httpx=False)),
+    ("gateway", lambda s: sdk_request(s, client="gateway")),
+]
 
 
 # -- as older ClickHouse exporters stored them ----------------------------------------------------
