@@ -138,7 +138,9 @@ def explain_run(
                     call.on_path_ns += b - a
                     call.on_path_buckets_ns[name] += b - a
                     path.append(
-                        PathStep(span.span_id, span.name, LLM, a, b, call.attribution.request_id, name)
+                        PathStep(
+                            span.span_id, span.name, LLM, a, b, call.attribution.request_id, name
+                        )
                     )
             return
         if _is_tool(span):

@@ -69,7 +69,21 @@ class Settings:
         default=1.0, metadata={"help": "seconds between the attributor's passes"}
     )
     attribution_batch_traces: int = field(
-        default=5000, metadata={"help": "most traces the attributor loads and attributes at once"}
+        default=50_000, metadata={"help": "most traces one attribution statement takes"}
+    )
+    attributor_shard: str = field(
+        default="0/1",
+        metadata={
+            "help": "I/N: attribute only the traces with cityHash64(TraceId) %% N = I, so N "
+            "attributors split one store (on a cluster: one per shard, see docs/deploy.md)"
+        },
+    )
+    attributor_tables: str = field(
+        default="shared",
+        metadata={
+            "help": "shared, or local: read and write the *_local tables of this cluster node's "
+            "shard (with --attributor-shard I/N on shard I's node)"
+        },
     )
     stall_threshold_ms: float = field(
         default=250.0, metadata={"help": "a gap between two streamed tokens above this is a stall"}
@@ -161,12 +175,28 @@ class Settings:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         if self.batch_timeout_s <= 0 or self.store_retry_s <= 0:
             raise ConfigError("--batch-timeout-s and --store-retry-s must be greater than 0")
+        parse_shard(self.attributor_shard)
+        if self.attributor_tables not in ("shared", "local"):
+            raise ConfigError(
+                f"--attributor-tables: expected shared or local, got {self.attributor_tables!r}"
+            )
         if self.attributor not in ("on", "off"):
             raise ConfigError(f"--attributor: expected on or off, got {self.attributor!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ConfigError(
                 f"--log-level: expected debug|info|warning|error, got {self.log_level!r}"
             )
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/4"`` -> (2, 4), for ``--attributor-shard``."""
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ConfigError(f"--attributor-shard: expected I/N such as 0/4, got {text!r}") from None
+    if not (count >= 1 and 0 <= index < count):
+        raise ConfigError(f"--attributor-shard: expected 0 <= I < N, got {text!r}")
+    return index, count
 
 
 def _coerce(name: str, raw: str, kind: type) -> object:

@@ -57,7 +57,7 @@ STAGES = (
 )
 FINAL = "06_insert.sql"
 
-#: GenAI / HTTP attributes merged per request: column name -> attribute key.
+#: GenAI / HTTP attributes merged per request (m_<name>): name -> attribute key.
 ATTRIBUTES: dict[str, str] = {
     "model": GenAIAttributes.REQUEST_MODEL,
     "response_model": GenAIAttributes.RESPONSE_MODEL,
@@ -67,9 +67,28 @@ ATTRIBUTES: dict[str, str] = {
     "route": HttpAttributes.ROUTE,
     "input": GenAIAttributes.USAGE_INPUT_TOKENS,
     "prompt": GenAIAttributes.USAGE_PROMPT_TOKENS,
-    "output": GenAIAttributes.USAGE_OUTPUT_TOKENS,
-    "completion": GenAIAttributes.USAGE_COMPLETION_TOKENS,
 }
+LATENCY_KEYS = (
+    VllmAttributes.TIME_IN_QUEUE,
+    VllmAttributes.TIME_TO_FIRST_TOKEN,
+    VllmAttributes.TIME_IN_MODEL_PREFILL,
+    VllmAttributes.TIME_IN_MODEL_DECODE,
+    VllmAttributes.E2E,
+)
+#: Every span attribute the rules read: stage 1 keeps only these.
+READ_KEYS: tuple[str, ...] = (
+    LatscopeAttributes.PHASE,
+    *LATENCY_KEYS,
+    *ATTRIBUTES.values(),
+    GenAIAttributes.USAGE_OUTPUT_TOKENS,
+    GenAIAttributes.USAGE_COMPLETION_TOKENS,
+    GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK,
+    LatscopeAttributes.FIRST_TOKEN_NS,
+    ClientAttributes.LAST_BYTE_NS,
+    LatscopeAttributes.TOKEN_OFFSETS_US,
+    LatscopeAttributes.TOKEN_COUNT,
+    *GPU_KEYS,
+)
 
 _PLACEHOLDER = re.compile(r"\$([A-Z][A-Z0-9_]*)(\()?")
 
@@ -113,13 +132,12 @@ def s2ns(expr: str) -> str:
     return f"toInt64(floor({expr} * 1e9 + 0.5))"
 
 
-def tokens(*exprs: str) -> str:
-    """engine._tokens: the first of the raw values that holds a number, if within range."""
-    out = "NULL"
-    for e in reversed(exprs):
-        v = integer(e)
-        out = f"if({v} IS NOT NULL, if({v} BETWEEN 0 AND {MAX_TOKENS}, {v}, NULL), {out})"
-    return out
+def tokens(first: str, second: str) -> str:
+    """engine._tokens over two parsed values: the first that is a number, if within range."""
+    return (
+        f"if({first} IS NOT NULL, if({first} BETWEEN 0 AND {MAX_TOKENS}, {first}, NULL), "
+        f"if({second} BETWEEN 0 AND {MAX_TOKENS}, {second}, NULL))"
+    )
 
 
 def quantile(sorted_values: str, n: str, q: str) -> str:
@@ -138,28 +156,12 @@ def rank(bucket: str) -> str:
     return f"transform({bucket}, {_array(names)}, {[RANK[n] for n in names]}, {NETWORK_RANK})"
 
 
-def _synthetic(a: str) -> str:
-    """engine.synthetic_phases for attempt index ``a``: three (rank, start, end) tuples."""
-    q, ttft, prefill, decode, e2e = (
-        f"v_queues[{a}]",
-        f"v_ttfts[{a}]",
-        f"v_prefills[{a}]",
-        f"v_decodes[{a}]",
-        f"v_e2es[{a}]",
-    )
-    q_ns = f"ifNull({s2ns(q)}, 0)"
-    prefill_given = f"ifNull({s2ns(prefill)}, 0)"
-    ttft_ns = f"if({ttft} IS NOT NULL, {s2ns(ttft)}, {q_ns} + {prefill_given})"
-    prefill_ns = (
-        f"if({prefill} IS NOT NULL, {s2ns(prefill)}, "
-        f"if({ttft} IS NOT NULL, greatest(0, {ttft_ns} - {q_ns}), 0))"
-    )
-    decode_ns = (
-        f"multiIf({decode} IS NOT NULL, {s2ns(decode)}, "
-        f"{e2e} IS NOT NULL AND {ttft} IS NOT NULL, greatest(0, {s2ns(e2e)} - {ttft_ns}), 0)"
-    )
-    s = f"starts[{a}]"
-    first = f"({s} + {ttft_ns})"
+def _synthetic(k: str) -> str:
+    """engine.synthetic_phases for the k-th attempt: three (rank, start, end) tuples from the
+    figures stage 4 parsed (q_ns, first_ns, prefill_ns, decode_ns)."""
+    first = f"(a_starts[{k}] + first_ns[{k}])"
+    prefill, queue = f"prefill_ns[{k}]", f"q_ns[{k}]"
+    decode = f"ifNull(decode_ns[{k}], 0)"
 
     def tup(name: str, lo: str, hi: str) -> str:
         return f"(toUInt8({RANK[name]}), toInt64({lo}), toInt64({hi}))"
@@ -168,13 +170,9 @@ def _synthetic(a: str) -> str:
         "["
         + ", ".join(
             [
-                tup(
-                    Phase.QUEUE,
-                    f"{first} - {prefill_ns} - {q_ns}",
-                    f"{first} - {prefill_ns}",
-                ),
-                tup(Phase.PREFILL, f"{first} - {prefill_ns}", first),
-                tup(Phase.DECODE, first, f"{first} + {decode_ns}"),
+                tup(Phase.QUEUE, f"{first} - {prefill} - {queue}", f"{first} - {prefill}"),
+                tup(Phase.PREFILL, f"{first} - {prefill}", first),
+                tup(Phase.DECODE, first, f"{first} + {decode}"),
             ]
         )
         + "]"
@@ -186,7 +184,7 @@ def _ancestry() -> tuple[str, str, str]:
     name and its ancestor column: each step its own SELECT, so no array is expanded twice."""
     ctes = [
         "anc_0 AS (SELECT *, range(1, n + 1) AS idx, "
-        "arrayMap(p -> toUInt32(indexOf(ids, p)), parents) AS parent_idx FROM trace_arrays)",
+        "arrayMap(p -> toUInt32(indexOf(ids, p)), parents) AS parent_idx FROM unique_spans)",
         "anc_1 AS (SELECT *, arrayMap(p -> if(p = 0, [], [p]), parent_idx) AS up1 FROM anc_0)",
     ]
     k, step = 1, 1
@@ -200,32 +198,61 @@ def _ancestry() -> tuple[str, str, str]:
     return ",\n".join(ctes), f"anc_{step}", f"up{k}"
 
 
+def _pick(key: str, maps: tuple[str, ...]) -> str:
+    """The value of ``key`` in the first of ``maps`` (attribute maps, nearest first) that has
+    it: nested ifs over plain columns, not a lambda that would copy every span's map."""
+    k = literal(key)
+    out = "''"
+    for m in reversed(maps):
+        out = f"if({m}[{k}] != '', {m}[{k}], {out})"
+    return out
+
+
+_MERGED = ("last_attrs", "client_attrs", "client1_attrs", "client2_attrs")
+
+
 def _merged_attributes() -> str:
-    cols = []
-    for name in ATTRIBUTES:
-        cols.append(
-            f"arrayFirst(v -> v != '', arrayMap(s -> if(s = 0, '', a_{name}[s]), attr_spans)) "
-            f"AS m_{name}"
-        )
-    return ",\n        ".join(cols)
-
-
-def _client_output_raw() -> str:
-    """The client chain's output-token values (nearest non-empty per key): c_output,
-    c_completion."""
     return ",\n        ".join(
-        f"arrayFirst(v -> v != '', arrayMap(s -> if(s = 0, '', a_{key}[s]), "
-        f"[client, client1, client2])) AS c_{key}"
-        for key in ("output", "completion")
+        f"{_pick(key, _MERGED)} AS m_{name}" for name, key in ATTRIBUTES.items()
     )
 
 
+def _client_output() -> str:
+    return ",\n        ".join(
+        f"{_pick(key, _MERGED[1:])} AS c_{name}"
+        for name, key in (
+            ("output", GenAIAttributes.USAGE_OUTPUT_TOKENS),
+            ("completion", GenAIAttributes.USAGE_COMPLETION_TOKENS),
+        )
+    )
+
+
+def _client_ttft() -> str:
+    """engine._client_ttft: latscope's first-token attribute or event on the client span, else a
+    time_to_first_chunk on the client chain, from the span that carries it."""
+    first = integer(f"client_attrs[{literal(LatscopeAttributes.FIRST_TOKEN_NS)}]")
+    branches = [
+        "client = 0",
+        "NULL",
+        f"{first} IS NOT NULL",
+        f"{first} - starts[client]",
+        "first_token_events[client] IS NOT NULL",
+        "first_token_events[client] - starts[client]",
+    ]
+    for s in ("client", "client1", "client2"):
+        chunk = num(f"{s}_attrs[{literal(GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK)}]")
+        branches += [
+            f"{s} != 0 AND {chunk} IS NOT NULL",
+            f"starts[{s}] + {s2ns(chunk)} - starts[client]",
+        ]
+    return "multiIf(" + ", ".join(branches) + ", NULL)"
+
+
 def _gpu_spans() -> str:
-    """gpu_<phase>: the request's last phase span of that bucket with any GPU figure (0: none)."""
-    any_fig = " OR ".join(f"g_{name}[j] IS NOT NULL" for name in GPU_KEYS.values())
+    """gpu_<phase>: the request's last phase span of that bucket with a GPU figure (0: none)."""
     return ",\n        ".join(
         f"arrayLast(j -> 1, arraySort(j -> (starts[j], ids[j]), arrayFilter(j -> "
-        f"buckets[j] = {literal(phase)} AND ({any_fig}), my_phases))) AS gpu_{phase}"
+        f"gpu_phases[j] AND buckets[j] = {literal(phase)}, my_phases))) AS gpu_{phase}"
         for phase in GPU_PHASES
     )
 
@@ -233,9 +260,9 @@ def _gpu_spans() -> str:
 def _gpu_map() -> str:
     """The Gpu column: '<phase>.<figure>' -> value for the figures those spans have."""
     pairs = ", ".join(
-        f"({literal(f'{phase}.{name}')}, g_{name}[gpu_{phase}])"
+        f"({literal(f'{phase}.{name}')}, {num(f'attributes[gpu_{phase}][{literal(key)}]')})"
         for phase in GPU_PHASES
-        for name in GPU_KEYS.values()
+        for key, name in GPU_KEYS.items()
     )
     kept = f"arrayFilter(p -> p.2 IS NOT NULL, [{pairs}])"
     return f"mapFromArrays(arrayMap(p -> p.1, {kept}), arrayMap(p -> assumeNotNull(p.2), {kept}))"
@@ -262,12 +289,43 @@ def _bucket_columns() -> str:
     return ",\n    ".join(out)
 
 
+#: The per-span arrays of stage 2 (each filtered the same way when a trace repeats a span id).
+SPAN_ARRAYS = (
+    "ids",
+    "parents",
+    "kinds",
+    "services",
+    "statuses",
+    "starts",
+    "ends",
+    "resources",
+    "attributes",
+    "buckets",
+    "latscope_phases",
+    "latency",
+    "serverlike",
+    "tools",
+    "timed_decodes",
+    "gpu_phases",
+    "first_token_events",
+)
+
+
+def _dedup_columns() -> str:
+    keep = "arrayMap((s, i) -> indexOf(ids, s) = i, ids, arrayEnumerate(ids))"
+    return ", ".join(
+        f"if(repeated, arrayFilter((x, k) -> k, {a}, {keep}), {a}) AS {a}" for a in SPAN_ARRAYS
+    )
+
+
 def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
-    attr_columns = [f"attrs[{literal(k)}] AS a_{n}" for n, k in ATTRIBUTES.items()]
-    gpu_columns = [f"{num(f'attrs[{literal(k)}]')} AS g_{n}" for k, n in GPU_KEYS.items()]
+    has_latency = " OR ".join(f"{num(f'attrs[{literal(k)}]')} IS NOT NULL" for k in LATENCY_KEYS)
+    ancestry, last_ancestry, last_up = _ancestry()
     return {
         "SPANS_TABLE": spans_table,
         "SPAN_BOUNDS": span_bounds,
+        "DEDUP_COLUMNS": _dedup_columns(),
+        "READ_KEYS": "(" + ", ".join(literal(k) for k in READ_KEYS) + ")",
         "KIND": (
             f"transform(SpanKind, {_array(list(SpanKind.LEGACY))}, "
             f"{_array(list(SpanKind.LEGACY.values()))}, SpanKind)"
@@ -286,37 +344,36 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
             f"transform(SpanName, {_array(list(SGLANG_STAGES))}, "
             f"{_array(list(SGLANG_STAGES.values()))}, '')"
         ),
+        "HAS_LATENCY": f"({has_latency})",
+        "HAS_GPU": "("
+        + " OR ".join(f"{num(f'attrs[{literal(k)}]')} IS NOT NULL" for k in GPU_KEYS)
+        + ")",
+        "GPU_PHASES": "(" + ", ".join(literal(p) for p in GPU_PHASES) + ")",
         "Q_KEY": literal(VllmAttributes.TIME_IN_QUEUE),
         "TTFT_KEY": literal(VllmAttributes.TIME_TO_FIRST_TOKEN),
         "PREFILL_KEY": literal(VllmAttributes.TIME_IN_MODEL_PREFILL),
         "DECODE_KEY": literal(VllmAttributes.TIME_IN_MODEL_DECODE),
         "E2E_KEY": literal(VllmAttributes.E2E),
         "OPERATION_KEY": literal(GenAIAttributes.OPERATION_NAME),
-        "FIRST_TOKEN_KEY": literal(LatscopeAttributes.FIRST_TOKEN_NS),
+        "OUTPUT_KEY": literal(GenAIAttributes.USAGE_OUTPUT_TOKENS),
+        "COMPLETION_KEY": literal(GenAIAttributes.USAGE_COMPLETION_TOKENS),
         "FIRST_TOKEN_EVENT": literal(LatscopeAttributes.FIRST_TOKEN_EVENT),
         "LAST_BYTE_KEY": literal(ClientAttributes.LAST_BYTE_NS),
-        "TTFC_KEY": literal(GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK),
         "OFFSETS_KEY": literal(LatscopeAttributes.TOKEN_OFFSETS_US),
         "TOKEN_COUNT_KEY": literal(LatscopeAttributes.TOKEN_COUNT),
         "INT_ARRAY": literal(INT_ARRAY.pattern),
-        "ATTR_COLUMNS": ",\n        ".join(attr_columns),
-        "GPU_COLUMNS": ",\n        ".join(gpu_columns),
-        "ATTR_ARRAYS": ",\n        ".join(f"groupArray(a_{n}) AS a_{n}" for n in ATTRIBUTES),
-        "GPU_ARRAYS": ",\n        ".join(
-            f"{nullable_array(f'g_{n}')} AS g_{n}" for n in GPU_KEYS.values()
-        ),
         "MAX_ANCESTRY": str(MAX_ANCESTRY),
         "MAX_PHASE_DEPTH": str(MAX_PHASE_DEPTH),
-        "ANCESTRY": _ancestry()[0],
-        "LAST_ANCESTRY": _ancestry()[1],
-        "LAST_UP": _ancestry()[2],
+        "ANCESTRY": ancestry,
+        "LAST_ANCESTRY": last_ancestry,
+        "LAST_UP": last_up,
         "OTHER_RANK": str(OTHER_RANK),
         "NETWORK_RANK": str(NETWORK_RANK),
-        "SYNTHETIC": _synthetic("a"),
         "BUCKET_SUMS": _bucket_sums(),
         "BUCKET_COLUMNS": _bucket_columns(),
         "MERGED_ATTRIBUTES": _merged_attributes(),
-        "CLIENT_OUTPUT_RAW": _client_output_raw(),
+        "CLIENT_OUTPUT": _client_output(),
+        "CLIENT_TTFT": _client_ttft(),
         "MAX_TOKENS": str(MAX_TOKENS),
         "GPU_MAP": _gpu_map(),
         "GPU_SPANS": _gpu_spans(),
@@ -330,6 +387,7 @@ _MACROS: dict[str, Callable[..., str]] = {
     "RANK": rank,
     "QUANTILE": quantile,
     "TOKENS": tokens,
+    "SYNTHETIC": _synthetic,
     "NULLABLE_ARRAY": nullable_array,
 }
 

@@ -26,7 +26,11 @@ from latscope.v1 import query_pb2, query_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND}
+_STATUS = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+}
 
 
 def attribution_message(body: dict[str, Any]) -> query_pb2.RequestAttribution:

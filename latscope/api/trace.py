@@ -1,7 +1,11 @@
-"""Answers about one request: its attribution, its spans as a waterfall, its token timeline.
+"""Answers about one request or one trace: attributions, span waterfalls, token timelines, and
+the critical path of a trace with several inference calls (an agent run).
 
-Each function reads the request's spans from the store and returns the JSON shape the REST API
-serves (milliseconds as floats); the CLI's direct mode and the gRPC service call the same ones.
+A request is named by its id, ``<trace id>-<span id>`` (its client span's, else its server
+span's); a trace id names a request too when the trace holds exactly one, so single-call traces
+answer as they always did. Each function reads the spans from the store and returns the JSON shape
+the REST API serves (milliseconds as floats); the CLI's direct mode and the gRPC service call the
+same ones.
 """
 
 from __future__ import annotations
@@ -11,18 +15,44 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from latscope.api.errors import InvalidParameter, NotFound
-from latscope.attribution import RequestAttribution, SpanRecord, attribute_trace, load_trace
-from latscope.attribution.engine import DEFAULT_STALL_NS
-from latscope.semconv import LatscopeAttributes, Phase, SpanKind
+from latscope.api.errors import InvalidParameter, NotFound, QueryError
+from latscope.attribution import (
+    Request,
+    RequestAttribution,
+    SpanRecord,
+    attribute_request,
+    explain_run,
+    find_requests,
+    load_trace,
+)
+from latscope.attribution.engine import DEFAULT_STALL_NS, TraceIndex, timed_decode
+from latscope.attribution.runs import RunExplanation
+from latscope.semconv import LatscopeAttributes
 from latscope.storage import Store
 
-_TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
+TRACE_ID_PATTERN = r"^[0-9a-fA-F]{32}$"
+REQUEST_ID_PATTERN = r"^[0-9a-fA-F]{32}(-[0-9a-fA-F]{16})?$"
+_TRACE_ID = re.compile(TRACE_ID_PATTERN)
+_REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 #: The attributor's default stall threshold; the API passes the configured one
 #: (``--stall-threshold-ms``) so the timeline and the stored ``stalls`` count agree.
 DEFAULT_STALL_MS = DEFAULT_STALL_NS / 1e6
 #: The token timeline lists at most this many tokens (the SDK caps what it records anyway).
 MAX_TOKENS = 100_000
+
+
+class SeveralRequests(QueryError):
+    """A trace id was given where a request is meant, and the trace holds several."""
+
+    def __init__(self, trace_id: str, ids: list[str]) -> None:
+        super().__init__(
+            409,
+            "several_requests",
+            f"trace {trace_id} holds {len(ids)} inference calls: name one by its request id "
+            f"({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}), or list them all with "
+            f"/v1/traces/{trace_id}/requests",
+        )
+        self.request_ids = ids
 
 
 def check_trace_id(trace_id: str) -> str:
@@ -32,6 +62,18 @@ def check_trace_id(trace_id: str) -> str:
     return trace_id.lower()
 
 
+def check_request_id(request_id: str) -> tuple[str, str | None]:
+    """(trace id, span id or None) of a request id or a bare trace id, lowercase."""
+    if not _REQUEST_ID.match(request_id):
+        raise InvalidParameter(
+            "invalid_request_id",
+            "a request id is a trace id (32 hexadecimal characters), optionally followed by '-' "
+            "and the request's span id (16 hexadecimal characters)",
+        )
+    trace_id, _, span_id = request_id.lower().partition("-")
+    return trace_id, span_id or None
+
+
 def _load(store: Store, trace_id: str) -> list[SpanRecord]:
     spans = load_trace(store, trace_id)
     if not spans:
@@ -39,74 +81,106 @@ def _load(store: Store, trace_id: str) -> list[SpanRecord]:
     return spans
 
 
-def _attribute(
-    trace_id: str, spans: Sequence[SpanRecord], stall_threshold_ms: float
-) -> RequestAttribution:
-    result = attribute_trace(trace_id, spans, stall_threshold_ns=round(stall_threshold_ms * 1e6))
-    if result is None:
-        raise NotFound(
-            "no_server_span",
-            f"trace {trace_id} has {len(spans)} span(s) but no SERVER span to attribute",
-        )
-    return result
+def _no_calls(trace_id: str, spans: Sequence[SpanRecord]) -> NotFound:
+    return NotFound(
+        "no_inference_call",
+        f"trace {trace_id} has {len(spans)} span(s) but no inference call: no SERVER span "
+        "owning latscope.phase spans, no span carrying gen_ai.latency.* (vLLM, SGLang), and no "
+        "SERVER span called by a CLIENT span",
+    )
+
+
+def _select(trace_id: str, span_id: str | None, spans: Sequence[SpanRecord]) -> Request:
+    requests = find_requests(spans)
+    if not requests:
+        raise _no_calls(trace_id, spans)
+    if span_id is None:
+        if len(requests) > 1:
+            raise SeveralRequests(trace_id, [f"{trace_id}-{r.span_id}" for r in requests])
+        return requests[0]
+    for r in requests:
+        if r.span_id == span_id:
+            return r
+    raise NotFound(
+        "request_not_found",
+        f"trace {trace_id} has no inference call with span id {span_id}; its calls are "
+        + ", ".join(f"{trace_id}-{r.span_id}" for r in requests),
+    )
+
+
+def _stall_ns(stall_threshold_ms: float) -> int:
+    return round(stall_threshold_ms * 1e6)
 
 
 def request_attribution(
-    store: Store, trace_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
+    store: Store, request_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
 ) -> dict[str, Any]:
-    """``GET /v1/requests/{trace_id}/attribution``: the seven buckets of one request.
+    """``GET /v1/requests/{id}/attribution``: the seven buckets of one request.
 
     ``stall_threshold_ms``: the gap between tokens that counts as a stall (the attributor's
     setting, so ``stalls`` here equals the stored count).
     """
+    trace_id, span_id = check_request_id(request_id)
+    spans = _load(store, trace_id)
+    request = _select(trace_id, span_id, spans)
+    return attribute_request(
+        trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms)
+    ).to_json()
+
+
+def trace_requests(
+    store: Store, trace_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
+) -> dict[str, Any]:
+    """``GET /v1/traces/{trace_id}/requests``: every inference call of a trace, by start."""
     trace_id = check_trace_id(trace_id)
-    return _attribute(trace_id, _load(store, trace_id), stall_threshold_ms).to_json()
+    spans = _load(store, trace_id)
+    stall = _stall_ns(stall_threshold_ms)
+    return {
+        "trace_id": trace_id,
+        "requests": [
+            attribute_request(trace_id, r, stall_threshold_ns=stall).to_json()
+            for r in find_requests(spans)
+        ],
+    }
 
 
-def _server_side(spans: Sequence[SpanRecord]) -> set[str]:
-    """Span ids measured on a server's clock: SERVER spans and everything under them."""
-    kids: dict[str, list[SpanRecord]] = {}
-    for s in spans:
-        kids.setdefault(s.parent_span_id, []).append(s)
-    out: set[str] = set()
-    stack = [s for s in spans if s.kind == SpanKind.SERVER]
-    while stack:
-        span = stack.pop()
-        if span.span_id in out:
+def _skews(spans: Sequence[SpanRecord], results: Sequence[RequestAttribution]) -> dict[str, int]:
+    """Span id -> the clock offset that moves it onto its caller's clock: the spans of each
+    request's server side (its attempts and everything under them) by that request's skew."""
+    index = TraceIndex(spans)
+    shift: dict[str, int] = {}
+    by_span = {r.request_span_id: r for r in results}
+    for request in find_requests(spans):
+        result = by_span.get(request.span_id)
+        if result is None or not result.clock_skew_ns:
             continue
-        out.add(span.span_id)
-        stack.extend(kids.get(span.span_id, ()))
-    return out
+        stack = list(request.attempts)
+        while stack:
+            span = stack.pop()
+            if span.span_id in shift:
+                continue
+            shift[span.span_id] = result.clock_skew_ns
+            stack.extend(index.children.get(span.span_id, ()))
+    return shift
 
 
 def _depths(spans: Sequence[SpanRecord]) -> dict[str, int]:
-    by_id = {s.span_id: s for s in spans}
-    depth: dict[str, int] = {}
-    for s in spans:
-        d, cur, seen = 0, s, {s.span_id}
-        while cur.parent_span_id in by_id and cur.parent_span_id not in seen:
-            cur = by_id[cur.parent_span_id]
-            seen.add(cur.span_id)
-            d += 1
-        depth[s.span_id] = d
-    return depth
-
-
-def _origin(result: RequestAttribution | None, spans: Sequence[SpanRecord]) -> int:
-    return result.start_ns if result is not None else min(s.start_ns for s in spans)
+    index = TraceIndex(spans)
+    return {s.span_id: sum(1 for _ in index.ancestors(s, 10_000)) for s in spans}
 
 
 def _waterfall(
-    spans: Sequence[SpanRecord], result: RequestAttribution | None
+    spans: Sequence[SpanRecord], origin: int, results: Sequence[RequestAttribution]
 ) -> list[dict[str, Any]]:
-    origin = _origin(result, spans)
-    skew = result.clock_skew_ns if result is not None else 0
-    server_side = _server_side(spans)
+    shift = _skews(spans, results)
     depth = _depths(spans)
+    calls = {}
+    for r in results:
+        calls[r.request_span_id] = r.request_id
     rows = []
     for s in spans:
         # Server-side spans are moved onto the client's clock so the waterfall nests.
-        shift = skew if s.span_id in server_side else 0
+        d = shift.get(s.span_id, 0)
         rows.append(
             {
                 "span_id": s.span_id,
@@ -115,55 +189,55 @@ def _waterfall(
                 "kind": s.kind,
                 "service": s.service,
                 "phase": s.attributes.get(LatscopeAttributes.PHASE) or None,
-                "start_ms": (s.start_ns - shift - origin) / 1e6,
+                "request_id": calls.get(s.span_id),
+                "start_ms": (s.start_ns - d - origin) / 1e6,
                 "duration_ms": s.duration_ns / 1e6,
                 "depth": depth[s.span_id],
                 "status": s.status,
                 "attributes": dict(sorted(s.attributes.items())),
-                "events": [
-                    {"name": name, "at_ms": (t - shift - origin) / 1e6} for name, t in s.events
-                ],
+                "events": [{"name": name, "at_ms": (t - d - origin) / 1e6} for name, t in s.events],
             }
         )
     rows.sort(key=lambda r: (r["start_ms"], r["depth"]))
     return rows
 
 
+def _all_results(trace_id: str, spans: Sequence[SpanRecord]) -> list[RequestAttribution]:
+    return [attribute_request(trace_id, r) for r in find_requests(spans)]
+
+
 def trace_spans(store: Store, trace_id: str) -> dict[str, Any]:
     """``GET /v1/traces/{trace_id}/spans``: every span, placed on one clock, oldest first."""
     trace_id = check_trace_id(trace_id)
     spans = _load(store, trace_id)
-    result = attribute_trace(trace_id, spans)
+    results = _all_results(trace_id, spans)
+    origin = min(s.start_ns for s in spans)
+    if len(results) == 1:
+        origin = results[0].start_ns
     return {
         "trace_id": trace_id,
-        "start_unix_ms": _origin(result, spans) / 1e6,
-        "clock_skew_ms": (result.clock_skew_ns if result else 0) / 1e6,
-        "spans": _waterfall(spans, result),
+        "start_unix_ms": origin / 1e6,
+        "clock_skew_ms": (results[0].clock_skew_ns if len(results) == 1 else 0) / 1e6,
+        "spans": _waterfall(spans, origin, results),
     }
 
 
-def _decode_span(spans: Sequence[SpanRecord]) -> SpanRecord | None:
-    decodes = [s for s in spans if s.attributes.get(LatscopeAttributes.PHASE) == Phase.DECODE]
-    return max(decodes, key=lambda s: s.start_ns) if decodes else None
-
-
-def _timeline(
-    spans: Sequence[SpanRecord], result: RequestAttribution, stall_ms: float
-) -> dict[str, Any]:
-    decode = _decode_span(spans)
-    offsets = decode.attr_int_list(LatscopeAttributes.TOKEN_OFFSETS_US) if decode else []
-    offsets = offsets[:MAX_TOKENS]
+def _timeline(request: Request, result: RequestAttribution, stall_ms: float) -> dict[str, Any]:
+    found = timed_decode(request)
+    decode = found[0] if found else None
+    offsets = (
+        decode.attr_int_list(LatscopeAttributes.TOKEN_OFFSETS_US)[:MAX_TOKENS] if decode else []
+    )
     origin = result.start_ns
     skew = result.clock_skew_ns
     times = (
         [(decode.start_ns + us * 1000 - skew - origin) / 1e6 for us in offsets] if decode else []
     )
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    threshold = stall_ms
     stalls = [
         {"index": i + 1, "at_ms": times[i + 1], "gap_ms": gap}
         for i, gap in enumerate(gaps)
-        if gap > threshold
+        if gap > stall_ms
     ]
     # On the request's axis: the client saw the first token at its TTFT; without a client span,
     # the first recorded token time stands for it.
@@ -175,39 +249,152 @@ def _timeline(
         "count": len(times),
         "times_ms": times,
         "first_token_ms": first,
-        "stall_threshold_ms": threshold,
+        "stall_threshold_ms": stall_ms,
         "stalls": stalls,
     }
 
 
 def token_timeline(
     store: Store,
-    trace_id: str,
+    request_id: str,
     stall_ms: float | None = None,
     *,
     stall_threshold_ms: float = DEFAULT_STALL_MS,
 ) -> dict[str, Any]:
-    """``GET /v1/requests/{trace_id}/tokens``: when each token came, and the stalls (gaps over
-    ``stall_ms``, by default the attributor's ``stall_threshold_ms``)."""
-    trace_id = check_trace_id(trace_id)
+    """``GET /v1/requests/{id}/tokens``: when each token came, and the stalls (gaps over
+    ``stall_ms``, by default the attributor's ``stall_threshold_ms``). The tokens are those of
+    the request's decode span that attribution reads (``engine.timed_decode``)."""
+    trace_id, span_id = check_request_id(request_id)
     spans = _load(store, trace_id)
-    result = _attribute(trace_id, spans, stall_threshold_ms)
-    return {"trace_id": trace_id, **_timeline(spans, result, stall_ms or stall_threshold_ms)}
+    request = _select(trace_id, span_id, spans)
+    result = attribute_request(trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms))
+    return {
+        "trace_id": trace_id,
+        "request_id": result.request_id,
+        **_timeline(request, result, stall_ms or stall_threshold_ms),
+    }
 
 
 def explain(
     store: Store,
-    trace_id: str,
+    request_id: str,
     stall_ms: float | None = None,
     *,
     stall_threshold_ms: float = DEFAULT_STALL_MS,
 ) -> dict[str, Any]:
-    """``GET /v1/requests/{trace_id}``: attribution, waterfall and token timeline at once."""
-    trace_id = check_trace_id(trace_id)
+    """``GET /v1/requests/{id}``: attribution, waterfall and token timeline at once."""
+    trace_id, span_id = check_request_id(request_id)
     spans = _load(store, trace_id)
-    result = _attribute(trace_id, spans, stall_threshold_ms)
+    request = _select(trace_id, span_id, spans)
+    result = attribute_request(trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms))
+    others = [r for r in _all_results(trace_id, spans) if r.request_span_id != request.span_id]
     return {
         "attribution": result.to_json(),
-        "spans": _waterfall(spans, result),
-        "tokens": _timeline(spans, result, stall_ms or stall_threshold_ms),
+        "spans": _waterfall(spans, result.start_ns, [result, *others]),
+        "tokens": _timeline(request, result, stall_ms or stall_threshold_ms),
     }
+
+
+def run_json(run: RunExplanation) -> dict[str, Any]:
+    """A run explanation as the REST shape (ms from the root's start)."""
+    origin = run.root.start_ns
+
+    def ms(ns: float) -> float:
+        return ns / 1e6
+
+    llm_total = sum(run.llm_ns.values())
+    return {
+        "trace_id": run.trace_id,
+        "root": {
+            "span_id": run.root.span_id,
+            "name": run.root.name,
+            "service": run.root.service,
+            "kind": run.root.kind,
+        },
+        "e2e_ms": ms(run.e2e_ns),
+        "critical_path_ms": {
+            "llm": ms(llm_total),
+            "llm_buckets": {b: ms(v) for b, v in run.llm_ns.items()},
+            "tool": ms(run.tool_ns),
+            "app": ms(run.app_ns),
+        },
+        "calls": [
+            {
+                "request_id": c.attribution.request_id,
+                "start_ms": ms(c.attribution.start_ns - origin),
+                "e2e_ms": ms(c.attribution.e2e_ns),
+                "on_critical_path_ms": ms(c.on_path_ns),
+                "on_critical_path_buckets_ms": {b: ms(v) for b, v in c.on_path_buckets_ns.items()},
+                "attribution": c.attribution.to_json(),
+            }
+            for c in run.calls
+        ],
+        "tools": [
+            {
+                "span_id": t.span.span_id,
+                "name": t.span.name,
+                "tool": t.span.attributes.get("gen_ai.tool.name", ""),
+                "start_ms": ms(t.span.start_ns - origin),
+                "duration_ms": ms(t.span.duration_ns),
+                "on_critical_path_ms": ms(t.on_path_ns),
+            }
+            for t in run.tools
+        ],
+        "path": [
+            {
+                "span_id": p.span_id,
+                "name": p.name,
+                "category": p.category,
+                "bucket": p.bucket,
+                "request_id": p.request_id,
+                "start_ms": ms(p.start_ns - origin),
+                "end_ms": ms(p.end_ns - origin),
+            }
+            for p in run.path
+        ],
+    }
+
+
+def trace_run(
+    store: Store, trace_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
+) -> dict[str, Any]:
+    """``GET /v1/traces/{trace_id}/run``: the trace as one run: its root's end-to-end time and,
+    along its critical path, the time in each LLM call's buckets, in tool calls and in the app."""
+    trace_id = check_trace_id(trace_id)
+    spans = _load(store, trace_id)
+    run = explain_run(trace_id, spans, stall_threshold_ns=_stall_ns(stall_threshold_ms))
+    assert run is not None  # spans is not empty
+    return run_json(run)
+
+
+def trace_explain(
+    store: Store, trace_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
+) -> dict[str, Any]:
+    """``GET /v1/traces/{trace_id}``: a trace at once: its run, every call, and the waterfall
+    with each call's spans on its caller's clock."""
+    trace_id = check_trace_id(trace_id)
+    spans = _load(store, trace_id)
+    run = explain_run(trace_id, spans, stall_threshold_ns=_stall_ns(stall_threshold_ms))
+    assert run is not None
+    results = [c.attribution for c in run.calls]
+    return {
+        "trace_id": trace_id,
+        "run": run_json(run),
+        "spans": _waterfall(spans, run.root.start_ns, results),
+    }
+
+
+__all__ = [
+    "REQUEST_ID_PATTERN",
+    "TRACE_ID_PATTERN",
+    "SeveralRequests",
+    "check_request_id",
+    "check_trace_id",
+    "explain",
+    "request_attribution",
+    "token_timeline",
+    "trace_explain",
+    "trace_requests",
+    "trace_run",
+    "trace_spans",
+]

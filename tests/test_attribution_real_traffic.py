@@ -1,0 +1,98 @@
+"""Real traffic: every upstream trace shape (tests/upstream_traces.py) and random agent runs
+(tests/agent_traces.py), attributed by the reference engine and by the SQL attributor, against
+the ground truth their builders computed from what they built."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from latscope.attribution import explain_run
+from latscope.attribution.model import RequestAttribution
+from tests.agent_traces import AgentRun, agent_run, agent_runs
+from tests.attribution_support import check_sql_with, every_request, sql_check
+from tests.conftest import embedded_store
+from tests.upstream_traces import BUILDERS, Truth, span_records
+
+SEEDS = range(4)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _sql(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    check_sql_with(embedded_store(tmp_path_factory))
+    yield
+    check_sql_with(None)
+
+
+def assert_matches(truth: Truth, got: RequestAttribution) -> None:
+    assert got.request_id == truth.request_id
+    assert got.e2e_ns == truth.e2e_ns, (truth.shape, got.e2e_ns, truth.e2e_ns)
+    for bucket, ns in truth.buckets.items():
+        assert got.buckets_ns[bucket] == ns, (truth.shape, bucket, got.buckets_ns, truth.buckets)
+    assert got.attempts == truth.attempts
+    assert got.headers_only == truth.headers_only
+    if truth.server_ttft_ns is not None:
+        assert got.ttft_server_ns == truth.server_ttft_ns, truth.shape
+    if truth.client_ttft_ns is not None:
+        assert got.ttft_client_ns == truth.client_ttft_ns, truth.shape
+    if truth.input_tokens is not None:
+        assert got.input_tokens == truth.input_tokens
+    if truth.output_tokens is not None:
+        assert got.output_tokens == truth.output_tokens, truth.shape
+    if truth.model is not None:
+        assert got.model == truth.model
+    if truth.service is not None:
+        assert got.service == truth.service
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize(("shape", "build"), BUILDERS, ids=[b[0] for b in BUILDERS])
+def test_every_upstream_shape_is_attributed_as_its_truth(shape: str, build, seed: int) -> None:
+    built = build(seed)
+    traces = span_records(built.resource_spans)
+    got = {a.request_id: a for t, spans in traces.items() for a in every_request(t, spans)}
+    assert sorted(got) == sorted(t.request_id for t in built.truths), shape
+    for truth in built.truths:
+        assert_matches(truth, got[truth.request_id])
+
+
+def _run_check(run: AgentRun) -> None:
+    (trace_id,) = run.built.trace_ids
+    spans = span_records(run.built.resource_spans)[trace_id]
+    got = {a.request_id: a for a in every_request(trace_id, spans)}
+    assert sorted(got) == sorted(t.request_id for t in run.requests)
+    for truth in run.requests:
+        assert_matches(truth, got[truth.request_id])
+    explained = explain_run(trace_id, spans)
+    assert explained is not None
+    path = run.critical_path
+    assert explained.e2e_ns == path.e2e_ns
+    assert explained.llm_ns == path.llm_ns
+    assert explained.tool_ns == path.tool_ns
+    assert explained.app_ns == path.app_ns
+    on_path = [c.attribution.request_id for c in explained.calls if c.on_path_ns > 0]
+    assert sorted(on_path) == sorted(path.calls)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_agent_runs_calls_and_critical_path(seed: int) -> None:
+    _run_check(agent_run(seed, parallel=True, gateways=True, retries=True, skew=True))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(agent_runs())
+def test_random_agent_runs(run: AgentRun) -> None:
+    _run_check(run)
+
+
+def test_many_traces_in_one_statement(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The SQL attributor over a batch mixing every shape and agent runs at once gives each
+    trace's rows (not only one trace at a time)."""
+    traces = {}
+    for i, (_, build) in enumerate(BUILDERS):
+        traces.update(span_records(build(100 + i).resource_spans))
+    for seed in range(5):
+        traces.update(span_records(agent_run(seed, parallel=True).built.resource_spans))
+    sql_check(embedded_store(tmp_path_factory), traces)
