@@ -303,6 +303,16 @@ def attempt_groups(attempts: Sequence[SpanRecord]) -> list[list[SpanRecord]]:
     return groups
 
 
+def critical_attempts(attempts: Sequence[SpanRecord]) -> list[SpanRecord]:
+    """Of each try, the attempt that ended last (then started last, then by span id): the one
+    the response waited for. vLLM's ``n > 1`` samples run side by side and the response is
+    complete when the last one is; the others' queue and decode are not on its critical path."""
+    return [
+        max(group, key=lambda a: (a.end_ns, a.start_ns, a.span_id))
+        for group in attempt_groups(attempts)
+    ]
+
+
 # -- attributing one request ---------------------------------------------------------------------
 
 
@@ -376,7 +386,7 @@ def request_segments(request: Request) -> tuple[Timeline, list[tuple[str, int, i
     (``other`` for server time and ``network`` for the rest when there is no client span)."""
     tl = timeline(request)
     intervals: list[tuple[int, int, int]] = []
-    for attempt in request.attempts:
+    for attempt in critical_attempts(request.attempts):
         a_lo = max(attempt.start_ns + tl.offset, tl.lo)
         a_hi = min(attempt.end_ns + tl.offset, tl.hi)
         intervals.append((OTHER_RANK, a_lo, a_hi))
@@ -538,9 +548,16 @@ def _streaming(result: RequestAttribution, request: Request, stall_threshold_ns:
             }
             result.stalls = sum(1 for g in gaps if g > stall_threshold_ns)
     else:
+        # The earliest first token of the last try (vLLM's n > 1 samples start together).
+        firsts = [
+            seconds_to_ns(t)
+            for a in attempt_groups(request.attempts)[-1]
+            if (t := a.attr_float(VllmAttributes.TIME_TO_FIRST_TOKEN)) is not None
+        ]
+        if firsts:
+            result.ttft_server_ns = min(firsts)
         ttft = last.attr_float(VllmAttributes.TIME_TO_FIRST_TOKEN)
         if ttft is not None:
-            result.ttft_server_ns = seconds_to_ns(ttft)
             decode_ns = None
             decode_s = last.attr_float(VllmAttributes.TIME_IN_MODEL_DECODE)
             e2e_s = last.attr_float(VllmAttributes.E2E)

@@ -25,14 +25,19 @@ from dataclasses import dataclass, field
 
 from latscope.attribution.engine import (
     DEFAULT_STALL_NS,
-    Request,
     TraceIndex,
     attribute_request,
     find_requests,
     request_segments,
 )
 from latscope.attribution.model import RequestAttribution, SpanRecord
-from latscope.semconv import BUCKETS, GenAIAttributes, GenAIOperation, SpanKind
+from latscope.semconv import (
+    BUCKETS,
+    GenAIAttributes,
+    GenAIOperation,
+    OpenInferenceAttributes,
+    SpanKind,
+)
 
 APP = "app"
 TOOL = "tool"
@@ -80,6 +85,16 @@ class RunExplanation:
     path: list[PathStep]
 
 
+def _calls_a_model(span: SpanRecord) -> bool:
+    """A client-side span of a model call: a CLIENT span, a GenAI model operation, or an
+    OpenInference LLM span (INTERNAL around the HTTP exchange)."""
+    return (
+        span.kind == SpanKind.CLIENT
+        or span.attributes.get(GenAIAttributes.OPERATION_NAME) in GenAIOperation.MODEL_CALLS
+        or span.attributes.get(OpenInferenceAttributes.SPAN_KIND) == OpenInferenceAttributes.LLM
+    )
+
+
 def _is_tool(span: SpanRecord) -> bool:
     return span.attributes.get(GenAIAttributes.OPERATION_NAME) == GenAIOperation.EXECUTE_TOOL
 
@@ -88,6 +103,19 @@ def _root(spans: Sequence[SpanRecord], index: TraceIndex) -> SpanRecord:
     """The earliest span whose parent is not stored (the longest on a tie)."""
     roots = [s for s in spans if s.parent_span_id not in index.by_id] or list(spans)
     return min(roots, key=lambda s: (s.start_ns, -s.duration_ns, s.span_id))
+
+
+def _placement(outer: tuple[int, int], inner: tuple[int, int]) -> int:
+    """The offset that puts ``inner`` (another host's clock) inside ``outer``: none when it fits
+    as recorded, else centred (the symmetric network assumption of the skew adjuster), or start
+    aligned when it is longer."""
+    lo, hi = outer
+    a, b = inner
+    if a >= lo and b <= hi:
+        return 0
+    if b - a <= hi - lo:
+        return lo + ((hi - lo) - (b - a)) // 2 - a
+    return lo - a
 
 
 def explain_run(
@@ -101,38 +129,50 @@ def explain_run(
     root = _root(spans, index)
     requests = find_requests(spans)
     # An LLM call is entered at its client span, or at its first attempt when it has none.
-    entry: dict[str, tuple[Request, CallOnPath, int, int, list[tuple[str, int, int]]]] = {}
+    entry: dict[str, tuple[CallOnPath, int, int, list[tuple[str, int, int]]]] = {}
     calls = []
     for r in requests:
         call = CallOnPath(attribute_request(trace_id, r, stall_threshold_ns=stall_threshold_ns))
         tl, pieces = request_segments(r)
-        entry[r.span_id] = (r, call, tl.lo, tl.hi, pieces)
+        entry[r.span_id] = (call, tl.lo, tl.hi, pieces)
         calls.append(call)
+    # Spans with an LLM call at or below them: a CLIENT span among them wraps a call (a GenAI
+    # client span around the HTTP exchange, a gateway hop), and its own time is the call's network.
+    holds_call: set[str] = set()
+    for span_id in entry:
+        node = index.by_id.get(span_id)
+        while node is not None and node.span_id not in holds_call:
+            holds_call.add(node.span_id)
+            node = index.by_id.get(node.parent_span_id)
     tools: dict[str, ToolOnPath] = {}
     path: list[PathStep] = []
     totals = {APP: 0, TOOL: 0}
     llm = dict.fromkeys(BUCKETS, 0)
+    tool_stack: list[str] = []
 
-    def interval(span: SpanRecord) -> tuple[int, int]:
+    def interval(span: SpanRecord, offset: int) -> tuple[int, int]:
         hit = entry.get(span.span_id)
-        return (hit[2], hit[3]) if hit is not None else (span.start_ns, span.end_ns)
+        lo, hi = (hit[1], hit[2]) if hit is not None else (span.start_ns, span.end_ns)
+        return lo + offset, hi + offset
 
     def own(span: SpanRecord, category: str, a: int, b: int) -> None:
         if b <= a:
+            return
+        if category == LLM:
+            llm["network"] += b - a
+            path.append(PathStep(span.span_id, span.name, LLM, a, b, bucket="network"))
             return
         totals[category] += b - a
         path.append(PathStep(span.span_id, span.name, category, a, b))
         for tool_id in tool_stack:
             tools[tool_id].on_path_ns += b - a
 
-    tool_stack: list[str] = []
-
-    def walk(span: SpanRecord, lo: int, hi: int, category: str) -> None:
+    def walk(span: SpanRecord, lo: int, hi: int, category: str, offset: int) -> None:
         hit = entry.get(span.span_id)
         if hit is not None:
-            _, call, _, _, pieces = hit
+            call, _, _, pieces = hit
             for name, a, b in pieces:
-                a, b = max(a, lo), min(b, hi)
+                a, b = max(a + offset, lo), min(b + offset, hi)
                 if b > a:
                     llm[name] += b - a
                     call.on_path_ns += b - a
@@ -143,37 +183,46 @@ def explain_run(
                         )
                     )
             return
-        if _is_tool(span):
+        is_tool = _is_tool(span)
+        if is_tool:
             category = TOOL
             tools.setdefault(span.span_id, ToolOnPath(span))
             tool_stack.append(span.span_id)
-        kids = [
-            c
-            for c in index.children.get(span.span_id, ())
-            if not (c.kind == SpanKind.SERVER and c.service != span.service)
-        ]
+        elif span.span_id in holds_call and _calls_a_model(span):
+            category = LLM
+        # Children on this span's clock; a SERVER child of another service is on its own host's
+        # clock and is placed inside this span first.
+        kids = []
+        here = (span.start_ns + offset, span.end_ns + offset)
+        for c in index.children.get(span.span_id, ()):
+            shift = offset
+            if c.kind == SpanKind.SERVER and c.service != span.service:
+                shift = offset + _placement(here, (c.start_ns + offset, c.end_ns + offset))
+            kids.append((c, shift))
         t = hi
         while t > lo:
-            best, best_end, best_start = None, lo, 0
-            for c in kids:
-                c_lo, c_hi = interval(c)
+            best: tuple[SpanRecord, int] | None = None
+            best_key: tuple[int, int, str] | None = None
+            for c, shift in kids:
+                c_lo, c_hi = interval(c, shift)
                 end = min(c_hi, t)
                 if c_lo >= t or end <= lo or end <= c_lo:
                     continue
                 key = (end, -c_lo, c.span_id)
-                if best is None or key > (best_end, -best_start, best.span_id):
-                    best, best_end, best_start = c, end, c_lo
-            if best is None:
+                if best_key is None or key > best_key:
+                    best, best_key = (c, shift), key
+            if best is None or best_key is None:
                 own(span, category, lo, t)
                 break
-            own(span, category, best_end, t)
-            start = max(best_start, lo)
-            walk(best, start, best_end, category)
+            child, shift = best
+            end, start = best_key[0], max(-best_key[1], lo)
+            own(span, category, end, t)
+            walk(child, start, end, category, shift)
             t = start
-        if _is_tool(span):
+        if is_tool:
             tool_stack.pop()
 
-    walk(root, root.start_ns, root.end_ns, APP)
+    walk(root, root.start_ns, root.end_ns, APP, 0)
     path.sort(key=lambda p: p.start_ns)
     return RunExplanation(
         trace_id=trace_id,

@@ -119,6 +119,15 @@ class GenAIOperation:
 
     EXECUTE_TOOL: Final = "execute_tool"
     INVOKE_AGENT: Final = "invoke_agent"
+    #: Operations that are a call to a model (a span with one of these wraps an LLM call).
+    MODEL_CALLS: Final = ("chat", "text_completion", "generate_content", "embeddings")
+
+
+class OpenInferenceAttributes:
+    """OpenInference's span kind attribute (its LLM client spans are INTERNAL)."""
+
+    SPAN_KIND: Final = "openinference.span.kind"
+    LLM: Final = "LLM"
 
 
 class VllmAttributes:

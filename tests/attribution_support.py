@@ -108,7 +108,9 @@ def spans_table(traces: dict[str, list[SpanRecord]]) -> pa.Table:
 _BY_IDS = "SELECT arrayJoin({trace_ids:Array(String)}) AS trace_id"
 
 
-def sql_rows(store: Store, trace_ids: list[str], *, stall_threshold_ns: int | None = None) -> list[dict]:
+def sql_rows(
+    store: Store, trace_ids: list[str], *, stall_threshold_ns: int | None = None
+) -> list[dict]:
     """What the SQL attributor computes for these stored traces: one dict per request."""
     from latscope.attribution.engine import DEFAULT_STALL_NS
 
@@ -141,7 +143,9 @@ def sql_check(
     out: dict[str, list[RequestAttribution]] = {}
     for stored_id, (trace_id, spans) in renamed.items():
         oracle = attribute_requests(stored_id, spans, **kw)
-        mine = sorted((r for r in got if r["TraceId"] == stored_id), key=lambda r: r["RequestSpanId"])
+        mine = sorted(
+            (r for r in got if r["TraceId"] == stored_id), key=lambda r: r["RequestSpanId"]
+        )
         want = sorted(oracle, key=lambda a: a.request_span_id)
         assert len(mine) == len(want), (trace_id, len(mine), len(want))
         for a, row in zip(want, mine, strict=True):

@@ -11,7 +11,7 @@ import pytest
 
 from latscope.attribution import aggregates as ag
 from latscope.attribution import rollups
-from latscope.attribution.batch import to_arrow
+from latscope.attribution.frames import to_table
 from latscope.attribution.table import ATTRIBUTION_SCHEMA, BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
 from latscope.storage import ATTRIBUTION_TABLE, Store
@@ -45,8 +45,10 @@ def make_rows(n: int, *, service: str, t0: int, seed: int, span_ns: int = 2 * H)
         {
             "Timestamp": t0 + np.sort(rng.integers(0, span_ns, n)),
             "TraceId": [uuid.UUID(int=int(x)).hex for x in rng.integers(0, 2**62, n)],
+            "RequestSpanId": "00000000000000c1",
             "ServiceName": service,
             "Model": rng.choice(["m-small", "m-large"], n),
+            "Provider": "",
             "Operation": "chat",
             "Route": rng.choice(["/a", "/b", "/c"], n),
             "ResourceAttributes": [
@@ -81,7 +83,7 @@ def make_rows(n: int, *, service: str, t0: int, seed: int, span_ns: int = 2 * H)
 
 
 def insert(store: Store, df: pl.DataFrame) -> None:
-    store.insert_arrow(ATTRIBUTION_TABLE, to_arrow(df.select(ATTRIBUTION_SCHEMA.names)))
+    store.insert_arrow(ATTRIBUTION_TABLE, to_table(df))
 
 
 @pytest.fixture(scope="module")

@@ -3,48 +3,61 @@
 -- offset, the window, and whether the client span ended at the response headers.
 request_spans AS (
     SELECT
-        * EXCEPT (request_keys),
-        req AS req_idx,
+        * EXCEPT (is_inference, request_key, client_of),
+        ids[req] AS request_span_id,
         -- Attempts: the inference spans under this key, oldest first (start, then span id).
-        arraySort(i -> (starts[i], ids[i]),
+        arraySort(i -> span_rank[i],
             arrayFilter((i, f, k) -> f AND k = req, idx, is_inference, request_key)) AS attempts,
-        client_of[attempts[1]] AS client,
-        arrayMap(a -> attributes[a], attempts) AS attempt_attrs
+        client_of[attempts[1]] AS client
     FROM traces
-    ARRAY JOIN request_keys AS req
+    ARRAY JOIN arrayDistinct(arrayFilter((k, f) -> f, request_key, is_inference)) AS req
 ),
-request_tries AS (
+request_fields AS (
     SELECT
-        *,
+        * EXCEPT (kinds, services, statuses, resources),
         length(attempts) AS n_attempts,
-        attempts[n_attempts] AS last,
-        -- The client span and the CLIENT spans directly above it (client-side attributes).
-        if(client != 0 AND kinds[parent_idx[client]] = $CLIENT, parent_idx[client], 0) AS client1,
-        -- Tries: attempts that overlap in time are one (vLLM's n > 1 samples); a retry starts
-        -- when every earlier attempt has ended.
+        attempts[-1] AS last,
+        services[attempts[-1]] AS service,
+        statuses[attempts[-1]] AS status,
+        resources[attempts[-1]] AS resource,
         arrayMap(a -> starts[a], attempts) AS a_starts,
         arrayMap(a -> ends[a], attempts) AS a_ends,
+        arrayMap(a -> numbers[a], attempts) AS a_nums,
+        arrayMap(a -> integers[a], attempts) AS a_ints,
+        attributes[attempts[-1]] AS last_attrs,
+        integers[attempts[-1]] AS last_ints
+    FROM request_spans
+),
+request_clients AS (
+    SELECT
+        *,
+        -- The client span and the CLIENT spans directly above it (client-side attributes).
+        client_parent[client] AS client1,
+        client_parent[client_parent[client]] AS client2,
+        attributes[client] AS client_attrs,
+        attributes[client_parent[client]] AS client1_attrs,
+        attributes[client_parent[client_parent[client]]] AS client2_attrs,
+        integers[client] AS client_ints,
+        starts[client] AS c_lo,
+        ends[client] - starts[client] AS c_dur,
         arrayMin(a_starts) AS hull_lo,
         arrayMax(a_ends) AS hull_hi,
-        if(client = 0, 0, starts[client]) AS c_lo,
-        if(client = 0, 0, ends[client] - starts[client]) AS c_dur,
         -- latscope's client records when it read the last byte: its span is the whole response.
-        attributes[client] AS client_attrs,
-        client != 0 AND $INT(client_attrs[$LAST_BYTE_KEY]) IS NOT NULL AS whole_response
-    FROM request_spans
+        client != 0 AND mapContains(integers[client], $LAST_BYTE_KEY) AS whole_response,
+        -- Tries: attempts that overlap in time are one (vLLM's n > 1 samples); a retry starts
+        -- when every earlier attempt has ended.
+        arrayMap(k -> k = 1 OR a_starts[k] >= arrayMax(arraySlice(a_ends, 1, k - 1)),
+            range(1, length(attempts) + 1)) AS new_try
+    FROM request_fields
 ),
 requests AS (
     SELECT
         *,
-        if(client1 != 0 AND kinds[parent_idx[client1]] = $CLIENT, parent_idx[client1], 0)
-            AS client2,
-        attempt_attrs[n_attempts] AS last_attrs,
-        attributes[client1] AS client1_attrs,
-        arrayMap(k -> k = 1 OR a_starts[k] >= arrayMax(arraySlice(a_ends, 1, k - 1)),
-            range(1, n_attempts + 1)) AS new_try,
         toUInt16(arrayCount(x -> x, new_try)) AS tries,
+        -- Of each try, the attempt (its position in `attempts`) that ended last, then started
+        -- last (engine.critical_attempts): the one the response waited for.
+        arrayCumSum(arrayMap(x -> toUInt32(x), new_try)) AS try_of,
         arrayLastIndex(x -> x, new_try) AS last_try_at,
-        arraySlice(attempts, last_try_at) AS last_try,
         client != 0 AND hull_hi - hull_lo > c_dur AND NOT whole_response AS headers_only,
         multiIf(
             client = 0, 0,
@@ -56,7 +69,7 @@ requests AS (
         if(client = 0, a_starts[1], c_lo) AS lo,
         multiIf(client = 0, a_ends[1],
             hull_hi - hull_lo > c_dur AND NOT whole_response,
-                hull_hi + offset + (c_dur - intDiv(c_dur, 2)),
+                hull_hi + (c_lo + intDiv(c_dur, 2) - hull_lo) + (c_dur - intDiv(c_dur, 2)),
             c_lo + c_dur) AS hi
-    FROM request_tries
+    FROM request_clients
 )

@@ -3,32 +3,44 @@
 -- anchored at the first token) an interval of its bucket's rank, all moved onto the client's
 -- clock and clipped: phases to their attempt, attempts to the window. The window is cut at every
 -- interval end; each piece goes to the lowest rank covering it, or to network where none does.
-latency AS (
+latency_s AS (
     SELECT
-        *,
-        -- Each attempt's gen_ai.latency.* figures in ns (engine.synthetic_phases), aligned with
-        -- `attempts`: queue, first token, prefill, decode (e2e - ttft where the split is missing).
-        arrayMap(m -> $NUM(m[$Q_KEY]), attempt_attrs) AS l_queue,
-        arrayMap(m -> $NUM(m[$TTFT_KEY]), attempt_attrs) AS l_ttft,
-        arrayMap(m -> $NUM(m[$PREFILL_KEY]), attempt_attrs) AS l_prefill,
-        arrayMap(m -> $NUM(m[$DECODE_KEY]), attempt_attrs) AS l_decode,
-        arrayMap(m -> $NUM(m[$E2E_KEY]), attempt_attrs) AS l_e2e
+        * EXCEPT (new_try, hull_lo, hull_hi, whole_response, c_dur, a_nums, try_of),
+        arrayMap(t -> arraySort(k -> (a_ends[k], a_starts[k], k),
+            arrayFilter(k -> try_of[k] = t, range(1, n_attempts + 1)))[-1],
+            range(1, tries + 1)) AS critical,
+        -- Each attempt's gen_ai.latency.* figures (seconds), aligned with `attempts`.
+        arrayMap(m -> if(mapContains(m, $Q_KEY), m[$Q_KEY], NULL), a_nums) AS l_queue,
+        arrayMap(m -> if(mapContains(m, $TTFT_KEY), m[$TTFT_KEY], NULL), a_nums) AS l_ttft,
+        arrayMap(m -> if(mapContains(m, $PREFILL_KEY), m[$PREFILL_KEY], NULL), a_nums)
+            AS l_prefill,
+        arrayMap(m -> if(mapContains(m, $DECODE_KEY), m[$DECODE_KEY], NULL), a_nums) AS l_decode,
+        arrayMap(m -> if(mapContains(m, $E2E_KEY), m[$E2E_KEY], NULL), a_nums) AS l_e2e
     FROM requests
 ),
 latency_ns AS (
     SELECT
-        * EXCEPT (l_queue, l_prefill, l_decode, l_e2e),
+        * EXCEPT (l_queue, l_prefill, l_decode, l_e2e, l_ttft),
+        -- engine.synthetic_phases in ns: queue, first token, prefill, and decode (e2e - ttft
+        -- where the split is missing), each relative to its attempt's start.
         arrayMap(x -> ifNull($S2NS(x), 0), l_queue) AS q_ns,
         arrayMap(x -> $S2NS(x), l_ttft) AS ttft_ns,
-        arrayMap((t, q, p) -> if(t IS NOT NULL, t, q + ifNull($S2NS(p), 0)), ttft_ns, q_ns, l_prefill)
-            AS first_ns,
-        arrayMap((p, t, f, q) -> if(p IS NOT NULL, $S2NS(p),
-            if(t IS NOT NULL, greatest(0, f - q), 0)), l_prefill, ttft_ns, first_ns, q_ns)
-            AS prefill_ns,
-        arrayMap((d, e, t, f) -> multiIf(d IS NOT NULL, $S2NS(d),
-            e IS NOT NULL AND t IS NOT NULL, greatest(0, $S2NS(e) - f), NULL),
-            l_decode, l_e2e, ttft_ns, first_ns) AS decode_ns
-    FROM latency
+        arrayMap((t, q, p) -> if(t IS NOT NULL, $S2NS(t), ifNull($S2NS(q), 0)
+            + ifNull($S2NS(p), 0)), l_ttft, l_queue, l_prefill) AS first_ns,
+        arrayMap(p -> $S2NS(p), l_prefill) AS prefill_given,
+        arrayMap(d -> $S2NS(d), l_decode) AS decode_given,
+        arrayMap(e -> $S2NS(e), l_e2e) AS e2e_ns
+    FROM latency_s
+),
+synthetic AS (
+    SELECT
+        * EXCEPT (prefill_given, decode_given, e2e_ns),
+        arrayMap((p, t, f, q) -> if(p IS NOT NULL, p, if(t IS NOT NULL, greatest(0, f - q), 0)),
+            prefill_given, ttft_ns, first_ns, q_ns) AS prefill_ns,
+        arrayMap((d, e, t, f) -> multiIf(d IS NOT NULL, d,
+            e IS NOT NULL AND t IS NOT NULL, greatest(0, e - f), NULL),
+            decode_given, e2e_ns, ttft_ns, first_ns) AS decode_ns
+    FROM latency_ns
 ),
 intervals AS (
     SELECT
@@ -42,28 +54,22 @@ intervals AS (
                     arrayMap(j -> (toUInt8($RANK(buckets[j])), starts[j], ends[j]),
                         arrayFilter(j -> owner[j] = attempts[k], idx)),
                     if(latency[attempts[k]], $SYNTHETIC(k), [])))),
-            range(1, n_attempts + 1)))) AS ivs
-    FROM latency_ns
+            critical))) AS ivs
+    FROM synthetic
 ),
 cut AS (
     SELECT
-        *,
+        * EXCEPT (a_starts, a_ends, q_ns, first_ns, prefill_ns, latency, critical),
         arraySort(arrayDistinct(arrayConcat([lo, hi],
             arrayMap(iv -> iv.2, ivs), arrayMap(iv -> iv.3, ivs)))) AS cuts
     FROM intervals
 ),
 swept AS (
     SELECT
-        * EXCEPT (cuts),
+        * EXCEPT (ivs, cuts),
         arrayMap((a, b) -> (arrayMin(arrayConcat([toUInt8($NETWORK_RANK)],
                 arrayMap(iv -> if(iv.2 <= a AND iv.3 >= b, iv.1, toUInt8($NETWORK_RANK)), ivs))),
             b - a),
             arrayPopBack(cuts), arrayPopFront(cuts)) AS segments
     FROM cut
-),
-sums AS (
-    SELECT
-        * EXCEPT (segments, ivs),
-        $BUCKET_SUMS
-    FROM swept
 )

@@ -68,6 +68,8 @@ ATTRIBUTES: dict[str, str] = {
     "input": GenAIAttributes.USAGE_INPUT_TOKENS,
     "prompt": GenAIAttributes.USAGE_PROMPT_TOKENS,
 }
+OUTPUT = GenAIAttributes.USAGE_OUTPUT_TOKENS
+COMPLETION = GenAIAttributes.USAGE_COMPLETION_TOKENS
 LATENCY_KEYS = (
     VllmAttributes.TIME_IN_QUEUE,
     VllmAttributes.TIME_TO_FIRST_TOKEN,
@@ -75,19 +77,29 @@ LATENCY_KEYS = (
     VllmAttributes.TIME_IN_MODEL_DECODE,
     VllmAttributes.E2E,
 )
-#: Every span attribute the rules read: stage 1 keeps only these.
-READ_KEYS: tuple[str, ...] = (
-    LatscopeAttributes.PHASE,
-    *LATENCY_KEYS,
+#: Attributes kept as strings per span (stage 1's `attrs`): what is merged or read as text, and
+#: the token counts, whose first non-empty value decides which span a count comes from.
+STRING_KEYS: tuple[str, ...] = (
     *ATTRIBUTES.values(),
-    GenAIAttributes.USAGE_OUTPUT_TOKENS,
-    GenAIAttributes.USAGE_COMPLETION_TOKENS,
+    OUTPUT,
+    COMPLETION,
+    LatscopeAttributes.TOKEN_OFFSETS_US,
+)
+#: Attributes parsed as decimal numbers per span (`nums`).
+FLOAT_KEYS: tuple[str, ...] = (
+    *LATENCY_KEYS,
     GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK,
+    *GPU_KEYS,
+)
+#: Attributes parsed as integers per span (`ints`).
+INT_KEYS: tuple[str, ...] = (
     LatscopeAttributes.FIRST_TOKEN_NS,
     ClientAttributes.LAST_BYTE_NS,
-    LatscopeAttributes.TOKEN_OFFSETS_US,
     LatscopeAttributes.TOKEN_COUNT,
-    *GPU_KEYS,
+    GenAIAttributes.USAGE_INPUT_TOKENS,
+    GenAIAttributes.USAGE_PROMPT_TOKENS,
+    OUTPUT,
+    COMPLETION,
 )
 
 _PLACEHOLDER = re.compile(r"\$([A-Z][A-Z0-9_]*)(\()?")
@@ -132,12 +144,15 @@ def s2ns(expr: str) -> str:
     return f"toInt64(floor({expr} * 1e9 + 0.5))"
 
 
-def tokens(first: str, second: str) -> str:
-    """engine._tokens over two parsed values: the first that is a number, if within range."""
-    return (
-        f"if({first} IS NOT NULL, if({first} BETWEEN 0 AND {MAX_TOKENS}, {first}, NULL), "
-        f"if({second} BETWEEN 0 AND {MAX_TOKENS}, {second}, NULL))"
-    )
+def tokens(map_a: str, key_a: str, map_b: str, key_b: str) -> str:
+    """engine._tokens: ``key_a`` in ``map_a`` if it parsed (an integers map), else ``key_b`` in
+    ``map_b``; either only within [0, MAX_TOKENS]."""
+
+    def one(m: str, k: str, otherwise: str) -> str:
+        in_range = f"if({m}[{k}] BETWEEN 0 AND {MAX_TOKENS}, {m}[{k}], NULL)"
+        return f"if(mapContains({m}, {k}), {in_range}, {otherwise})"
+
+    return one(map_a, key_a, one(map_b, key_b, "NULL"))
 
 
 def quantile(sorted_values: str, n: str, q: str) -> str:
@@ -158,7 +173,7 @@ def rank(bucket: str) -> str:
 
 def _synthetic(k: str) -> str:
     """engine.synthetic_phases for the k-th attempt: three (rank, start, end) tuples from the
-    figures stage 4 parsed (q_ns, first_ns, prefill_ns, decode_ns)."""
+    figures stage 4 computed (q_ns, first_ns, prefill_ns, decode_ns)."""
     first = f"(a_starts[{k}] + first_ns[{k}])"
     prefill, queue = f"prefill_ns[{k}]", f"q_ns[{k}]"
     decode = f"ifNull(decode_ns[{k}], 0)"
@@ -179,71 +194,113 @@ def _synthetic(k: str) -> str:
     )
 
 
-def _ancestry() -> tuple[str, str, str]:
-    """The ancestry CTEs (anc_0 .. anc_k, the last with ``up{MAX_ANCESTRY}``), the last CTE's
-    name and its ancestor column: each step its own SELECT, so no array is expanded twice."""
-    ctes = [
-        "anc_0 AS (SELECT *, range(1, n + 1) AS idx, "
-        "arrayMap(p -> toUInt32(indexOf(ids, p)), parents) AS parent_idx FROM unique_spans)",
-        "anc_1 AS (SELECT *, arrayMap(p -> if(p = 0, [], [p]), parent_idx) AS up1 FROM anc_0)",
-    ]
-    k, step = 1, 1
-    while k < MAX_ANCESTRY:
-        prev, nxt = f"up{k}", f"up{2 * k}"
-        ctes.append(
-            f"anc_{step + 1} AS (SELECT * EXCEPT ({prev}), arrayMap(l -> if(length(l) = {k}, "
-            f"arrayConcat(l, {prev}[l[{k}]]), l), {prev}) AS {nxt} FROM anc_{step})"
-        )
-        k, step = 2 * k, step + 1
-    return ",\n".join(ctes), f"anc_{step}", f"up{k}"
+def _up(k: int) -> str:
+    """up{2k} from up{k}: each list of k ancestors extended by its k-th ancestor's list."""
+    prev = f"up{k}"
+    return (
+        f"arrayMap(l -> if(length(l) = {k}, arrayConcat(l, {prev}[l[{k}]]), l), {prev}) "
+        f"AS up{2 * k}"
+    )
 
 
-def _pick(key: str, maps: tuple[str, ...]) -> str:
-    """The value of ``key`` in the first of ``maps`` (attribute maps, nearest first) that has
-    it: nested ifs over plain columns, not a lambda that would copy every span's map."""
+def _ancestry() -> str:
+    """Two CTEs: anc_near (up1, up2, up4) and anc_far (up8 .. up{MAX_ANCESTRY} as
+    ``ancestors``), each step reading the previous step's column only once per step."""
+    near, k = ["arrayMap(p -> if(p = 0, [], [p]), parent_idx) AS up1"], 1
+    while k < 4:
+        near.append(_up(k))
+        k *= 2
+    far = []
+    while 2 * k < MAX_ANCESTRY:
+        far.append(_up(k))
+        k *= 2
+    far.append(_up(k).rsplit(" AS ", 1)[0] + " AS ancestors")
+    drop = ", ".join(f"up{2**e}" for e in range(3))
+    return (
+        f"anc_near AS (SELECT *, {', '.join(near)} FROM parents),\n"
+        f"anc_far AS (SELECT * EXCEPT ({drop}), {', '.join(far)} FROM anc_near)"
+    )
+
+
+#: The spans attributes are merged from, nearest first, and their attribute maps (columns of
+#: one request's row, so each map is taken out of its trace's array once).
+_MERGED = (
+    ("last", "last_attrs"),
+    ("client", "client_attrs"),
+    ("client1", "client1_attrs"),
+    ("client2", "client2_attrs"),
+)
+
+
+def _first_with(key: str, spans: tuple[tuple[str, str], ...]) -> str:
+    """The first of ``spans`` (index, attribute map) whose map has ``key``, else 0."""
     k = literal(key)
-    out = "''"
-    for m in reversed(maps):
-        out = f"if({m}[{k}] != '', {m}[{k}], {out})"
-    return out
+    branches = []
+    for span, attrs in spans:
+        branches += [f"{attrs}[{k}] != ''", span]
+    return "multiIf(" + ", ".join(branches) + ", 0)"
 
 
-_MERGED = ("last_attrs", "client_attrs", "client1_attrs", "client2_attrs")
+def _picked_spans() -> str:
+    cols = [f"{_first_with(key, _MERGED)} AS s_{name}" for name, key in ATTRIBUTES.items()]
+    cols += [
+        f"{_first_with(key, _MERGED[1:])} AS s_client_{name}"
+        for name, key in (("output", OUTPUT), ("completion", COMPLETION))
+    ]
+    return ",\n        ".join(cols)
 
 
-def _merged_attributes() -> str:
-    return ",\n        ".join(
-        f"{_pick(key, _MERGED)} AS m_{name}" for name, key in ATTRIBUTES.items()
-    )
-
-
-def _client_output() -> str:
-    return ",\n        ".join(
-        f"{_pick(key, _MERGED[1:])} AS c_{name}"
-        for name, key in (
-            ("output", GenAIAttributes.USAGE_OUTPUT_TOKENS),
-            ("completion", GenAIAttributes.USAGE_COMPLETION_TOKENS),
+def _merged_values() -> str:
+    """m_<name>: the merged attribute's value, from the map of the span it was picked from."""
+    cols = []
+    for name, key in ATTRIBUTES.items():
+        if name in ("input", "prompt"):
+            continue
+        k = literal(key)
+        branches = [f"s_{name} = {span}, {attrs}[{k}]" for span, attrs in _MERGED]
+        cols.append(f"multiIf(s_{name} = 0, '', {', '.join(branches)}, '') AS m_{name}")
+    cols.append("if(m_model != '', m_model, m_response_model) AS model")
+    cols.append("if(m_provider != '', m_provider, m_system) AS provider")
+    cols.append(
+        tokens(
+            "integers[s_input]",
+            literal(GenAIAttributes.USAGE_INPUT_TOKENS),
+            "integers[s_prompt]",
+            literal(GenAIAttributes.USAGE_PROMPT_TOKENS),
         )
+        + " AS input_tokens"
     )
+    cols.append(
+        tokens(
+            "integers[s_client_output]",
+            literal(OUTPUT),
+            "integers[s_client_completion]",
+            literal(COMPLETION),
+        )
+        + " AS client_output"
+    )
+    return ",\n        ".join(cols)
 
 
 def _client_ttft() -> str:
     """engine._client_ttft: latscope's first-token attribute or event on the client span, else a
     time_to_first_chunk on the client chain, from the span that carries it."""
-    first = integer(f"client_attrs[{literal(LatscopeAttributes.FIRST_TOKEN_NS)}]")
+    first, chunk = (
+        literal(LatscopeAttributes.FIRST_TOKEN_NS),
+        literal(GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK),
+    )
     branches = [
         "client = 0",
         "NULL",
-        f"{first} IS NOT NULL",
-        f"{first} - starts[client]",
+        f"mapContains(client_ints, {first})",
+        f"client_ints[{first}] - c_lo",
         "first_token_events[client] IS NOT NULL",
-        "first_token_events[client] - starts[client]",
+        "first_token_events[client] - c_lo",
     ]
-    for s in ("client", "client1", "client2"):
-        chunk = num(f"{s}_attrs[{literal(GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK)}]")
+    for span in ("client", "client1", "client2"):
         branches += [
-            f"{s} != 0 AND {chunk} IS NOT NULL",
-            f"starts[{s}] + {s2ns(chunk)} - starts[client]",
+            f"{span} != 0 AND mapContains(numbers[{span}], {chunk})",
+            f"starts[{span}] + {s2ns(f'numbers[{span}][{chunk}]')} - c_lo",
         ]
     return "multiIf(" + ", ".join(branches) + ", NULL)"
 
@@ -251,7 +308,7 @@ def _client_ttft() -> str:
 def _gpu_spans() -> str:
     """gpu_<phase>: the request's last phase span of that bucket with a GPU figure (0: none)."""
     return ",\n        ".join(
-        f"arrayLast(j -> 1, arraySort(j -> (starts[j], ids[j]), arrayFilter(j -> "
+        f"arrayLast(j -> 1, arraySort(j -> span_rank[j], arrayFilter(j -> "
         f"gpu_phases[j] AND buckets[j] = {literal(phase)}, my_phases))) AS gpu_{phase}"
         for phase in GPU_PHASES
     )
@@ -259,13 +316,18 @@ def _gpu_spans() -> str:
 
 def _gpu_map() -> str:
     """The Gpu column: '<phase>.<figure>' -> value for the figures those spans have."""
-    pairs = ", ".join(
-        f"({literal(f'{phase}.{name}')}, {num(f'attributes[gpu_{phase}][{literal(key)}]')})"
-        for phase in GPU_PHASES
-        for key, name in GPU_KEYS.items()
+    names, values = [], []
+    for phase in GPU_PHASES:
+        for key, name in GPU_KEYS.items():
+            k = literal(key)
+            names.append(literal(f"{phase}.{name}"))
+            values.append(
+                f"if(mapContains(numbers[gpu_{phase}], {k}), numbers[gpu_{phase}][{k}], NULL)"
+            )
+    return (
+        f"mapFilter((k, v) -> v IS NOT NULL, "
+        f"mapFromArrays([{', '.join(names)}], [{', '.join(values)}]))"
     )
-    kept = f"arrayFilter(p -> p.2 IS NOT NULL, [{pairs}])"
-    return f"mapFromArrays(arrayMap(p -> p.1, {kept}), arrayMap(p -> assumeNotNull(p.2), {kept}))"
 
 
 def _bucket_sums() -> str:
@@ -318,14 +380,20 @@ def _dedup_columns() -> str:
     )
 
 
+def _keys(keys: tuple[str, ...]) -> str:
+    return "[" + ", ".join(literal(k) for k in keys) + "]"
+
+
 def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
-    has_latency = " OR ".join(f"{num(f'attrs[{literal(k)}]')} IS NOT NULL" for k in LATENCY_KEYS)
-    ancestry, last_ancestry, last_up = _ancestry()
     return {
         "SPANS_TABLE": spans_table,
         "SPAN_BOUNDS": span_bounds,
         "DEDUP_COLUMNS": _dedup_columns(),
-        "READ_KEYS": "(" + ", ".join(literal(k) for k in READ_KEYS) + ")",
+        "STRING_KEYS": "(" + ", ".join(literal(k) for k in STRING_KEYS) + ")",
+        "FLOAT_KEYS": "(" + ", ".join(literal(k) for k in FLOAT_KEYS) + ")",
+        "INT_KEYS": "(" + ", ".join(literal(k) for k in INT_KEYS) + ")",
+        "LATENCY_KEYS": _keys(LATENCY_KEYS),
+        "GPU_KEYS": _keys(tuple(GPU_KEYS)),
         "KIND": (
             f"transform(SpanKind, {_array(list(SpanKind.LEGACY))}, "
             f"{_array(list(SpanKind.LEGACY.values()))}, SpanKind)"
@@ -344,10 +412,6 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
             f"transform(SpanName, {_array(list(SGLANG_STAGES))}, "
             f"{_array(list(SGLANG_STAGES.values()))}, '')"
         ),
-        "HAS_LATENCY": f"({has_latency})",
-        "HAS_GPU": "("
-        + " OR ".join(f"{num(f'attrs[{literal(k)}]')} IS NOT NULL" for k in GPU_KEYS)
-        + ")",
         "GPU_PHASES": "(" + ", ".join(literal(p) for p in GPU_PHASES) + ")",
         "Q_KEY": literal(VllmAttributes.TIME_IN_QUEUE),
         "TTFT_KEY": literal(VllmAttributes.TIME_TO_FIRST_TOKEN),
@@ -355,8 +419,8 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
         "DECODE_KEY": literal(VllmAttributes.TIME_IN_MODEL_DECODE),
         "E2E_KEY": literal(VllmAttributes.E2E),
         "OPERATION_KEY": literal(GenAIAttributes.OPERATION_NAME),
-        "OUTPUT_KEY": literal(GenAIAttributes.USAGE_OUTPUT_TOKENS),
-        "COMPLETION_KEY": literal(GenAIAttributes.USAGE_COMPLETION_TOKENS),
+        "OUTPUT_KEY": literal(OUTPUT),
+        "COMPLETION_KEY": literal(COMPLETION),
         "FIRST_TOKEN_EVENT": literal(LatscopeAttributes.FIRST_TOKEN_EVENT),
         "LAST_BYTE_KEY": literal(ClientAttributes.LAST_BYTE_NS),
         "OFFSETS_KEY": literal(LatscopeAttributes.TOKEN_OFFSETS_US),
@@ -364,15 +428,14 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
         "INT_ARRAY": literal(INT_ARRAY.pattern),
         "MAX_ANCESTRY": str(MAX_ANCESTRY),
         "MAX_PHASE_DEPTH": str(MAX_PHASE_DEPTH),
-        "ANCESTRY": ancestry,
-        "LAST_ANCESTRY": last_ancestry,
-        "LAST_UP": last_up,
+        "ANCESTRY": _ancestry(),
+        "LAST_ANCESTRY": "anc_far",
         "OTHER_RANK": str(OTHER_RANK),
         "NETWORK_RANK": str(NETWORK_RANK),
         "BUCKET_SUMS": _bucket_sums(),
         "BUCKET_COLUMNS": _bucket_columns(),
-        "MERGED_ATTRIBUTES": _merged_attributes(),
-        "CLIENT_OUTPUT": _client_output(),
+        "PICKED_SPANS": _picked_spans(),
+        "MERGED_VALUES": _merged_values(),
         "CLIENT_TTFT": _client_ttft(),
         "MAX_TOKENS": str(MAX_TOKENS),
         "GPU_MAP": _gpu_map(),
@@ -386,7 +449,7 @@ _MACROS: dict[str, Callable[..., str]] = {
     "S2NS": s2ns,
     "RANK": rank,
     "QUANTILE": quantile,
-    "TOKENS": tokens,
+    "TOKENS": lambda m, a, b: tokens(m, a, m, b),
     "SYNTHETIC": _synthetic,
     "NULLABLE_ARRAY": nullable_array,
 }
