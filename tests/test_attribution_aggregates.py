@@ -12,7 +12,7 @@ import pytest
 from latscope.attribution import aggregates as ag
 from latscope.attribution import rollups
 from latscope.attribution.frames import to_table
-from latscope.attribution.table import ATTRIBUTION_SCHEMA, BUCKET_COLUMNS
+from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
 from latscope.storage import ATTRIBUTION_TABLE, Store
 from tests.test_attribution_attributor import shared_store
