@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
+
 from latscope.attribution.model import SpanRecord
 from latscope.attribution.queries import TRACE_SPANS
 from latscope.semconv import SpanKind, StatusCode
 from latscope.storage import Store
+
+
+def normalized(spans: Iterable[SpanRecord]) -> list[SpanRecord]:
+    """Spans with kinds and status codes in older exporters' spellings (``SPAN_KIND_SERVER``,
+    ``STATUS_CODE_ERROR``) read as the current ones."""
+    return [
+        replace(s, kind=SpanKind.normalize(s.kind), status=StatusCode.normalize(s.status))
+        for s in spans
+    ]
 
 
 def load_trace(store: Store, trace_id: str) -> list[SpanRecord]:

@@ -41,6 +41,7 @@ class TraceBuilder:
         status: str = "Unset",
         ns: bool = False,
         resource: dict[str, str] | None = None,
+        name: str | None = None,
     ) -> str:
         span_id = f"{next(self._ids):016x}"
         scale = 1 if ns else MS
@@ -49,7 +50,7 @@ class TraceBuilder:
             SpanRecord(
                 span_id=span_id,
                 parent_span_id=parent,
-                name=kind.lower(),
+                name=name or kind.lower(),
                 kind=kind,
                 service=service,
                 start_ns=s,
@@ -132,16 +133,24 @@ _COUNTER = itertools.count()
 
 
 def sql_check(
-    store: Store, traces: dict[str, list[SpanRecord]], **kw: Any
+    store: Store,
+    traces: dict[str, list[SpanRecord]],
+    *,
+    reference: dict[str, list[SpanRecord]] | None = None,
+    **kw: Any,
 ) -> dict[str, list[RequestAttribution]]:
     """The reference results of these traces, after checking the SQL attributor writes the same
-    rows for them (stored under fresh trace ids so tests never see each other's spans)."""
+    rows for them (stored under fresh trace ids so tests never see each other's spans).
+    ``reference``: the spans the reference engine reads, when they differ from those stored
+    (older exporters' spellings, which the loader normalizes)."""
     run = next(_COUNTER)
     renamed = {f"{run:08x}{i:024x}": (t, spans) for i, (t, spans) in enumerate(traces.items())}
     store.insert_arrow(SPANS_TABLE, spans_table({k: v[1] for k, v in renamed.items()}))
     got = sql_rows(store, list(renamed), **kw)
     out: dict[str, list[RequestAttribution]] = {}
     for stored_id, (trace_id, spans) in renamed.items():
+        if reference is not None:
+            spans = reference[trace_id]
         oracle = attribute_requests(stored_id, spans, **kw)
         mine = sorted(
             (r for r in got if r["TraceId"] == stored_id), key=lambda r: r["RequestSpanId"]
