@@ -32,6 +32,8 @@ METRICS_TABLE = "latscope_metrics"
 SCHEMA_VERSION_TABLE = "latscope_schema_version"
 
 _DDL_FILE = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
+#: Attribute column types latscope reads: a map of strings (keys may be LowCardinality).
+_STRING_MAP = re.compile(r"^Map\((LowCardinality\()?String\)?, String\)$")
 
 
 class StoreError(Exception):
@@ -136,8 +138,10 @@ class Store:
         """Apply every DDL file newer than the recorded version; returns the version now in force.
 
         Every statement is ``IF NOT EXISTS``, so running this twice, or from two processes at
-        once, is harmless.
+        once, is harmless. A spans table that exists with another attribute layout is refused
+        (``check_spans_layout``) before anything is changed.
         """
+        self.check_spans_layout()
         current = self.schema_version()
         for ddl in ddl_files():
             if ddl.version <= current:
@@ -151,6 +155,29 @@ class Store:
             log.info("applied schema %s", ddl.name)
             current = ddl.version
         return current
+
+    def check_spans_layout(self) -> None:
+        """Refuse a spans table whose attribute columns are not string maps.
+
+        The OpenTelemetry Collector's ClickHouse exporter can also write attributes as
+        ClickHouse ``JSON`` columns (its ``json`` option); latscope reads attributes as
+        ``Map(String, String)`` values, and on such a table every lookup would find nothing and
+        every request would be attributed wrongly, so it stops with the reason instead.
+        """
+        rows = self.query_rows(
+            "SELECT name, type FROM system.columns WHERE database = currentDatabase() "
+            "AND table = {table:String} AND name IN ('SpanAttributes', 'ResourceAttributes')",
+            {"table": SPANS_TABLE},
+        )
+        for name, type_ in rows:
+            if not _STRING_MAP.match(type_):
+                raise StoreError(
+                    f"table {SPANS_TABLE}: column {name} is {type_}, but latscope reads span and "
+                    "resource attributes as Map(String, String) (the OpenTelemetry Collector "
+                    "ClickHouse exporter's default layout; its json option writes JSON columns "
+                    "instead). Point latscope at a database without this table, or have the "
+                    "exporter write the map layout."
+                )
 
     # -- reads and writes ----------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-from latscope.attribution import attribute_trace, load_trace
+from latscope.attribution import attribute_requests, load_trace
 from latscope.semconv import GenAIAttributes, HttpAttributes, LatscopeAttributes, Phase
 from latscope.storage import ATTRIBUTION_TABLE, METRICS_TABLE, SPANS_TABLE, Store
 from tests.conftest import release_embedded_store, start_serve
@@ -190,15 +190,18 @@ def attribution_rows(store: Store) -> pa.Table:
     }
     trace_ids = [r[0] for r in store.query_rows(f"SELECT DISTINCT TraceId FROM {SPANS_TABLE}")]
     rows = []
-    for trace_id in sorted(trace_ids):
-        result = attribute_trace(trace_id, load_trace(store, trace_id))
-        if result is None:
-            continue
+    results = [
+        result
+        for trace_id in sorted(trace_ids)
+        for result in attribute_requests(trace_id, load_trace(store, trace_id))
+    ]
+    for result in results:
         b = result.buckets_ns
         rows.append(
             {
                 "Timestamp": result.start_ns,
                 "TraceId": result.trace_id,
+                "RequestSpanId": result.request_span_id,
                 "ServiceName": result.service,
                 "Model": result.model,
                 "Operation": result.operation,
@@ -233,7 +236,15 @@ def attribution_rows(store: Store) -> pa.Table:
                 "Version": 1,
             }
         )
-    strings = ("TraceId", "ServiceName", "Model", "Operation", "Route", "StatusCode")
+    strings = (
+        "TraceId",
+        "RequestSpanId",
+        "ServiceName",
+        "Model",
+        "Operation",
+        "Route",
+        "StatusCode",
+    )
     floats = ("TpotNs", "ItlP50Ns", "ItlP99Ns", "ItlMaxNs")
     types = {
         "Timestamp": pa.timestamp("ns"),

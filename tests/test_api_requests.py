@@ -94,7 +94,7 @@ def test_spans_of_a_trace(served) -> None:
 @pytest.mark.parametrize(
     ("path", "params", "status", "error"),
     [
-        ("/v1/requests/not-a-trace/attribution", {}, 400, "invalid_trace_id"),
+        ("/v1/requests/not-a-trace/attribution", {}, 400, "invalid_request_id"),
         ("/v1/requests/" + "ab" * 16 + "/attribution", {}, 404, "trace_not_found"),
         ("/v1/requests/" + "ab" * 16, {}, 404, "trace_not_found"),
         ("/v1/traces/" + "cd" * 16 + "/spans", {}, 404, "trace_not_found"),

@@ -15,7 +15,9 @@ from latscope.attribution import rollups
 from latscope.attribution.rollups import HOUR_NS, Rollups
 from latscope.storage import SCHEMA_VERSION_TABLE, Store, ddl_files
 from tests.conftest import release_embedded_store
-from tests.test_attribution_aggregates import insert, make_rows
+from latscope.attribution.frames import to_table
+from latscope.storage import ATTRIBUTION_TABLE
+from tests.test_attribution_aggregates import make_rows
 from tests.test_attribution_rollups import check_against, close
 
 H = HOUR_NS
@@ -40,6 +42,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         yield store
     finally:
         store.close()
+
+
+def insert(store: Store, df: pl.DataFrame) -> None:
+    """Rows as an attributor before 005 wrote them: without the per-call columns."""
+    store.insert_arrow(ATTRIBUTION_TABLE, to_table(df).drop_columns(["RequestSpanId", "Provider"]))
 
 
 def usable(store: Store) -> list[int]:

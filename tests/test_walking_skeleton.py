@@ -156,7 +156,7 @@ def test_unknown_trace_is_404_json(serve: Server) -> None:
 def test_malformed_trace_id_is_400_json(serve: Server) -> None:
     response = httpx.get(serve.url("/v1/requests/not-a-trace/attribution"), timeout=10)
     assert response.status_code == 400
-    assert response.json()["error"] == "invalid_trace_id"
+    assert response.json()["error"] == "invalid_request_id"
 
 
 def test_sigterm_keeps_every_acknowledged_span(tmp_path) -> None:

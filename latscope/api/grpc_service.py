@@ -52,6 +52,7 @@ def attribution_dict(message: query_pb2.RequestAttribution) -> dict[str, Any]:
 
     return {
         "trace_id": message.trace_id,
+        "request_id": message.request_id,
         "service": message.service,
         "model": message.model,
         "start_unix_nano": message.start_unix_nano,
@@ -74,6 +75,7 @@ def attribution_dict(message: query_pb2.RequestAttribution) -> dict[str, Any]:
         "output_tokens": opt(message, "output_tokens"),
         "clock_skew_ms": message.clock_skew_ms,
         "attempts": message.attempts,
+        "client_headers_only": message.client_headers_only,
         "gpu": {phase: dict(g.figures) for phase, g in message.gpu.items()},
     }
 

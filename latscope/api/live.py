@@ -101,8 +101,10 @@ def row_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
         gpu.setdefault(phase, {})[name or phase] = float(value)
     start = row.get("Timestamp")
     start_ns = int(start.timestamp() * 1e9) if hasattr(start, "timestamp") else int(start or 0)
+    trace_id = row.get("TraceId", "")
     return {
-        "trace_id": row.get("TraceId", ""),
+        "trace_id": trace_id,
+        "request_id": f"{trace_id}-{row.get('RequestSpanId', '')}",
         "service": row.get("ServiceName", ""),
         "model": row.get("Model", ""),
         "start_unix_nano": start_ns,

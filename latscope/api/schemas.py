@@ -37,6 +37,7 @@ class Itl(BaseModel):
 
 ATTRIBUTION_EXAMPLE = {
     "trace_id": TRACE_ID_EXAMPLE,
+    "request_id": TRACE_ID_EXAMPLE + "-00f067aa0ba902b7",
     "service": "llm-server",
     "model": "llama-3-8b",
     "e2e_ms": 1000.0,
@@ -58,6 +59,7 @@ ATTRIBUTION_EXAMPLE = {
     "output_tokens": 26,
     "clock_skew_ms": 0.0,
     "attempts": 1,
+    "client_headers_only": False,
     "gpu": {"prefill": {"utilization_mean": 93.0, "energy_mj": 41000.0}},
 }
 
@@ -68,6 +70,10 @@ class Attribution(BaseModel):
     model_config = _example(ATTRIBUTION_EXAMPLE)
 
     trace_id: str
+    request_id: str = Field(
+        description="the call's id: the trace id and its client span's id (else its server "
+        "span's), as /v1/requests/{id} takes it"
+    )
     service: str
     model: str
     e2e_ms: float
@@ -81,6 +87,12 @@ class Attribution(BaseModel):
     output_tokens: int | None
     clock_skew_ms: float = Field(description="how far the server clock runs ahead of the client's")
     attempts: int = 1
+    client_headers_only: bool = Field(
+        default=False,
+        description="the client span ended at the response headers (upstream HTTP "
+        "instrumentation of a stream): the call was extended to the server's end plus the "
+        "estimated return leg",
+    )
     gpu: dict[str, dict[str, float]] = Field(description="per phase: NVML figures")
 
 
@@ -96,6 +108,9 @@ class Span(BaseModel):
     kind: str
     service: str
     phase: str | None
+    request_id: str | None = Field(
+        default=None, description="the call this span is the client (or lone server) span of"
+    )
     start_ms: float = Field(description="offset from the request's start, on the client's clock")
     duration_ms: float
     depth: int
@@ -162,9 +177,13 @@ TOKENS_EXAMPLE = {
 
 
 class RequestTokens(TokenTimeline):
-    model_config = _example({"trace_id": TRACE_ID_EXAMPLE, **TOKENS_EXAMPLE})
+    model_config = _example(
+        {"trace_id": TRACE_ID_EXAMPLE, "request_id": TRACE_ID_EXAMPLE + "-00f067aa0ba902b7",
+         **TOKENS_EXAMPLE}
+    )  # fmt: skip
 
     trace_id: str
+    request_id: str
 
 
 class Explain(BaseModel):

@@ -23,10 +23,13 @@ from latscope.storage import Store, StoreError
 #: query name -> (REST path, "module:function" answering it over a store).
 QUERIES: dict[str, tuple[str, str]] = {
     "attribution": (
-        "/v1/requests/{trace_id}/attribution",
+        "/v1/requests/{request_id}/attribution",
         "latscope.api.trace:request_attribution",
     ),
-    "explain": ("/v1/requests/{trace_id}", "latscope.api.trace:explain"),
+    "explain": ("/v1/requests/{request_id}", "latscope.api.trace:explain"),
+    "trace": ("/v1/traces/{trace_id}", "latscope.api.trace:trace_explain"),
+    "trace_requests": ("/v1/traces/{trace_id}/requests", "latscope.api.trace:trace_requests"),
+    "run": ("/v1/traces/{trace_id}/run", "latscope.api.trace:trace_run"),
     "spans": ("/v1/traces/{trace_id}/spans", "latscope.api.trace:trace_spans"),
     "summary": ("/v1/attribution/summary", "latscope.api.aggregates:summary"),
     "tail": ("/v1/attribution/tail", "latscope.api.aggregates:tail"),

@@ -67,7 +67,7 @@ def render(body: dict[str, Any]) -> None:
 def main(args: argparse.Namespace) -> int:
     def body(source: Source) -> int:
         with r.progress(f"explaining {args.trace_id}"):
-            answer = source.query("explain", trace_id=args.trace_id, stall_ms=args.stall_ms)
+            answer = source.query("explain", request_id=args.trace_id, stall_ms=args.stall_ms)
         if args.json:
             r.print_json(answer)
         else:
