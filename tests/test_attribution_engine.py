@@ -19,6 +19,7 @@ def _sql(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     yield
     check_sql_with(None)
 
+
 EXPECTED_MS = {
     "network": 80,
     "queue": 100,

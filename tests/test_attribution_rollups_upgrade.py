@@ -12,11 +12,10 @@ import pytest
 
 from latscope.attribution import aggregates as ag
 from latscope.attribution import rollups
-from latscope.attribution.rollups import HOUR_NS, Rollups
-from latscope.storage import SCHEMA_VERSION_TABLE, Store, ddl_files
-from tests.conftest import release_embedded_store
 from latscope.attribution.frames import to_table
-from latscope.storage import ATTRIBUTION_TABLE
+from latscope.attribution.rollups import HOUR_NS, Rollups
+from latscope.storage import ATTRIBUTION_TABLE, SCHEMA_VERSION_TABLE, Store, ddl_files
+from tests.conftest import release_embedded_store
 from tests.test_attribution_aggregates import make_rows
 from tests.test_attribution_rollups import check_against, close
 
