@@ -61,6 +61,10 @@ class Options:
     disabled: bool = False
     clock: Callable[[], int] | None = None
     max_tokens_per_span: int = 16384
+    metrics: bool = True
+    """The GenAI semantic conventions' histograms (``gen_ai.server.*``, ``gen_ai.client.*``)."""
+    metrics_interval_s: float = 60.0
+    """How often the metrics are exported (``OTEL_METRIC_EXPORT_INTERVAL``, in ms there)."""
 
 
 def _truthy(value: str) -> bool:
@@ -118,4 +122,10 @@ def from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         out["gpu_sample_hz"] = float(v)
     if v := first("LATSCOPE_GPU_DEVICES", "CUDA_VISIBLE_DEVICES"):
         out["gpu_devices"] = parse_devices(v)
+    if v := first("LATSCOPE_METRICS"):
+        out["metrics"] = _truthy(v)
+    elif (v := first("OTEL_METRICS_EXPORTER")) and v.lower() == "none":
+        out["metrics"] = False
+    if v := first("OTEL_METRIC_EXPORT_INTERVAL"):
+        out["metrics_interval_s"] = float(v) / 1000
     return out

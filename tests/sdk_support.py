@@ -53,6 +53,7 @@ def capture(**kwargs: Any) -> Iterator[Capture]:
     exporter = InMemorySpanExporter()
     kwargs.setdefault("gpu", False)
     kwargs.setdefault("service_name", "test-svc")
+    kwargs.setdefault("metrics", False)  # tests of the metrics turn them on with an exporter
     sdk.configure(span_exporter=exporter, **kwargs)
     try:
         yield Capture(exporter)

@@ -72,9 +72,9 @@ def test_configure_twice_replaces_and_keeps_working() -> None:
         return 1
 
     try:
-        sdk.configure(service_name="one", span_exporter=first, gpu=False)
+        sdk.configure(service_name="one", span_exporter=first, gpu=False, metrics=False)
         handle()
-        sdk.configure(service_name="two", span_exporter=second, gpu=False)
+        sdk.configure(service_name="two", span_exporter=second, gpu=False, metrics=False)
         handle()
     finally:
         sdk.shutdown()
