@@ -23,7 +23,7 @@ _seen: set[str] = set()
 faults: dict[str, int] = {}
 
 
-class handle_internal_errors:  # noqa: N801 - used as a context manager, like contextlib's
+class handle_internal_errors:
     """Context manager: count, log once and swallow an ``Exception`` raised by SDK internals.
 
     Instances hold only the site name, so hot paths build theirs once and reuse them (also from

@@ -2,8 +2,9 @@
 
 Server (per ``@inference`` call): ``gen_ai.server.request.duration``, and for successful
 responses that produced tokens ``gen_ai.server.time_to_first_token`` and
-``gen_ai.server.time_per_output_token``. Client (per GenAI call): ``gen_ai.client.operation.duration``
-and, when the token counts are known, ``gen_ai.client.token.usage``. Bucket boundaries are the
+``gen_ai.server.time_per_output_token``. Client (per GenAI call):
+``gen_ai.client.operation.duration`` and, when the token counts are known,
+``gen_ai.client.token.usage``. Bucket boundaries are the
 conventions' advice, set with Views on latscope's own ``MeterProvider`` (Views exist in every
 OpenTelemetry SDK latscope supports; the instruments' advisory parameter came later).
 

@@ -9,6 +9,7 @@ lowest declared versions.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 from typing import Any
@@ -56,9 +57,8 @@ def detach(token: object) -> None:
     variable resets it (standard library only); any other runtime gets the public ``detach``.
     """
     if isinstance(token, contextvars.Token):
-        try:
+        # Another Context's token, or one already used: nothing of ours to restore there.
+        with contextlib.suppress(ValueError, RuntimeError):
             token.var.reset(token)
-        except (ValueError, RuntimeError):  # another Context's token, or already used: no-op
-            pass
         return
     otel_context.detach(token)  # type: ignore[arg-type]
