@@ -23,7 +23,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 
 from latscope.sdk import _guard
 from latscope.sdk._export import BoundedBatchProcessor
-from latscope.sdk._options import ExportOptions, GpuOptions, Options, from_env
+from latscope.sdk._options import (
+    ExportOptions,
+    GpuOptions,
+    Options,
+    from_env,
+)
 from latscope.semconv import ResourceAttributes
 
 logger = logging.getLogger("latscope.sdk")
@@ -149,6 +154,7 @@ def configure(
         token=merged.get("token", exp.token),
         headers=dict(merged.get("headers", exp.headers)),
         insecure=merged.get("insecure", exp.insecure),
+        certificate=merged.get("certificate", exp.certificate),
         timeout_s=merged.get("export_timeout_s", exp.timeout_s),
     )
     g = merged.get("gpu")
@@ -211,34 +217,9 @@ def configure(
 
 
 def _otlp_span_exporter(exp: ExportOptions) -> SpanExporter:
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from latscope.sdk._otlp import OtlpSpanExporter
 
-    endpoint, insecure = grpc_target(exp)
-    return OTLPSpanExporter(
-        endpoint=endpoint,
-        insecure=insecure,
-        headers=grpc_headers(exp),
-        timeout=exp.timeout_s,
-    )
-
-
-def grpc_target(exp: ExportOptions) -> tuple[str, bool]:
-    """(host:port, insecure) for the gRPC exporters."""
-    endpoint = exp.endpoint
-    insecure = exp.insecure
-    if "://" in endpoint:
-        scheme, _, rest = endpoint.partition("://")
-        if insecure is None:
-            insecure = scheme.lower() != "https"
-        endpoint = rest.rstrip("/")
-    return endpoint, True if insecure is None else insecure
-
-
-def grpc_headers(exp: ExportOptions) -> dict[str, str]:
-    headers = {k.lower(): v for k, v in exp.headers.items()}
-    if exp.token:
-        headers["authorization"] = f"Bearer {exp.token}"
-    return headers
+    return OtlpSpanExporter(exp)
 
 
 def _start_gpu(opts: Options, resource: Resource, metric_exporter: Any) -> Any:
@@ -263,12 +244,9 @@ def _start_metrics(opts: Options, resource: Resource, metric_exporter: Any) -> A
 
 
 def otlp_metric_exporter(exp: ExportOptions) -> Any:
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from latscope.sdk._otlp import OtlpMetricExporter
 
-    endpoint, insecure = grpc_target(exp)
-    return OTLPMetricExporter(
-        endpoint=endpoint, insecure=insecure, headers=grpc_headers(exp), timeout=exp.timeout_s
-    )
+    return OtlpMetricExporter(exp)
 
 
 def _register_atexit() -> None:

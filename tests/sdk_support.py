@@ -139,9 +139,10 @@ class MetricsCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
     def histograms(self, name: str) -> list[tuple[dict[str, Any], Any]]:
-        """(attributes, data point) of the latest export's points of metric ``name``."""
-        found: list[tuple[dict[str, Any], Any]] = []
-        for request in self.requests[-1:]:
+        """(attributes, data point) of metric ``name``: the latest point of each series
+        (cumulative points repeat at every export: a flush, then the shutdown)."""
+        found: dict[tuple, tuple[dict[str, Any], Any]] = {}
+        for request in self.requests:
             for rm in request.resource_metrics:
                 for sm in rm.scope_metrics:
                     for metric in sm.metrics:
@@ -151,8 +152,8 @@ class MetricsCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
                                     kv.key: getattr(kv.value, kv.value.WhichOneof("value"))
                                     for kv in p.attributes
                                 }
-                                found.append((attrs, p))
-        return found
+                                found[tuple(sorted(attrs.items()))] = (attrs, p)
+        return list(found.values())
 
     def names(self) -> set[str]:
         return {

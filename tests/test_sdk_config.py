@@ -9,8 +9,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from latscope import sdk
-from latscope.sdk._options import ExportOptions, from_env, parse_headers
-from latscope.sdk._runtime import RT, grpc_headers, grpc_target
+from latscope.sdk._options import ExportOptions, from_env, grpc_headers, grpc_target, parse_headers
+from latscope.sdk._runtime import RT
 from tests.sdk_support import capture, collector
 
 
