@@ -173,6 +173,13 @@ def main() -> None:
     parser.add_argument("--token-delay", type=float, default=0.002, help="seconds per token")
     args = parser.parse_args()
     sdk.configure(service_name="example-llm-server")  # OTEL_* / LATSCOPE_* pick the endpoint
+    endpoint = sdk._runtime.RT.options.export.endpoint
+    print(
+        f"example LLM server on http://{args.host}:{args.port}/v1 (OpenAI-style chat); spans go "
+        f"to {endpoint}. Try: python -m examples.client --base-url "
+        f"http://{args.host}:{args.port}/v1 'hello there'",
+        flush=True,
+    )
     uvicorn.run(create_app(args.token_delay), host=args.host, port=args.port, log_level="warning")
 
 
