@@ -188,7 +188,7 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
 
     @router.post("/v1/metrics", response_class=Response)
     async def metrics(request: Request) -> Response:
-        """OTLP/HTTP metrics Export: gauge and sum points are stored."""
+        """OTLP/HTTP metrics Export: gauges, sums and (exponential) histograms are stored."""
         from starlette.concurrency import run_in_threadpool
 
         body = await _body(request)

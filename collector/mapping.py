@@ -17,6 +17,7 @@ values), and validation runs in the same pass, so a span is touched once.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import math
 from collections.abc import Iterable
@@ -80,8 +81,64 @@ METRICS_SCHEMA = pa.schema(
         ("Value", pa.float64()),
         ("Attributes", _MAP),
         ("ResourceAttributes", _MAP),
+        ("StartTimeUnix", _TS),
+        ("AggregationTemporality", pa.int32()),
+        ("IsMonotonic", pa.bool_()),
     ]
 )
+
+#: Tables of the histogram kinds (deploy/clickhouse/006_metrics_histograms.sql).
+HISTOGRAM_TABLE = "latscope_metrics_histogram"
+EXPONENTIAL_HISTOGRAM_TABLE = "latscope_metrics_exponential_histogram"
+
+_DISTRIBUTION_HEAD = [
+    ("Timestamp", _TS),
+    ("StartTimeUnix", _TS),
+    ("ServiceName", pa.string()),
+    ("MetricName", pa.string()),
+    ("MetricDescription", pa.string()),
+    ("Unit", pa.string()),
+    ("Attributes", _MAP),
+    ("ResourceAttributes", _MAP),
+    ("ScopeName", pa.string()),
+    ("ScopeVersion", pa.string()),
+    ("Count", pa.uint64()),
+    ("Sum", pa.float64()),
+    ("Min", pa.float64()),
+    ("Max", pa.float64()),
+]
+_DISTRIBUTION_TAIL = [
+    ("Exemplars.Timestamp", pa.list_(_TS)),
+    ("Exemplars.Value", pa.list_(pa.float64())),
+    ("Exemplars.TraceId", pa.list_(pa.string())),
+    ("Exemplars.SpanId", pa.list_(pa.string())),
+    ("Exemplars.FilteredAttributes", pa.list_(_MAP)),
+    ("Flags", pa.uint32()),
+    ("AggregationTemporality", pa.int32()),
+]
+HISTOGRAM_SCHEMA = pa.schema(
+    [
+        *_DISTRIBUTION_HEAD,
+        ("BucketCounts", pa.list_(pa.uint64())),
+        ("ExplicitBounds", pa.list_(pa.float64())),
+        *_DISTRIBUTION_TAIL,
+    ]
+)
+EXPONENTIAL_HISTOGRAM_SCHEMA = pa.schema(
+    [
+        *_DISTRIBUTION_HEAD,
+        ("Scale", pa.int32()),
+        ("ZeroCount", pa.uint64()),
+        ("ZeroThreshold", pa.float64()),
+        ("PositiveOffset", pa.int32()),
+        ("PositiveBucketCounts", pa.list_(pa.uint64())),
+        ("NegativeOffset", pa.int32()),
+        ("NegativeBucketCounts", pa.list_(pa.uint64())),
+        *_DISTRIBUTION_TAIL,
+    ]
+)
+#: The range of ``scale`` the OTLP data model allows for exponential histograms.
+_MIN_SCALE, _MAX_SCALE = -10, 20
 
 SPAN_KINDS = (
     "Unspecified",  # Span.SPAN_KIND_UNSPECIFIED
@@ -583,7 +640,9 @@ def table_from_buffers(rows: int, buffers: tuple[Any, ...]) -> pa.Table:
 
 @dataclass
 class MetricColumns:
-    """Gauge and sum data points as metrics-table columns; other metric types are counted."""
+    """OTLP metric data points as columns of the three metric tables: gauges and sums
+    (``latscope_metrics``), histograms and exponential histograms (one table each). Summaries,
+    which the OTLP spec keeps for legacy sources only, are rejected with a reason."""
 
     limits: Limits = field(default_factory=Limits)
     rows: int = 0
@@ -597,8 +656,13 @@ class MetricColumns:
         self.kind: list[str] = []
         self.unit: list[str] = []
         self.value: list[float] = []
+        self.start: list[int] = []
+        self.temporality: list[int] = []
+        self.monotonic: list[bool] = []
         self.attributes = _MapColumn()
         self.resource = _MapColumn()
+        self.histograms = _DistributionRows(HISTOGRAM_SCHEMA, self.limits)
+        self.exponential = _DistributionRows(EXPONENTIAL_HISTOGRAM_SCHEMA, self.limits)
 
     def _reject(self, count: int, problem: str) -> None:
         self.rejected += count
@@ -618,47 +682,67 @@ class MetricColumns:
             for sm in rm.scope_metrics:
                 for metric in sm.metrics:
                     kind = metric.WhichOneof("data")
-                    if kind == "gauge":
-                        points = metric.gauge.data_points
-                    elif kind == "sum":
-                        points = metric.sum.data_points
-                    else:
-                        # Histograms and summaries have no place in this table yet; saying so
-                        # beats storing them wrong.
+                    if kind not in ("gauge", "sum", "histogram", "exponential_histogram"):
+                        # Summaries (legacy Prometheus/statsd quantiles) cannot be merged or
+                        # re-aggregated; saying so beats storing them wrong.
                         count = len(getattr(metric, kind).data_points) if kind else 0
                         self._reject(
                             count, f"metric {metric.name[:64]!r}: type {kind} is not stored"
                         )
                         continue
+                    data = getattr(metric, kind)
                     if problem is not None:
-                        self._reject(len(points), f"resource: {problem}")
+                        self._reject(len(data.data_points), f"resource: {problem}")
                         continue
-                    for p in points:
-                        k: list[str] = []
-                        v: list[str] = []
-                        point_problem = _render(k, v, p.attributes, limits)
-                        if point_problem is not None:
-                            self._reject(1, f"metric {metric.name[:64]!r}: {point_problem}")
-                            continue
-                        which = p.WhichOneof("value")
-                        if which == "as_int":
-                            value = float(p.as_int)
-                        elif which == "as_double":
-                            value = p.as_double
-                        else:
-                            self._reject(1, f"metric {metric.name[:64]!r}: data point has no value")
-                            continue
-                        self.attributes.add(*_dedup(k, v))
-                        self.resource.add(rkeys, rvalues)
-                        self.time.append(p.time_unix_nano)
-                        self.service.append(service)
-                        self.name.append(metric.name)
-                        self.kind.append(kind)
-                        self.unit.append(metric.unit)
-                        self.value.append(value)
-                        self.rows += 1
+                    if kind in ("gauge", "sum"):
+                        self._add_points(metric, kind, data, service, rkeys, rvalues)
+                    else:
+                        rows = self.histograms if kind == "histogram" else self.exponential
+                        for p in data.data_points:
+                            why = rows.add(metric, sm.scope, data, p, service, rkeys, rvalues)
+                            if why is None:
+                                self.rows += 1
+                            else:
+                                self._reject(1, f"metric {metric.name[:64]!r}: {why}")
+
+    def _add_points(
+        self, metric: Any, kind: str, data: Any, service: str, rkeys: list[str], rvalues: list[str]
+    ) -> None:
+        temporality = data.aggregation_temporality if kind == "sum" else 0
+        monotonic = data.is_monotonic if kind == "sum" else False
+        for p in data.data_points:
+            k: list[str] = []
+            v: list[str] = []
+            point_problem = _render(k, v, p.attributes, self.limits)
+            if point_problem is not None:
+                self._reject(1, f"metric {metric.name[:64]!r}: {point_problem}")
+                continue
+            which = p.WhichOneof("value")
+            if which == "as_int":
+                value = float(p.as_int)
+            elif which == "as_double":
+                value = p.as_double
+            else:
+                self._reject(1, f"metric {metric.name[:64]!r}: data point has no value")
+                continue
+            if p.time_unix_nano > _MAX_TIME or p.start_time_unix_nano > _MAX_TIME:
+                self._reject(1, f"metric {metric.name[:64]!r}: time {_TIME_PROBLEM}")
+                continue
+            self.attributes.add(*_dedup(k, v))
+            self.resource.add(rkeys, rvalues)
+            self.time.append(p.time_unix_nano)
+            self.service.append(service)
+            self.name.append(metric.name)
+            self.kind.append(kind)
+            self.unit.append(metric.unit)
+            self.value.append(value)
+            self.start.append(p.start_time_unix_nano)
+            self.temporality.append(temporality)
+            self.monotonic.append(monotonic)
+            self.rows += 1
 
     def table(self) -> pa.Table:
+        """The gauge and sum points (``latscope_metrics``)."""
         s = pa.string()
         arrays = [
             pa.array(self.time, _TS),
@@ -669,11 +753,158 @@ class MetricColumns:
             pa.array(self.value, pa.float64()),
             self.attributes.array(),
             self.resource.array(),
+            pa.array(self.start, _TS),
+            pa.array(self.temporality, pa.int32()),
+            pa.array(self.monotonic, pa.bool_()),
         ]
         return pa.Table.from_arrays(arrays, schema=METRICS_SCHEMA)
 
+    def histogram_tables(self) -> dict[str, pa.Table]:
+        """The histogram kinds' tables that have rows, by table name."""
+        out = {}
+        if self.histograms.rows:
+            out[HISTOGRAM_TABLE] = self.histograms.table()
+        if self.exponential.rows:
+            out[EXPONENTIAL_HISTOGRAM_TABLE] = self.exponential.table()
+        return out
+
+
+class _DistributionRows:
+    """Histogram or exponential-histogram data points as rows of one table (low volume: one
+    point per series per export interval, so plain lists of Python values are fine)."""
+
+    def __init__(self, schema: pa.Schema, limits: Limits) -> None:
+        self.schema = schema
+        self.limits = limits
+        self.explicit = schema is HISTOGRAM_SCHEMA
+        self.columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+        self.rows = 0
+
+    def add(
+        self,
+        metric: Any,
+        scope: Any,
+        data: Any,
+        p: Any,
+        service: str,
+        rkeys: list[str],
+        rvalues: list[str],
+    ) -> str | None:
+        """Append one data point; returns why it cannot be stored instead, or None."""
+        limits = self.limits
+        keys: list[str] = []
+        values: list[str] = []
+        problem = _render(keys, values, p.attributes, limits)
+        if problem is not None:
+            return problem
+        if p.time_unix_nano > _MAX_TIME or p.start_time_unix_nano > _MAX_TIME:
+            return f"time {_TIME_PROBLEM}"
+        problem = self._check_explicit(p) if self.explicit else self._check_exponential(p)
+        if problem is not None:
+            return problem
+        exemplars = _exemplars(p.exemplars, limits)
+        if isinstance(exemplars, str):
+            return exemplars
+        c = self.columns
+        c["Timestamp"].append(p.time_unix_nano)
+        c["StartTimeUnix"].append(p.start_time_unix_nano)
+        c["ServiceName"].append(service)
+        c["MetricName"].append(metric.name)
+        c["MetricDescription"].append(metric.description)
+        c["Unit"].append(metric.unit)
+        c["Attributes"].append(list(zip(*_dedup(keys, values), strict=True)))
+        c["ResourceAttributes"].append(list(zip(rkeys, rvalues, strict=True)))
+        c["ScopeName"].append(scope.name)
+        c["ScopeVersion"].append(scope.version)
+        c["Count"].append(p.count)
+        c["Sum"].append(p.sum if p.HasField("sum") else None)
+        c["Min"].append(p.min if p.HasField("min") else None)
+        c["Max"].append(p.max if p.HasField("max") else None)
+        if self.explicit:
+            c["BucketCounts"].append(list(p.bucket_counts))
+            c["ExplicitBounds"].append(list(p.explicit_bounds))
+        else:
+            c["Scale"].append(p.scale)
+            c["ZeroCount"].append(p.zero_count)
+            c["ZeroThreshold"].append(p.zero_threshold)
+            c["PositiveOffset"].append(p.positive.offset)
+            c["PositiveBucketCounts"].append(list(p.positive.bucket_counts))
+            c["NegativeOffset"].append(p.negative.offset)
+            c["NegativeBucketCounts"].append(list(p.negative.bucket_counts))
+        for name, column in zip(_EXEMPLAR_COLUMNS, exemplars, strict=True):
+            c[name].append(column)
+        c["Flags"].append(p.flags)
+        c["AggregationTemporality"].append(data.aggregation_temporality)
+        self.rows += 1
+        return None
+
+    @staticmethod
+    def _check_explicit(p: Any) -> str | None:
+        bounds = p.explicit_bounds
+        counts = p.bucket_counts
+        if counts and len(counts) != len(bounds) + 1:
+            return (
+                f"{len(counts)} bucket counts for {len(bounds)} bounds "
+                "(OTLP needs one more count than bounds)"
+            )
+        if any(not a < b for a, b in itertools.pairwise(bounds)) or any(
+            math.isnan(b) for b in bounds
+        ):
+            return "explicit_bounds must be strictly increasing"
+        if counts and sum(counts) != p.count:
+            return f"count {p.count} is not the sum of the bucket counts ({sum(counts)})"
+        return None
+
+    @staticmethod
+    def _check_exponential(p: Any) -> str | None:
+        if not _MIN_SCALE <= p.scale <= _MAX_SCALE:
+            return f"scale {p.scale} is outside {_MIN_SCALE}..{_MAX_SCALE}"
+        total = p.zero_count + sum(p.positive.bucket_counts) + sum(p.negative.bucket_counts)
+        if total != p.count:
+            return f"count {p.count} is not the sum of the zero and bucket counts ({total})"
+        return None
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_pydict(self.columns, schema=self.schema)
+
+
+_EXEMPLAR_COLUMNS = (
+    "Exemplars.Timestamp",
+    "Exemplars.Value",
+    "Exemplars.TraceId",
+    "Exemplars.SpanId",
+    "Exemplars.FilteredAttributes",
+)
+
+
+def _exemplars(exemplars: Any, limits: Limits) -> tuple[list[Any], ...] | str:
+    """An exemplar links a bucket to the trace it was measured in (ids as lowercase hex)."""
+    times: list[int] = []
+    values: list[float] = []
+    traces: list[str] = []
+    spans: list[str] = []
+    attrs: list[list[tuple[str, str]]] = []
+    for e in exemplars:
+        keys: list[str] = []
+        vals: list[str] = []
+        problem = _render(keys, vals, e.filtered_attributes, limits)
+        if problem is not None:
+            return f"exemplar: {problem}"
+        if e.time_unix_nano > _MAX_TIME:
+            return f"exemplar time {_TIME_PROBLEM}"
+        times.append(e.time_unix_nano)
+        values.append(float(e.as_int) if e.WhichOneof("value") == "as_int" else e.as_double)
+        traces.append(e.trace_id.hex())
+        spans.append(e.span_id.hex())
+        attrs.append(list(zip(*_dedup(keys, vals), strict=True)))
+    return times, values, traces, spans, attrs
+
 
 __all__ = [
+    "EXPONENTIAL_HISTOGRAM_SCHEMA",
+    "EXPONENTIAL_HISTOGRAM_TABLE",
+    "HISTOGRAM_SCHEMA",
+    "HISTOGRAM_TABLE",
     "MAX_DECODED_BYTES",
     "METRICS_SCHEMA",
     "NATIVE",

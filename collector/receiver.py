@@ -16,6 +16,8 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
+from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import grpc
@@ -57,10 +59,17 @@ class Ingest:
     """Validate Exports and hand their rows to the writers; shared by gRPC and HTTP."""
 
     def __init__(
-        self, spans: JournalWriter, metrics: BatchWriter, limits: Limits, token: str = ""
+        self,
+        spans: JournalWriter,
+        metrics: BatchWriter,
+        limits: Limits,
+        token: str = "",
+        histograms: Mapping[str, BatchWriter] | None = None,
     ) -> None:
         self.spans = spans
         self.metrics = metrics
+        #: table name -> writer, for the histogram kinds (``mapping.HISTOGRAM_TABLE``, ...)
+        self.histograms = dict(histograms or {})
         self.limits = limits
         self.token = token
         # One Export is mapped at a time. The GIL serialises this work anyway, and letting a
@@ -102,13 +111,35 @@ class Ingest:
         return self._outcome(ticket, "traces", cols, "span")
 
     def export_metrics(self, request: metrics_service_pb2.ExportMetricsServiceRequest) -> Outcome:
-        with self.metrics.arriving():
+        """Store the valid data points of an Export: gauges and sums in the metrics table,
+        histograms and exponential histograms in one table each; raises ``Refused``."""
+        writers = [self.metrics, *self.histograms.values()]
+        with ExitStack() as arriving:
+            for writer in writers:
+                arriving.enter_context(writer.arriving())
             with self._mapping:
                 cols = MetricColumns(self.limits)
                 cols.add(request.resource_metrics)
-                table = cols.table()
-            ticket = self._submit("metrics", self.metrics, cols, table)
-        return self._outcome(ticket, "metrics", cols, "data point")
+                tables = [(self.metrics, cols.table()), *(
+                    (self.histograms[name], table)
+                    for name, table in cols.histogram_tables().items()
+                    if name in self.histograms
+                )]  # fmt: skip
+            telemetry.RECEIVED.labels("metrics").inc(cols.rows + cols.rejected)
+            if cols.rejected:
+                telemetry.REJECTED.labels("metrics").inc(cols.rejected)
+            tickets = []
+            for writer, table in tables:
+                if not table.num_rows:
+                    continue
+                try:
+                    tickets.append(writer.submit(table))
+                except Refused:
+                    telemetry.REFUSED.labels("metrics").inc(table.num_rows)
+                    raise
+        for ticket in tickets:
+            ticket.wait(ACK_TIMEOUT_S)
+        return self._outcome(None, "metrics", cols, "data point")
 
     @staticmethod
     def _submit(
@@ -215,7 +246,7 @@ class TraceReceiver:
 
 
 class MetricsReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
-    """OTLP/gRPC ``MetricsService/Export``: gauge and sum points into the metrics table."""
+    """OTLP/gRPC ``MetricsService/Export``: gauges, sums and histograms into the metric tables."""
 
     def __init__(self, ingest: Ingest) -> None:
         self.ingest = ingest

@@ -10,7 +10,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 
 from latscope.collector import mapping
 from latscope.collector.http import otlp_http_router
-from latscope.collector.mapping import Limits
+from latscope.collector.mapping import EXPONENTIAL_HISTOGRAM_TABLE, HISTOGRAM_TABLE, Limits
 from latscope.collector.receiver import Ingest, MetricsReceiver, TraceReceiver
 from latscope.collector.spool import Spool, SpoolError
 from latscope.collector.writer import BatchWriter, JournalWriter, WriterConfig
@@ -45,15 +45,23 @@ class Collector:
             retry_backoff_s=settings.store_retry_s,
         )
         spool_share = settings.spool_max_bytes // 8  # metrics are small; spans get the rest
+        # The metric tables split the metrics' share: gauges and sums half, each histogram kind
+        # a quarter.
+        shares = {
+            "traces": settings.spool_max_bytes - spool_share,
+            "metrics": spool_share // 2,
+            HISTOGRAM_TABLE: spool_share // 4,
+            EXPONENTIAL_HISTOGRAM_TABLE: spool_share // 4,
+        }
+        spools: dict[str, Spool] = {}
         try:
-            span_spool = Spool(root / "traces", settings.spool_max_bytes - spool_share)
-            try:
-                metric_spool = Spool(root / "metrics", spool_share)
-            except SpoolError:
-                span_spool.close()
-                raise
+            for name, size in shares.items():
+                spools[name] = Spool(root / name, size)
         except SpoolError as exc:
+            for opened in spools.values():
+                opened.close()
             raise OSError(str(exc)) from None  # the commands report OSError and exit 1
+        span_spool, metric_spool = spools["traces"], spools["metrics"]
         limits = Limits(
             max_attributes=settings.max_span_attributes,
             max_attribute_value=settings.max_attribute_value_bytes,
@@ -62,7 +70,13 @@ class Collector:
             store, SPANS_TABLE, span_spool, config, signal="traces", limits=limits
         )
         self.metrics = BatchWriter(store, METRICS_TABLE, metric_spool, config, signal="metrics")
-        self.ingest = Ingest(self.spans, self.metrics, limits, settings.token)
+        self.histograms = {
+            table: BatchWriter(store, table, spools[table], config, signal="metrics")
+            for table in (HISTOGRAM_TABLE, EXPONENTIAL_HISTOGRAM_TABLE)
+        }
+        self.ingest = Ingest(
+            self.spans, self.metrics, limits, settings.token, histograms=self.histograms
+        )
         if not mapping.NATIVE:
             log.warning(
                 "collector: the C OTLP decoder (latscope.collector._otlp) is not built here; "
@@ -73,13 +87,18 @@ class Collector:
     def start(self) -> None:
         self.spans.start()
         self.metrics.start()
+        for writer in self.histograms.values():
+            writer.start()
 
     def stop(self, deadline: float) -> None:
-        # Stop both intakes at once, then drain; the deadline is shared.
+        # Stop every intake at once, then drain; the deadline is shared.
+        metric_writers = [self.metrics, *self.histograms.values()]
         self.spans.close_intake()
-        self.metrics.close_intake()
+        for writer in metric_writers:
+            writer.close_intake()
         self.spans.stop(deadline)
-        self.metrics.stop(max(deadline, time.monotonic() + 0.5))
+        for writer in metric_writers:
+            writer.stop(max(deadline, time.monotonic() + 0.5))
 
 
 def collector_parts(settings: Settings, store: Store) -> Parts:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -173,6 +174,15 @@ def main() -> None:
     parser.add_argument("--token-delay", type=float, default=0.002, help="seconds per token")
     args = parser.parse_args()
     sdk.configure(service_name="example-llm-server")  # OTEL_* / LATSCOPE_* pick the endpoint
+    endpoint = os.environ.get("LATSCOPE_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"
+    )
+    print(
+        f"example LLM server on http://{args.host}:{args.port}/v1 (OpenAI-style chat); spans go "
+        f"to {endpoint}. Try: python -m examples.client --base-url "
+        f"http://{args.host}:{args.port}/v1 'hello there'",
+        flush=True,
+    )
     uvicorn.run(create_app(args.token_delay), host=args.host, port=args.port, log_level="warning")
 
 

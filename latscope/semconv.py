@@ -98,8 +98,8 @@ class GenAIAttributes:
     """OpenTelemetry GenAI semantic-convention keys (and the older names still in the wild)."""
 
     OPERATION_NAME: Final = "gen_ai.operation.name"
+    #: What the SDK writes; ``SYSTEM`` is its deprecated predecessor, still read.
     PROVIDER_NAME: Final = "gen_ai.provider.name"
-    #: Deprecated name of PROVIDER_NAME (semantic conventions before 1.37), still read.
     SYSTEM: Final = "gen_ai.system"
     TOOL_NAME: Final = "gen_ai.tool.name"
     #: Seconds from the request's start until the first chunk of a streamed response (client).
@@ -218,3 +218,52 @@ class GpuMetrics:
     POWER: Final = "latscope.gpu.power"  # watts
     SM_CLOCK: Final = "latscope.gpu.sm_clock"  # MHz
     ENERGY: Final = "latscope.gpu.energy"  # mJ, the driver's counter since it loaded
+
+
+class GenAIMetrics:
+    """The GenAI semantic conventions' metrics the SDK emits: (name, unit, bucket boundaries).
+
+    The boundaries are the conventions' ``ExplicitBucketBoundaries`` advice, so a Prometheus or
+    Grafana user sees the standard histograms.
+    """
+
+    _SECONDS: Final = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+                       40.96, 81.92)  # fmt: skip
+    SERVER_REQUEST_DURATION: Final = ("gen_ai.server.request.duration", "s", _SECONDS)
+    SERVER_TIME_TO_FIRST_TOKEN: Final = (
+        "gen_ai.server.time_to_first_token",
+        "s",
+        (
+            0.001,
+            0.005,
+            0.01,
+            0.02,
+            0.04,
+            0.06,
+            0.08,
+            0.1,
+            0.25,
+            0.5,
+            0.75,
+            1.0,
+            2.5,
+            5.0,
+            7.5,
+            10.0,
+        ),
+    )
+    SERVER_TIME_PER_OUTPUT_TOKEN: Final = (
+        "gen_ai.server.time_per_output_token",
+        "s",
+        (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5),
+    )
+    CLIENT_OPERATION_DURATION: Final = ("gen_ai.client.operation.duration", "s", _SECONDS)
+    CLIENT_TOKEN_USAGE: Final = (
+        "gen_ai.client.token.usage",
+        "{token}",
+        tuple(float(4**i) for i in range(14)),  # 1, 4, 16, ... 67108864
+    )
+    #: ``gen_ai.token.type`` on ``CLIENT_TOKEN_USAGE``, and its two values.
+    TOKEN_TYPE: Final = "gen_ai.token.type"
+    TOKEN_INPUT: Final = "input"
+    TOKEN_OUTPUT: Final = "output"

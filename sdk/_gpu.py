@@ -36,6 +36,8 @@ _FAILED_READS_BEFORE_PAUSE = 3
 #: How long NVML is left alone then; reads resume afterwards, so a driver hiccup heals.
 PAUSE_S = 30.0
 
+_SAMPLE = _guard.handle_internal_errors("gpu.sample")
+
 
 @dataclass(frozen=True)
 class _Device:
@@ -179,17 +181,14 @@ class GpuMonitor:
 
     # periodic samples as OTLP gauges ----------------------------------------------------------
     def _sample(self) -> list[Reading] | None:
-
-        try:
+        with _SAMPLE:
             now = time.monotonic_ns()
             readings = self.read()
             with self._lock:
                 self._ring.append((now, readings))
                 self._latest = readings
             return readings
-        except Exception:
-            _guard.fault("gpu.sample")
-            return None
+        return None
 
     def _start_metrics(self, opts: Options, resource: Any, metric_exporter: Any) -> None:
         from opentelemetry.metrics import CallbackOptions, Observation
@@ -197,17 +196,9 @@ class GpuMonitor:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
         if metric_exporter is None:
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+            from latscope.sdk._runtime import otlp_metric_exporter
 
-            from latscope.sdk._runtime import grpc_headers, grpc_target
-
-            endpoint, insecure = grpc_target(opts.export)
-            metric_exporter = OTLPMetricExporter(
-                endpoint=endpoint,
-                insecure=insecure,
-                headers=grpc_headers(opts.export),
-                timeout=opts.export.timeout_s,
-            )
+            metric_exporter = otlp_metric_exporter(opts.export)
         interval_ms = max(10.0, 1000.0 / opts.gpu.sample_hz)
         reader = PeriodicExportingMetricReader(
             metric_exporter,

@@ -1,9 +1,19 @@
-"""The SDK never breaks the app: internal faults are caught, counted and logged once per site."""
+"""The SDK never breaks the app: one internal-error handler for every SDK-internal step.
+
+``with handle_internal_errors("site"):`` runs SDK work; an ``Exception`` raised inside is counted
+under ``site``, logged once (with its traceback) the first time that site fails, and swallowed, so
+the app goes on with a no-op in place of what failed. It is logfire's ``HandleInternalErrors``:
+one handler instead of hand-placed ``try``/``except`` blocks that could skip a ``span.end()``.
+Spans are ended in ``finally`` blocks around such steps, so a fault never leaves one open.
+
+``KeyboardInterrupt``, ``SystemExit`` and cancellation are not faults and pass through.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+from types import TracebackType
 
 logger = logging.getLogger("latscope.sdk")
 
@@ -13,12 +23,45 @@ _seen: set[str] = set()
 faults: dict[str, int] = {}
 
 
-def fault(site: str) -> None:
-    """Record an internal fault at ``site``; logs the traceback the first time only.
+class handle_internal_errors:
+    """Context manager: count, log once and swallow an ``Exception`` raised by SDK internals.
 
-    Call from an ``except Exception`` block. The app keeps running with a no-op in place of
-    what failed (logfire's rule: instrumentation must never raise into the code it observes).
+    Instances hold only the site name, so hot paths build theirs once and reuse them (also from
+    several threads at once).
+
+    Example::
+
+        _FLUSH = handle_internal_errors("decode.flush")
+        with _FLUSH:
+            flush_tokens(span)
     """
+
+    __slots__ = ("site",)
+
+    def __init__(self, site: str) -> None:
+        self.site = site
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if exc_type is None or not issubclass(exc_type, Exception):
+            return False
+        _record(self.site, (exc_type, exc, tb))
+        return True
+
+
+def fault(site: str) -> None:
+    """Record an internal fault at ``site`` from inside an ``except`` block (logged once)."""
+    _record(site, True)
+
+
+def _record(site: str, exc_info: object) -> None:
     try:
         with _lock:
             faults[site] = faults.get(site, 0) + 1
@@ -29,7 +72,7 @@ def fault(site: str) -> None:
                 "latscope SDK: internal error in %s; instrumentation skipped, app unaffected "
                 "(further errors here are counted, not logged)",
                 site,
-                exc_info=True,
+                exc_info=exc_info,  # type: ignore[arg-type]
             )
     except Exception:  # logging itself failed (closed stream at exit, ...): stay silent
         pass

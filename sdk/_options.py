@@ -27,6 +27,8 @@ class ExportOptions:
     """Extra gRPC metadata (``OTEL_EXPORTER_OTLP_HEADERS``)."""
     insecure: bool | None = None
     """Plaintext gRPC; None means "plaintext unless the endpoint says https"."""
+    certificate: str | None = None
+    """PEM file of the CA that signed the collector's certificate (TLS); None: system roots."""
     timeout_s: float = 10.0
     """Upper bound on one export, retries included; the app never waits for it."""
     max_queue_size: int = 4096
@@ -61,6 +63,29 @@ class Options:
     disabled: bool = False
     clock: Callable[[], int] | None = None
     max_tokens_per_span: int = 16384
+    metrics: bool = True
+    """The GenAI semantic conventions' histograms (``gen_ai.server.*``, ``gen_ai.client.*``)."""
+    metrics_interval_s: float = 60.0
+    """How often the metrics are exported (``OTEL_METRIC_EXPORT_INTERVAL``, in ms there)."""
+
+
+def grpc_target(exp: ExportOptions) -> tuple[str, bool]:
+    """(host:port, insecure) of the collector."""
+    endpoint = exp.endpoint
+    insecure = exp.insecure
+    if "://" in endpoint:
+        scheme, _, rest = endpoint.partition("://")
+        if insecure is None:
+            insecure = scheme.lower() != "https"
+        endpoint = rest.rstrip("/")
+    return endpoint, True if insecure is None else insecure
+
+
+def grpc_headers(exp: ExportOptions) -> dict[str, str]:
+    headers = {k.lower(): v for k, v in exp.headers.items()}
+    if exp.token:
+        headers["authorization"] = f"Bearer {exp.token}"
+    return headers
 
 
 def _truthy(value: str) -> bool:
@@ -108,6 +133,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         out["headers"] = parse_headers(v)
     if v := first("LATSCOPE_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE"):
         out["insecure"] = _truthy(v)
+    if v := first("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"):
+        out["certificate"] = v
     if v := first("LATSCOPE_SDK_DISABLED", "OTEL_SDK_DISABLED"):
         out["disabled"] = _truthy(v)
     if v := first("LATSCOPE_EXPORT_TIMEOUT_S"):
@@ -118,4 +145,10 @@ def from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         out["gpu_sample_hz"] = float(v)
     if v := first("LATSCOPE_GPU_DEVICES", "CUDA_VISIBLE_DEVICES"):
         out["gpu_devices"] = parse_devices(v)
+    if v := first("LATSCOPE_METRICS"):
+        out["metrics"] = _truthy(v)
+    elif (v := first("OTEL_METRICS_EXPORTER")) and v.lower() == "none":
+        out["metrics"] = False
+    if v := first("OTEL_METRIC_EXPORT_INTERVAL"):
+        out["metrics_interval_s"] = float(v) / 1000
     return out

@@ -10,11 +10,15 @@ from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from latscope.sdk import _guard
+from latscope.sdk import _guard, _otel
 from latscope.sdk._runtime import RT, force_flush
 from latscope.sdk._server import arrival_ns
 
 PROPAGATOR = TraceContextTextMapPropagator()
+
+_EXTRACT = _guard.handle_internal_errors("extract_context")
+_MIDDLEWARE = _guard.handle_internal_errors("middleware")
+_MIDDLEWARE_EXIT = _guard.handle_internal_errors("middleware.exit")
 
 
 class _HeaderGetter(Getter[Mapping[str, str]]):
@@ -49,7 +53,7 @@ def extract_context(headers: Mapping[str, str] | Iterable[tuple[bytes, bytes]]) 
 
         token = opentelemetry.context.attach(extract_context(request.headers))
     """
-    try:
+    with _EXTRACT:
         if not isinstance(headers, Mapping):
             headers = {
                 k.decode("latin-1").lower(): v.decode("latin-1")
@@ -57,9 +61,7 @@ def extract_context(headers: Mapping[str, str] | Iterable[tuple[bytes, bytes]]) 
                 if k.lower() in (b"traceparent", b"tracestate")
             }
         return PROPAGATOR.extract(headers, getter=_GETTER)
-    except Exception:
-        _guard.fault("extract_context")
-        return otel_context.get_current()
+    return otel_context.get_current()
 
 
 def inject_context(headers: MutableMapping[str, str], context: Context | None = None) -> None:
@@ -93,7 +95,7 @@ class TraceparentMiddleware:
             await self.app(scope, receive, send)
             return
         ctx_token = t_token = None
-        try:
+        with _MIDDLEWARE:
             t_token = arrival_ns.set(RT.clock())
             carrier = {}
             for k, v in scope.get("headers") or ():
@@ -101,18 +103,15 @@ class TraceparentMiddleware:
                     carrier[k.decode("latin-1")] = v.decode("latin-1")
             if carrier:
                 ctx_token = otel_context.attach(PROPAGATOR.extract(carrier, getter=_GETTER))
-        except Exception:
-            _guard.fault("middleware")
         try:
             await self.app(scope, receive, send)
         finally:
-            try:
-                if ctx_token is not None:
-                    otel_context._RUNTIME_CONTEXT.detach(ctx_token)  # type: ignore[attr-defined]
-                if t_token is not None:
+            if ctx_token is not None:
+                with _MIDDLEWARE_EXIT:
+                    _otel.detach(ctx_token)
+            if t_token is not None:
+                with _MIDDLEWARE_EXIT:
                     arrival_ns.reset(t_token)
-            except Exception:
-                _guard.fault("middleware.exit")
 
 
 def _flush_on_shutdown(send: Any) -> Any:

@@ -23,12 +23,23 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 
 from latscope.sdk import _guard
 from latscope.sdk._export import BoundedBatchProcessor
-from latscope.sdk._options import ExportOptions, GpuOptions, Options, from_env
+from latscope.sdk._options import (
+    ExportOptions,
+    GpuOptions,
+    Options,
+    from_env,
+)
 from latscope.semconv import ResourceAttributes
 
 logger = logging.getLogger("latscope.sdk")
 
 _SCOPE = "latscope.sdk"
+
+_CLOCK = _guard.handle_internal_errors("clock")
+_START_GPU = _guard.handle_internal_errors("gpu.start")
+_START_METRICS = _guard.handle_internal_errors("metrics.start")
+_SHUTDOWN = _guard.handle_internal_errors("shutdown")
+_FORCE_FLUSH = _guard.handle_internal_errors("force_flush")
 
 
 class Runtime:
@@ -38,6 +49,7 @@ class Runtime:
         "clock",
         "enabled",
         "gpu",
+        "metrics",
         "options",
         "processor",
         "provider",
@@ -52,6 +64,7 @@ class Runtime:
         self.provider: TracerProvider | None = None
         self.processor: SpanProcessor | None = None
         self.gpu: Any = None  # latscope.sdk._gpu.GpuMonitor when NVML is up
+        self.metrics: Any = None  # latscope.sdk._metrics.GenAIMetrics when metrics are on
         self.options = Options()
         self.token_cap = Options().max_tokens_per_span
 
@@ -61,6 +74,13 @@ _lock = threading.Lock()
 _atexit_registered = False
 
 _UNSET: Any = object()
+
+
+def now() -> int | None:
+    """The SDK clock, or None when it failed (a span then ends on OpenTelemetry's own clock)."""
+    with _CLOCK:
+        return RT.clock()
+    return None
 
 
 def configure(
@@ -81,12 +101,17 @@ def configure(
     metric_exporter: Any = None,
     resource_attributes: Mapping[str, Any] | None = None,
     disabled: bool | None = None,
+    metrics: bool | None = None,
+    metrics_interval_s: float | None = None,
 ) -> None:
     """Set up latscope for this process; safe to call again (the new settings replace the old).
 
     Arguments win over ``LATSCOPE_*`` and ``OTEL_*`` environment variables. ``clock`` returns ns
     since the epoch and stamps every time the SDK records. ``span_exporter`` replaces the OTLP
-    exporter (spans then go out synchronously: meant for tests and debugging).
+    exporter (spans then go out synchronously: meant for tests and debugging); ``metric_exporter``
+    likewise replaces the OTLP metric exporter. ``metrics`` turns the GenAI semantic conventions'
+    histograms on or off (``LATSCOPE_METRICS``; on by default), exported every
+    ``metrics_interval_s`` (``OTEL_METRIC_EXPORT_INTERVAL``, default 60 s).
 
     Example::
 
@@ -101,6 +126,8 @@ def configure(
         raise ValueError("clock must be a callable returning ns since the epoch, e.g. time.time_ns")
     if gpu is not None and not isinstance(gpu, bool | GpuOptions):
         raise ValueError("gpu must be True, False, None (auto) or a GpuOptions")
+    if metrics_interval_s is not None and not metrics_interval_s > 0:
+        raise ValueError("metrics_interval_s must be > 0 (seconds between metric exports)")
 
     env = from_env()
     explicit = {
@@ -113,6 +140,8 @@ def configure(
         "gpu_devices": gpu_devices,
         "export_timeout_s": export_timeout_s,
         "disabled": disabled,
+        "metrics": metrics,
+        "metrics_interval_s": metrics_interval_s,
     }
     merged = {**env, **{k: v for k, v in explicit.items() if v is not None}}
     if gpu is not None:
@@ -125,6 +154,7 @@ def configure(
         token=merged.get("token", exp.token),
         headers=dict(merged.get("headers", exp.headers)),
         insecure=merged.get("insecure", exp.insecure),
+        certificate=merged.get("certificate", exp.certificate),
         timeout_s=merged.get("export_timeout_s", exp.timeout_s),
     )
     g = merged.get("gpu")
@@ -142,6 +172,8 @@ def configure(
         max_tokens_per_span=(
             Options.max_tokens_per_span if max_tokens_per_span is None else max_tokens_per_span
         ),
+        metrics=bool(merged.get("metrics", Options.metrics)),
+        metrics_interval_s=float(merged.get("metrics_interval_s", Options.metrics_interval_s)),
     )
 
     with _lock:
@@ -179,51 +211,42 @@ def configure(
         RT.processor = processor
         RT.tracer = provider.get_tracer(_SCOPE)
         RT.gpu = _start_gpu(opts, resource, metric_exporter)
+        RT.metrics = _start_metrics(opts, resource, metric_exporter)
         RT.enabled = True
         _register_atexit()
 
 
 def _otlp_span_exporter(exp: ExportOptions) -> SpanExporter:
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from latscope.sdk._otlp import OtlpSpanExporter
 
-    endpoint, insecure = grpc_target(exp)
-    return OTLPSpanExporter(
-        endpoint=endpoint,
-        insecure=insecure,
-        headers=grpc_headers(exp),
-        timeout=exp.timeout_s,
-    )
-
-
-def grpc_target(exp: ExportOptions) -> tuple[str, bool]:
-    """(host:port, insecure) for the gRPC exporters."""
-    endpoint = exp.endpoint
-    insecure = exp.insecure
-    if "://" in endpoint:
-        scheme, _, rest = endpoint.partition("://")
-        if insecure is None:
-            insecure = scheme.lower() != "https"
-        endpoint = rest.rstrip("/")
-    return endpoint, True if insecure is None else insecure
-
-
-def grpc_headers(exp: ExportOptions) -> dict[str, str]:
-    headers = {k.lower(): v for k, v in exp.headers.items()}
-    if exp.token:
-        headers["authorization"] = f"Bearer {exp.token}"
-    return headers
+    return OtlpSpanExporter(exp)
 
 
 def _start_gpu(opts: Options, resource: Resource, metric_exporter: Any) -> Any:
     if opts.gpu.enabled is False:
         return None
-    try:
+    with _START_GPU:
         from latscope.sdk._gpu import GpuMonitor
 
         return GpuMonitor.start(opts, resource, metric_exporter)
-    except Exception:
-        _guard.fault("gpu.start")
+    return None
+
+
+def _start_metrics(opts: Options, resource: Resource, metric_exporter: Any) -> Any:
+    if not opts.metrics:
         return None
+    with _START_METRICS:
+        from latscope.sdk._metrics import GenAIMetrics
+
+        exporter = metric_exporter or otlp_metric_exporter(opts.export)
+        return GenAIMetrics(exporter, resource, opts.metrics_interval_s)
+    return None
+
+
+def otlp_metric_exporter(exp: ExportOptions) -> Any:
+    from latscope.sdk._otlp import OtlpMetricExporter
+
+    return OtlpMetricExporter(exp)
 
 
 def _register_atexit() -> None:
@@ -242,29 +265,37 @@ def shutdown(timeout_s: float | None = None) -> None:
 def _shutdown_locked(timeout_s: float | None = None) -> None:
     RT.enabled = False
     RT.tracer = trace.NoOpTracer()
-    gpu, provider, processor = RT.gpu, RT.provider, RT.processor
-    RT.gpu = RT.provider = RT.processor = None
+    gpu, provider, processor, metrics = RT.gpu, RT.provider, RT.processor, RT.metrics
+    RT.gpu = RT.provider = RT.processor = RT.metrics = None
     limit = RT.options.export.timeout_s if timeout_s is None else timeout_s
-    try:
-        if gpu is not None:
-            gpu.stop(limit)
-        if isinstance(processor, BoundedBatchProcessor):
-            processor.shutdown(limit)
-        elif provider is not None:
+    deadline = time.monotonic() + limit
+    # Each part stops on its own: one failing must not keep the others running. They share the
+    # time limit, so a collector that is down holds the app's exit for ``limit`` at most.
+    if gpu is not None:
+        with _SHUTDOWN:
+            gpu.stop(max(0.05, deadline - time.monotonic()))
+    if isinstance(processor, BoundedBatchProcessor):
+        with _SHUTDOWN:
+            processor.shutdown(max(0.05, deadline - time.monotonic()))
+    elif provider is not None:
+        with _SHUTDOWN:
             provider.shutdown()
-    except Exception:
-        _guard.fault("shutdown")
+    if metrics is not None:
+        with _SHUTDOWN:
+            metrics.shutdown(max(0.05, deadline - time.monotonic()))
 
 
 def force_flush(timeout_s: float = 10.0) -> bool:
-    """Export what is queued now; False when it did not finish in time."""
-    try:
+    """Export what is queued now (spans and metrics); False when it did not finish in time."""
+    done = False
+    with _FORCE_FLUSH:
+        ok = True
         if RT.processor is not None:
-            return bool(RT.processor.force_flush(int(timeout_s * 1000)))
-        return True
-    except Exception:
-        _guard.fault("force_flush")
-        return False
+            ok = bool(RT.processor.force_flush(int(timeout_s * 1000)))
+        if RT.metrics is not None:
+            ok = RT.metrics.force_flush(timeout_s) and ok
+        done = ok
+    return done
 
 
 def stats() -> dict[str, Any]:

@@ -8,28 +8,49 @@ streaming handler that yields inside a phase never trips over context-variable r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import inspect
+import threading
 from array import array
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any, ParamSpec, TypeVar, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from latscope.sdk import _guard
+from latscope.sdk import _guard, _otel
+from latscope.sdk._guard import handle_internal_errors
 from latscope.sdk._runtime import RT
-from latscope.semconv import GenAIAttributes, LatscopeAttributes, Phase, ServerAttributes
+from latscope.sdk._runtime import now as _now
+from latscope.semconv import (
+    ClientAttributes,
+    GenAIAttributes,
+    LatscopeAttributes,
+    Phase,
+    ServerAttributes,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
 _GPU_PHASES = frozenset((Phase.PREFILL, Phase.DECODE))
+
+# One internal-error handler per site (see ``_guard``); spans are ended in ``finally`` blocks
+# outside them, so a fault in SDK code never leaves a span open.
+_SET_USAGE = handle_internal_errors("set_usage")
+_PHASE_ENTER = handle_internal_errors("phase.enter")
+_PHASE_EXIT = handle_internal_errors("phase.exit")
+_PHASE_RESET = handle_internal_errors("phase.reset")
+_SPAN_END = handle_internal_errors("span.end")
+_START = handle_internal_errors("inference.start")
+_ENTER = handle_internal_errors("inference.enter")
+_EXIT = handle_internal_errors("inference.exit")
+_FINISH = handle_internal_errors("inference.finish")
+_BODY = handle_internal_errors("inference.body")
+_METRICS = handle_internal_errors("metrics.record")
 
 #: ``RT.clock``, kept as a module global because ``record_token`` reads it per token.
 _clock: Callable[[], int] = RT.clock
@@ -72,15 +93,20 @@ class _Request:
     __slots__ = (
         "ctx",
         "decode",
+        "done",
         "first_token",
         "last_token",
+        "metric_attrs",
         "output_set",
+        "response_model",
         "span",
         "start",
         "tokens",
     )
 
-    def __init__(self, span: trace.Span | None, start: int) -> None:
+    def __init__(
+        self, span: trace.Span | None, start: int, metric_attrs: Mapping[str, Any] | None = None
+    ) -> None:
         self.span = span
         self.ctx = trace.set_span_in_context(span) if span is not None else None
         self.start = start
@@ -89,6 +115,9 @@ class _Request:
         self.last_token = 0
         self.tokens = 0
         self.output_set = False
+        self.done = False
+        self.metric_attrs = metric_attrs
+        self.response_model: str | None = None
 
     def note_tokens(self, first: int, last: int, count: int) -> None:
         if count <= 0:
@@ -121,6 +150,8 @@ def record_token() -> None:
                 record_token()
                 yield tok
     """
+    # The per-token hot path keeps a bare try (a ``with`` handler would cost two calls per
+    # token); what it catches goes to the same internal-error record as every other site.
     try:
         req = _active.get()
         if req is not None:
@@ -170,7 +201,7 @@ def set_usage(
 
     ``output_tokens`` defaults to the number of tokens recorded with ``record_token``.
     """
-    try:
+    with _SET_USAGE:
         req = _active.get()
         if req is None or req.span is None:
             return
@@ -182,8 +213,7 @@ def set_usage(
             req.output_set = True
         if response_model is not None:
             span.set_attribute(GenAIAttributes.RESPONSE_MODEL, response_model)
-    except Exception:
-        _guard.fault("set_usage")
+            req.response_model = str(response_model)
 
 
 def current_span() -> trace.Span:
@@ -198,12 +228,42 @@ def current_span() -> trace.Span:
 # phases
 
 
+class _PhaseRun:
+    """One entry into a ``phase``: what its exit needs. A phase object entered by several tasks
+    at once (one object reused) keeps one run per entry, so each entry's span ends."""
+
+    __slots__ = ("gpu", "own", "owner", "prev", "req", "span")
+
+    def __init__(self) -> None:
+        self.span: trace.Span | None = None
+        self.req: _Request | None = None
+        self.prev: _Decode | None = None
+        self.own: contextvars.Token[_Request | None] | None = None
+        self.gpu: Any = None
+        self.owner: object = None
+
+
+def _owner() -> object:
+    """Who is entering or leaving a phase: the asyncio task, else the request, else the thread.
+
+    A sync generator's steps may run on different worker threads, hence the request before the
+    thread.
+    """
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running event loop in this thread
+        pass
+    req = _active.get()
+    return req if req is not None else threading.get_ident()
+
+
 class phase:
     """A phase of the current request, as a context manager or a decorator.
 
     ``name`` is one of queue, preprocess, prefill, decode, postprocess. Phase spans are
     children of the request's server span and carry ``latscope.phase``; prefill and decode get
-    GPU figures when NVML is on.
+    GPU figures when NVML is on. One ``phase`` object may be entered again, also by several
+    tasks at once: each entry is its own span.
 
     Example::
 
@@ -214,7 +274,7 @@ class phase:
         def tokenize(text): ...
     """
 
-    __slots__ = ("_gpu", "_name", "_own", "_prev", "_req", "_span")
+    __slots__ = ("_name", "_runs")
 
     def __init__(self, name: str) -> None:
         if name not in Phase.ALL:
@@ -222,20 +282,18 @@ class phase:
                 f"unknown phase {name!r}: use one of {', '.join(map(repr, Phase.ALL))}"
             )
         self._name = name
-        self._span: trace.Span | None = None
-        self._req: _Request | None = None
-        self._prev: _Decode | None = None
-        self._own: contextvars.Token[_Request | None] | None = None
-        self._gpu: Any = None
+        self._runs: list[_PhaseRun] = []
 
     def __enter__(self) -> phase:
         if not RT.enabled:
             return self
-        try:
+        run = _PhaseRun()
+        with _PHASE_ENTER:
             name = self._name
             start = RT.clock()
             req = _active.get()
-            self._span = RT.tracer.start_span(
+            run.req = req
+            run.span = RT.tracer.start_span(
                 name,
                 context=req.ctx if req is not None else None,
                 attributes={LatscopeAttributes.PHASE: name},
@@ -243,43 +301,60 @@ class phase:
             )
             if name == Phase.DECODE:
                 if req is None:  # a decode phase outside @inference still collects tokens
-                    req = _Request(None, start)
-                    self._own = _active.set(req)
-                self._prev = req.decode
+                    req = run.req = _Request(None, start)
+                    run.own = _active.set(req)
+                run.prev = req.decode
                 req.decode = _Decode(start, RT.token_cap)
-            self._req = req
             gpu = RT.gpu
             if gpu is not None and name in _GPU_PHASES:
-                self._gpu = gpu.begin()
-        except Exception:
-            _guard.fault("phase.enter")
+                run.gpu = gpu.begin()
+        if run.span is not None:  # even after a fault above: the exit must end this span
+            if self._runs:
+                run.owner = _owner()
+            self._runs.append(run)
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        span = self._span
-        if span is None:
-            return
-        self._span = None
+    def _take(self) -> _PhaseRun | None:
+        """The run this exit closes: the only one, else the caller's own, else the first."""
+        runs = self._runs
+        if len(runs) <= 1:
+            return runs.pop() if runs else None
+        owner = _owner()
+        mine = next((r for r in reversed(runs) if r.owner == owner), None)
+        if mine is None:  # the first entry, made while no other was active, records no owner
+            mine = next((r for r in runs if r.owner is None), runs[-1])
         try:
-            end = RT.clock()
-            req = self._req
-            if self._name == Phase.DECODE and req is not None and req.decode is not None:
-                d = req.decode
-                req.decode = self._prev
-                _flush_tokens(span, d)
-                if req.span is not None:
-                    req.note_tokens(d.buf[0] if d.buf else d.last, d.last_time, d.count)
-                if self._own is not None:
-                    _reset(_active, self._own, None)
-                    self._own = None
-            if self._gpu is not None and RT.gpu is not None:
-                span.set_attributes(RT.gpu.end(self._gpu))
-                self._gpu = None
-            if exc is not None:
-                _mark_error(span, exc)
-            span.end(end_time=end)
-        except Exception:
-            _guard.fault("phase.exit")
+            runs.remove(mine)
+        except ValueError:  # another thread took it meanwhile: take what is left
+            return runs.pop() if runs else None
+        return mine
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        run = self._take()
+        if run is None:
+            return
+        span = run.span
+        assert span is not None
+        end = _now()
+        try:
+            with _PHASE_EXIT:
+                req = run.req
+                if self._name == Phase.DECODE and req is not None and req.decode is not None:
+                    d = req.decode
+                    req.decode = run.prev
+                    _flush_tokens(span, d)
+                    if req.span is not None:
+                        req.note_tokens(d.buf[0] if d.buf else d.last, d.last_time, d.count)
+                if run.gpu is not None and RT.gpu is not None:
+                    span.set_attributes(RT.gpu.end(run.gpu))
+                if exc is not None:
+                    _mark_error(span, exc)
+        finally:
+            if run.own is not None:
+                with _PHASE_RESET:
+                    _reset(_active, run.own, None)
+            with _SPAN_END:
+                span.end(end_time=end)
 
     async def __aenter__(self) -> phase:
         return self.__enter__()
@@ -289,29 +364,30 @@ class phase:
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
         name = self._name
-        if inspect.isasyncgenfunction(fn):
+        kind = _kind(fn)
+        if kind == _AGEN:
 
             @functools.wraps(fn)
             async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
                 with phase(name):
-                    async for item in fn(*args, **kwargs):
+                    async for item in fn(*args, **kwargs):  # type: ignore[attr-defined]
                         yield item
 
             return agen_wrapper  # type: ignore[return-value]
-        if inspect.isgeneratorfunction(fn):
+        if kind == _GEN:
 
             @functools.wraps(fn)
             def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
                 with phase(name):
-                    return (yield from fn(*args, **kwargs))
+                    return (yield from fn(*args, **kwargs))  # type: ignore[misc]
 
             return gen_wrapper  # type: ignore[return-value]
-        if inspect.iscoroutinefunction(fn):
+        if kind == _ASYNC:
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 with phase(name):
-                    return await fn(*args, **kwargs)
+                    return await fn(*args, **kwargs)  # type: ignore[misc]
 
             return async_wrapper  # type: ignore[return-value]
 
@@ -321,6 +397,26 @@ class phase:
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+_SYNC, _ASYNC, _GEN, _AGEN = "sync", "async", "generator", "async generator"
+
+
+def _kind(fn: Callable[..., Any]) -> str:
+    """Sync, async, generator or async generator; a callable object is what its ``__call__`` is
+    (``inspect`` judges only functions, so ``async def __call__`` would pass for sync)."""
+    target: Any = fn
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn) or isinstance(fn, functools.partial)):
+        call = getattr(fn, "__call__", None)  # noqa: B004 - the method itself is inspected
+        if inspect.isfunction(call) or inspect.ismethod(call):
+            target = call
+    if inspect.isasyncgenfunction(target):
+        return _AGEN
+    if inspect.isgeneratorfunction(target):
+        return _GEN
+    if inspect.iscoroutinefunction(target):
+        return _ASYNC
+    return _SYNC
 
 
 def _flush_tokens(span: trace.Span, d: _Decode) -> None:
@@ -333,23 +429,9 @@ def _flush_tokens(span: trace.Span, d: _Decode) -> None:
     else:
         span.set_attribute(LatscopeAttributes.TOKEN_COUNT, d.count)
     if d.buf:
-        _set_trusted(
+        _otel.set_trusted(
             span, LatscopeAttributes.TOKEN_OFFSETS_US, tuple([(t - start) // 1000 for t in d.buf])
         )
-
-
-def _set_trusted(span: trace.Span, key: str, value: tuple[int, ...]) -> None:
-    """Set an attribute whose value the SDK built itself (a tuple of ints).
-
-    ``set_attribute`` re-validates every element (about 100 ns each, i.e. more than recording
-    the token did); this skips that when the span is the SDK's own kind, else falls back.
-    """
-    attrs = getattr(span, "_attributes", None)
-    if isinstance(attrs, BoundedAttributes) and not attrs._immutable and span.is_recording():
-        with attrs._lock:
-            attrs._setitem_locked(key, value)
-        return
-    span.set_attribute(key, value)
 
 
 def _mark_error(span: trace.Span, exc: BaseException) -> None:
@@ -362,7 +444,7 @@ def _mark_error(span: trace.Span, exc: BaseException) -> None:
 def _reset(var: contextvars.ContextVar[Any], token: contextvars.Token[Any], fallback: Any) -> None:
     try:
         var.reset(token)
-    except ValueError:  # reset from another Context (a framework hopped threads): restore
+    except (ValueError, RuntimeError):  # another Context (a framework hopped threads): restore
         var.set(fallback)
 
 
@@ -373,17 +455,18 @@ def _reset(var: contextvars.ContextVar[Any], token: contextvars.Token[Any], fall
 class _Spec:
     """What ``@inference`` works out once, at decoration time."""
 
-    __slots__ = ("attrs", "name")
+    __slots__ = ("attrs", "metric_attrs", "name")
 
-    def __init__(self, name: str, attrs: dict[str, Any]) -> None:
+    def __init__(self, name: str, attrs: dict[str, Any], metric_attrs: dict[str, Any]) -> None:
         self.name = name
         self.attrs = attrs
+        self.metric_attrs = metric_attrs
 
 
 def _start(spec: _Spec) -> _Request | None:
     if not RT.enabled:
         return None
-    try:
+    with _START:
         arrived = arrival_ns.get()
         if arrived is not None and _active.get() is None:
             start = arrived
@@ -393,63 +476,81 @@ def _start(spec: _Spec) -> _Request | None:
         span = RT.tracer.start_span(
             spec.name, kind=SpanKind.SERVER, attributes=spec.attrs, start_time=start
         )
-        return _Request(span, start)
-    except Exception:
-        _guard.fault("inference.start")
-        return None
+        try:
+            return _Request(span, start, spec.metric_attrs)
+        except BaseException:
+            span.end()
+            raise
+    return None
 
 
 def _enter(req: _Request) -> tuple[Any, Any]:
-    try:
-        return _active.set(req), otel_context.attach(req.ctx)  # type: ignore[arg-type]
-    except Exception:
-        _guard.fault("inference.enter")
-        return None, None
+    t_req = t_ctx = None
+    with _ENTER:
+        t_req = _active.set(req)
+        t_ctx = otel_context.attach(req.ctx)  # type: ignore[arg-type]
+    return t_req, t_ctx
 
 
 def _exit(tokens: tuple[Any, Any]) -> None:
     t_req, t_ctx = tokens
-    try:
-        if t_ctx is not None:
-            _otel_detach(t_ctx)
-        if t_req is not None:
+    if t_ctx is not None:
+        with _EXIT:
+            _otel.detach(t_ctx)
+    if t_req is not None:
+        with _EXIT:
             _reset(_active, t_req, None)
-    except Exception:
-        _guard.fault("inference.exit")
-
-
-def _otel_detach(token: Any) -> None:
-    # otel_context.detach logs an error when the token belongs to another Context; a framework
-    # that hops threads between steps is normal here, so restore quietly instead.
-    with contextlib.suppress(Exception):
-        otel_context._RUNTIME_CONTEXT.detach(token)  # type: ignore[attr-defined]
 
 
 def _finish(req: _Request, exc: BaseException | None = None, end: str | None = None) -> None:
+    span = req.span
+    if span is None or req.done:
+        return
+    req.done = True
+    t_end = _now()
     try:
-        span = req.span
-        if span is None:
-            return
-        t_end = RT.clock()
-        attrs: dict[str, Any] = {}
-        if req.tokens:
-            attrs[LatscopeAttributes.FIRST_TOKEN_NS] = req.first_token
-            attrs[ServerAttributes.TTFT_NS] = req.first_token - req.start
-            if req.tokens > 1:
-                attrs[ServerAttributes.TPOT_NS] = (req.last_token - req.first_token) // (
-                    req.tokens - 1
-                )
-            if not req.output_set:
-                attrs[GenAIAttributes.USAGE_OUTPUT_TOKENS] = req.tokens
-        if end is not None:
-            attrs[LatscopeAttributes.STREAM_END] = end
-        if attrs:
-            span.set_attributes(attrs)
-        if exc is not None:
-            _mark_error(span, exc)
-        span.end(end_time=t_end)
-    except Exception:
-        _guard.fault("inference.finish")
+        with _FINISH:
+            attrs: dict[str, Any] = {}
+            if req.tokens:
+                attrs[LatscopeAttributes.FIRST_TOKEN_NS] = req.first_token
+                attrs[ServerAttributes.TTFT_NS] = req.first_token - req.start
+                if req.tokens > 1:
+                    attrs[ServerAttributes.TPOT_NS] = (req.last_token - req.first_token) // (
+                        req.tokens - 1
+                    )
+                if not req.output_set:
+                    attrs[GenAIAttributes.USAGE_OUTPUT_TOKENS] = req.tokens
+            if end is not None:
+                attrs[LatscopeAttributes.STREAM_END] = end
+            if attrs:
+                span.set_attributes(attrs)
+            if exc is not None:
+                _mark_error(span, exc)
+    finally:
+        with _SPAN_END:
+            span.end(end_time=t_end)
+    metrics = RT.metrics
+    if metrics is not None and t_end is not None and req.metric_attrs is not None:
+        with _METRICS:
+            _record_metrics(metrics, req, t_end, exc, end)
+
+
+def _record_metrics(
+    metrics: Any, req: _Request, t_end: int, exc: BaseException | None, end: str | None
+) -> None:
+    """``gen_ai.server.*``: the duration of every request; TTFT and TPOT of successful ones."""
+    attrs: Mapping[str, Any] = req.metric_attrs or {}
+    if req.response_model is not None:
+        attrs = {**attrs, GenAIAttributes.RESPONSE_MODEL: req.response_model}
+    failed = exc is not None and not isinstance(exc, asyncio.CancelledError | GeneratorExit)
+    if failed:
+        attrs = {**attrs, ClientAttributes.ERROR_TYPE: type(exc).__qualname__}
+    ttft = tpot = None
+    if exc is None and end is None and req.tokens:
+        ttft = req.first_token - req.start
+        if req.tokens > 1:
+            tpot = (req.last_token - req.first_token) // (req.tokens - 1)
+    metrics.server(attrs, t_end - req.start, ttft, tpot)
 
 
 @overload
@@ -460,6 +561,7 @@ def inference(
     model: str | None = None,
     operation: str = "chat",
     name: str | None = None,
+    provider: str | None = None,
     system: str | None = None,
     attributes: Mapping[str, Any] | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
@@ -472,16 +574,21 @@ def inference(
     model: str | None = None,
     operation: str = "chat",
     name: str | None = None,
+    provider: str | None = None,
     system: str | None = None,
     attributes: Mapping[str, Any] | None = None,
 ) -> Any:
     """Make each call of the handler one SERVER span: a request, with its phases and tokens.
 
-    Works bare or with arguments, on sync, async, generator and async-generator functions. A
-    streaming handler's span ends when the stream is exhausted or closed; an early close is
-    recorded as ``latscope.stream.end = "client_disconnect"`` and a cancellation as
-    ``"cancelled"``. The parent comes from the incoming ``traceparent`` when
-    ``TraceparentMiddleware`` (or ``extract_context``) put it in the context.
+    Works bare or with arguments, on sync, async, generator and async-generator functions and on
+    callable objects (an ``async def __call__`` is traced as async). A streaming handler's span
+    ends when the stream is exhausted or closed; an early close is recorded as
+    ``latscope.stream.end = "client_disconnect"`` and a cancellation as ``"cancelled"``; a
+    handler returning a streaming response (Starlette's ``body_iterator``) lasts until its body
+    is sent. The parent comes from the incoming ``traceparent`` when ``TraceparentMiddleware``
+    (or ``extract_context``) put it in the context. ``provider`` is the GenAI semantic
+    conventions' ``gen_ai.provider.name`` (``system`` is its deprecated spelling); each call also
+    feeds the ``gen_ai.server.*`` histograms.
 
     Example::
 
@@ -498,6 +605,7 @@ def inference(
             model=model,
             operation=operation,
             name=name,
+            provider=provider,
             system=system,
             attributes=attributes,
         )
@@ -505,21 +613,34 @@ def inference(
         raise ValueError(
             "@inference decorates a function: write @inference or @inference(model=...)"
         )
-    attrs: dict[str, Any] = dict(attributes or {})
-    attrs[GenAIAttributes.OPERATION_NAME] = operation
+    if name is None and model is None:
+        fn_name = getattr(fn, "__name__", None)
+        if not isinstance(fn_name, str):
+            raise ValueError(
+                f"@inference cannot name the span of {fn!r}: it has no __name__. Give it a name "
+                "or a model: sdk.inference(name='chat my-model')(handler) or "
+                "sdk.inference(model='my-model')(handler)"
+            )
+        name = f"{operation} {fn_name}"
+    provider = provider if provider is not None else system
+    metric_attrs: dict[str, Any] = {GenAIAttributes.OPERATION_NAME: operation}
+    if provider is not None:
+        metric_attrs[GenAIAttributes.PROVIDER_NAME] = provider
     if model is not None:
-        attrs[GenAIAttributes.REQUEST_MODEL] = model
-    if system is not None:
-        attrs[GenAIAttributes.SYSTEM] = system
-    spec = _Spec(name or f"{operation} {model or fn.__name__}", attrs)
+        metric_attrs[GenAIAttributes.REQUEST_MODEL] = model
+    attrs: dict[str, Any] = {**dict(attributes or {}), **metric_attrs}
+    spec = _Spec(name or f"{operation} {model}", attrs, metric_attrs)
 
-    if inspect.isasyncgenfunction(fn):
-        return functools.wraps(fn)(_wrap_async_gen(fn, spec))
-    if inspect.isgeneratorfunction(fn):
-        return functools.wraps(fn)(_wrap_gen(fn, spec))
-    if inspect.iscoroutinefunction(fn):
-        return functools.wraps(fn)(_wrap_async(fn, spec))
-    return functools.wraps(fn)(_wrap_sync(fn, spec))
+    kind = _kind(fn)
+    if kind == _AGEN:
+        wrapper = _wrap_async_gen(fn, spec)
+    elif kind == _GEN:
+        wrapper = _wrap_gen(fn, spec)
+    elif kind == _ASYNC:
+        wrapper = _wrap_async(fn, spec)
+    else:
+        wrapper = _wrap_sync(fn, spec)
+    return functools.wraps(fn)(wrapper)
 
 
 def _wrap_sync(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
@@ -535,7 +656,8 @@ def _wrap_sync(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
             _finish(req, exc)
             raise
         _exit(tokens)
-        _finish(req)
+        if not _defer_to_body(req, result):
+            _finish(req)
         return result
 
     return wrapper
@@ -558,9 +680,8 @@ def _wrap_async(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
             _finish(req, exc)
             raise
         _exit(tokens)
-        if _defer_to_body(req, result):
-            return result
-        _finish(req)
+        if not _defer_to_body(req, result):
+            _finish(req)
         return result
 
     return wrapper
@@ -569,15 +690,13 @@ def _wrap_async(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
 def _defer_to_body(req: _Request, result: Any) -> bool:
     """A returned streaming response (Starlette's ``body_iterator``): the request lasts until
     its body is sent, so end the span then rather than when the handler returned."""
-    try:
+    with _BODY:
         body = getattr(result, "body_iterator", None)
         if body is None or not hasattr(body, "__anext__"):
             return False
         result.body_iterator = _drive_body(req, body)
         return True
-    except Exception:
-        _guard.fault("inference.body")
-        return False
+    return False
 
 
 async def _drive_body(req: _Request, body: Any) -> AsyncIterator[Any]:

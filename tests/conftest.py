@@ -12,11 +12,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
-from latscope.storage import Store
+if TYPE_CHECKING:  # the SDK tests also run where the server extra is not installed
+    from latscope.storage import Store
 
 _EMBEDDED: list[Store] = []
 
@@ -29,6 +31,8 @@ def embedded_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     start a ``latscope serve`` process, or call ``release_embedded_store`` first.
     """
     if not _EMBEDDED:
+        from latscope.storage import Store
+
         store = Store.open(f"chdb://{tmp_path_factory.mktemp('embedded-store')}")
         store.apply_schema()
         _EMBEDDED.append(store)

@@ -1,5 +1,8 @@
-"""Shared helpers for the SDK tests: an in-memory span capture, uvicorn on a free port and a
-real OTLP/gRPC trace collector on loopback."""
+"""Shared helpers for the SDK tests: an in-memory span capture, uvicorn on a free port and real
+OTLP/gRPC trace and metrics services on loopback.
+
+Only the SDK's own dependencies and the SDK test tools are imported here (the SDK tests also
+run in an environment without the server extra, on the lowest declared OpenTelemetry)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,10 @@ from typing import Any
 
 import grpc
 import uvicorn
+from opentelemetry.proto.collector.metrics.v1 import (
+    metrics_service_pb2,
+    metrics_service_pb2_grpc,
+)
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -53,6 +60,7 @@ def capture(**kwargs: Any) -> Iterator[Capture]:
     exporter = InMemorySpanExporter()
     kwargs.setdefault("gpu", False)
     kwargs.setdefault("service_name", "test-svc")
+    kwargs.setdefault("metrics", False)  # tests of the metrics turn them on with an exporter
     sdk.configure(span_exporter=exporter, **kwargs)
     try:
         yield Capture(exporter)
@@ -117,4 +125,54 @@ def collector(mode: str) -> Iterator[tuple[Collector, str]]:
         yield servicer, f"127.0.0.1:{port}"
     finally:
         servicer.release.set()
+        server.stop(0).wait()
+
+
+class MetricsCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
+    """A real OTLP MetricsService on loopback that keeps every histogram point it is sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
+
+    def Export(self, request, context):
+        self.requests.append(request)
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    def histograms(self, name: str) -> list[tuple[dict[str, Any], Any]]:
+        """(attributes, data point) of metric ``name``: the latest point of each series
+        (cumulative points repeat at every export: a flush, then the shutdown)."""
+        found: dict[tuple, tuple[dict[str, Any], Any]] = {}
+        for request in self.requests:
+            for rm in request.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        if metric.name == name and metric.WhichOneof("data") == "histogram":
+                            for p in metric.histogram.data_points:
+                                attrs = {
+                                    kv.key: getattr(kv.value, kv.value.WhichOneof("value"))
+                                    for kv in p.attributes
+                                }
+                                found[tuple(sorted(attrs.items()))] = (attrs, p)
+        return list(found.values())
+
+    def names(self) -> set[str]:
+        return {
+            m.name
+            for r in self.requests
+            for rm in r.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+        }
+
+
+@contextmanager
+def metrics_collector() -> Iterator[tuple[MetricsCollector, str]]:
+    servicer = MetricsCollector()
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield servicer, f"127.0.0.1:{port}"
+    finally:
         server.stop(0).wait()

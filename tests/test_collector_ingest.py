@@ -207,7 +207,6 @@ def test_metrics_gauges_and_sums_are_stored(collector: Collector, store: Store) 
         unit="%",
     )
     meter.create_counter("gpu.energy", unit="mJ").add(1200, {"gpu.uuid": "GPU-abc"})
-    meter.create_histogram("latency").record(3.0)  # not stored; reported as rejected
     provider.shutdown()  # exports once
     rows = store.query_rows(
         "SELECT MetricName, MetricKind, Unit, Value, GpuUuid, GpuIndex FROM latscope_metrics "

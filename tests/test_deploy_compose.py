@@ -236,7 +236,8 @@ def dockerfile_stages() -> list[list[str]]:
 def test_image_is_multi_stage_and_installs_the_package_from_its_own_files() -> None:
     build = dockerfile_stages()[0]
     assert len(dockerfile_stages()) >= 2
-    assert any(re.search(r"pip install \.( |$)", line) for line in build)
+    # The image runs the collector and API: the package with its server extra.
+    assert any(re.search(r'pip install "\.\[server\]"( |$)', line) for line in build)
     for line in build:
         if line.startswith("COPY "):
             for source in shlex.split(line)[1:-1]:

@@ -9,8 +9,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from latscope import sdk
-from latscope.sdk._options import ExportOptions, from_env, parse_headers
-from latscope.sdk._runtime import RT, grpc_headers, grpc_target
+from latscope.sdk._options import ExportOptions, from_env, grpc_headers, grpc_target, parse_headers
+from latscope.sdk._runtime import RT
 from tests.sdk_support import capture, collector
 
 
@@ -72,9 +72,9 @@ def test_configure_twice_replaces_and_keeps_working() -> None:
         return 1
 
     try:
-        sdk.configure(service_name="one", span_exporter=first, gpu=False)
+        sdk.configure(service_name="one", span_exporter=first, gpu=False, metrics=False)
         handle()
-        sdk.configure(service_name="two", span_exporter=second, gpu=False)
+        sdk.configure(service_name="two", span_exporter=second, gpu=False, metrics=False)
         handle()
     finally:
         sdk.shutdown()

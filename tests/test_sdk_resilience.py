@@ -208,7 +208,7 @@ def test_nvml_init_failing_turns_gpu_off(caplog: pytest.LogCaptureFixture) -> No
         "latscope.sdk._server._Request.note_tokens",
         "latscope.sdk._server._Decode.__init__",
         "latscope.sdk._gpu.aggregate",
-        "latscope.sdk._client._start_span",
+        "latscope.sdk._client._start_call",
     ],
 )
 def test_internal_bug_never_reaches_the_app(monkeypatch: pytest.MonkeyPatch, target: str) -> None:

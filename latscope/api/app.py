@@ -45,18 +45,46 @@ def _error(status: int, error: str, detail: Any) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": error, "detail": detail})
 
 
+def _add_docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI from the swagger-ui-bundle-v2 package's files, so the page works on
+    a machine with no internet (FastAPI's default loads it from a CDN and stays blank offline)."""
+    from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.staticfiles import StaticFiles
+    from swagger_ui_bundle import swagger_ui_path
+
+    app.mount("/docs/static", StaticFiles(directory=str(swagger_ui_path)), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> Response:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title="latscope API",
+            swagger_js_url="/docs/static/swagger-ui-bundle.js",
+            swagger_css_url="/docs/static/swagger-ui.css",
+            swagger_favicon_url="/docs/static/favicon-32x32.png",
+            oauth2_redirect_url="/docs/oauth2-redirect",
+        )
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    def oauth2_redirect() -> Response:
+        return get_swagger_ui_oauth2_redirect_html()
+
+
 def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter] = ()) -> FastAPI:
     """The API over ``store``; with ``settings.token`` set, every /v1 route needs it."""
     app = FastAPI(
         title="latscope",
         version=__version__,
         description=DESCRIPTION,
+        docs_url=None,  # served by _add_docs from local files, not a CDN
+        redoc_url=None,
         openapi_tags=[
             {"name": "requests", "description": "one request: buckets, spans, tokens"},
             {"name": "aggregates", "description": "many requests: summary, tail, compare, ..."},
             {"name": "health", "description": "liveness, readiness, Prometheus metrics"},
         ],
     )
+    _add_docs(app)
 
     def require_token(request: Request) -> None:
         if not settings.token:

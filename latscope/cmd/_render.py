@@ -56,7 +56,10 @@ def ms(value: float | None, digits: int = 1) -> str:
 
 
 def pct(value: float | None) -> str:
-    return "—" if value is None else f"{value * 100:.1f}%"
+    if value is None:
+        return "—"
+    text = f"{value * 100:.1f}%"
+    return "0.0%" if text == "-0.0%" else text  # a tiny negative share is nothing, not minus
 
 
 def stacked_bar(parts: Mapping[str, float | None], width: int = BAR_WIDTH) -> Text:

@@ -18,9 +18,9 @@ HELP = "REST API + web page + gRPC query service alone (for a ClickHouse server 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from latscope.cli import add_settings_flags
+    from latscope.cli import API_SETTINGS, add_settings_flags
 
-    add_settings_flags(parser)
+    add_settings_flags(parser, API_SETTINGS)
     parser.epilog = (
         "The gRPC query service listens on --otlp-grpc. An embedded chdb:// store is owned by "
         "one process: run `latscope serve` for it instead."

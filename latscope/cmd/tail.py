@@ -59,6 +59,12 @@ def render(body: dict[str, Any]) -> None:
             r.pct(s.get("extra_share")),
         )
     out.print(table)
+    shares = [(body["buckets_ms"].get(b) or {}).get("extra_share") for b in BUCKETS]
+    if any(s is not None and s > 1 for s in shares):
+        out.print(
+            "a share above 100% means the other buckets were faster in the tail than in the "
+            "median requests: that bucket alone adds more than the whole difference"
+        )
     extra = {b: (body["buckets_ms"].get(b) or {}).get("extra") for b in BUCKETS}
     out.print(r.stacked_bar({b: v for b, v in extra.items() if v and v > 0}))
     if body["dominant"]:

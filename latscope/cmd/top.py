@@ -5,6 +5,7 @@ the store directly (``--store``)."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -28,6 +29,8 @@ HELP = "live: requests as they complete, with a rolling latency budget per servi
 
 #: How many recent requests the screen keeps (the rolling figures use the same ones).
 RECENT = 500
+#: How long to wait for the server's gRPC port before saying it is not there.
+CONNECT_TIMEOUT_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +62,14 @@ def _grpc_stream(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     token = _token(args)
     metadata = (("authorization", f"Bearer {token}"),) if token else None
     channel = grpc.insecure_channel(target)
+    try:  # fail before the screen is drawn, not with the error glued under an empty table
+        grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT_S)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        raise SourceError(
+            f"no latscope gRPC at {target} — start it with `latscope serve`, "
+            "or pass --grpc HOST:PORT (the OTLP/gRPC port, not the HTTP --url)"
+        ) from None
     stub = query_pb2_grpc.QueryServiceStub(channel)
     request = query_pb2.WatchRequest(
         service=args.service, model=args.model, min_e2e_ms=args.min_e2e_ms
@@ -127,7 +138,7 @@ def _screen(recent: deque[dict[str, Any]], seen: int, source: str) -> Group:
         latest.add_column(col, justify="right" if col in ("e2e", "ttft") else "left")
     for req in list(recent)[-15:][::-1]:
         latest.add_row(
-            req["trace_id"][:16], req["service"], req["model"], r.ms(req["e2e_ms"]),
+            req["trace_id"], req["service"], req["model"], r.ms(req["e2e_ms"]),
             r.ms(req.get("ttft_ms")), r.stacked_bar(req["buckets_ms"], 30),
         )  # fmt: skip
     return Group(head, budget, r.legend(), Text("latest", style="bold"), latest)
@@ -136,6 +147,10 @@ def _screen(recent: deque[dict[str, Any]], seen: int, source: str) -> Group:
 def main(args: argparse.Namespace) -> int:
     try:
         stream = _store_stream(args) if args.store else _grpc_stream(args)
+        # Generators run nothing until the first next(): connect (or fail) before drawing.
+        first = next(stream, None)
+        if first is not None:
+            stream = itertools.chain([first], stream)
         recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         seen = 0
         source = args.store or args.grpc or os.environ.get("LATSCOPE_OTLP_GRPC", "127.0.0.1:4317")

@@ -95,8 +95,13 @@ def print_tail(console: Console, tail: dict[str, Any]) -> None:
         f"\n[bold]Tail[/]: the slowest {100 - tail.get('percentile', 99):g}% "
         f"({tail.get('tail_count', 0)} requests, ≥ {_ms(tail.get('threshold_ms'))} ms) take "
         f"{_ms(tail.get('extra_e2e_ms'))} ms more than the median request; "
-        f"{_pct(extra.get('extra_share'))} of that is [bold]{dominant}[/] "
-        f"(+{_ms(extra.get('extra'))} ms)"
+        + (
+            f"[bold]{dominant}[/] alone adds more than that (+{_ms(extra.get('extra'))} ms; "
+            "other buckets were faster than the median's)"
+            if (extra.get("extra_share") or 0) > 1
+            else f"{_pct(extra.get('extra_share'))} of that is [bold]{dominant}[/] "
+            f"(+{_ms(extra.get('extra'))} ms)"
+        )
     )
 
 
