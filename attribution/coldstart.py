@@ -67,10 +67,10 @@ _FIGURE_COLUMNS = ", E2eNs, " + ", ".join(BUCKET_COLUMNS.values())
 class WarmupRule:
     """How long a new replica is warming up; see the module docstring.
 
-    >>> WarmupRule(warmup_requests=20, warmup_s=60).validate()
+    >>> WarmupRule(warmup_requests=10, warmup_s=60).validate()
     """
 
-    warmup_requests: int = 20
+    warmup_requests: int = 10
     warmup_s: float = 60.0
     lookback_s: float = 3600.0
 
@@ -292,7 +292,7 @@ def _scale_ups(appeared: list[dict[str, Any]], since_ns: int) -> list[dict[str, 
 #: A cold-start verdict needs this many warm-up requests...
 VERDICT_MIN_REQUESTS = 5
 #: ...taking at least this much longer than warm requests, on the mean.
-VERDICT_MIN_FACTOR = 1.5
+VERDICT_MIN_FACTOR = 1.25
 
 #: The diagnosis' cold-start verdict: cause, bucket (filled in from the numbers), first fixes.
 COLD_START_CAUSE: dict[str, Any] = {

@@ -627,7 +627,8 @@ def _rank(
     shaped.sort(key=lambda s: (-s[0], -s[1], str(s[2]["v"])))
     score = max(0.0, shaped[0][0])
     listed = []
-    for diff, vin, r, in_share, out_share in shaped[: max(1, limit)]:
+    # A value absent from the selection carries none of it: only values inside are listed.
+    for diff, vin, r, in_share, out_share in [x for x in shaped if x[1]][: max(1, limit)]:
         vout = int(r["n_out"])
         in_sums = {f: float(r[f"{f}_in"]) for f in _FIGURES}
         value_extra, buckets = _extra(vin, in_sums, n_out, out_sums)

@@ -75,7 +75,7 @@ class Settings:
         default=250.0, metadata={"help": "a gap between two streamed tokens above this is a stall"}
     )
     warmup_requests: int = field(
-        default=20,
+        default=10,
         metadata={"help": "a new replica is warming up for its first N requests (0: off)"},
     )
     warmup_s: float = field(

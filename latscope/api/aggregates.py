@@ -159,7 +159,7 @@ def diagnose(
     service: str | None = None,
     model: str | None = None,
     percentile: float = 99,
-    warmup_requests: int = 20,
+    warmup_requests: int = 10,
     warmup_s: float = 60.0,
 ) -> dict[str, Any]:
     """The usual cause of what the window shows, its first fixes and the numbers behind it
@@ -431,7 +431,7 @@ def coldstart(
     until: str | None = None,
     service: str | None = None,
     model: str | None = None,
-    warmup_requests: int = 20,
+    warmup_requests: int = 10,
     warmup_s: float = 60.0,
     lookback_s: float = 3600.0,
 ) -> dict[str, Any]:

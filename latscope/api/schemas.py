@@ -924,7 +924,7 @@ class ColdStart(_Closed):
                 {
                     "window": WINDOW_EXAMPLE,
                     "rule": {
-                        "warmup_requests": 20,
+                        "warmup_requests": 10,
                         "warmup_s": 60.0,
                         "lookback_s": 3600.0,
                         "replica_keys": ["service.instance.id", "k8s.pod.name", "host.name"],
