@@ -64,10 +64,9 @@ def test_timeseries_and_heatmap(served) -> None:
     assert total["count"] == 4000 and len(pods) == 8
     assert sum(p["count"] for p in pods) == total["count"]
     slow = next(s for s in pods if s["key"] == planted.SLOW_POD)
-    # The slow pod's p99 in its last hour stands far above its first hour's.
-    early = [p["e2e_ms"]["p99"] for p in slow["points"] if p["count"]][:3]
-    late = [p["e2e_ms"]["p99"] for p in slow["points"] if p["count"]][-3:]
-    assert min(late) > 1.5 * max(early)
+    # The slow pod's queue: tens of ms in its first steps, seconds in its last ones.
+    queue = [p["buckets_ms"]["queue"]["mean"] for p in slow["points"] if p["count"]]
+    assert max(queue[:3]) < 100 and min(queue[-3:]) > 1000
     for point in total["points"]:
         if point["count"]:
             assert sum(point["buckets_ms"][b]["share"] for b in BUCKETS) == pytest.approx(1)
@@ -177,4 +176,4 @@ def test_cli_timeline_draws_sparklines(served, capsys) -> None:
     code, out, err = run(capsys, "timeline", "--url", server.http, "--since", "4h", "--table",
                          "--step", "30m")  # fmt: skip
     assert code == 0, err
-    assert out.count(" ms") > 8 and "ttft" in out
+    assert "times in ms" in out and "ttft p99" in out

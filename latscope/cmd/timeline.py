@@ -106,27 +106,28 @@ def render(body: dict[str, Any], *, table: bool = False) -> None:
     out.print(rows)
 
 
+def _num(value: float | None, digits: int = 0) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
 def _table(out: Any, points: list[dict[str, Any]]) -> None:
     grid = Table(header_style="bold", box=None, pad_edge=False)
-    grid.add_column("step", no_wrap=True)
-    grid.add_column("n", justify="right", no_wrap=True)
-    grid.add_column("e2e p50", justify="right", no_wrap=True)
-    grid.add_column("e2e p99", justify="right", no_wrap=True)
-    grid.add_column("where the time went", no_wrap=True)
-    grid.add_column("ttft p99", justify="right", no_wrap=True)
-    grid.add_column("tpot p99", justify="right", no_wrap=True)
+    for col in ("step (UTC)", "n", "e2e p50", "e2e p99", "where the time went", "ttft p99",
+                "tpot p99"):  # fmt: skip
+        grid.add_column(col, justify="left" if col[0] in "sw" else "right", no_wrap=True)
     for p in points:
         shares = {b: p["buckets_ms"][b]["share"] for b in BUCKETS}
         grid.add_row(
-            _clock(p["start_ns"]),
+            datetime.fromtimestamp(p["start_ns"] / 1e9, UTC).strftime("%m-%d %H:%M"),
             str(p["count"]),
-            r.ms(p["e2e_ms"]["p50"]),
-            r.ms(p["e2e_ms"]["p99"]),
-            r.stacked_bar(shares, 16),
-            r.ms(p["ttft_ms"]["p99"]),
-            r.ms(p["tpot_ms"]["p99"], 2),
+            _num(p["e2e_ms"]["p50"]),
+            _num(p["e2e_ms"]["p99"]),
+            r.stacked_bar(shares, 20),
+            _num(p["ttft_ms"]["p99"]),
+            _num(p["tpot_ms"]["p99"], 1),
         )
     out.print(grid)
+    out.print("times in ms", style="dim")
     out.print(r.legend())
 
 
