@@ -16,9 +16,12 @@ tenant. ``python -m tests.planted DIR`` writes all three, ending now, into a fre
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import tempfile
 import uuid
 import zlib
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -216,6 +219,17 @@ def write_all(store: Store, until_ns: int) -> dict[str, object]:
         insert(store, df)
     insert_tenant_spans(store, rag, tenants)
     return {"t0": t0, "cold": int(cold.sum())}
+
+
+def store_dir(until_ns: int) -> Path:
+    """A fresh store holding the three datasets, written by a process of its own (an embedded
+    store belongs to one process at a time); the caller deletes its parent directory."""
+    path = Path(tempfile.mkdtemp(prefix="latscope-planted-")) / "store"
+    subprocess.run(
+        [sys.executable, "-m", "tests.planted", str(path), str(until_ns)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return path
 
 
 if __name__ == "__main__":  # python -m tests.planted STORE_DIR [UNTIL_NS]

@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import tempfile
+import shutil
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -22,27 +19,19 @@ from tests.conftest import Server, start_serve
 S = 10**9
 
 
-def planted_store(until_ns: int) -> Path:
-    """A store holding the planted datasets, written by a process of its own (an embedded store
-    belongs to one process at a time)."""
-    path = Path(tempfile.mkdtemp(prefix="latscope-planted-")) / "store"
-    subprocess.run(
-        [sys.executable, "-m", "tests.planted", str(path), str(until_ns)],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    return path
-
-
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[Server, int]]:
     until = time.time_ns() - 60 * S
-    path = planted_store(until)
-    server = start_serve(path, "--warmup-requests", "0", "--warmup-s", str(planted.COLD_S))
+    path = planted.store_dir(until)
+    # The rows are attributed already: no attributor (it would attribute the tenant spans again).
+    server = start_serve(
+        path, "--attributor", "off", "--warmup-requests", "0", "--warmup-s", str(planted.COLD_S)
+    )
     try:
         yield server, until
     finally:
         server.stop()
-        subprocess.run(["rm", "-rf", str(path.parent)], check=False)
+        shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def get(server: Server, path: str, **params: object) -> httpx.Response:
