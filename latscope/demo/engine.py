@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -93,6 +94,15 @@ class Engine:
         self.preemptions = 0
         self.peak_running = 0
         self.peak_waiting = 0
+        self.cold_prefill_steps = 0
+        #: When the loop started (monotonic s): the replica's cold period runs from here.
+        self.started: float | None = None
+
+    def cold(self) -> bool:
+        """Whether the engine is still in its cold period (``EngineConfig.cold_s``)."""
+        if not self.config.cold_s or self.started is None:
+            return False
+        return time.monotonic() - self.started < self.config.cold_s
 
     def submit(self, seq: Sequence, *, force: bool = False) -> Sequence:
         """Queue ``seq`` for a batch slot; raises Overloaded when the waiting queue is full
@@ -118,6 +128,7 @@ class Engine:
 
     async def run(self) -> None:
         """Run steps until ``stop()``."""
+        self.started = time.monotonic()
         while not self._stopped:
             self.running = [s for s in self.running if not s.done]
             if not self.waiting and not self.running:
@@ -170,6 +181,9 @@ class Engine:
         self.prefill_steps += 1
         # A preempted sequence recomputes its whole context, generated tokens included.
         cost = self.config.prefill_cost_ms(sum(s.context for s in admitted))
+        if self.cold():
+            cost += self.config.cold_prefill_ms
+            self.cold_prefill_steps += 1
         await self._sleep(cost / 1000)
         for seq in admitted:
             if seq.done:
