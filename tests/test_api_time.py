@@ -166,3 +166,11 @@ def test_cli_timeline_draws_sparklines(served, capsys) -> None:
                          "--step", "30m")  # fmt: skip
     assert code == 0, err
     assert "times in ms" in out and "ttft p99" in out
+
+
+def test_cli_diagnose_says_where_and_since_when(served, capsys) -> None:
+    server, _ = served
+    code, out, err = run(capsys, "diagnose", "--url", server.http, "--since", "4h", "--service",
+                         "chat")  # fmt: skip
+    assert code == 0, err
+    assert f"where: resource.k8s.pod.name = {planted.SLOW_POD} since " in out

@@ -134,6 +134,8 @@ def test_what_is_different_and_cold_starts(served: Server, page: Page, tmp_path:
         cell = page.inner_text(f"#cold-table tr[data-replica='{name}'] td.warmup")
         assert cell == f"{replica['warmup_e2e_mean_ms']:.1f}"
         assert replica["warmup_e2e_mean_ms"] > replica["warm_e2e_mean_ms"]
+    # The diagnosis says where the queue problem sits.
+    assert f"where: resource.k8s.pod.name = {planted.SLOW_POD}" in page.inner_text("#verdicts")
     page.locator("#why").scroll_into_view_if_needed()
     _screenshot(page, tmp_path, "latscope-why-cold.png")
 

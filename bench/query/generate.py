@@ -11,8 +11,9 @@ are offsets from ``plant_t0_ns``, the start of the generated week):
 * one slow pod: from 4 d 14 h to 4 d 17 h, ``pod-3`` queues 2-5 s longer.
 
 The buckets add up to E2eNs (network counts 0 without a client span, as the attributor writes
-it). Each request's resource attributes name its replica (``service.instance.id``, ``k8s.pod.name``),
-its node (``host.name``, 4 nodes) and its zone (``cloud.availability_zone``, 3 zones).
+it). Each request's resource attributes name its replica (``service.instance.id``,
+``k8s.pod.name``), its node (``host.name``, 4 nodes) and its zone (``cloud.availability_zone``,
+3 zones).
 """
 
 from __future__ import annotations

@@ -190,6 +190,9 @@ async function loadDiagnosis() {
     el("div", { class: "cause" }, v.cause),
     el("div", {}, "usual first fixes: ", v.fixes.join("; ")),
     el("div", { class: "evidence" }, evidenceText(v.evidence)),
+    v.where ? el("div", { class: "where" }, `where: ${v.where.dimension} = ${v.where.value}` +
+      (v.where.since_ns ? ` since ${new Date(v.where.since_ns / 1e6).toISOString()}` : "") +
+      ` (${pct(v.where.in_share)} of ${v.where.selection}, ${pct(v.where.out_share)} of the others)`) : null,
   )));
   if (body.count && !body.verdicts.length) {
     $("#verdicts").replaceChildren(el("li", {}, "no known pattern stands out — see the tail and the slowest requests"));
