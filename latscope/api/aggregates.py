@@ -412,7 +412,7 @@ def why(
         store,
         since_ns=r.since_ns,
         until_ns=r.until_ns,
-        selection=_call(lambda: dm.Selection(**chosen)),
+        selection=dm.Selection(**chosen),
         service=service,
         model=model,
         resources=keys(resource),

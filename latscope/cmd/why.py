@@ -11,7 +11,13 @@ from rich.table import Table
 from rich.text import Text
 
 from latscope.cmd import _render as r
-from latscope.cmd._source import Source, add_filter_arguments, add_source_arguments, run_command
+from latscope.cmd._source import (
+    Source,
+    SourceError,
+    add_filter_arguments,
+    add_source_arguments,
+    run_command,
+)
 
 HELP = "what is different about the slowest requests: dimensions ranked, extra time by bucket"
 
@@ -89,7 +95,10 @@ def _selection(args: argparse.Namespace) -> dict[str, Any]:
                 "max_ms": float(hi) if hi else None,
             }
         except ValueError:
-            bounds = {"min_ms": lo, "max_ms": hi}  # the API says what is wrong with them
+            raise SourceError(
+                f"--region {args.region!r}: write MIN_MS:MAX_MS, e.g. 2000:8000 or 2000:",
+                exit_code=2,
+            ) from None
         return {
             "selection": "region",
             "metric": args.metric,
