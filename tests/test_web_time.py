@@ -139,6 +139,16 @@ def test_what_is_different_and_cold_starts(served: Server, page: Page, tmp_path:
     page.locator("#why").scroll_into_view_if_needed()
     _screenshot(page, tmp_path, "latscope-why-cold.png")
 
+    # The slowest selected requests open in the request view.
+    links = page.locator("#why-examples a.trace")
+    assert links.count() == len(body["examples"]) > 0
+    assert links.first.get_attribute("data-trace") == body["examples"][0]["trace_id"]
+
+    # A span attribute named on the page is ranked too: the tenant with long prompts, on TTFT.
+    page.fill("#why-attributes", "tenant.id")
+    page.click("#why-form button")
+    page.wait_for_selector("#why .dimension[data-dimension='attribute.tenant.id']")
+
     # This window against the one before: the page asks the API the same question.
     page.select_option("#why-selection", "before")
     page.wait_for_function("document.querySelector('#why-text').textContent.includes('before')")

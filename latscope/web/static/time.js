@@ -192,9 +192,11 @@ function renderHeatmap(body) {
 
 function whyParams() {
   const kind = $("#why-selection").value;
-  if (kind === "region" && why.selection) return { ...filters(), ...why.selection };
-  if (kind === "before") return { ...filters(), selection: "before" };
-  return { ...filters(), selection: "percentile", percentile: 99 };
+  const attribute = $("#why-attributes").value.split(/[\s,]+/).filter(Boolean);
+  const base = { ...filters(), attribute };
+  if (kind === "region" && why.selection) return { ...base, ...why.selection };
+  if (kind === "before") return { ...base, selection: "before" };
+  return { ...base, selection: "percentile", percentile: 99 };
 }
 
 async function loadWhy() {
@@ -217,10 +219,14 @@ function renderWhy(body) {
     box.replaceChildren();
     return;
   }
+  $("#why-examples").replaceChildren(...(body.examples.length ? ["The slowest of them: "] : []),
+    ...body.examples.flatMap((e, i) => [i ? ", " : "", el("a", { class: "trace", href: `#trace=${e.trace_id}`, "data-trace": e.trace_id }, e.trace_id.slice(0, 16)), ` (${ms(e.e2e_ms)})`]));
   const top = body.top;
   $("#why-text").textContent = `${sel.count} requests (${sel.description}) against ${base.count} (${base.description}): mean ${ms(sel.e2e_mean_ms)} against ${ms(base.e2e_mean_ms)}, +${ms(body.extra_e2e_ms)}, most of it ${body.dominant || "–"}.` +
     (top ? ` Most different: ${top.dimension} = ${top.value} (${pct(top.in_share)} of them, ${pct(top.out_share)} of the rest), +${ms(top.extra_ms)} each, mostly ${top.dominant || "–"}${top.since_ns ? `, since ${iso(top.since_ns)}` : ""}.` : "");
-  box.replaceChildren(...body.dimensions.slice(0, 6).map((d) => el("div", { class: "dimension", "data-dimension": d.dimension, "data-score": d.score.toFixed(4) },
+  // The six that differ most, and every span attribute asked for.
+  const shown = body.dimensions.filter((d, i) => i < 6 || d.dimension.startsWith("attribute."));
+  box.replaceChildren(...shown.map((d) => el("div", { class: "dimension", "data-dimension": d.dimension, "data-score": d.score.toFixed(4) },
     el("h3", {}, d.dimension, el("span", { class: "muted" }, ` score ${(d.score * 100).toFixed(0)} · ${d.values_seen} values`)),
     el("table", { class: "numbers" },
       el("thead", {}, el("tr", {}, el("th", {}, "value"), el("th", {}, "selection vs rest"), el("th", {}, "here"), el("th", {}, "rest"), el("th", {}, "extra each"), el("th", {}, "where the extra went"))),
@@ -252,4 +258,5 @@ async function loadColdStart() {
 $("#range-reset").addEventListener("click", () => { state.range = null; showRange(); refresh(); });
 $("#heat-metric").addEventListener("change", () => run(loadHeatmap).catch(() => {}));
 $("#why-selection").addEventListener("change", () => run(loadWhy).catch(() => {}));
+$("#why-form").addEventListener("submit", (e) => { e.preventDefault(); run(loadWhy).catch(() => {}); });
 VIEWS.push(loadTimeline, loadHeatmap, loadWhy, loadColdStart);
