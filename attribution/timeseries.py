@@ -8,9 +8,11 @@ of ten) for e2e or any bucket, TTFT or TPOT; a rectangle of it is a selection fo
 ``dimensions.why``.
 
 Both read the hourly rollup where a step holds whole hours (steps that are whole hours; windows of
-a day or more get them by default) and the attribution table with FINAL for the rest, exactly as
-``aggregates.summary`` does (``rollups.plan``); percentiles come from the same 1 %-wide bins, so
-they are within 0.5 % of the exact ones, and are read off the bins inside ClickHouse.
+a day or more get them by default) and the attribution table for the rest (``window``), as
+``aggregates.summary`` does; percentiles then come from the same 1 %-wide bins, within 0.5 % of
+the exact ones, read off the bins inside ClickHouse. A window read wholly raw (shorter steps) of
+at most ``EXACT_MAX_REQUESTS`` gets exact percentiles instead: keeping its values costs less than
+binning them.
 
 >>> timeseries(store, since_ns=t0, until_ns=t1)  # doctest: +SKIP
 {"step_s": 30, "series": [{"key": "", "count": 1200, "points": [{"start_ns": ..., "count": 9,
@@ -302,29 +304,22 @@ def timeseries(
         if not row["total"]:
             counts[row["grp"]] = counts.get(row["grp"], 0) + int(row["n"])
     keys = sorted(counts, key=lambda k: (-counts[k], k))[: max(0, int(limit_groups))]
-    having = ""
-    if grouped and len(keys) < len(counts):
-        read.params["groups"] = keys
-        having = "\n        HAVING grp IN {groups:Array(String)}"
-    # The whole window's series from its own (cheaper) rollup level, the groups' from theirs.
-    parts = [
-        _TS_HIST_PART.replace("{total}", "0")
-        .replace("{having}", having)
-        .replace("{sources}", _hist_sources(read, _GROUP_KEYS if grouped else _KEYS, "g_"))
-    ]
-    if grouped:
-        whole = _prepare(store, since_ns, until_ns, step, service, model, None, use_rollups)
-        whole.params.update(read.params)
-        parts.append(
-            _TS_HIST_PART.replace("{total}", "1")
-            .replace("{having}", "")
-            .replace("{sources}", _hist_sources(whole, _KEYS, "t_"))
-        )
-        read = whole
+    total_n = sum(int(row["n"]) for row in figures if row["total"])
+    if not read.plan.hours and total_n <= EXACT_MAX_REQUESTS:
+        sql = _exact_quantiles(read, flag, sets)
+        hists = store.query_arrow(sql, read.params).to_pylist()
     else:
-        parts[0] = parts[0].replace("SELECT step, grp, 0 AS total", "SELECT step, grp, 1 AS total")
-    sql = _TS_HIST_SQL.replace("{sources}", "\n    UNION ALL\n    ".join(parts))
-    hists = store.query_arrow(sql, read.params).to_pylist()
+        sql, read = _binned_quantiles(
+            store,
+            read,
+            grouped,
+            keys,
+            len(counts),
+            flag,
+            (since_ns, until_ns, step),
+            (service, model, use_rollups),
+        )
+        hists = store.query_arrow(sql, read.params).to_pylist()
     first = since_ns // (step * 10**9)
     last = (until_ns - 1) // (step * 10**9)
     wanted = {(True, "")} | {(False, k) for k in keys}
@@ -353,6 +348,83 @@ def timeseries(
         "series": series,
         "source": _source(read),
     }
+
+
+def _binned_quantiles(
+    store: Store,
+    read: WindowRead,
+    grouped: bool,
+    keys: list[str],
+    groups_seen: int,
+    flag: str,
+    window: tuple[int, int, int],
+    filters: tuple[str | None, str | None, bool],
+) -> tuple[str, WindowRead]:
+    """Percentiles from the 1 % bins of rollup hours and raw rows (the read of the whole
+    window's series, whose parameters the query needs, comes back with it)."""
+    having = ""
+    if grouped and len(keys) < groups_seen:
+        read.params["groups"] = keys
+        having = "\n        HAVING grp IN {groups:Array(String)}"
+    # The whole window's series from its own (cheaper) rollup level, the groups' from theirs.
+    parts = [
+        _TS_HIST_PART.replace("{total}", "1" if not grouped else "0")
+        .replace("{having}", having)
+        .replace("{sources}", _hist_sources(read, _GROUP_KEYS if grouped else _KEYS, "g_"))
+    ]
+    if grouped:
+        since_ns, until_ns, step = window
+        service, model, use_rollups = filters
+        whole = _prepare(store, since_ns, until_ns, step, service, model, None, use_rollups)
+        whole.params.update(read.params)
+        parts.append(
+            _TS_HIST_PART.replace("{total}", "1")
+            .replace("{having}", "")
+            .replace("{sources}", _hist_sources(whole, _KEYS, "t_"))
+        )
+        read = whole
+    return _TS_HIST_SQL.replace("{sources}", "\n    UNION ALL\n    ".join(parts)), read
+
+
+#: Windows read wholly raw with at most this many requests get exact percentiles per step
+#: (every value kept per step: 10 figures x 8 bytes a request, so at most about 160 MB), which
+#: costs less than binning each request's figures; bigger ones are binned.
+EXACT_MAX_REQUESTS = 2_000_000
+_EXACT_COLUMNS = (
+    "Timestamp, E2eNs, NetworkNs, QueueNs, PreprocessNs, PrefillNs, DecodeNs, PostprocessNs, "
+    "OtherNs, TtftClientNs, TtftServerNs, TpotNs, ServiceName, Model, Route, Operation, "
+    "StatusCode"
+)
+_TS_EXACT_SQL = (
+    """
+SELECT step, grp, {total} AS total, count() AS n, """
+    + ", ".join(
+        f"quantilesExactInclusive(0.5, 0.9, 0.95, 0.99)({METRICS[m]}) AS q{_METRIC_INDEX[m]}"
+        for m in _SERIES_METRICS
+    )
+    + f"""
+FROM (SELECT {_STEP_RAW} AS step, {{group}} AS grp, * FROM ({{rows}}))
+GROUP BY {{sets}}"""
+    + _SETTINGS
+)
+
+
+def _exact_quantiles(read: WindowRead, flag: str, sets: str) -> str:
+    """Exact percentiles per step (and group) from the raw rows of a window read wholly raw."""
+    columns = _EXACT_COLUMNS + (", ResourceAttributes" if "Resource" in read.group else "")
+    rows = window.raw_rows(read.raw, read.params, columns, _FILTERS.removeprefix("\n    AND "))
+    sql = (
+        _TS_EXACT_SQL.replace("{rows}", rows)
+        .replace("{group}", read.group)
+        .replace("{total}", flag)
+        .replace("{sets}", sets)
+    )
+    # The same rows as the binned query gives: one per (step, grp, total, metric).
+    unpivot = ", ".join(f"({i}, q{i})" for i in _KEYS)
+    return (
+        "SELECT step, grp, total, m.1 AS metric, if(isNaN(m.2[1]), 0, n) AS n, m.2 AS q "
+        f"FROM ({sql.removesuffix(_SETTINGS)}) ARRAY JOIN [{unpivot}] AS m" + _SETTINGS
+    )
 
 
 def _source(read: WindowRead) -> dict[str, Any]:
@@ -394,6 +466,8 @@ def _point(
     n = int(row["n"]) if row else 0
 
     def q(metric: str) -> dict[str, float | None]:
+        if not total and _METRIC_INDEX[metric] not in _GROUP_KEYS:
+            return _levels(None, _SERIES_METRICS[metric])  # groups: means and shares only
         return _levels(
             quantiles.get((total, key, s, _METRIC_INDEX[metric])), _SERIES_METRICS[metric]
         )
