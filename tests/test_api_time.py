@@ -174,3 +174,12 @@ def test_cli_diagnose_says_where_and_since_when(served, capsys) -> None:
                          "chat")  # fmt: skip
     assert code == 0, err
     assert f"where: resource.k8s.pod.name = {planted.SLOW_POD} since " in out
+
+
+def test_cli_slo_says_where_the_budget_went(served, capsys) -> None:
+    server, _ = served
+    code, out, err = run(capsys, "slo", "--url", server.http, "--objective", "e2e:5500:0.99:1",
+                         "--service", "chat")  # fmt: skip
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "the budget went to queue" in text and "queue (1h, +" in text

@@ -27,14 +27,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
 
 
-def _rate(value: float | None, limit: float, spent: dict[str, Any] | None = None) -> Text:
-    """The burn rate, and the bucket its window's budget went to (the bad requests' extra)."""
+def _rate(value: float | None, limit: float) -> Text:
     if value is None:
         return Text("—")
-    text = Text(f"{value:.1f}x", style="bold red" if value > limit else "")
-    bucket = (spent or {}).get("dominant") if (spent or {}).get("bad") else None
-    if bucket:
-        text.append(f" {bucket}", style=r.COLOURS.get(bucket, ""))
+    return Text(f"{value:.1f}x", style="bold red" if value > limit else "")
+
+
+def spent_on(objective: dict[str, Any]) -> Text | None:
+    """Where each burn window's budget went: the bucket of the bad requests' extra time."""
+    spent = objective.get("budget_by_bucket") or {}
+    parts = [
+        (window, figures["dominant"], figures["extra_e2e_ms"])
+        for window in ("5m", "30m", "1h", "6h")
+        if (figures := spent.get(window)) and figures["bad"] and figures["dominant"]
+    ]
+    if not parts:
+        return None
+    text = Text(f"{objective['name']}: the budget went to ")
+    for i, (window, bucket, extra) in enumerate(parts):
+        text.append(", " if i else "").append(bucket, style="bold " + r.COLOURS.get(bucket, ""))
+        text.append(f" ({window}, +{r.ms(extra)} a bad request)")
     return text
 
 
@@ -47,7 +59,6 @@ def render(body: dict[str, Any]) -> None:
         )
     for o in body["objectives"]:
         rates = o["burn_rates"]
-        spent = o.get("budget_by_bucket") or {}
         alerts = [name for name, on in o["alerts"].items() if on]
         met = "—" if o["met"] is None else ("yes" if o["met"] else "NO")
         table.add_row(
@@ -55,19 +66,22 @@ def render(body: dict[str, Any]) -> None:
             str(o["total"]),
             Text(met, style="" if o["met"] is not False else "bold red"),
             r.pct(o["budget_left"]),
-            _rate(rates.get("5m"), 14.4, spent.get("5m")),
-            _rate(rates.get("30m"), 6, spent.get("30m")),
-            _rate(rates.get("1h"), 14.4, spent.get("1h")),
-            _rate(rates.get("6h"), 6, spent.get("6h")),
+            _rate(rates.get("5m"), 14.4),
+            _rate(rates.get("30m"), 6),
+            _rate(rates.get("1h"), 14.4),
+            _rate(rates.get("6h"), 6),
             Text(", ".join(alerts) or "ok", style="bold red" if alerts else "green"),
         )
     out.print(Text(f"SLOs as of {body['at']}", style="bold"))
     out.print(table)
+    for o in body["objectives"]:
+        if (line := spent_on(o)) is not None:
+            out.print(line)
     out.print(
         "budget: error budget left; 5m..6h: burn rates (1x spends the budget exactly over the "
-        "window) and the bucket the budget went to (where the requests that missed the "
-        "objective spent their extra time); alerts: fast_burn = 1h and 5m over 14.4x, slow_burn "
-        "= 6h and 30m over 6x",
+        "window); the budget went to: the bucket where the requests that missed the objective "
+        "spent their extra time; alerts: fast_burn = 1h and 5m over 14.4x, slow_burn = 6h and "
+        "30m over 6x",
         style="dim",
     )
 

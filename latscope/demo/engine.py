@@ -95,14 +95,17 @@ class Engine:
         self.peak_running = 0
         self.peak_waiting = 0
         self.cold_prefill_steps = 0
-        #: When the loop started (monotonic s): the replica's cold period runs from here.
+        #: When the first request came (monotonic s): the replica's cold period runs from here,
+        #: as kernels compile and caches fill on first use (and as latscope counts a replica's
+        #: warm-up from its first request).
         self.started: float | None = None
 
     def cold(self) -> bool:
-        """Whether the engine is still in its cold period (``EngineConfig.cold_s``)."""
-        if not self.config.cold_s or self.started is None:
+        """Whether the engine is still in its cold period (``EngineConfig.cold_s``); before its
+        first request it is."""
+        if not self.config.cold_s:
             return False
-        return time.monotonic() - self.started < self.config.cold_s
+        return self.started is None or time.monotonic() - self.started < self.config.cold_s
 
     def submit(self, seq: Sequence, *, force: bool = False) -> Sequence:
         """Queue ``seq`` for a batch slot; raises Overloaded when the waiting queue is full
@@ -110,6 +113,8 @@ class Engine:
         if not force and self.full():
             self.rejected += 1
             raise Overloaded(f"{len(self.waiting)} requests already waiting")
+        if self.started is None:
+            self.started = time.monotonic()
         self.waiting.append(seq)
         self.peak_waiting = max(self.peak_waiting, len(self.waiting))
         self._wake.set()
@@ -128,7 +133,6 @@ class Engine:
 
     async def run(self) -> None:
         """Run steps until ``stop()``."""
-        self.started = time.monotonic()
         while not self._stopped:
             self.running = [s for s in self.running if not s.done]
             if not self.waiting and not self.running:

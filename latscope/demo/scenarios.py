@@ -41,9 +41,9 @@ class EngineConfig:
     #: Detokenization and formatting of the finished response (postprocess).
     detokenize_ms: float = 0.5
     detokenize_ms_per_1k: float = 10.0
-    #: A new replica runs cold for its first ``cold_s`` seconds: each prefill step then costs
-    #: ``cold_prefill_ms`` more (kernels compiled and CUDA graphs captured on first use, weights
-    #: still paging in).
+    #: A new replica runs cold for ``cold_s`` seconds from its first request: each prefill step
+    #: then costs ``cold_prefill_ms`` more (kernels compiled and CUDA graphs captured on first
+    #: use, weights still paging in).
     cold_s: float = 0.0
     cold_prefill_ms: float = 0.0
 
@@ -200,9 +200,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="scale-up",
             complaint="every time the autoscaler adds replicas, latency spikes for a while",
-            # One replica, then two more at 35 % of the run; each runs cold for its first 2 s
-            # (every prefill step 400 ms longer), and the load (Poisson, 15/s) goes round-robin
-            # to every replica as soon as it answers.
+            # One replica, then two more at 35 % of the run; each runs cold for 2 s from its
+            # first request (every prefill step 400 ms longer), and the load (Poisson, 15/s)
+            # goes round-robin to every replica as soon as it answers.
             engine=EngineConfig(cold_s=2.0, cold_prefill_ms=400.0),
             load=LoadConfig(
                 rate=15.0,
