@@ -1087,7 +1087,25 @@ def slo(
             "service": service or "",
             "model": model or "",
         }
-        row = _query_dicts(store, SLO_SQL.replace("{value}", SLO_METRICS[obj.metric]), params)[0]
+        spent = None
+        if explain:
+            # One read gives both: each window's bad and good requests are the burn rates'
+            # counts, and their buckets say where the budget went.
+            starts = {"window": params["window_start"]} | {
+                w: params[f"s{w}"] for w in ("5m", "30m", "1h", "6h")
+            }
+            spent = dimensions.slo_buckets(
+                store, value_sql=SLO_METRICS[obj.metric], threshold_ms=obj.threshold_ms,
+                windows=starts, until_ns=int(now_ns), service=service, model=model,
+            )  # fmt: skip
+            row = {"total": spent["window"]["bad"] + spent["window"]["good"]}
+            row["bad"] = spent["window"]["bad"]
+            for w in ("5m", "30m", "1h", "6h"):
+                row[f"bad_{w}"] = spent[w]["bad"]
+                row[f"total_{w}"] = spent[w]["bad"] + spent[w]["good"]
+        else:
+            sql = SLO_SQL.replace("{value}", SLO_METRICS[obj.metric])
+            row = _query_dicts(store, sql, params)[0]
         budget = 1 - obj.target
 
         def burn(bad: int, total: int, budget: float = budget) -> float | None:
@@ -1119,14 +1137,8 @@ def slo(
                 },
             }
         )
-        if explain:
-            starts = {"window": params["window_start"]} | {
-                w: params[f"s{w}"] for w in ("5m", "30m", "1h", "6h")
-            }
-            results[-1]["budget_by_bucket"] = dimensions.slo_buckets(
-                store, value_sql=SLO_METRICS[obj.metric], threshold_ms=obj.threshold_ms,
-                windows=starts, until_ns=int(now_ns), service=service, model=model,
-            )  # fmt: skip
+        if spent is not None:
+            results[-1]["budget_by_bucket"] = spent
     return {"now_ns": int(now_ns), "objectives": results}
 
 

@@ -276,6 +276,13 @@ def test_slo_budget_goes_to_the_buckets_of_the_bad_requests(store: Store, chat) 
     # In the last hour the pod's queue is where most of the budget went.
     assert split_by["1h"]["dominant"] == "queue"
     assert split_by["window"]["bad"] == got["bad"]
+    # The burn rates come from the same read: the same as without the explanation.
+    plain = ag.slo(
+        store, objectives=[ag.Objective("e2e", threshold_ms=5500, target=0.99, window_days=1)],
+        now_ns=now, service=service, explain=False,
+    )["objectives"][0]  # fmt: skip
+    assert "budget_by_bucket" not in plain
+    assert {k: v for k, v in got.items() if k != "budget_by_bucket"} == plain
 
 
 def test_clean_hours_are_read_as_stored_and_others_with_final(store: Store) -> None:
