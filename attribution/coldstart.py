@@ -33,7 +33,14 @@ from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
 from latscope.storage import Store
 
-__all__ = ["REPLICA_KEYS", "ColdStartError", "WarmupRule", "coldstart"]
+__all__ = [
+    "COLD_START_CAUSE",
+    "REPLICA_KEYS",
+    "ColdStartError",
+    "WarmupRule",
+    "coldstart",
+    "verdict",
+]
 
 
 class ColdStartError(ValueError):

@@ -49,6 +49,7 @@ __all__ = [
     "SELECTION_KINDS",
     "DimensionError",
     "Selection",
+    "concentration",
     "slo_buckets",
     "why",
 ]
