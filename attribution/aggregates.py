@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from latscope.attribution import rollups
+from latscope.attribution import coldstart, dimensions, rollups
 from latscope.attribution.rollups import ROLLUP_TABLE, Plan
 from latscope.semconv import BUCKETS
 from latscope.storage import ATTRIBUTION_TABLE, Store
@@ -824,11 +824,14 @@ def diagnose(
     model: str | None = None,
     percentile: float = 99,
     stall_share: float = 0.05,
+    warmup: coldstart.WarmupRule | None = None,
 ) -> dict[str, Any]:
     """Map what the window shows to the usual cause and first fix.
 
     Returns ``{"count", "dominant", "tail_dominant", "verdicts": [{"id", "cause", "bucket",
-    "fixes", "evidence": {...}}]}``, strongest first; each verdict carries the numbers behind it.
+    "fixes", "evidence": {...}, "where": {...} | None}]}``, strongest first; each verdict
+    carries the numbers behind it, and ``where`` the dimension value that concentrates it and
+    since when (``dimensions.concentration``). ``warmup`` is the cold-start rule.
     """
     params = _params(since_ns, until_ns, service, model)
     params["tiny"] = TINY_PROMPT_TOKENS
@@ -947,8 +950,27 @@ def diagnose(
                 },
             )
         )
+    cold = coldstart.verdict(
+        coldstart.coldstart(
+            store, since_ns=since_ns, until_ns=until_ns, service=service, model=model, rule=warmup
+        )
+    )
+    if cold is not None:
+        verdicts.append((cold[0], "cold_start", cold[1]))
+    places: dict[str, dict[str, Any] | None] = {}
     for score, key, evidence in sorted(verdicts, key=lambda v: -v[0]):
-        out["verdicts"].append({"id": key, **CAUSES[key], "score": score, "evidence": evidence})
+        cause = dict(CAUSES.get(key) or coldstart.COLD_START_CAUSE)
+        if key == "cold_start":
+            cause["bucket"] = evidence["warmup_extra_bucket"] or cause["bucket"]
+        bucket = cause["bucket"]
+        if bucket not in places and key != "cold_start":
+            places[bucket] = dimensions.concentration(
+                store, since_ns=since_ns, until_ns=until_ns, bucket=bucket, service=service,
+                model=model,
+            )  # fmt: skip
+        out["verdicts"].append(
+            {"id": key, **cause, "score": score, "evidence": evidence, "where": places.get(bucket)}
+        )
     return out
 
 
@@ -1037,12 +1059,16 @@ def slo(
     now_ns: int,
     service: str | None = None,
     model: str | None = None,
+    explain: bool = True,
 ) -> dict[str, Any]:
     """Error budget left and multi-window burn rates for each objective, as of ``now_ns``.
 
     A burn rate is the window's bad fraction divided by the budget (1 - target): 1.0 spends the
     budget exactly over the objective's window. ``alerts.fast_burn`` is 1 h and 5 m both above
-    14.4, ``alerts.slow_burn`` is 6 h and 30 m both above 6 (Google SRE workbook).
+    14.4, ``alerts.slow_burn`` is 6 h and 30 m both above 6 (Google SRE workbook). With
+    ``explain``, ``budget_by_bucket`` says per window (the objective's, then each burn rate's)
+    which bucket the budget went to: the bad requests' extra time over the good ones, by bucket
+    (``dimensions.slo_buckets``).
     """
     results = []
     for raw in objectives:
@@ -1061,7 +1087,25 @@ def slo(
             "service": service or "",
             "model": model or "",
         }
-        row = _query_dicts(store, SLO_SQL.replace("{value}", SLO_METRICS[obj.metric]), params)[0]
+        spent = None
+        if explain:
+            # One read gives both: each window's bad and good requests are the burn rates'
+            # counts, and their buckets say where the budget went.
+            starts = {"window": params["window_start"]} | {
+                w: params[f"s{w}"] for w in ("5m", "30m", "1h", "6h")
+            }
+            spent = dimensions.slo_buckets(
+                store, value_sql=SLO_METRICS[obj.metric], threshold_ms=obj.threshold_ms,
+                windows=starts, until_ns=int(now_ns), service=service, model=model,
+            )  # fmt: skip
+            row = {"total": spent["window"]["bad"] + spent["window"]["good"]}
+            row["bad"] = spent["window"]["bad"]
+            for w in ("5m", "30m", "1h", "6h"):
+                row[f"bad_{w}"] = spent[w]["bad"]
+                row[f"total_{w}"] = spent[w]["bad"] + spent[w]["good"]
+        else:
+            sql = SLO_SQL.replace("{value}", SLO_METRICS[obj.metric])
+            row = _query_dicts(store, sql, params)[0]
         budget = 1 - obj.target
 
         def burn(bad: int, total: int, budget: float = budget) -> float | None:
@@ -1093,6 +1137,8 @@ def slo(
                 },
             }
         )
+        if spent is not None:
+            results[-1]["budget_by_bucket"] = spent
     return {"now_ns": int(now_ns), "objectives": results}
 
 

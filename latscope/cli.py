@@ -32,6 +32,8 @@ COMMANDS: dict[str, str] = {
     "tail": "latscope.cmd.tail",
     "compare": "latscope.cmd.compare",
     "diagnose": "latscope.cmd.diagnose",
+    "why": "latscope.cmd.why",
+    "timeline": "latscope.cmd.timeline",
     "explain": "latscope.cmd.explain",
     "slo": "latscope.cmd.slo",
     "top": "latscope.cmd.top",

@@ -88,6 +88,14 @@ class Settings:
     stall_threshold_ms: float = field(
         default=250.0, metadata={"help": "a gap between two streamed tokens above this is a stall"}
     )
+    warmup_requests: int = field(
+        default=10,
+        metadata={"help": "a new replica is warming up for its first N requests (0: off)"},
+    )
+    warmup_s: float = field(
+        default=60.0,
+        metadata={"help": "...and for its first S seconds (0: off); see docs/attribution.md"},
+    )
     tls_cert: str = field(
         default="", metadata={"help": "PEM certificate: serve OTLP/gRPC and HTTP over TLS"}
     )
@@ -163,6 +171,15 @@ class Settings:
             raise ConfigError("--attribution-batch-traces must be at least 1")
         if self.stall_threshold_ms <= 0:
             raise ConfigError("--stall-threshold-ms must be positive (milliseconds)")
+        if (
+            self.warmup_requests < 0
+            or self.warmup_s < 0
+            or not (self.warmup_requests or self.warmup_s)
+        ):
+            raise ConfigError(
+                "--warmup-requests and --warmup-s must be >= 0, and not both 0 (a new replica "
+                "warms up for its first N requests or S seconds)"
+            )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
         for name in ("tls_cert", "tls_key"):

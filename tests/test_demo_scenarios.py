@@ -21,6 +21,7 @@ CASES = {
     "long-prompts": (4.0, -3.0),
     "big-batches": (4.0, 6.0),
     "slow-network": (3.0, -5.0),
+    "scale-up": (8.0, 2.0),
 }
 
 
@@ -69,6 +70,14 @@ def test_scenario_gets_its_diagnosis_and_matches_the_truth(tmp_path: Path, name:
     assert check["skew_estimate_ms"] == pytest.approx(skew * 1000, abs=500)
     if name == "slow-network":
         assert check["proxy_added_ms"] >= 2 * scenarios.get(name).network_delay_ms
+    if name == "scale-up":
+        # Every replica found, the requests they served cold found as warm-up, their extra
+        # time and its bucket as the simulator measured them.
+        cold = report["cold_check"]
+        assert cold["ok"], (cold, proc.stdout)
+        assert cold["replicas_found"] == scenarios.get(name).scale_to
+        assert report["coldstart"]["appeared"] == scenarios.get(name).scale_to
+        assert "Cold-start check" in proc.stdout
     assert "Diagnosis" in proc.stdout and "http://127.0.0.1:" in proc.stdout
 
 

@@ -221,3 +221,21 @@ def test_time_range_moves_the_data(demo: tuple[Store, Demo, datetime], grafana: 
     finally:
         grafana.start, grafana.end = saved, saved_end
     assert requests == [{"requests": 0}]
+
+
+def test_heatmap_counts_every_request_once(grafana: Grafana) -> None:
+    panel = _panel("Latency heatmap")
+    assert panel["type"] == "heatmap" and panel["options"]["calculate"] is False
+    rows = grafana.run(panel["targets"][0]["rawSql"]).to_pylist()
+    bins = [c for c in rows[0] if c != "time"]
+    assert bins[-1] == "+Inf" and [float(b) for b in bins[:-1]] == sorted(
+        float(b) for b in bins[:-1]
+    )
+    counts = {
+        r["time"]: r["n"]
+        for r in grafana.run(
+            "SELECT $__timeInterval(Timestamp) AS time, count() AS n "
+            "FROM latscope_attribution FINAL WHERE $__timeFilter(Timestamp) GROUP BY time"
+        ).to_pylist()
+    }
+    assert {r["time"]: sum(r[b] for b in bins) for r in rows} == counts

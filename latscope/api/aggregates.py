@@ -15,6 +15,9 @@ from typing import Any
 from latscope.api.errors import InvalidParameter
 from latscope.api.timerange import TimeRange, TimeRangeError, parse_instant, parse_range
 from latscope.attribution import aggregates as agg
+from latscope.attribution import coldstart as cs
+from latscope.attribution import dimensions as dm
+from latscope.attribution import timeseries as ts
 from latscope.storage import Store
 
 #: Objectives used when none is given: typical interactive-chat targets over 30 days.
@@ -45,7 +48,7 @@ def _window(r: TimeRange) -> dict[str, Any]:
 def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
-    except agg.AggregateError as exc:
+    except (agg.AggregateError, ts.TimeseriesError, dm.DimensionError, cs.ColdStartError) as exc:
         raise InvalidParameter("invalid_parameter", str(exc)) from None
 
 
@@ -156,8 +159,11 @@ def diagnose(
     service: str | None = None,
     model: str | None = None,
     percentile: float = 99,
+    warmup_requests: int = 10,
+    warmup_s: float = 60.0,
 ) -> dict[str, Any]:
-    """The usual cause of what the window shows, its first fixes and the numbers behind it."""
+    """The usual cause of what the window shows, its first fixes and the numbers behind it
+    (``warmup_*``: the cold-start rule, see ``coldstart``)."""
     r = _range(since, until)
     out = _call(
         agg.diagnose,
@@ -167,6 +173,7 @@ def diagnose(
         service=service,
         model=model,
         percentile=float(percentile),
+        warmup=_call(cs.WarmupRule, warmup_requests=int(warmup_requests), warmup_s=float(warmup_s)),
     )
     out["window"] = _window(r)
     return out
@@ -272,3 +279,175 @@ def slowest(
         limit=max(1, min(int(limit), MAX_SLOWEST)),
     )
     return {"window": _window(r), "requests": rows}
+
+
+# -- over time, what is different, cold starts -------------------------------------------------
+
+_STEP = re.compile(r"^\s*(\d{1,7})\s*(s|m|h|d)\s*$")
+_STEP_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+_SLO_SELECTION = re.compile(r"^(?P<metric>e2e|ttft|tpot):(?P<threshold>\d+(\.\d+)?)(:.*)?$")
+
+
+def parse_step(text: str | None) -> int | None:
+    """``30s``, ``5m``, ``1h``, ``1d`` -> seconds (None: choose from the window)."""
+    if text is None or text == "":
+        return None
+    m = _STEP.match(text)
+    if not m or int(m.group(1)) == 0:
+        raise InvalidParameter(
+            "invalid_step", f"step {text!r}: write a duration such as 30s, 5m, 1h or 1d"
+        )
+    return int(m.group(1)) * _STEP_UNITS[m.group(2)]
+
+
+def timeseries(
+    store: Store,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+    step: str | None = None,
+    group_by: str | None = None,
+    limit_groups: int = 10,
+) -> dict[str, Any]:
+    """Every figure of the summary per time step, for the window and per group."""
+    if group_by and not _GROUP_BY.match(group_by):
+        raise InvalidParameter(
+            "invalid_group_by",
+            "group_by must be service, model, route, operation, status or resource.<attribute>",
+        )
+    r = _range(since, until)
+    out = _call(
+        ts.timeseries,
+        store,
+        since_ns=r.since_ns,
+        until_ns=r.until_ns,
+        step_s=parse_step(step),
+        service=service,
+        model=model,
+        group_by=group_by,
+        limit_groups=max(1, min(int(limit_groups), 50)),
+    )
+    out["window"] = _window(r)
+    return out
+
+
+def heatmap(
+    store: Store,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+    step: str | None = None,
+    metric: str = "e2e",
+    bins_per_decade: int = 10,
+) -> dict[str, Any]:
+    """Requests per time step and log-scaled latency bin."""
+    r = _range(since, until)
+    out = _call(
+        ts.heatmap,
+        store,
+        since_ns=r.since_ns,
+        until_ns=r.until_ns,
+        step_s=parse_step(step),
+        metric=metric,
+        service=service,
+        model=model,
+        bins_per_decade=int(bins_per_decade),
+    )
+    out["window"] = _window(r)
+    return out
+
+
+def why(
+    store: Store,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+    selection: str = "percentile",
+    metric: str = "e2e",
+    percentile: float = 99,
+    objective: str | None = None,
+    sel_since: str | None = None,
+    sel_until: str | None = None,
+    min_ms: float | None = None,
+    max_ms: float | None = None,
+    resource: list[str] | tuple[str, ...] | str | None = None,
+    attribute: list[str] | tuple[str, ...] | str | None = None,
+    limit_values: int = 5,
+    examples: int = 5,
+) -> dict[str, Any]:
+    """What is different about the selected requests, dimension by dimension, and the extra
+    time each top value carries, by bucket."""
+    r = _range(since, until)
+    chosen: dict[str, Any] = {"kind": selection, "metric": metric, "percentile": float(percentile)}
+    if selection == "slo":
+        m = _SLO_SELECTION.match((objective or "").strip())
+        if not m:
+            raise InvalidParameter(
+                "invalid_objective",
+                "selection=slo needs objective=METRIC:THRESHOLD_MS (e.g. ttft:500 or "
+                "ttft:500:0.99:30), METRIC e2e, ttft or tpot",
+            )
+        chosen.update(metric=m.group("metric"), threshold_ms=float(m.group("threshold")))
+    if selection == "region":
+        for name, text in (("sel_since", sel_since), ("sel_until", sel_until)):
+            if text:
+                try:
+                    instant = parse_instant(text, now=datetime.now(UTC), name=name)
+                except TimeRangeError as exc:
+                    raise InvalidParameter("invalid_time", str(exc)) from None
+                chosen[name.removeprefix("sel_") + "_ns"] = TimeRange(instant, instant).since_ns
+        chosen.update(min_ms=min_ms, max_ms=max_ms)
+
+    def keys(value: list[str] | tuple[str, ...] | str | None) -> list[str]:
+        return [value] if isinstance(value, str) else list(value or ())
+
+    out = _call(
+        dm.why,
+        store,
+        since_ns=r.since_ns,
+        until_ns=r.until_ns,
+        selection=dm.Selection(**chosen),
+        service=service,
+        model=model,
+        resources=keys(resource),
+        attributes=keys(attribute),
+        limit_values=max(1, min(int(limit_values), 50)),
+        examples=max(0, min(int(examples), 100)),
+    )
+    out["window"] = _window(r)
+    return out
+
+
+def coldstart(
+    store: Store,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+    warmup_requests: int = 10,
+    warmup_s: float = 60.0,
+    lookback_s: float = 3600.0,
+) -> dict[str, Any]:
+    """Replicas that appeared, their warm-up requests, and warm-up against warm by bucket."""
+    r = _range(since, until)
+    rule = cs.WarmupRule(
+        warmup_requests=int(warmup_requests), warmup_s=float(warmup_s), lookback_s=lookback_s
+    )
+    out = _call(
+        cs.coldstart,
+        store,
+        since_ns=r.since_ns,
+        until_ns=r.until_ns,
+        service=service,
+        model=model,
+        rule=rule,
+    )
+    out["window"] = _window(r)
+    return out

@@ -4,26 +4,31 @@ those functions are shared with the gRPC service and the CLI's direct mode."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
 from latscope.api import aggregates, trace
-from latscope.api.errors import error_responses
+from latscope.api.errors import InvalidParameter, error_responses
 from latscope.api.schemas import (
     TRACE_ID_EXAMPLE,
     Attribution,
+    ColdStart,
     Compare,
     Diagnosis,
     Explain,
     Gpu,
+    Heatmap,
     RequestTokens,
     Services,
     Slo,
     Slowest,
     Summary,
     Tail,
+    Timeseries,
     TraceSpans,
+    Why,
 )
 from latscope.config import Settings
 from latscope.storage import Store
@@ -77,6 +82,27 @@ Percentile = Annotated[
     float,
     Query(description="the tail starts at this percentile of e2e", gt=0, lt=100, examples=[99]),
 ]
+
+Step = Annotated[
+    str | None,
+    Query(
+        description="time step: 30s, 5m, 1h, 1d (default: from the window, about 120 points; "
+        "whole hours from a day on, read from the hourly rollup)",
+        max_length=16,
+        pattern=r"^\s*\d{1,7}\s*[smhd]\s*$",
+        examples=["5m"],
+    ),
+]
+Metric = Annotated[
+    str,
+    Query(
+        description="e2e, a bucket (network, queue, preprocess, prefill, decode, postprocess, "
+        "other), ttft or tpot",
+        pattern="^(e2e|network|queue|preprocess|prefill|decode|postprocess|other|ttft|tpot)$",
+        examples=["e2e"],
+    ),
+]
+_KEYS_PATTERN = r"^[A-Za-z0-9_.\-/]{1,128}$"
 
 _ONE = error_responses(400, 401, 404, 422, 503)
 _MANY = error_responses(400, 401, 422, 503)
@@ -216,7 +242,14 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
     ) -> dict[str, Any]:
         """The dominant bucket, the usual cause and first fixes, with the numbers behind each."""
         return aggregates.diagnose(
-            store, since=since, until=until, service=service, model=model, percentile=percentile
+            store,
+            since=since,
+            until=until,
+            service=service,
+            model=model,
+            percentile=percentile,
+            warmup_requests=settings.warmup_requests,
+            warmup_s=settings.warmup_s,
         )
 
     @router.get("/slo", tags=["aggregates"], response_model=Slo, responses=_MANY)
@@ -241,6 +274,207 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         """Error budget left and burn rates (5m, 30m, 1h, 6h) per objective, with the
         fast-burn (14.4x) and slow-burn (6x) alerts of the SRE workbook."""
         return aggregates.slo(store, objective=objective, at=at, service=service, model=model)
+
+    @router.get(
+        "/attribution/timeseries", tags=["aggregates"], response_model=Timeseries, responses=_MANY
+    )
+    def timeseries(
+        since: Since = None,
+        until: Until = None,
+        service: Service = None,
+        model: Model = None,
+        step: Step = None,
+        group_by: Annotated[
+            str | None,
+            Query(
+                description="also a series per group: service, model, route, operation, status "
+                "or resource.<attribute>",
+                max_length=160,
+                examples=["model"],
+            ),
+        ] = None,
+        limit_groups: Annotated[
+            int, Query(description="at most this many groups, largest first", ge=1, le=50)
+        ] = 10,
+    ) -> dict[str, Any]:
+        """Since when: percentiles, means and shares of every bucket, TTFT and TPOT per step."""
+        return aggregates.timeseries(
+            store,
+            since=since,
+            until=until,
+            service=service,
+            model=model,
+            step=step,
+            group_by=group_by,
+            limit_groups=limit_groups,
+        )
+
+    @router.get(
+        "/attribution/heatmap", tags=["aggregates"], response_model=Heatmap, responses=_MANY
+    )
+    def heatmap(
+        since: Since = None,
+        until: Until = None,
+        service: Service = None,
+        model: Model = None,
+        step: Step = None,
+        metric: Metric = "e2e",
+        bins_per_decade: Annotated[
+            int,
+            Query(description="latency bins per factor of ten: 5, 10, 20 or 46", examples=[10]),
+        ] = 10,
+    ) -> dict[str, Any]:
+        """Requests per time step and log-scaled latency bin of e2e (or a bucket, TTFT, TPOT)."""
+        return aggregates.heatmap(
+            store,
+            since=since,
+            until=until,
+            service=service,
+            model=model,
+            step=step,
+            metric=metric,
+            bins_per_decade=bins_per_decade,
+        )
+
+    @router.get("/attribution/why", tags=["aggregates"], response_model=Why, responses=_MANY)
+    def why(
+        since: Since = None,
+        until: Until = None,
+        service: Service = None,
+        model: Model = None,
+        selection: Annotated[
+            str,
+            Query(
+                description="which requests: percentile (metric at or above the percentile), "
+                "region (a heatmap rectangle: sel_since..sel_until, min_ms..max_ms), slo (an "
+                "objective's bad requests) or before (the window against the one before it)",
+                pattern="^(percentile|region|slo|before)$",
+                examples=["percentile"],
+            ),
+        ] = "percentile",
+        metric: Metric = "e2e",
+        percentile: Percentile = 99,
+        objective: Annotated[
+            str | None,
+            Query(
+                description="for selection=slo: METRIC:THRESHOLD_MS (e.g. ttft:500)",
+                max_length=64,
+                examples=["ttft:500"],
+            ),
+        ] = None,
+        sel_since: Annotated[
+            str | None, _time("for selection=region: start of the region", "30m")
+        ] = None,
+        sel_until: Annotated[
+            str | None, _time("for selection=region: end of the region", "10m")
+        ] = None,
+        min_ms: Annotated[
+            float | None,
+            Query(description="for selection=region: metric at least this (ms)", ge=0, le=1e9),
+        ] = None,
+        max_ms: Annotated[
+            float | None,
+            Query(description="for selection=region: metric below this (ms)", gt=0, le=1e9),
+        ] = None,
+        resource: Annotated[
+            list[str] | None,
+            Query(
+                description="more resource attributes to rank (repeat), beside "
+                "service.instance.id, k8s.pod.name, k8s.node.name, host.name, "
+                "cloud.availability_zone, cloud.region, service.version",
+                max_length=16,
+                examples=[["k8s.deployment.name"]],
+            ),
+        ] = None,
+        attribute: Annotated[
+            list[str] | None,
+            Query(
+                description="span attributes to rank (repeat), e.g. a tenant id: the value on "
+                "any span of the request's trace",
+                max_length=16,
+                examples=[["tenant.id"]],
+            ),
+        ] = None,
+        limit_values: Annotated[
+            int, Query(description="values listed per dimension", ge=1, le=50)
+        ] = 5,
+        examples: Annotated[
+            int, Query(description="slowest selected requests listed", ge=0, le=100)
+        ] = 5,
+    ) -> dict[str, Any]:
+        """What is different about these requests: every dimension ranked by how differently
+        its values are spread inside the selection and outside, and each top value's extra
+        time split into the seven buckets (they add up)."""
+        for key in [*(resource or []), *(attribute or [])]:
+            if not re.match(_KEYS_PATTERN, key):
+                raise InvalidParameter(
+                    "invalid_parameter",
+                    f"attribute key {key!r}: letters, digits and . _ - / only, at most 128",
+                )
+        return aggregates.why(
+            store,
+            since=since,
+            until=until,
+            service=service,
+            model=model,
+            selection=selection,
+            metric=metric,
+            percentile=percentile,
+            objective=objective,
+            sel_since=sel_since,
+            sel_until=sel_until,
+            min_ms=min_ms,
+            max_ms=max_ms,
+            resource=resource,
+            attribute=attribute,
+            limit_values=limit_values,
+            examples=examples,
+        )
+
+    @router.get(
+        "/attribution/coldstart", tags=["aggregates"], response_model=ColdStart, responses=_MANY
+    )
+    def coldstart(
+        since: Since = None,
+        until: Until = None,
+        service: Service = None,
+        model: Model = None,
+        warmup_requests: Annotated[
+            int | None,
+            Query(
+                description="a new replica warms up for its first N requests (default: the "
+                "server's --warmup-requests; 0: off)",
+                ge=0,
+                le=10_000,
+            ),
+        ] = None,
+        warmup_s: Annotated[
+            float | None,
+            Query(
+                description="...and its first S seconds (default: --warmup-s; 0: off)",
+                ge=0,
+                le=86_400,
+            ),
+        ] = None,
+        lookback_s: Annotated[
+            float,
+            Query(description="look for replicas this long before the window", gt=300, le=604_800),
+        ] = 3600,
+    ) -> dict[str, Any]:
+        """Cold starts and scale-up lag: replicas that appeared, their warm-up requests, and
+        warm-up against warm latency bucket by bucket."""
+        return aggregates.coldstart(
+            store,
+            since=since,
+            until=until,
+            service=service,
+            model=model,
+            warmup_requests=settings.warmup_requests
+            if warmup_requests is None
+            else warmup_requests,
+            warmup_s=settings.warmup_s if warmup_s is None else warmup_s,
+            lookback_s=lookback_s,
+        )
 
     @router.get("/gpu", tags=["aggregates"], response_model=Gpu, responses=_MANY)
     def gpu(

@@ -399,6 +399,9 @@ class Verdict(_Open):
     fixes: list[str]
     score: float | None = None
     evidence: dict[str, Any]
+    where: dict[str, Any] | None = Field(
+        None, description="the dimension value that concentrates the problem, and since when"
+    )
 
 
 class Diagnosis(_Open):
@@ -450,6 +453,10 @@ class ObjectiveStatus(_Open):
     budget_left: float | None
     burn_rates: dict[str, float | None]
     alerts: dict[str, bool]
+    budget_by_bucket: dict[str, BudgetSplit] | None = Field(
+        None,
+        description="per window (the objective's, then each burn rate's): where the budget went",
+    )
 
 
 class Slo(_Open):
@@ -607,3 +614,397 @@ class Slowest(_Open):
 
     window: Window
     requests: list[SlowRequest]
+
+
+# -- over time, the heatmap, what is different, cold starts ---------------------------------------
+# Closed models: a key the answer does not document is an error, not a silent extra.
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StepPercentiles(_Closed):
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+
+
+class StepBucket(_Closed):
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    share: float | None = Field(None, description="the bucket's fraction of the step's e2e time")
+
+
+class StepPoint(_Closed):
+    start_ns: int
+    end_ns: int
+    count: int
+    e2e_ms: StepPercentiles
+    buckets_ms: dict[str, StepBucket]
+    ttft_ms: StepPercentiles
+    tpot_ms: StepPercentiles
+
+
+class Series(_Closed):
+    key: str = Field(description='the group ("" for the whole window)')
+    count: int
+    points: list[StepPoint]
+
+
+class ReadSource(_Closed):
+    rollup_hours: int = Field(description="hours read from the hourly rollup")
+    raw_ranges: int = Field(description="time ranges read from the attribution table")
+    raw_final_ranges: int = Field(description="of those, ranges read with FINAL")
+
+
+_POINT_EXAMPLE = {
+    "start_ns": 1767362400000000000,
+    "end_ns": 1767362430000000000,
+    "count": 40,
+    "e2e_ms": {"p50": 940.0, "p90": 1800.0, "p95": 2300.0, "p99": 3900.0, "mean": 1063.0},
+    "buckets_ms": {
+        b: {k: v[k] for k in ("p50", "p95", "p99", "mean", "share")}
+        for b, v in _BUCKET_STATS_EXAMPLE.items()
+    },
+    "ttft_ms": {"p50": 290.0, "p95": 700.0, "p99": 1100.0, "mean": 330.0},
+    "tpot_ms": {"p50": 21.0, "p95": 30.0, "p99": 44.0, "mean": 22.0},
+}
+
+
+class Timeseries(_Closed):
+    """Every figure of the summary per time step, for the window and per group."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "window": WINDOW_EXAMPLE,
+                    "step_s": 30,
+                    "group_by": None,
+                    "series": [{"key": "", "count": 40, "points": [_POINT_EXAMPLE]}],
+                    "source": {"rollup_hours": 0, "raw_ranges": 1, "raw_final_ranges": 1},
+                }
+            ]
+        },
+    )
+
+    window: Window
+    step_s: int
+    group_by: str | None
+    series: list[Series]
+    source: ReadSource
+
+
+class HeatBin(_Closed):
+    row: int
+    lo_ms: float
+    hi_ms: float
+
+
+class Heatmap(_Closed):
+    """Requests per time step (columns) and log-scaled latency bin (rows)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "window": WINDOW_EXAMPLE,
+                    "metric": "e2e",
+                    "step_s": 30,
+                    "bins_per_decade": 10,
+                    "times_ns": [1767362400000000000, 1767362430000000000],
+                    "bins": [
+                        {"row": 89, "lo_ms": 794.3, "hi_ms": 1000.0},
+                        {"row": 90, "lo_ms": 1000.0, "hi_ms": 1258.9},
+                    ],
+                    "counts": [[12, 3], [10, 7]],
+                    "zero_counts": [0, 0],
+                    "count": 32,
+                    "max_count": 12,
+                    "source": {"rollup_hours": 0, "raw_ranges": 1, "raw_final_ranges": 1},
+                }
+            ]
+        },
+    )
+
+    window: Window
+    metric: str
+    step_s: int
+    bins_per_decade: int
+    times_ns: list[int]
+    bins: list[HeatBin]
+    counts: list[list[int]] = Field(description="counts[step][bin]")
+    zero_counts: list[int] = Field(description="per step, requests whose value is 0")
+    count: int
+    max_count: int
+    source: ReadSource
+
+
+class BucketMeans(_Closed):
+    network: float | None = None
+    queue: float | None = None
+    preprocess: float | None = None
+    prefill: float | None = None
+    decode: float | None = None
+    postprocess: float | None = None
+    other: float | None = None
+
+
+class WhySide(_Closed):
+    count: int
+    e2e_mean_ms: float | None
+    buckets_ms: BucketMeans
+
+
+class WhySelection(WhySide):
+    kind: str
+    metric: str
+    description: str
+    threshold_ms: float | None
+
+
+class WhyBaseline(WhySide):
+    description: str
+
+
+class WhyValue(_Closed):
+    value: str
+    in_count: int
+    out_count: int
+    in_share: float = Field(description="the value's share of the selection")
+    out_share: float = Field(description="its share of the baseline")
+    difference: float = Field(description="in_share - out_share")
+    in_e2e_mean_ms: float | None
+    out_e2e_mean_ms: float | None
+    extra_ms: float | None = Field(
+        description="mean e2e of the selection's requests with this value minus the baseline's"
+    )
+    buckets_ms: BucketMeans = Field(description="extra_ms split by bucket (they add up)")
+    dominant: str | None
+    extra_share: float | None = Field(
+        description="the share of the selection's extra time these requests carry"
+    )
+
+
+class WhyDimension(_Closed):
+    dimension: str
+    score: float = Field(description="the largest difference of one value (BubbleUp's order)")
+    values_seen: int
+    values: list[WhyValue]
+
+
+class WhyTop(_Closed):
+    dimension: str
+    value: str
+    score: float
+    in_share: float
+    out_share: float
+    extra_ms: float | None
+    dominant: str | None
+    since_ns: int | None = Field(description="when the selected requests with it began")
+
+
+class WhyExample(_Closed):
+    trace_id: str
+    start_ns: int
+    service: str
+    model: str
+    e2e_ms: float | None
+
+
+_WHY_VALUE_EXAMPLE = {
+    "value": "llm-7",
+    "in_count": 11,
+    "out_count": 140,
+    "in_share": 0.92,
+    "out_share": 0.12,
+    "difference": 0.8,
+    "in_e2e_mean_ms": 4410.0,
+    "out_e2e_mean_ms": 1020.0,
+    "extra_ms": 3410.0,
+    "buckets_ms": {"network": 2.0, "queue": 3380.0, "preprocess": 1.0, "prefill": 20.0,
+                   "decode": 5.0, "postprocess": 1.0, "other": 1.0},
+    "dominant": "queue",
+    "extra_share": 0.93,
+}  # fmt: skip
+
+
+class Why(_Closed):
+    """What is different about the selected requests: dimensions ranked, extra time by bucket."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "window": WINDOW_EXAMPLE,
+                    "selection": {
+                        "kind": "percentile",
+                        "metric": "e2e",
+                        "description": "e2e at or above p99 (3900.0 ms)",
+                        "threshold_ms": 3900.0,
+                        "count": 12,
+                        "e2e_mean_ms": 4500.0,
+                        "buckets_ms": {"queue": 3400.0},
+                    },
+                    "baseline": {
+                        "description": "the window's other requests (below 3900.0 ms)",
+                        "count": 1188,
+                        "e2e_mean_ms": 1030.0,
+                        "buckets_ms": {"queue": 80.0},
+                    },
+                    "extra_e2e_ms": 3470.0,
+                    "extra_buckets_ms": {"queue": 3320.0},
+                    "dominant": "queue",
+                    "dimensions": [
+                        {
+                            "dimension": "resource.k8s.pod.name",
+                            "score": 0.8,
+                            "values_seen": 8,
+                            "values": [_WHY_VALUE_EXAMPLE],
+                        }
+                    ],
+                    "top": {
+                        "dimension": "resource.k8s.pod.name",
+                        "value": "llm-7",
+                        "score": 0.8,
+                        "in_share": 0.92,
+                        "out_share": 0.12,
+                        "extra_ms": 3410.0,
+                        "dominant": "queue",
+                        "since_ns": 1767363900000000000,
+                    },
+                    "examples": [
+                        {
+                            "trace_id": TRACE_ID_EXAMPLE,
+                            "start_ns": 1767365000000000000,
+                            "service": "llm-server",
+                            "model": "llama-3-8b",
+                            "e2e_ms": 5210.0,
+                        }
+                    ],
+                }
+            ]
+        },
+    )
+
+    window: Window
+    selection: WhySelection
+    baseline: WhyBaseline
+    extra_e2e_ms: float | None = Field(description="selection's mean e2e minus the baseline's")
+    extra_buckets_ms: BucketMeans = Field(description="extra_e2e_ms by bucket (they add up)")
+    dominant: str | None
+    dimensions: list[WhyDimension]
+    top: WhyTop | None
+    examples: list[WhyExample] = Field(description="the slowest selected requests")
+
+
+class WarmupRuleModel(_Closed):
+    warmup_requests: int
+    warmup_s: float
+    lookback_s: float
+    replica_keys: list[str]
+
+
+class Replica(_Closed):
+    service: str
+    replica: str
+    first_seen_ns: int
+    appeared: bool = Field(description="first seen after the lookback began (a new replica)")
+    warm_from_ns: int | None = Field(description="its first request after the warm-up")
+    requests: int = Field(description="its requests in the window")
+    warmup_requests: int
+    warmup_e2e_mean_ms: float | None
+    warm_e2e_mean_ms: float | None
+
+
+class ScaleUp(_Closed):
+    at_ns: int
+    replicas: list[str]
+    count: int
+    warm_by_ns: int = Field(description="when the last of them finished warming up")
+    warmup_s: float = Field(description="from the first appearing to the last warm")
+
+
+class ColdStart(_Closed):
+    """Replicas that appeared, their warm-up requests, warm-up against warm by bucket."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "window": WINDOW_EXAMPLE,
+                    "rule": {
+                        "warmup_requests": 10,
+                        "warmup_s": 60.0,
+                        "lookback_s": 3600.0,
+                        "replica_keys": ["service.instance.id", "k8s.pod.name", "host.name"],
+                    },
+                    "replicas": [
+                        {
+                            "service": "llm-server",
+                            "replica": "llm-7",
+                            "first_seen_ns": 1767363900000000000,
+                            "appeared": True,
+                            "warm_from_ns": 1767363960000000000,
+                            "requests": 410,
+                            "warmup_requests": 23,
+                            "warmup_e2e_mean_ms": 2400.0,
+                            "warm_e2e_mean_ms": 950.0,
+                        }
+                    ],
+                    "replica_count": 4,
+                    "appeared": 1,
+                    "warmup": {"count": 23, "e2e_mean_ms": 2400.0, "buckets_ms": {}},
+                    "warm": {"count": 1800, "e2e_mean_ms": 950.0, "buckets_ms": {}},
+                    "unidentified": 0,
+                    "extra_e2e_ms": 1450.0,
+                    "extra_buckets_ms": {"prefill": 1390.0},
+                    "dominant": "prefill",
+                    "scale_ups": [
+                        {
+                            "at_ns": 1767363900000000000,
+                            "replicas": ["llm-server/llm-7"],
+                            "count": 1,
+                            "warm_by_ns": 1767363960000000000,
+                            "warmup_s": 60.0,
+                        }
+                    ],
+                }
+            ]
+        },
+    )
+
+    window: Window
+    rule: WarmupRuleModel
+    replicas: list[Replica]
+    replica_count: int
+    appeared: int = Field(description="replicas that appeared in the window")
+    warmup: WhySide
+    warm: WhySide
+    unidentified: int = Field(description="requests without a replica attribute")
+    extra_e2e_ms: float | None
+    extra_buckets_ms: BucketMeans
+    dominant: str | None
+    scale_ups: list[ScaleUp]
+
+
+class BudgetSplit(_Closed):
+    bad: int = Field(description="requests that missed the objective")
+    good: int
+    extra_e2e_ms: float | None = Field(description="bad requests' mean e2e minus the good ones'")
+    extra_buckets_ms: BucketMeans
+    dominant: str | None
+
+
+# ObjectiveStatus names BudgetSplit, defined with the newer answers above.
+ObjectiveStatus.model_rebuild()
+Slo.model_rebuild()

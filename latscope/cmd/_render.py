@@ -146,3 +146,22 @@ def token_strip(tokens: Mapping[str, Any], total_ms: float, width: int = BAR_WID
         glyph = levels[min(8, -(-c * 8 // peak))] if c else ("─" if bad else " ")
         text.append(glyph, style="bold red" if bad else "green")
     return text
+
+
+SPARKS = " ▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float | None], *, top: float | None = None) -> Text:
+    """One cell per value, its height in eighths of ``top`` (default: the largest); a missing
+    value is a dim dot."""
+    known = [v for v in values if v is not None]
+    peak = top if top is not None else max(known, default=0.0)
+    text = Text()
+    for v in values:
+        if v is None:
+            text.append("·", style="grey30")
+        elif peak <= 0:
+            text.append(SPARKS[0])
+        else:
+            text.append(SPARKS[min(8, max(1, round(v / peak * 8)))])
+    return text

@@ -39,6 +39,10 @@ QUERIES: dict[str, tuple[str, str]] = {
     "gpu": ("/v1/gpu", "latscope.api.aggregates:gpu"),
     "services": ("/v1/services", "latscope.api.aggregates:services"),
     "requests": ("/v1/requests", "latscope.api.aggregates:slowest"),
+    "timeseries": ("/v1/attribution/timeseries", "latscope.api.aggregates:timeseries"),
+    "heatmap": ("/v1/attribution/heatmap", "latscope.api.aggregates:heatmap"),
+    "why": ("/v1/attribution/why", "latscope.api.aggregates:why"),
+    "coldstart": ("/v1/attribution/coldstart", "latscope.api.aggregates:coldstart"),
 }
 
 DEFAULT_TIMEOUT_S = 60.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.text import Text
@@ -29,6 +30,20 @@ def _figure(key: str, value: Any) -> str:
     return str(value)
 
 
+def where_text(where: dict[str, Any]) -> str:
+    """``k8s.pod.name = llm-7 since 2026-01-02 14:05 UTC (81% of them, 9% of the others)``."""
+    since = where.get("since_ns")
+    when = (
+        datetime.fromtimestamp(since / 1e9, UTC).strftime(" since %Y-%m-%d %H:%M UTC")
+        if since
+        else ""
+    )
+    return (
+        f"{where['dimension']} = {where['value']}{when} ({where['in_share'] * 100:.0f}% of "
+        f"{where['selection']}, {where['out_share'] * 100:.0f}% of the others)"
+    )
+
+
 def render(body: dict[str, Any]) -> None:
     out = r.console()
     if not body["count"]:
@@ -53,6 +68,8 @@ def render(body: dict[str, Any]) -> None:
         out.print()
         out.print(Text(f"{i}. {v['cause']}", style="bold"))
         out.print(Text(f"   bucket: {v['bucket']}", style=r.COLOURS.get(v["bucket"], "")))
+        if v.get("where"):
+            out.print(Text("   where: ", style="bold").append(where_text(v["where"])))
         out.print("   evidence: " + ", ".join(
             f"{k} {_figure(k, val)}" for k, val in v["evidence"].items() if val is not None
         ))  # fmt: skip

@@ -33,6 +33,23 @@ def _rate(value: float | None, limit: float) -> Text:
     return Text(f"{value:.1f}x", style="bold red" if value > limit else "")
 
 
+def spent_on(objective: dict[str, Any]) -> Text | None:
+    """Where each burn window's budget went: the bucket of the bad requests' extra time."""
+    spent = objective.get("budget_by_bucket") or {}
+    parts = [
+        (window, figures["dominant"], figures["extra_e2e_ms"])
+        for window in ("5m", "30m", "1h", "6h")
+        if (figures := spent.get(window)) and figures["bad"] and figures["dominant"]
+    ]
+    if not parts:
+        return None
+    text = Text(f"{objective['name']}: the budget went to ")
+    for i, (window, bucket, extra) in enumerate(parts):
+        text.append(", " if i else "").append(bucket, style="bold " + r.COLOURS.get(bucket, ""))
+        text.append(f" ({window}, +{r.ms(extra)} a bad request)")
+    return text
+
+
 def render(body: dict[str, Any]) -> None:
     out = r.console()
     table = Table(header_style="bold", box=None, pad_edge=False)
@@ -57,9 +74,14 @@ def render(body: dict[str, Any]) -> None:
         )
     out.print(Text(f"SLOs as of {body['at']}", style="bold"))
     out.print(table)
+    for o in body["objectives"]:
+        if (line := spent_on(o)) is not None:
+            out.print(line)
     out.print(
         "budget: error budget left; 5m..6h: burn rates (1x spends the budget exactly over the "
-        "window); alerts: fast_burn = 1h and 5m over 14.4x, slow_burn = 6h and 30m over 6x",
+        "window); the budget went to: the bucket where the requests that missed the objective "
+        "spent their extra time; alerts: fast_burn = 1h and 5m over 14.4x, slow_burn = 6h and "
+        "30m over 6x",
         style="dim",
     )
 

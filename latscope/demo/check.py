@@ -158,3 +158,93 @@ def compare(
     if proxy_added_ns:
         result.proxy_added_ms = statistics.fmean(proxy_added_ns) / 1e6
     return result
+
+
+#: The cold-start check: latscope's warm-up requests against the simulator's cold ones. The
+#: two rules meet at the edges of the cold period (latscope counts from a replica's first
+#: request on the client's clock, the simulator from its engine's start), so counts may differ
+#: by a few requests, and the extra time by what those few carry.
+COLD_COUNT_TOLERANCE = (3, 0.2)  # requests, share of the cold ones
+COLD_EXTRA_TOLERANCE = (25.0, 0.25)  # ms, share of the true extra
+
+
+@dataclass
+class ColdCheck:
+    """latscope's cold-start answer against the truth."""
+
+    replicas_started: int
+    replicas_found: int
+    scale_ups: int
+    truth_cold: int
+    latscope_warmup: int
+    truth_extra_ms: float | None
+    latscope_extra_ms: float | None
+    truth_dominant: str | None
+    latscope_dominant: str | None
+
+    @property
+    def ok(self) -> bool:
+        count_ok = abs(self.latscope_warmup - self.truth_cold) <= max(
+            COLD_COUNT_TOLERANCE[0], COLD_COUNT_TOLERANCE[1] * self.truth_cold
+        )
+        extra_ok = (
+            self.truth_extra_ms is not None
+            and self.latscope_extra_ms is not None
+            and abs(self.latscope_extra_ms - self.truth_extra_ms)
+            <= max(COLD_EXTRA_TOLERANCE[0], COLD_EXTRA_TOLERANCE[1] * abs(self.truth_extra_ms))
+        )
+        return (
+            self.truth_cold > 0
+            and self.replicas_found == self.replicas_started
+            and count_ok
+            and extra_ok
+            and self.latscope_dominant == self.truth_dominant
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "replicas_started": self.replicas_started,
+            "replicas_found": self.replicas_found,
+            "scale_ups": self.scale_ups,
+            "truth_cold": self.truth_cold,
+            "latscope_warmup": self.latscope_warmup,
+            "truth_extra_ms": self.truth_extra_ms,
+            "latscope_extra_ms": self.latscope_extra_ms,
+            "truth_dominant": self.truth_dominant,
+            "latscope_dominant": self.latscope_dominant,
+        }
+
+
+def check_cold(
+    coldstart: Mapping[str, Any],
+    truth: Sequence[tuple[bool, Mapping[str, tuple[int, int]]]],
+    replicas_started: int,
+) -> ColdCheck:
+    """Compare latscope's cold-start answer (``/v1/attribution/coldstart``) with the truth:
+    ``(served cold, true bucket brackets)`` per request. The true extra is the cold requests'
+    mean e2e minus the warm ones' (bracket middles), by bucket."""
+
+    def means(rows: list[Mapping[str, tuple[int, int]]]) -> dict[str, float]:
+        return {b: statistics.fmean((r[b][0] + r[b][1]) / 2 for r in rows) / 1e6 for b in BUCKETS}
+
+    cold = [b for is_cold, b in truth if is_cold]
+    warm = [b for is_cold, b in truth if not is_cold]
+    extra: float | None = None
+    dominant: str | None = None
+    if cold and warm:
+        hot, calm = means(cold), means(warm)
+        by_bucket = {b: hot[b] - calm[b] for b in BUCKETS}
+        extra = sum(by_bucket.values())
+        dominant = max(by_bucket, key=lambda b: by_bucket[b])
+    return ColdCheck(
+        replicas_started=replicas_started,
+        replicas_found=sum(1 for r in coldstart["replicas"] if r["appeared"]),
+        scale_ups=len(coldstart["scale_ups"]),
+        truth_cold=len(cold),
+        latscope_warmup=int(coldstart["warmup"]["count"]),
+        truth_extra_ms=extra,
+        latscope_extra_ms=coldstart["extra_e2e_ms"],
+        truth_dominant=dominant,
+        latscope_dominant=coldstart["dominant"],
+    )

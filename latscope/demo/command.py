@@ -32,7 +32,7 @@ from rich.console import Console
 
 from latscope import sdk
 from latscope.demo import processes, report, scenarios
-from latscope.demo.check import CheckResult, compare
+from latscope.demo.check import CheckResult, ColdCheck, check_cold, compare
 from latscope.demo.load import LoadGenerator, RequestResult
 from latscope.demo.proxy import DelayProxy
 from latscope.demo.scenarios import Scenario
@@ -110,6 +110,9 @@ class DemoRun:
     check: CheckResult | None = None
     web_url: str = ""
     server_stats: dict[str, Any] = field(default_factory=dict)
+    #: Scenarios with a scale-up: latscope's cold-start answer and its check against the truth.
+    coldstart: dict[str, Any] | None = None
+    cold_check: ColdCheck | None = None
 
     @property
     def ok_results(self) -> list[RequestResult]:
@@ -141,6 +144,8 @@ class DemoRun:
             "report_error": self.report_error,
             "expectation_met": self.expectation_met(),
             "check": None if self.check is None else self.check.to_json(),
+            "coldstart": self.coldstart,
+            "cold_check": None if self.cold_check is None else self.cold_check.to_json(),
             "web": self.web_url,
         }
 
@@ -160,34 +165,43 @@ def main(args: argparse.Namespace) -> int:
     tmp = None if args.store else tempfile.mkdtemp(prefix="latscope-demo-")
     store = args.store or f"chdb://{tmp}"
     children: list[processes.Child] = []
+    replicas: Replicas | None = None
     try:
         console.print(
             f"[bold]latscope demo[/] · scenario [bold]{scenario.name}[/]: {scenario.complaint}"
         )
         console.print("starting latscope serve (embedded store) and the simulated LLM server…")
-        serve = processes.start_serve(store, args.http, "127.0.0.1:0")
+        # latscope's warm-up rule set to the simulator's cold period, so both count the same
+        # requests as cold (the check compares them).
+        cold = scenario.engine.cold_s
+        rule = ("--warmup-requests", "0", "--warmup-s", repr(cold)) if cold else ()
+        serve = processes.start_serve(store, args.http, "127.0.0.1:0", *rule)
         children.append(serve)
         otlp = f"http://{serve.found['grpc']}"
-        simulator = processes.start_simulator(scenario.name, otlp, args.clock_skew)
-        children.append(simulator)
+        replicas = Replicas(scenario, otlp, args.clock_skew)
+        children.extend(replicas.start(scenario.replicas))
         run = DemoRun(scenario, args.duration, args.clock_skew)
         run.web_url = serve.found["http"].rstrip("/") + "/"
         execute(
             run,
             serve.found["http"],
-            simulator,
+            replicas,
             otlp,
             seed=args.seed,
             console=console,
             progress=not args.no_progress,
             check=args.check,
         )
-        children.remove(simulator)
+        for child in replicas.children:
+            if child in children:
+                children.remove(child)
         report.print_report(console, run)
         if args.json:
             Path(args.json).write_text(json.dumps(run.to_json(), indent=2))
         status = 0
         if args.check and (run.check is None or not run.check.ok):
+            status = 1
+        if args.check and run.cold_check is not None and not run.cold_check.ok:
             status = 1
         if not args.exit:
             console.print("latscope keeps serving the page until Ctrl-C.")
@@ -204,6 +218,8 @@ def main(args: argparse.Namespace) -> int:
                 console.print(f"{child.name} exited with {child.proc.returncode}:\n{child.tail()}")
         return 1
     finally:
+        if replicas is not None:
+            replicas.stop()  # the ones a scale-up started too
         for child in reversed(children):
             child.stop()
         if tmp is not None:
@@ -222,10 +238,45 @@ def _wait_for_interrupt() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+class Replicas:
+    """The simulated server's replicas: each its own process with its own service.instance.id;
+    ``urls`` is what the load generator calls round-robin, and grows at a scale-up."""
+
+    def __init__(self, scenario: Scenario, otlp: str, clock_skew_s: float) -> None:
+        self.scenario = scenario
+        self.otlp = otlp
+        self.clock_skew_s = clock_skew_s
+        self.children: list[processes.Child] = []
+        self.urls: list[str] = []
+
+    def start(self, count: int) -> list[processes.Child]:
+        """Start ``count`` more replicas at once; each joins ``urls`` as soon as it answers."""
+        first = len(self.children) + 1
+        # Only a scenario with replicas names them (the others run one, as before).
+        names = [
+            f"{SERVER_SERVICE}-{first + i}" if self.scenario.scale_to else "" for i in range(count)
+        ]
+
+        def one(name: str) -> processes.Child:
+            child = processes.start_simulator(
+                self.scenario.name, self.otlp, self.clock_skew_s, instance_id=name
+            )
+            self.children.append(child)
+            self.urls.append(child.found["url"])
+            return child
+
+        with ThreadPoolExecutor(max(1, count)) as pool:
+            return list(pool.map(one, names))
+
+    def stop(self) -> None:
+        for child in self.children:
+            child.stop()
+
+
 def execute(
     run: DemoRun,
     api: str,
-    simulator: processes.Child,
+    replicas: Replicas,
     otlp: str,
     *,
     seed: int = 0,
@@ -233,19 +284,23 @@ def execute(
     progress: bool = True,
     check: bool = False,
 ) -> None:
-    """Run the load, collect the truth, stop the simulator, wait for latscope, fill ``run``;
-    with ``check``, also grade latscope's attribution of each request against the truth."""
+    """Run the load (scaling up on the way if the scenario says so), collect the truth, stop
+    the simulators, wait for latscope, fill ``run``; with ``check``, also grade latscope's
+    attribution of each request (and its cold starts) against the truth."""
     sdk.configure(service_name=CLIENT_SERVICE, endpoint=otlp, insecure=True, gpu=False)
     started = time.time()
     try:
-        asyncio.run(_drive(run, simulator.found["url"], seed, console, progress))
+        asyncio.run(_drive(run, replicas, seed, console, progress))
     finally:
         sdk.shutdown()  # flushes the client spans
-    with httpx.Client(base_url=simulator.found["url"], timeout=30) as sim:
-        truth = sim.get("/demo/truth").raise_for_status().json()
-        run.server_stats = sim.get("/demo/stats").raise_for_status().json()
-    run.truth = {t["request_id"]: t for t in truth["requests"]}
-    simulator.stop()  # its SDK flushes the server spans on the way out
+    stats = {}
+    for child in replicas.children:
+        with httpx.Client(base_url=child.found["url"], timeout=30) as sim:
+            truth = sim.get("/demo/truth").raise_for_status().json()
+            stats[child.name] = sim.get("/demo/stats").raise_for_status().json()
+        run.truth.update({t["request_id"]: t for t in truth["requests"]})
+    run.server_stats = next(iter(stats.values())) if len(stats) == 1 else stats
+    replicas.stop()  # their SDKs flush the server spans on the way out
     with httpx.Client(base_url=api, timeout=60) as client:
         # Requests are stamped with the client's start time, on this host's clock.
         window = {
@@ -255,15 +310,35 @@ def execute(
         }
         # Once the attributor has settled every request, all their spans are in the store.
         fetch_report(client, run, window, expected=len(run.ok_results))
+        if run.scenario.scale_to:
+            r = client.get("/v1/attribution/coldstart", params=window)
+            if r.status_code == 200:
+                run.coldstart = r.json()
+            else:
+                run.report_error = f"GET /v1/attribution/coldstart answered {r.status_code}"
         if check:
             run.attributions = fetch_attributions(client, [r.trace_id for r in run.ok_results])
     if check:
         run.check = build_check(run)
+        if run.coldstart is not None:
+            run.cold_check = check_cold(run.coldstart, _cold_truth(run), len(replicas.children))
+
+
+def _cold_truth(run: DemoRun) -> list[tuple[bool, dict[str, tuple[int, int]]]]:
+    """(served cold, true buckets) of each finished request, from the simulators' records."""
+    out = []
+    for result in run.ok_results:
+        server = run.truth.get(result.request_id)
+        if server is None or server.get("server_ns") is None:
+            continue
+        out.append((bool(server.get("cold")), truth_buckets(result.e2e_ns, server)))
+    return out
 
 
 async def _drive(
-    run: DemoRun, url: str, seed: int, console: Console | None, progress: bool
+    run: DemoRun, replicas: Replicas, seed: int, console: Console | None, progress: bool
 ) -> None:
+    url = replicas.urls[0]
     proxy = None
     if run.scenario.network_delay_ms > 0:
         parts = urlsplit(url)
@@ -271,15 +346,29 @@ async def _drive(
         proxy = DelayProxy(upstream, run.scenario.network_delay_ms / 1000)
         host, port = await proxy.start()
         url = f"http://{host}:{port}"
+    gen = LoadGenerator(
+        url, run.scenario, run.duration_s, seed=seed, console=console, progress=progress
+    )
+    if run.scenario.scale_to and proxy is None:
+        gen.urls = replicas.urls  # shared: replicas started later join the round-robin
+    scaling = None
+    if run.scenario.scale_to > run.scenario.replicas:
+        scaling = asyncio.create_task(_scale_up(run, replicas))
     try:
-        gen = LoadGenerator(
-            url, run.scenario, run.duration_s, seed=seed, console=console, progress=progress
-        )
         run.results = await gen.run()
     finally:
+        if scaling is not None:
+            await scaling
         if proxy is not None:
             await proxy.stop()
             run.proxy_ns = {rid: rec.added_ns for rid, rec in proxy.records.items()}
+
+
+async def _scale_up(run: DemoRun, replicas: Replicas) -> None:
+    """At ``scale_at`` of the run, start the new replicas (each joins as soon as it answers)."""
+    await asyncio.sleep(run.duration_s * run.scenario.scale_at)
+    count = run.scenario.scale_to - run.scenario.replicas
+    await asyncio.to_thread(replicas.start, count)
 
 
 def fetch_attributions(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -93,6 +94,18 @@ class Engine:
         self.preemptions = 0
         self.peak_running = 0
         self.peak_waiting = 0
+        self.cold_prefill_steps = 0
+        #: When the first request came (monotonic s): the replica's cold period runs from here,
+        #: as kernels compile and caches fill on first use (and as latscope counts a replica's
+        #: warm-up from its first request).
+        self.started: float | None = None
+
+    def cold(self) -> bool:
+        """Whether the engine is still in its cold period (``EngineConfig.cold_s``); before its
+        first request it is."""
+        if not self.config.cold_s:
+            return False
+        return self.started is None or time.monotonic() - self.started < self.config.cold_s
 
     def submit(self, seq: Sequence, *, force: bool = False) -> Sequence:
         """Queue ``seq`` for a batch slot; raises Overloaded when the waiting queue is full
@@ -100,6 +113,8 @@ class Engine:
         if not force and self.full():
             self.rejected += 1
             raise Overloaded(f"{len(self.waiting)} requests already waiting")
+        if self.started is None:
+            self.started = time.monotonic()
         self.waiting.append(seq)
         self.peak_waiting = max(self.peak_waiting, len(self.waiting))
         self._wake.set()
@@ -170,6 +185,9 @@ class Engine:
         self.prefill_steps += 1
         # A preempted sequence recomputes its whole context, generated tokens included.
         cost = self.config.prefill_cost_ms(sum(s.context for s in admitted))
+        if self.cold():
+            cost += self.config.cold_prefill_ms
+            self.cold_prefill_steps += 1
         await self._sleep(cost / 1000)
         for seq in admitted:
             if seq.done:

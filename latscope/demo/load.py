@@ -101,8 +101,12 @@ class LoadGenerator:
     console: Console | None = None
     #: Seconds to let requests still in flight at the end finish before cancelling them.
     drain_s: float = 60.0
+    #: Replicas' base URLs, called round-robin (default: ``base_url`` alone); may grow while
+    #: the load runs (a scale-up).
+    urls: list[str] = field(default_factory=list)
     results: list[RequestResult] = field(default_factory=list)
     skipped: int = 0
+    _turn: int = 0
     not_kept: int = 0
     in_flight: int = 0
 
@@ -177,8 +181,15 @@ class LoadGenerator:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
 
+    def _next_url(self) -> str:
+        if not self.urls:
+            return self.base_url
+        self._turn += 1
+        return self.urls[self._turn % len(self.urls)]
+
     async def _call(self, client: httpx.AsyncClient, rng: random.Random) -> None:
         load = self.load
+        base = self._next_url()
         words = sample_length(rng, load.prompt)
         result = RequestResult(
             request_id=uuid.uuid4().hex,
@@ -199,14 +210,14 @@ class LoadGenerator:
         # The truth brackets the SDK's CLIENT span: read right before it starts and right
         # before it ends, on a clock of its own.
         start = time.monotonic_ns()
-        call = sdk.client_call(
-            "POST", self.base_url + CHAT_PATH, headers=headers, model=self.scenario.model
-        )
+        call = sdk.client_call("POST", base + CHAT_PATH, headers=headers, model=self.scenario.model)
         start_after = time.monotonic_ns()
         try:
             try:
                 result.trace_id = trace_id_of(headers)
-                async with client.stream("POST", CHAT_PATH, json=body, headers=headers) as response:
+                async with client.stream(
+                    "POST", base + CHAT_PATH, json=body, headers=headers
+                ) as response:
                     call.first_byte()
                     call.set_status_code(response.status_code)
                     result.status = response.status_code

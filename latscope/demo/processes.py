@@ -106,25 +106,32 @@ def start(
 DEMO_SETTLE_S = 1.0
 
 
-def start_serve(store: str, http: str, otlp_grpc: str) -> Child:
-    """``latscope serve`` on ``store``; ``found`` has ``grpc`` (host:port) and ``http`` (URL)."""
+def start_serve(store: str, http: str, otlp_grpc: str, *extra: str) -> Child:
+    """``latscope serve`` on ``store`` (``extra``: more flags); ``found`` has ``grpc``
+    (host:port) and ``http`` (URL)."""
     return start(
         "latscope serve",
         [
             *("latscope.cli", "serve", "--store", store, "--http", http),
             *("--otlp-grpc", otlp_grpc, "--attribution-settle-s", str(DEMO_SETTLE_S)),
-            *("--log-level", "warning"),
+            *("--log-level", "warning", *extra),
         ],
         {"grpc": r"OTLP/gRPC\s+(\S+)", "http": r"HTTP\s+(http://\S+)"},
     )
 
 
 def start_simulator(
-    scenario: str, otlp: str, clock_skew_s: float, *, env: dict[str, str] | None = None
+    scenario: str,
+    otlp: str,
+    clock_skew_s: float,
+    *,
+    env: dict[str, str] | None = None,
+    instance_id: str = "",
 ) -> Child:
-    """The simulated LLM server; ``found["url"]`` is its base URL."""
+    """The simulated LLM server (one replica: ``instance_id`` is its service.instance.id);
+    ``found["url"]`` is its base URL."""
     return start(
-        "demo LLM server",
+        f"demo LLM server {instance_id}".strip(),
         [
             "latscope.demo.server",
             "--scenario",
@@ -133,6 +140,7 @@ def start_simulator(
             otlp,
             "--clock-skew",
             repr(clock_skew_s),
+            *(("--instance-id", instance_id) if instance_id else ()),
         ],
         {"url": r"latscope demo server: (http://\S+)"},
         env=env,

@@ -48,8 +48,12 @@ def print_report(console: Console, run: DemoRun) -> None:
         )
         mark = "[green]as expected[/]" if met else "[red]NOT as expected[/]"
         console.print(f"Scenario {run.scenario.name} expects {want}: {mark}")
+    if run.coldstart is not None:
+        print_coldstart(console, run.coldstart)
     if run.check is not None:
         print_check(console, run)
+    if run.cold_check is not None:
+        print_cold_check(console, run)
     console.print(f"\nlatscope's web page: [bold]{run.web_url}[/]")
 
 
@@ -158,3 +162,30 @@ def print_check(console: Console, run: DemoRun) -> None:
     for trace_id, bucket, truth, got in check.worst if not check.ok else ():
         console.print(f"  {trace_id} {bucket}: truth {truth:.3f} ms, latscope {got:.3f} ms")
     console.print("check: " + ("[green]PASS[/]" if check.ok else "[red]FAIL[/]"))
+
+
+def print_coldstart(console: Console, found: dict[str, Any]) -> None:
+    warmup, warm = found["warmup"], found["warm"]
+    console.print(
+        f"\n[bold]Cold starts[/]: {found['appeared']} replicas appeared "
+        f"({len(found['scale_ups'])} scale-ups); their {warmup['count']} warm-up requests took "
+        f"{_ms(warmup['e2e_mean_ms'])} ms on average against {_ms(warm['e2e_mean_ms'])} ms warm "
+        f"(+{_ms(found['extra_e2e_ms'])} ms, mostly [bold]{found['dominant']}[/])"
+    )
+    for event in found["scale_ups"]:
+        console.print(
+            f"  • {event['count']} replica(s) ({', '.join(event['replicas'])}), warm after "
+            f"{event['warmup_s']:.1f} s"
+        )
+
+
+def print_cold_check(console: Console, run: DemoRun) -> None:
+    c = run.cold_check
+    assert c is not None
+    console.print(
+        f"Cold-start check: {c.replicas_found} of {c.replicas_started} replicas found; warm-up "
+        f"requests {c.latscope_warmup} (truth: {c.truth_cold} served cold); extra "
+        f"{_ms(c.latscope_extra_ms)} ms (truth {_ms(c.truth_extra_ms)} ms), mostly "
+        f"{c.latscope_dominant} (truth {c.truth_dominant}): "
+        + ("[green]PASS[/]" if c.ok else "[red]FAIL[/]")
+    )

@@ -41,6 +41,11 @@ class EngineConfig:
     #: Detokenization and formatting of the finished response (postprocess).
     detokenize_ms: float = 0.5
     detokenize_ms_per_1k: float = 10.0
+    #: A new replica runs cold for ``cold_s`` seconds from its first request: each prefill step
+    #: then costs ``cold_prefill_ms`` more (kernels compiled and CUDA graphs captured on first
+    #: use, weights still paging in).
+    cold_s: float = 0.0
+    cold_prefill_ms: float = 0.0
 
     def prefill_cost_ms(self, prompt_tokens: int) -> float:
         """Time of one prefill step over ``prompt_tokens`` tokens (all admitted requests)."""
@@ -108,6 +113,11 @@ class Scenario:
     network_delay_ms: float = 0.0
     expect: Expectation = field(default_factory=lambda: Expectation("decode"))
     model: str = "sim-llama-3-8b"
+    #: Replicas of the simulated server at the start, and after the scale-up (0: none), which
+    #: comes at ``scale_at`` of the run; the load is spread over the replicas round-robin.
+    replicas: int = 1
+    scale_to: int = 0
+    scale_at: float = 0.4
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -186,6 +196,23 @@ SCENARIOS: dict[str, Scenario] = {
             ),
             network_delay_ms=60.0,
             expect=Expectation("network", absent=("queue_tail", "prefill_prompt_length")),
+        ),
+        Scenario(
+            name="scale-up",
+            complaint="every time the autoscaler adds replicas, latency spikes for a while",
+            # One replica, then two more at 35 % of the run; each runs cold for 2 s from its
+            # first request (every prefill step 400 ms longer), and the load (Poisson, 15/s)
+            # goes round-robin to every replica as soon as it answers.
+            engine=EngineConfig(cold_s=2.0, cold_prefill_ms=400.0),
+            load=LoadConfig(
+                rate=15.0,
+                prompt=Lengths(200, 0.5, 16, 1000),
+                output=Lengths(30, 0.3, 8, 64),
+            ),
+            replicas=1,
+            scale_to=3,
+            scale_at=0.35,
+            expect=Expectation("decode", verdicts=("cold_start",)),
         ),
     )
 }

@@ -134,6 +134,8 @@ def create_app(scenario: Scenario, recorder: TruthRecorder | None = None) -> Fas
 
     async def front(req: ChatRequest, truth: RequestTruth | None) -> Sequence:
         """Tokenize, pass the uninstrumented step, and queue for a batch slot."""
+        if truth is not None:
+            truth.cold = engine_box["engine"].cold()
         with measured(truth, "preprocess"):
             prompt_tokens = count_prompt_tokens(req)
             await asyncio.sleep(config.tokenize_cost_ms(prompt_tokens) / 1000)
@@ -290,6 +292,7 @@ def create_app(scenario: Scenario, recorder: TruthRecorder | None = None) -> Fas
             "rejected": engine.rejected,
             "peak_running": engine.peak_running,
             "peak_waiting": engine.peak_waiting,
+            "cold_prefill_steps": engine.cold_prefill_steps,
             "waiting": len(engine.waiting),
             "running": len(engine.running),
         }
@@ -322,6 +325,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--otlp", default="http://127.0.0.1:4317", help="latscope's OTLP/gRPC address")
     p.add_argument("--service-name", default="llm-server")
     p.add_argument(
+        "--instance-id", default="", help="service.instance.id of this replica (default: none)"
+    )
+    p.add_argument(
         "--clock-skew", type=float, default=0.0, metavar="S",
         help="run the SDK's clock S seconds ahead of this host's (negative: behind)",
     )  # fmt: skip
@@ -347,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         insecure=True,
         gpu=False,
         clock=skewed_clock(args.clock_skew),
+        resource_attributes={"service.instance.id": args.instance_id} if args.instance_id else None,
     )
     app = create_app(scenario)
     server = uvicorn.Server(

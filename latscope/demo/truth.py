@@ -40,6 +40,8 @@ class RequestTruth:
     prompt_tokens: int = 0
     output_tokens: int = 0
     status: int = 200
+    #: The replica was still in its cold period when the request arrived.
+    cold: bool = False
 
     def add(self, phase: str, low: int, high: int) -> None:
         bracket = self.phases_ns.setdefault(phase, [0, 0])
@@ -64,6 +66,7 @@ class RequestTruth:
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "status": self.status,
+            "cold": self.cold,
         }
 
 

@@ -3,7 +3,9 @@
 
 const BUCKETS = ["network", "queue", "preprocess", "prefill", "decode", "postprocess", "other"];
 const $ = (sel) => document.querySelector(sel);
-const state = { token: localStorage.getItem("latscope.token") || "" };
+const state = { token: localStorage.getItem("latscope.token") || "", range: null };
+// More views (static/time.js) add their loaders here; refresh() runs them with the others.
+const VIEWS = [];
 
 class ApiError extends Error {
   constructor(status, body) {
@@ -87,7 +89,9 @@ function showError(err) {
 // -- filters -----------------------------------------------------------------------------------
 
 function filters() {
-  return { since: $("#window").value, service: $("#service").value, model: $("#model").value };
+  // A window dragged on the over-time chart (state.range) wins over the window menu.
+  const range = state.range || { since: $("#window").value };
+  return { ...range, service: $("#service").value, model: $("#model").value };
 }
 
 async function loadServices() {
@@ -186,6 +190,9 @@ async function loadDiagnosis() {
     el("div", { class: "cause" }, v.cause),
     el("div", {}, "usual first fixes: ", v.fixes.join("; ")),
     el("div", { class: "evidence" }, evidenceText(v.evidence)),
+    v.where ? el("div", { class: "where" }, `where: ${v.where.dimension} = ${v.where.value}` +
+      (v.where.since_ns ? ` since ${new Date(v.where.since_ns / 1e6).toISOString()}` : "") +
+      ` (${pct(v.where.in_share)} of ${v.where.selection}, ${pct(v.where.out_share)} of the others)`) : null,
   )));
   if (body.count && !body.verdicts.length) {
     $("#verdicts").replaceChildren(el("li", {}, "no known pattern stands out — see the tail and the slowest requests"));
@@ -316,7 +323,7 @@ async function run(task) {
 
 async function refresh() {
   showError(null);
-  const tasks = [loadSummary, loadTail, loadDiagnosis, loadGpu, loadSlowest, loadCompare].map((t) => run(t));
+  const tasks = [loadSummary, loadTail, loadDiagnosis, loadGpu, loadSlowest, loadCompare, ...VIEWS].map((t) => run(t));
   const results = await Promise.allSettled(tasks);
   document.body.dataset.loaded = results.every((r) => r.status === "fulfilled") ? "ok" : "error";
 }
@@ -337,6 +344,7 @@ async function openFromHash() {
 async function start() {
   renderLegend();
   $("#filters").addEventListener("submit", (e) => { e.preventDefault(); refresh(); });
+  $("#window").addEventListener("change", () => { state.range = null; });  // before refresh runs
   for (const id of ["#window", "#service", "#model", "#group-by"]) $(id).addEventListener("change", refresh);
   $("#compare-form").addEventListener("submit", (e) => { e.preventDefault(); run(loadCompare).catch(() => {}); });
   $("#request-form").addEventListener("submit", (e) => {

@@ -1,0 +1,349 @@
+"""Cold starts and scale-up lag: requests served by a replica that had just appeared.
+
+A replica is named by its ``service.instance.id`` resource attribute, else ``k8s.pod.name``, else
+``host.name`` (per service). It *appears* at its first request; it is **warming up** for its first
+``warmup_requests`` requests and for the first ``warmup_s`` seconds after it appeared (either
+rule flags a request: the cold effects of a new replica come with its first requests (JIT
+compilation, CUDA graph capture, empty prefix caches) and with its first seconds (weights still
+loading, caches filling, the autoscaler's other replicas still starting); 0 turns a rule off).
+Requests of the window are flagged warm-up or warm, and the two are compared bucket by bucket:
+means add up, so the warm-up requests' extra time over the warm ones splits exactly into the
+seven buckets.
+
+A replica is looked for ``lookback_s`` before the window, so one that appeared just before it
+still has its warm-up flagged; one first seen in the first ``LOOKBACK_GRACE_S`` of that lookback
+is taken to have been running before it (its first request there is not its first ever).
+Replicas appearing within ``SCALE_UP_GAP_S`` of each other make one scale-up.
+
+>>> coldstart(store, since_ns=t0, until_ns=t1)  # doctest: +SKIP
+{"rule": {...}, "replicas": [{"service": "llm", "replica": "llm-7", "appeared": True, ...}],
+ "warmup": {"count": 40, "e2e_mean_ms": ...}, "warm": {...}, "extra_e2e_ms": 850.0,
+ "extra_buckets_ms": {"prefill": 790.0, ...}, "dominant": "prefill", "scale_ups": [...]}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from latscope.attribution import window
+from latscope.attribution.table import BUCKET_COLUMNS
+from latscope.semconv import BUCKETS
+from latscope.storage import Store
+
+__all__ = [
+    "COLD_START_CAUSE",
+    "REPLICA_KEYS",
+    "ColdStartError",
+    "WarmupRule",
+    "coldstart",
+    "verdict",
+]
+
+
+class ColdStartError(ValueError):
+    """The rule or window cannot be used; the message says what to write instead."""
+
+
+#: Resource attributes naming a replica, in order of preference.
+REPLICA_KEYS = ("service.instance.id", "k8s.pod.name", "host.name")
+#: A replica first seen this soon after the lookback starts was running before it.
+LOOKBACK_GRACE_S = 300
+#: Replicas appearing this close to each other are one scale-up.
+SCALE_UP_GAP_S = 300
+#: Replicas listed at most (the newest first); the figures cover every replica.
+MAX_REPLICAS = 200
+#: At most this many first requests per replica are tracked (the largest ``warmup_requests``).
+MAX_WARMUP_REQUESTS = 10_000
+
+_REPLICA = (
+    "coalesce("
+    + ", ".join(f"nullIf(ResourceAttributes['{k}'], '')" for k in REPLICA_KEYS)
+    + ", '')"
+)
+_SETTINGS = "\nSETTINGS do_not_merge_across_partitions_select_final = 1, join_use_nulls = 0"
+_FILTERS = """({service:String} = '' OR ServiceName = {service:String})
+      AND ({model:String} = '' OR Model = {model:String})"""
+_COLUMNS = "ServiceName, Timestamp, ResourceAttributes"
+_FIGURE_COLUMNS = ", E2eNs, " + ", ".join(BUCKET_COLUMNS.values())
+
+
+@dataclass(frozen=True)
+class WarmupRule:
+    """How long a new replica is warming up; see the module docstring.
+
+    >>> WarmupRule(warmup_requests=10, warmup_s=60).validate()
+    """
+
+    warmup_requests: int = 10
+    warmup_s: float = 60.0
+    lookback_s: float = 3600.0
+
+    def validate(self) -> None:
+        if not 0 <= self.warmup_requests <= MAX_WARMUP_REQUESTS:
+            raise ColdStartError(f"warmup_requests must be in 0..{MAX_WARMUP_REQUESTS}")
+        if not 0 <= self.warmup_s <= 86_400:
+            raise ColdStartError("warmup_s must be in 0..86400 seconds")
+        if self.warmup_requests == 0 and self.warmup_s == 0:
+            raise ColdStartError("warmup_requests and warmup_s are both 0: nothing is warm-up")
+        if not LOOKBACK_GRACE_S < self.lookback_s <= 7 * 86_400:
+            raise ColdStartError(f"lookback_s must be in {LOOKBACK_GRACE_S}..{7 * 86_400} seconds")
+
+
+#: Every replica of the window and its lookback: first request, count, its first requests' times.
+REPLICAS_SQL = f"""
+SELECT ServiceName AS service, replica, toUnixTimestamp64Nano(min(Timestamp)) AS first_ns,
+       count() AS n,
+       arrayMap(t -> toUnixTimestamp64Nano(t), groupArraySorted({{n_first:UInt32}})(Timestamp))
+           AS firsts
+FROM (SELECT ServiceName, Timestamp, {_REPLICA} AS replica FROM ({{rows}}))
+WHERE replica != ''
+GROUP BY service, replica{_SETTINGS}
+"""
+
+_SUMS = ", ".join(
+    ["sum(E2eNs) AS e2e"]
+    + [
+        f"sum({'ifNull(NetworkNs, 0)' if col == 'NetworkNs' else col}) AS {b}"
+        for b, col in BUCKET_COLUMNS.items()
+    ]
+)
+_FIGURES = ("e2e", *BUCKETS)
+
+#: The window's requests per replica, split at each warming replica's cutoff (``cuts``: service,
+#: replica, first ns after its warm-up); replicas not listed are warm throughout.
+SPLIT_SQL = f"""
+SELECT r.service AS service, r.replica AS replica, r.ts < c.cut AS warming, count() AS n, {_SUMS}
+FROM (
+    SELECT ServiceName AS service, {_REPLICA} AS replica, toUnixTimestamp64Nano(Timestamp) AS ts,
+           E2eNs, {", ".join(BUCKET_COLUMNS.values())}
+    FROM ({{rows}})
+) AS r
+LEFT JOIN (
+    SELECT t.1 AS service, t.2 AS replica, t.3 AS cut
+    FROM (SELECT arrayJoin({{cuts:Array(Tuple(String, String, Int64))}}) AS t)
+) AS c ON r.service = c.service AND r.replica = c.replica
+GROUP BY service, replica, warming{_SETTINGS}
+"""
+
+
+def _ms(ns: float | None) -> float | None:
+    if ns is None or (isinstance(ns, float) and math.isnan(ns)):
+        return None
+    return float(ns) / 1e6
+
+
+def _side(n: int, sums: Mapping[str, float]) -> dict[str, Any]:
+    return {
+        "count": n,
+        "e2e_mean_ms": _ms(sums["e2e"] / n) if n else None,
+        "buckets_ms": {b: (_ms(sums[b] / n) if n else None) for b in BUCKETS},
+    }
+
+
+def coldstart(
+    store: Store,
+    *,
+    since_ns: int,
+    until_ns: int,
+    service: str | None = None,
+    model: str | None = None,
+    rule: WarmupRule | None = None,
+) -> dict[str, Any]:
+    """Replicas that appeared, which requests of the window they served while warming up, and
+    warm-up against warm latency bucket by bucket (``extra_buckets_ms`` adds up to
+    ``extra_e2e_ms``).
+
+    Requests without a replica attribute are in neither side (``unidentified`` counts them).
+    """
+    rule = rule or WarmupRule()
+    rule.validate()
+    if until_ns <= since_ns:
+        raise ColdStartError(f"empty window: until ({until_ns}) must be after since ({since_ns})")
+    lookback_ns = int(since_ns - rule.lookback_s * 1e9)
+    params: dict[str, Any] = {
+        "since_ns": int(since_ns),
+        "until_ns": int(until_ns),
+        "lookback_ns": lookback_ns,
+        "service": service or "",
+        "model": model or "",
+        "n_first": max(1, rule.warmup_requests),
+    }
+    grace_ns = lookback_ns + LOOKBACK_GRACE_S * 10**9
+    warmup_ns = int(rule.warmup_s * 1e9)
+    replicas: dict[tuple[str, str], dict[str, Any]] = {}
+    cuts = []
+    # Reads skip FINAL where the hour is known clean (``window.raw_ranges``).
+    looked = window.raw_ranges(store, [(lookback_ns, int(until_ns))])
+    rows = window.raw_rows(looked, params, _COLUMNS, _FILTERS, prefix="l")
+    for row in store.query_arrow(REPLICAS_SQL.replace("{rows}", rows), params).to_pylist():
+        first = int(row["first_ns"])
+        appeared = first >= grace_ns
+        cut = 0
+        if appeared:
+            firsts = row["firsts"]
+            by_count = 0
+            if rule.warmup_requests:
+                # Past the N-th request (or every request, for a replica with fewer).
+                by_count = (
+                    firsts[rule.warmup_requests - 1] + 1
+                    if len(firsts) >= rule.warmup_requests
+                    else until_ns
+                )
+            cut = max(by_count, first + warmup_ns if warmup_ns else 0)
+        key = (row["service"], row["replica"])
+        replicas[key] = {
+            "service": row["service"],
+            "replica": row["replica"],
+            "first_seen_ns": first,
+            "appeared": appeared,
+            "warm_from_ns": cut if appeared else None,
+            "requests": 0,
+            "warmup_requests": 0,
+            "warmup_e2e_mean_ms": None,
+            "warm_e2e_mean_ms": None,
+        }
+        if appeared and cut > since_ns:
+            cuts.append((row["service"], row["replica"], cut))
+    params["cuts"] = cuts
+    sides = {True: dict.fromkeys(_FIGURES, 0.0), False: dict.fromkeys(_FIGURES, 0.0)}
+    counts = {True: 0, False: 0}
+    unidentified = 0
+    split = window.raw_ranges(store, [(int(since_ns), int(until_ns))])
+    rows = window.raw_rows(split, params, _COLUMNS + _FIGURE_COLUMNS, _FILTERS)
+    for row in store.query_arrow(SPLIT_SQL.replace("{rows}", rows), params).to_pylist():
+        n = int(row["n"])
+        if not row["replica"]:
+            unidentified += n
+            continue
+        warming = bool(row["warming"])
+        counts[warming] += n
+        for f in _FIGURES:
+            sides[warming][f] += float(row[f])
+        entry = replicas.get((row["service"], row["replica"]))
+        if entry is None:
+            continue
+        entry["requests"] += n
+        mean = _ms(float(row["e2e"]) / n) if n else None
+        if warming:
+            entry["warmup_requests"] += n
+            entry["warmup_e2e_mean_ms"] = mean
+        else:
+            entry["warm_e2e_mean_ms"] = mean
+    warmup, warm = _side(counts[True], sides[True]), _side(counts[False], sides[False])
+    extra_buckets: dict[str, float | None] = dict.fromkeys(BUCKETS)
+    extra = None
+    if counts[True] and counts[False]:
+        extra_buckets = {
+            b: (sides[True][b] / counts[True] - sides[False][b] / counts[False]) / 1e6
+            for b in BUCKETS
+        }
+        extra = sum(v for v in extra_buckets.values() if v is not None)
+    known = {b: v for b, v in extra_buckets.items() if v is not None}
+    dominant = max(known, key=lambda b: known[b]) if known else None
+    if dominant is not None and known[dominant] <= 0:
+        dominant = None
+    seen = [r for r in replicas.values() if r["requests"] or r["appeared"]]
+    appeared = sorted(
+        (r for r in seen if r["appeared"] and r["first_seen_ns"] < until_ns),
+        key=lambda r: r["first_seen_ns"],
+    )
+    listed = sorted(seen, key=lambda r: (-r["first_seen_ns"], r["service"], r["replica"]))
+    return {
+        "window": {"since_ns": int(since_ns), "until_ns": int(until_ns)},
+        "rule": asdict(rule) | {"replica_keys": list(REPLICA_KEYS)},
+        "replicas": listed[:MAX_REPLICAS],
+        "replica_count": len(seen),
+        "appeared": len([r for r in appeared if r["first_seen_ns"] >= since_ns]),
+        "warmup": warmup,
+        "warm": warm,
+        "unidentified": unidentified,
+        "extra_e2e_ms": extra,
+        "extra_buckets_ms": extra_buckets,
+        "dominant": dominant,
+        "scale_ups": _scale_ups(appeared, since_ns),
+    }
+
+
+def _scale_ups(appeared: list[dict[str, Any]], since_ns: int) -> list[dict[str, Any]]:
+    """Replicas that appeared close together (SCALE_UP_GAP_S), oldest first."""
+    events: list[dict[str, Any]] = []
+    for r in appeared:
+        if events and r["first_seen_ns"] - events[-1]["last_ns"] <= SCALE_UP_GAP_S * 10**9:
+            event = events[-1]
+        else:
+            event = {"at_ns": r["first_seen_ns"], "last_ns": r["first_seen_ns"], "replicas": []}
+            events.append(event)
+        event["last_ns"] = r["first_seen_ns"]
+        event["replicas"].append(f"{r['service']}/{r['replica']}")
+        warm = r["warm_from_ns"] or r["first_seen_ns"]
+        event["warm_by_ns"] = max(event.get("warm_by_ns", 0), warm)
+    out = []
+    for e in events:
+        if e["warm_by_ns"] <= since_ns:
+            continue  # wholly before the window
+        out.append(
+            {
+                "at_ns": e["at_ns"],
+                "replicas": e["replicas"],
+                "count": len(e["replicas"]),
+                "warm_by_ns": e["warm_by_ns"],
+                "warmup_s": (e["warm_by_ns"] - e["at_ns"]) / 1e9,
+            }
+        )
+    return out
+
+
+#: A cold-start verdict needs this many warm-up requests...
+VERDICT_MIN_REQUESTS = 5
+#: ...taking at least this much longer than warm requests, on the mean.
+VERDICT_MIN_FACTOR = 1.25
+
+#: The diagnosis' cold-start verdict: cause, bucket (filled in from the numbers), first fixes.
+COLD_START_CAUSE: dict[str, Any] = {
+    "bucket": "queue",
+    "cause": "cold starts: replicas that just appeared serve their first requests slowly "
+    "(scale-up lag)",
+    "fixes": [
+        "pre-warm new replicas: send warm-up requests before marking them ready",
+        "keep a minimum number of replicas warm instead of scaling from few",
+        "load the weights ahead (local cache or baked into the image; readiness waits for them)",
+        "scale out earlier, on queue time, so the warm-up happens before the load arrives",
+    ],
+}
+
+
+def verdict(found: Mapping[str, Any]) -> tuple[float, dict[str, Any]] | None:
+    """(score, evidence) of the cold-start verdict for a ``coldstart`` answer, or None.
+
+    The score is the share of a warm-up request's time that warming up adds:
+    ``extra / warm-up mean``, in [0, 1).
+    """
+    warmup, warm = found["warmup"], found["warm"]
+    if (
+        found["appeared"] == 0
+        or warmup["count"] < VERDICT_MIN_REQUESTS
+        or not warm["count"]
+        or not warm["e2e_mean_ms"]
+        or (warmup["e2e_mean_ms"] or 0) < VERDICT_MIN_FACTOR * warm["e2e_mean_ms"]
+    ):
+        return None
+    extra = found["extra_e2e_ms"] or 0.0
+    replicas = [r for r in found["replicas"] if r["appeared"] and r["warmup_requests"]]
+    first = min((r["first_seen_ns"] for r in replicas), default=None)
+    evidence = {
+        "replicas_appeared": found["appeared"],
+        "replicas": [f"{r['service']}/{r['replica']}" for r in replicas][:10],
+        "since_ns": first,
+        "warmup_requests": warmup["count"],
+        "warmup_e2e_mean_ms": warmup["e2e_mean_ms"],
+        "warm_e2e_mean_ms": warm["e2e_mean_ms"],
+        "warmup_extra_ms": extra,
+        "warmup_extra_bucket": found["dominant"],
+        "warmup_extra_by_bucket_ms": found["extra_buckets_ms"],
+        "rule_warmup_requests": found["rule"]["warmup_requests"],
+        "rule_warmup_s": found["rule"]["warmup_s"],
+    }
+    return extra / warmup["e2e_mean_ms"], evidence

@@ -1,0 +1,798 @@
+"""What is different about these requests: dimensions ranked by how differently their values are
+distributed inside a selection and outside it, and the extra time each value carries, by bucket.
+
+A selection is a set of requests of the window (``Selection``): those at or above a percentile of
+e2e (or of a bucket, TTFT, TPOT), an SLO's bad requests, a region of the latency heatmap (a time
+range by a latency range), or the whole window against the window of the same length just before
+it. The baseline is the rest: the window's other requests (the previous window for ``before``).
+
+The ranking follows Honeycomb's BubbleUp: for every dimension (service, model, route, operation,
+status, attempts, input- and output-token bands, resource attributes such as
+``service.instance.id``, ``k8s.pod.name``, ``host.name``, the cloud zone, and span attributes the
+caller names), each value's share of the selection is set against its share of the baseline;
+a dimension scores the largest over-representation of any one of its values
+(``in_share - out_share``), so the dimension that names one culprit value comes first.
+docs/attribution.md ("What is different") says why this score.
+
+Then latscope splits what BubbleUp cannot: for each top value, the extra time its selected
+requests take over the baseline's mean, bucket by bucket. Means add up (a request's buckets sum to
+its e2e, network counting 0 where unknown), so the seven extras of a value sum exactly to its
+extra e2e, and the values of one dimension, weighted by their counts, sum to the selection's
+extra.
+
+>>> why(store, since_ns=t0, until_ns=t1, selection=Selection("percentile", percentile=99))
+... # doctest: +SKIP
+{"selection": {"count": 12, ...}, "baseline": {"count": 1188, ...},
+ "dimensions": [{"dimension": "resource.k8s.pod.name", "score": 0.83, "values": [
+     {"value": "llm-7", "in_share": 0.92, "out_share": 0.09, "extra_ms": 2410.0,
+      "buckets_ms": {"queue": 2380.5, ...}, ...}]}, ...],
+ "top": {"dimension": "resource.k8s.pod.name", "value": "llm-7", "dominant": "queue", ...}}
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from latscope.attribution import rollups, timeseries, window
+from latscope.attribution.rollups import KEY_STRIDE, METRICS, ROLLUP_TABLE
+from latscope.attribution.table import BUCKET_COLUMNS
+from latscope.semconv import BUCKETS
+from latscope.storage import SPANS_TABLE, Store
+
+__all__ = [
+    "DEFAULT_RESOURCE_KEYS",
+    "DIMENSIONS",
+    "SELECTION_KINDS",
+    "DimensionError",
+    "Selection",
+    "concentration",
+    "slo_buckets",
+    "why",
+]
+
+
+class DimensionError(ValueError):
+    """The question cannot be answered as asked; the message says what to write instead."""
+
+
+#: Built-in dimensions: name -> (SQL per request, SQL turning that into the value's label, on
+#: ``{v}``). Token counts are power-of-two bands ("1024-2047", below 16 one band, unknown apart),
+#: kept as the band's exponent until the labels are made on a few rows.
+_TOKEN_BAND = (
+    "multiIf(isNull({col}), toUInt8(255), {col} < 16, toUInt8(0), toUInt8(floor(log2({col}))))"
+)
+_BAND_LABEL = (
+    "multiIf({v} = 255, 'unknown', {v} = 0, '0-15', concat(toString(bitShiftLeft(toUInt64(1), "
+    "{v})), '-', toString(bitShiftLeft(toUInt64(1), {v} + 1) - 1)))"
+)
+DIMENSIONS: dict[str, tuple[str, str]] = {
+    "service": ("ServiceName", "toString({v})"),
+    "model": ("Model", "toString({v})"),
+    "route": ("Route", "toString({v})"),
+    "operation": ("Operation", "toString({v})"),
+    "status": ("StatusCode", "toString({v})"),
+    "attempts": ("least(Attempts, 3)", "if({v} >= 3, '3+', toString({v}))"),
+    "input_tokens": (_TOKEN_BAND.replace("{col}", "InputTokens"), _BAND_LABEL),
+    "output_tokens": (_TOKEN_BAND.replace("{col}", "OutputTokens"), _BAND_LABEL),
+}
+#: Resource attributes ranked by default (``resource.<key>``): where a request ran.
+DEFAULT_RESOURCE_KEYS = (
+    "service.instance.id",
+    "k8s.pod.name",
+    "k8s.node.name",
+    "host.name",
+    "cloud.availability_zone",
+    "cloud.region",
+    "service.version",
+)
+#: Attribute keys a caller may name: OpenTelemetry-style names, bound as parameters.
+_KEY = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
+MAX_EXTRA_DIMENSIONS = 16
+
+#: Figures a selection can be made on: name -> SQL (network null without a client span, TTFT
+#: the client's where seen, else the server's).
+SELECT_METRICS: dict[str, str] = {name: METRICS[name] for name in ("e2e", *BUCKETS, "ttft", "tpot")}
+SELECTION_KINDS = ("percentile", "region", "slo", "before")
+
+#: A value's share of the selection from which ``since`` is read: the first step holding at
+#: least this fraction of the busiest step's selected requests with that value.
+SINCE_FRACTION = 0.25
+
+_SETTINGS = "\nSETTINGS do_not_merge_across_partitions_select_final = 1"
+_FILTERS = """({service:String} = '' OR ServiceName = {service:String})
+    AND ({model:String} = '' OR Model = {model:String})"""
+#: Columns every read of requests takes (the figures, and what selections are made on).
+_BASE_COLUMNS = (
+    "Timestamp, E2eNs, NetworkNs, QueueNs, PreprocessNs, PrefillNs, DecodeNs, PostprocessNs, "
+    "OtherNs, TtftClientNs, TtftServerNs, TpotNs, ServiceName, Model, Route, Operation, "
+    "StatusCode, Attempts, InputTokens, OutputTokens"
+)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which requests of the window are "inside".
+
+    * ``percentile``: ``metric`` at or above its ``percentile`` (the lower edge of the 1 % bin
+      holding that request, as ``aggregates.tail`` draws it);
+    * ``region``: started in ``[since_ns, until_ns)`` (default: the whole window) with ``metric``
+      in ``[min_ms, max_ms)`` (a rectangle of the heatmap);
+    * ``slo``: ``metric`` above ``threshold_ms`` (an objective's bad requests);
+    * ``before``: the whole window, against the window of the same length just before it.
+
+    >>> Selection("percentile", percentile=99).validate()
+    >>> Selection("slo", metric="ttft", threshold_ms=500).validate()
+    """
+
+    kind: str = "percentile"
+    metric: str = "e2e"
+    percentile: float = 99.0
+    since_ns: int | None = None
+    until_ns: int | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    threshold_ms: float | None = None
+
+    def validate(self) -> None:
+        if self.kind not in SELECTION_KINDS:
+            raise DimensionError(
+                f"selection {self.kind!r}: use one of {', '.join(SELECTION_KINDS)}"
+            )
+        if self.metric not in SELECT_METRICS:
+            raise DimensionError(f"metric {self.metric!r}: use one of {', '.join(SELECT_METRICS)}")
+        if self.kind == "percentile" and not 0 < self.percentile < 100:
+            raise DimensionError(f"percentile must be between 0 and 100, got {self.percentile}")
+        if self.kind == "slo" and (self.threshold_ms is None or self.threshold_ms <= 0):
+            raise DimensionError("an slo selection needs a positive threshold_ms")
+        if self.kind == "region":
+            lo, hi = self.min_ms, self.max_ms
+            if (lo is not None and lo < 0) or (hi is not None and hi <= 0):
+                raise DimensionError("a region's min_ms must be >= 0 and max_ms > 0")
+            if lo is not None and hi is not None and hi <= lo:
+                raise DimensionError("a region's max_ms must be above its min_ms")
+            if (
+                self.since_ns is not None
+                and self.until_ns is not None
+                and self.until_ns <= self.since_ns
+            ):
+                raise DimensionError("a region's until must be after its since")
+
+
+@dataclass
+class _Query:
+    """The SQL pieces of one question: the population (its time range ``lo_ns``..``hi_ns`` in
+    ``params`` and the other conditions in ``where``), the selection (``sel``), the dimensions
+    (name, SQL per request, label SQL on ``{v}``) and the span-attribute join."""
+
+    params: dict[str, Any]
+    where: str
+    sel: str
+    dims: list[tuple[str, str, str]] = field(default_factory=list)
+    join: str = ""
+    description: str = ""
+    baseline: str = ""
+    threshold_ms: float | None = None
+    resources: bool = False
+    split: window.RawRanges | None = None
+
+    def rows(self, store: Store, extra: str = "") -> str:
+        """The population's requests (the columns it needs), read as ``window.raw_ranges``
+        says: hours known clean as stored, the others with FINAL."""
+        if self.split is None:
+            self.split = window.raw_ranges(store, [(self.params["lo_ns"], self.params["hi_ns"])])
+        split = self.split
+        columns = _BASE_COLUMNS + (", ResourceAttributes" if self.resources else "") + extra
+        return window.raw_rows(split, self.params, columns, self.where)
+
+
+# -- the selection --------------------------------------------------------------------------------
+
+#: The histogram of one figure over a window: rollup rows of its usable hours and raw reads of
+#: the rest, for the percentile a selection starts at.
+_THRESHOLD_SQL = (
+    """
+SELECT bin, sum(c) AS c FROM ({sources}) GROUP BY bin ORDER BY bin"""
+    + _SETTINGS
+)
+_THRESHOLD_ROLLUP = (
+    f"SELECT key % {KEY_STRIDE} AS bin, c FROM {ROLLUP_TABLE} "
+    "ARRAY JOIN HistKeys AS key, HistCounts AS c "
+    f"WHERE {{rollup_where}} AND intDiv(key, {KEY_STRIDE}) = {{metric_index:UInt16}}"
+)
+_THRESHOLD_RAW = (
+    "SELECT {bin} AS bin, count() AS c FROM {from} "
+    "WHERE {ranges} AND " + _FILTERS + " AND {value} IS NOT NULL GROUP BY bin"
+)
+
+
+def _threshold_ns(
+    store: Store,
+    since_ns: int,
+    until_ns: int,
+    service: str | None,
+    model: str | None,
+    metric: str,
+    q: float,
+    use_rollups: bool,
+) -> float | None:
+    """The lower edge of the 1 %-wide bin holding the ``q``-quantile request (None: no data)."""
+    # Steps of an hour: every usable rollup hour inside the window is read from the rollup.
+    read = window.prepare(
+        store,
+        since_ns,
+        until_ns,
+        step_s=rollups.HOUR_S,
+        params={"service": service or "", "model": model or ""},
+        wanted=[name for name, v in (("service", service), ("model", model)) if v],
+        use_rollups=use_rollups,
+    )
+    expr = METRICS[metric]
+    read.params["metric_index"] = list(METRICS).index(metric)
+    raw = _THRESHOLD_RAW.replace("{bin}", rollups.bin_sql(f"assumeNotNull({expr})")).replace(
+        "{value}", expr
+    )
+    sources = window.sources(read, _THRESHOLD_ROLLUP, raw)
+    rows = store.query_rows(_THRESHOLD_SQL.replace("{sources}", sources), read.params)
+    bins, counts = [int(r[0]) for r in rows], [int(r[1]) for r in rows]
+    if not counts or not sum(counts):
+        return None
+    return rollups.bin_floor(rollups.bin_of_rank(bins, counts, q, upper=False))
+
+
+def _selection_query(
+    store: Store,
+    since_ns: int,
+    until_ns: int,
+    service: str | None,
+    model: str | None,
+    selection: Selection,
+    use_rollups: bool,
+) -> _Query | None:
+    """Population and selection as SQL; None when the selection is empty by construction."""
+    params: dict[str, Any] = {
+        "lo_ns": int(since_ns),
+        "hi_ns": int(until_ns),
+        "service": service or "",
+        "model": model or "",
+    }
+    value = SELECT_METRICS[selection.metric]
+    population = _FILTERS
+    kind = selection.kind
+    if kind == "percentile":
+        q = selection.percentile / 100
+        threshold = _threshold_ns(
+            store, since_ns, until_ns, service, model, selection.metric, q, use_rollups
+        )
+        if threshold is None:
+            return None
+        params["threshold"] = float(threshold)
+        return _Query(
+            params,
+            f"{population}\n    AND {value} IS NOT NULL",
+            f"{value} >= {{threshold:Float64}}",
+            description=(
+                f"{selection.metric} at or above p{selection.percentile:g} "
+                f"({threshold / 1e6:.1f} ms)"
+            ),
+            baseline=f"the window's other requests (below {threshold / 1e6:.1f} ms)",
+            threshold_ms=threshold / 1e6,
+        )
+    if kind == "slo":
+        params["threshold"] = float(selection.threshold_ms or 0) * 1e6
+        return _Query(
+            params,
+            f"{population}\n    AND {value} IS NOT NULL",
+            f"{value} > {{threshold:Float64}}",
+            description=f"{selection.metric} above {selection.threshold_ms:g} ms (missed the SLO)",
+            baseline="the window's requests that met it",
+            threshold_ms=selection.threshold_ms,
+        )
+    if kind == "before":
+        length = until_ns - since_ns
+        params["lo_ns"] = int(since_ns - length)
+        params["sel_from"] = int(since_ns)
+        return _Query(
+            params,
+            population,
+            "Timestamp >= fromUnixTimestamp64Nano({sel_from:Int64})",
+            description="the window's requests",
+            baseline="the requests of the window of the same length just before it",
+        )
+    # region: a rectangle of the heatmap
+    terms = []
+    lo = max(since_ns, selection.since_ns if selection.since_ns is not None else since_ns)
+    hi = min(until_ns, selection.until_ns if selection.until_ns is not None else until_ns)
+    if hi <= lo:
+        raise DimensionError("the region lies outside the window: widen since/until")
+    params.update(sel_lo=int(lo), sel_hi=int(hi))
+    terms.append(
+        "Timestamp >= fromUnixTimestamp64Nano({sel_lo:Int64}) "
+        "AND Timestamp < fromUnixTimestamp64Nano({sel_hi:Int64})"
+    )
+    text = [f"started in the region's {(hi - lo) / 1e9:g} s"]
+    if selection.min_ms is not None:
+        params["min_ns"] = float(selection.min_ms) * 1e6
+        terms.append(f"{value} >= {{min_ns:Float64}}")
+        text.append(f"{selection.metric} >= {selection.min_ms:g} ms")
+    if selection.max_ms is not None:
+        params["max_ns"] = float(selection.max_ms) * 1e6
+        terms.append(f"{value} < {{max_ns:Float64}}")
+        text.append(f"{selection.metric} < {selection.max_ms:g} ms")
+    bounded = selection.min_ms is not None or selection.max_ms is not None
+    return _Query(
+        params,
+        population + (f"\n    AND {value} IS NOT NULL" if bounded else ""),
+        "(" + " AND ".join(terms) + ")",
+        description=", ".join(text),
+        baseline="the window's other requests",
+    )
+
+
+# -- the dimensions -------------------------------------------------------------------------------
+
+
+def _dimensions(
+    q: _Query,
+    resources: Sequence[str],
+    attributes: Sequence[str],
+    dimensions: Sequence[str] | None,
+) -> None:
+    """Fill ``q.dims`` (name, SQL) and the span-attribute join."""
+    for key in (*resources, *attributes):
+        if not _KEY.match(key):
+            raise DimensionError(
+                f"attribute key {key!r}: letters, digits and . _ - / only, at most 128"
+            )
+    if len(resources) + len(attributes) > MAX_EXTRA_DIMENSIONS:
+        raise DimensionError(f"at most {MAX_EXTRA_DIMENSIONS} resource and span attributes")
+    names = list(DIMENSIONS) if dimensions is None else list(dimensions)
+    for name in names:
+        if name not in DIMENSIONS:
+            raise DimensionError(f"dimension {name!r}: use one of {', '.join(DIMENSIONS)}")
+        q.dims.append((name, *DIMENSIONS[name]))
+    keys = list(dict.fromkeys([*(DEFAULT_RESOURCE_KEYS if dimensions is None else ()), *resources]))
+    for i, key in enumerate(keys):
+        q.params[f"rk{i}"] = key
+        q.dims.append((f"resource.{key}", f"ResourceAttributes[{{rk{i}:String}}]", "{v}"))
+    q.resources = bool(keys)
+    attrs = list(dict.fromkeys(attributes))
+    if not attrs:
+        return
+    # The value on any span of the request's trace (first non-empty): tenant or user ids usually
+    # sit on the server or the client span. Spans are read a day either side of the window's
+    # requests (their starts are on other clocks, and a request may last long).
+    picks = []
+    for i, key in enumerate(attrs):
+        q.params[f"ak{i}"] = key
+        picks.append(
+            f"anyIf(SpanAttributes[{{ak{i}:String}}], SpanAttributes[{{ak{i}:String}}] != '') "
+            f"AS a{i}"
+        )
+        q.dims.append((f"attribute.{key}", f"sa.a{i}", "{v}"))
+    has = " OR ".join(f"mapContains(SpanAttributes, {{ak{i}:String}})" for i in range(len(attrs)))
+    q.join = f"""
+LEFT JOIN (
+    SELECT TraceId, {", ".join(picks)}
+    FROM {SPANS_TABLE}
+    WHERE Timestamp >= fromUnixTimestamp64Nano({{lo_ns:Int64}} - {DAY_NS})
+      AND Timestamp < fromUnixTimestamp64Nano({{hi_ns:Int64}} + {DAY_NS})
+      AND ({has})
+    GROUP BY TraceId
+) AS sa ON a.TraceId = sa.TraceId"""
+
+
+DAY_NS = 86_400 * 10**9
+
+_SUMS = ", ".join(
+    ["sum(E2eNs) AS e2e"]
+    + [
+        f"sum({'ifNull(NetworkNs, 0)' if col == 'NetworkNs' else col}) AS {b}"
+        for b, col in BUCKET_COLUMNS.items()
+    ]
+)
+_FIGURES = ("e2e", *BUCKETS)
+
+#: Stage one counts and sums per combination of every dimension's value (many fewer rows than
+#: requests), grouped by a 64-bit hash of the combination: hashing the values once costs about
+#: what reading them does, where grouping by a dozen string keys costs five times more. Two
+#: combinations sharing a hash would be counted as one: for a million distinct combinations the
+#: chance is 3e-8. Stage two spreads each combination over its dimensions (ARRAY JOIN, values
+#: turned into labels on these few rows) and sums per (dimension, value), inside and outside the
+#: selection.
+WHY_SQL = (
+    """
+SELECT d, v, sumIf(n, sel) AS n_in, sumIf(n, NOT sel) AS n_out,
+    """
+    + ",\n    ".join(f"sumIf({f}, sel) AS {f}_in, sumIf({f}, NOT sel) AS {f}_out" for f in _FIGURES)
+    + """
+FROM (
+    SELECT sel, cityHash64({dim_names}) AS combo, any(tuple({dim_names})) AS vals, count() AS n,
+        """
+    + _SUMS
+    + """
+    FROM (
+        SELECT {sel} AS sel, {dims}, E2eNs, NetworkNs, """
+    + ", ".join(c for c in BUCKET_COLUMNS.values() if c != "NetworkNs")
+    + """
+        FROM ({rows}) AS a{join}
+    )
+    GROUP BY sel, combo
+)
+ARRAY JOIN [{labels}] AS v, range({dim_count}) AS d
+GROUP BY d, v"""
+    + _SETTINGS
+    + ", join_use_nulls = 0"
+)
+
+#: When the selected requests with one value came: selected requests per step.
+SINCE_SQL = (
+    """
+SELECT intDiv(toUnixTimestamp(Timestamp), {step_s:UInt32}) AS step, count() AS n
+FROM ({rows}) AS a{join}
+WHERE {sel} AND {label} = {value:String}
+GROUP BY step
+ORDER BY step"""
+    + _SETTINGS
+    + ", join_use_nulls = 0"
+)
+
+#: The slowest selected requests, to open one.
+EXAMPLES_SQL = (
+    """
+SELECT TraceId AS trace_id, toUnixTimestamp64Nano(Timestamp) AS start_ns,
+       ServiceName AS service, Model AS model, E2eNs AS e2e
+FROM ({rows})
+WHERE {sel}
+ORDER BY E2eNs DESC, TraceId
+LIMIT {examples:UInt32}"""
+    + _SETTINGS
+)
+
+
+def _ms(ns: float | None) -> float | None:
+    if ns is None:
+        return None
+    value = float(ns)
+    return None if math.isnan(value) else value / 1e6
+
+
+def _side(n: int, sums: Mapping[str, float]) -> dict[str, Any]:
+    """Count and means (ms) of one side (selection or baseline)."""
+    return {
+        "count": n,
+        "e2e_mean_ms": _ms(sums["e2e"] / n) if n else None,
+        "buckets_ms": {b: (_ms(sums[b] / n) if n else None) for b in BUCKETS},
+    }
+
+
+def _extra(
+    n_in: int, in_sums: Mapping[str, float], n_out: int, out_sums: Mapping[str, float]
+) -> tuple[float | None, dict[str, float | None]]:
+    """Mean extra e2e (ms) of the inside over the outside, and per bucket (they add up)."""
+    if not n_in or not n_out:
+        return None, dict.fromkeys(BUCKETS)
+    buckets = {b: (in_sums[b] / n_in - out_sums[b] / n_out) / 1e6 for b in BUCKETS}
+    return sum(buckets.values()), buckets
+
+
+def why(
+    store: Store,
+    *,
+    since_ns: int,
+    until_ns: int,
+    selection: Selection | None = None,
+    service: str | None = None,
+    model: str | None = None,
+    resources: Sequence[str] = (),
+    attributes: Sequence[str] = (),
+    dimensions: Sequence[str] | None = None,
+    limit_values: int = 5,
+    examples: int = 5,
+    use_rollups: bool = True,
+) -> dict[str, Any]:
+    """Rank the dimensions by how differently the selection's requests are distributed over
+    their values than the baseline's, and split each top value's extra time into buckets.
+
+    ``resources`` adds resource attributes to the defaults (DEFAULT_RESOURCE_KEYS), ``attributes``
+    adds span attributes (the value on any span of the request's trace). ``dimensions`` limits
+    the built-in ones (and then skips the default resource attributes). Per dimension, values
+    are listed by over-representation (``difference``), at most ``limit_values``.
+    """
+    selection = selection or Selection()
+    selection.validate()
+    if until_ns <= since_ns:
+        raise DimensionError(f"empty window: until ({until_ns}) must be after since ({since_ns})")
+    q = _selection_query(store, since_ns, until_ns, service, model, selection, use_rollups)
+    out: dict[str, Any] = {
+        "window": {"since_ns": int(since_ns), "until_ns": int(until_ns)},
+        "selection": {
+            "kind": selection.kind,
+            "metric": selection.metric,
+            "description": q.description if q else "no requests in the window",
+            "threshold_ms": q.threshold_ms if q else None,
+            **_side(0, dict.fromkeys(_FIGURES, 0.0)),
+        },
+        "baseline": {
+            "description": q.baseline if q else "",
+            **_side(0, dict.fromkeys(_FIGURES, 0.0)),
+        },
+        "extra_e2e_ms": None,
+        "extra_buckets_ms": dict.fromkeys(BUCKETS),
+        "dominant": None,
+        "dimensions": [],
+        "top": None,
+        "examples": [],
+    }
+    if q is None:
+        return out
+    _dimensions(q, resources, attributes, dimensions)
+    names = [f"d{i}" for i in range(len(q.dims))]
+    trace = ", TraceId" if q.join else ""
+    sql = (
+        WHY_SQL.replace(
+            "{dims}", ", ".join(f"{d[1]} AS {n}" for d, n in zip(q.dims, names, strict=True))
+        )
+        .replace("{dim_names}", ", ".join(names))
+        .replace(
+            "{labels}",
+            ", ".join(d[2].replace("{v}", f"vals.{i + 1}") for i, d in enumerate(q.dims)),
+        )
+        .replace("{dim_count}", str(len(names)))
+        .replace("{join}", q.join)
+        .replace("{rows}", q.rows(store, trace))
+        .replace("{sel}", q.sel)
+    )
+    rows = store.query_arrow(sql, q.params).to_pylist()
+    per_dim: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        per_dim.setdefault(int(row["d"]), []).append(row)
+    first = per_dim.get(0, [])
+    n_in = sum(int(r["n_in"]) for r in first)
+    n_out = sum(int(r["n_out"]) for r in first)
+    in_sums = {f: float(sum(r[f"{f}_in"] for r in first)) for f in _FIGURES}
+    out_sums = {f: float(sum(r[f"{f}_out"] for r in first)) for f in _FIGURES}
+    out["selection"].update(_side(n_in, in_sums))
+    out["baseline"].update(_side(n_out, out_sums))
+    extra, extra_buckets = _extra(n_in, in_sums, n_out, out_sums)
+    out["extra_e2e_ms"] = extra
+    out["extra_buckets_ms"] = extra_buckets
+    out["dominant"] = _dominant(extra_buckets)
+    if not n_in or not n_out:
+        return out
+    ranked = []
+    for i, (name, _, _) in enumerate(q.dims):
+        values = per_dim.get(i, [])
+        if len(values) < 2:
+            continue  # one value everywhere: nothing to tell apart
+        ranked.append(_rank(name, values, n_in, n_out, out_sums, extra, limit_values))
+    ranked.sort(key=lambda d: (-d["score"], -(d["values"][0]["extra_share"] or 0), d["dimension"]))
+    out["dimensions"] = ranked
+    if ranked and ranked[0]["values"]:
+        head = ranked[0]
+        top = head["values"][0]
+        step = timeseries.choose_step((until_ns - since_ns) / 1e9)
+        dim = next(d for d in q.dims if d[0] == head["dimension"])
+        out["top"] = {
+            "dimension": head["dimension"],
+            "value": top["value"],
+            "score": head["score"],
+            "in_share": top["in_share"],
+            "out_share": top["out_share"],
+            "extra_ms": top["extra_ms"],
+            "dominant": top["dominant"],
+            "since_ns": _since(store, q, dim[2].replace("{v}", dim[1]), top["value"], step),
+        }
+    if examples > 0:
+        params = q.params | {"examples": int(examples)}
+        sql = EXAMPLES_SQL.replace("{rows}", q.rows(store, ", TraceId")).replace("{sel}", q.sel)
+        out["examples"] = [
+            {
+                "trace_id": r["trace_id"],
+                "start_ns": int(r["start_ns"]),
+                "service": r["service"],
+                "model": r["model"],
+                "e2e_ms": _ms(r["e2e"]),
+            }
+            for r in store.query_arrow(sql, params).to_pylist()
+        ]
+    return out
+
+
+def _dominant(buckets: Mapping[str, float | None]) -> str | None:
+    known = {b: v for b, v in buckets.items() if v is not None}
+    if not known:
+        return None
+    best = max(known, key=lambda b: known[b])
+    return best if known[best] > 0 else None
+
+
+def _rank(
+    name: str,
+    values: list[dict[str, Any]],
+    n_in: int,
+    n_out: int,
+    out_sums: Mapping[str, float],
+    extra: float | None,
+    limit: int,
+) -> dict[str, Any]:
+    """One dimension: its values by over-representation, each with its extra time by bucket."""
+    shaped = []
+    for r in values:
+        vin, vout = int(r["n_in"]), int(r["n_out"])
+        in_share, out_share = vin / n_in, vout / n_out
+        shaped.append((in_share - out_share, vin, r, in_share, out_share))
+    shaped.sort(key=lambda s: (-s[0], -s[1], str(s[2]["v"])))
+    score = max(0.0, shaped[0][0])
+    listed = []
+    # A value absent from the selection carries none of it: only values inside are listed.
+    for diff, vin, r, in_share, out_share in [x for x in shaped if x[1]][: max(1, limit)]:
+        vout = int(r["n_out"])
+        in_sums = {f: float(r[f"{f}_in"]) for f in _FIGURES}
+        value_extra, buckets = _extra(vin, in_sums, n_out, out_sums)
+        carried = (
+            vin * value_extra / (n_in * extra)
+            if value_extra is not None and extra and extra > 0
+            else None
+        )
+        listed.append(
+            {
+                "value": str(r["v"]),
+                "in_count": vin,
+                "out_count": vout,
+                "in_share": in_share,
+                "out_share": out_share,
+                "difference": diff,
+                "in_e2e_mean_ms": _ms(r["e2e_in"] / vin) if vin else None,
+                "out_e2e_mean_ms": _ms(r["e2e_out"] / vout) if vout else None,
+                "extra_ms": value_extra,
+                "buckets_ms": buckets,
+                "dominant": _dominant(buckets),
+                "extra_share": carried,
+            }
+        )
+    return {"dimension": name, "score": score, "values_seen": len(values), "values": listed}
+
+
+def _since(store: Store, q: _Query, label_sql: str, value: str, step: int) -> int | None:
+    """When the selected requests with ``value`` began: the start of the first step holding at
+    least SINCE_FRACTION of the busiest step's."""
+    params = q.params | {"value": value, "step_s": step}
+    trace = ", TraceId" if q.join else ""
+    sql = (
+        SINCE_SQL.replace("{join}", q.join)
+        .replace("{rows}", q.rows(store, trace))
+        .replace("{sel}", q.sel)
+        .replace("{label}", label_sql)
+    )
+    rows = [(int(s), int(n)) for s, n in store.query_rows(sql, params)]
+    if not rows:
+        return None
+    peak = max(n for _, n in rows)
+    first = next(s for s, n in rows if n >= SINCE_FRACTION * peak)
+    return max(int(q.params["lo_ns"]), first * step * 10**9)
+
+
+# -- the SLO's budget, by bucket ------------------------------------------------------------------
+
+#: Per burn-rate window (and the objective's whole window): bad and good requests and each
+#: bucket's sum over both. A request counts in every window it falls in (they are nested).
+SLO_BUDGET_SQL = (
+    """
+SELECT w, countIf(bad) AS n_bad, countIf(NOT bad) AS n_good, """
+    + ", ".join(f"sumIf({f}, bad) AS {f}_bad, sumIf({f}, NOT bad) AS {f}_good" for f in _FIGURES)
+    + """
+FROM (
+    SELECT Timestamp, v > {threshold:Float64} AS bad, E2eNs AS e2e, """
+    + ", ".join(
+        f"{'ifNull(NetworkNs, 0)' if col == 'NetworkNs' else col} AS {b}"
+        for b, col in BUCKET_COLUMNS.items()
+    )
+    + """
+    FROM (SELECT *, {value} AS v FROM ({rows}))
+    WHERE v IS NOT NULL
+)
+ARRAY JOIN arrayFilter(i -> Timestamp >= fromUnixTimestamp64Nano({starts:Array(Int64)}[i + 1]),
+                       range(length({starts:Array(Int64)}))) AS w
+GROUP BY w"""
+    + _SETTINGS
+)
+
+
+def slo_buckets(
+    store: Store,
+    *,
+    value_sql: str,
+    threshold_ms: float,
+    windows: Mapping[str, int],
+    until_ns: int,
+    service: str | None = None,
+    model: str | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Where an objective's budget went, per window (name -> start ns, all ending at
+    ``until_ns``): the requests that missed it against those that met it, each bucket's mean
+    extra time (ms; they add up to ``extra_e2e_ms``), and the ``dominant`` bucket."""
+    names = list(windows)
+    params = {
+        "lo_ns": int(min(windows.values())),
+        "hi_ns": int(until_ns),
+        "service": service or "",
+        "model": model or "",
+        "threshold": float(threshold_ms) * 1e6,
+        "starts": [int(windows[n]) for n in names],
+    }
+    split = window.raw_ranges(store, [(params["lo_ns"], params["hi_ns"])])
+    source = window.raw_rows(split, params, _BASE_COLUMNS, _FILTERS)
+    sql = SLO_BUDGET_SQL.replace("{value}", value_sql).replace("{rows}", source)
+    rows = {int(r["w"]): r for r in store.query_arrow(sql, params).to_pylist()}
+    out = {}
+    for i, name in enumerate(names):
+        r = rows.get(i)
+        n_bad = int(r["n_bad"]) if r else 0
+        n_good = int(r["n_good"]) if r else 0
+        bad = {f: float(r[f"{f}_bad"]) if r else 0.0 for f in _FIGURES}
+        good = {f: float(r[f"{f}_good"]) if r else 0.0 for f in _FIGURES}
+        extra, buckets = _extra(n_bad, bad, n_good, good)
+        out[name] = {
+            "bad": n_bad,
+            "good": n_good,
+            "extra_e2e_ms": extra,
+            "extra_buckets_ms": buckets,
+            "dominant": _dominant(buckets),
+        }
+    return out
+
+
+# -- for the diagnosis ----------------------------------------------------------------------------
+
+#: A value concentrates a problem when its share of the selection exceeds its share of the rest
+#: by at least this much (25 points: e.g. 1 pod of 8, 12 % of the traffic, holding 37 % or more
+#: of the slowest requests).
+CONCENTRATION_MIN = 0.25
+#: The selection a verdict's bucket is examined on: its slowest 5 %.
+CONCENTRATION_PERCENTILE = 95.0
+
+
+def concentration(
+    store: Store,
+    *,
+    since_ns: int,
+    until_ns: int,
+    bucket: str,
+    service: str | None = None,
+    model: str | None = None,
+) -> dict[str, Any] | None:
+    """Where a bucket's problem sits: the dimension value most over-represented among the
+    requests with the most time in ``bucket`` (at or above its p95), if it stands out by
+    CONCENTRATION_MIN; with ``since_ns``, when those requests began (None otherwise).
+
+    >>> concentration(store, since_ns=t0, until_ns=t1, bucket="queue")  # doctest: +SKIP
+    {"dimension": "resource.k8s.pod.name", "value": "llm-7", "in_share": 0.81, ...}
+    """
+    if bucket not in BUCKETS:
+        return None
+    found = why(
+        store,
+        since_ns=since_ns,
+        until_ns=until_ns,
+        selection=Selection("percentile", metric=bucket, percentile=CONCENTRATION_PERCENTILE),
+        service=service,
+        model=model,
+        examples=0,
+        limit_values=1,
+    )
+    top = found["top"]
+    if top is None or top["score"] < CONCENTRATION_MIN:
+        return None
+    return {
+        "dimension": top["dimension"],
+        "value": top["value"],
+        "selection": found["selection"]["description"],
+        "in_share": top["in_share"],
+        "out_share": top["out_share"],
+        "extra_ms": top["extra_ms"],
+        "since_ns": top["since_ns"],
+    }
