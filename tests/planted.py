@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from latscope.attribution.batch import to_arrow
+from latscope.attribution.frames import to_table
 from latscope.attribution.table import ATTRIBUTION_SCHEMA, BUCKET_COLUMNS
 from latscope.collector.mapping import SPANS_SCHEMA
 from latscope.semconv import BUCKETS
@@ -89,8 +89,10 @@ def _frame(cols: dict[str, object], service: str, pods: list[str], model: str) -
         {
             "Timestamp": cols["Timestamp"],
             "TraceId": [uuid.uuid4().hex for _ in range(n)],
+            "RequestSpanId": "00000000000000c1",
             "ServiceName": service,
             "Model": model,
+            "Provider": "",
             "Operation": "chat",
             "Route": "/v1/chat/completions",
             "ResourceAttributes": [
@@ -184,7 +186,7 @@ def scale_up(t0: int, *, n: int = 3000, span_ns: int = 3 * H, scale_at: int | No
 
 
 def insert(store: Store, df: pl.DataFrame) -> None:
-    store.insert_arrow(ATTRIBUTION_TABLE, to_arrow(df.select(ATTRIBUTION_SCHEMA.names)))
+    store.insert_arrow(ATTRIBUTION_TABLE, to_table(df))
 
 
 def insert_tenant_spans(store: Store, df: pl.DataFrame, tenants: list[str]) -> None:
