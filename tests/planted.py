@@ -28,7 +28,7 @@ import polars as pl
 import pyarrow as pa
 
 from latscope.attribution.frames import to_table
-from latscope.attribution.table import ATTRIBUTION_SCHEMA, BUCKET_COLUMNS
+from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.collector.mapping import SPANS_SCHEMA
 from latscope.semconv import BUCKETS
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
