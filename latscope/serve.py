@@ -25,7 +25,7 @@ import uvicorn
 from latscope.api import create_app
 from latscope.config import Settings, parse_hostport
 from latscope.parts import Parts
-from latscope.storage import Store, StoreUnavailable, redact_dsn
+from latscope.storage import Store, StoreError, StoreUnavailable, redact_dsn
 
 log = logging.getLogger("latscope.serve")
 
@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(settings.log_level.upper())
     try:
         return run(settings)
-    except OSError as exc:
+    except (OSError, StoreError) as exc:
         print(f"latscope: {exc}", file=sys.stderr)
         return 1
 

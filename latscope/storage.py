@@ -169,15 +169,17 @@ class Store:
             "AND table = {table:String} AND name IN ('SpanAttributes', 'ResourceAttributes')",
             {"table": SPANS_TABLE},
         )
-        for name, type_ in rows:
-            if not _STRING_MAP.match(type_):
-                raise StoreError(
-                    f"table {SPANS_TABLE}: column {name} is {type_}, but latscope reads span and "
-                    "resource attributes as Map(String, String) (the OpenTelemetry Collector "
-                    "ClickHouse exporter's default layout; its json option writes JSON columns "
-                    "instead). Point latscope at a database without this table, or have the "
-                    "exporter write the map layout."
-                )
+        wrong = [
+            f"{name} is {type_}" for name, type_ in sorted(rows) if not _STRING_MAP.match(type_)
+        ]
+        if wrong:
+            raise StoreError(
+                f"table {SPANS_TABLE}: {', '.join(wrong)}, but latscope reads span and resource "
+                "attributes as Map(String, String) (the OpenTelemetry Collector ClickHouse "
+                "exporter's default layout; its json option writes JSON columns instead). Point "
+                "latscope at a database without this table, or have the exporter write the map "
+                "layout."
+            )
 
     # -- reads and writes ----------------------------------------------------------------------
 
