@@ -79,6 +79,7 @@ def _fix_ids(doc: Any, ids: tuple[str, ...]) -> None:
 
 
 _SPAN_IDS = ("traceId", "spanId", "parentSpanId")
+_TOO_DEEP = "body is nested too deeply to be an OTLP JSON Export"
 _METRIC_IDS = ("traceId", "spanId")  # exemplars
 
 
@@ -88,9 +89,14 @@ def _parse(body: bytes, json_body: bool, message: Message, ids: tuple[str, ...])
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadRequest(400, f"body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise BadRequest(400, _TOO_DEEP) from None
         if not isinstance(doc, dict):
             raise BadRequest(400, "body must be a JSON object")
-        _fix_ids(doc, ids)
+        try:
+            _fix_ids(doc, ids)
+        except RecursionError:
+            raise BadRequest(400, _TOO_DEEP) from None
         try:
             json_format.ParseDict(doc, message, ignore_unknown_fields=True)
         except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:

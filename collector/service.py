@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ class Collector:
     name = "collector"
 
     def __init__(self, settings: Settings, store: Store) -> None:
-        root = spool_dir(settings, store)
+        root = self.root = spool_dir(settings, store)
         config = WriterConfig(
             max_queue_rows=settings.queue_max_spans,
             batch_rows=settings.batch_max_spans,
@@ -74,12 +75,20 @@ class Collector:
         self.spans.start()
         self.metrics.start()
 
-    def stop(self, deadline: float) -> None:
-        # Stop both intakes at once, then drain; the deadline is shared.
+    def close_intake(self) -> None:
+        """Refuse new Exports (UNAVAILABLE / 503); what was taken is still stored."""
         self.spans.close_intake()
         self.metrics.close_intake()
+
+    def stop(self, deadline: float) -> None:
+        # Stop both intakes at once, then drain; the deadline is shared.
+        self.close_intake()
         self.spans.stop(deadline)
         self.metrics.stop(max(deadline, time.monotonic() + 0.5))
+        # The spools removed their directories if empty; the root goes too then, so a clean
+        # stop (every test, every demo) leaves no empty <store>-spool folder behind.
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
 
 
 def collector_parts(settings: Settings, store: Store) -> Parts:

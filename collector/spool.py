@@ -26,6 +26,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -38,6 +39,7 @@ _NAME = re.compile(r"^(\d{20})-([0-9a-f]{32})-(\d+)\.arrow$")
 _SEGMENT = re.compile(r"^(\d{20})-([0-9a-f]{32})\.otlp$")
 #: First line of a journal segment; the second is its limits as JSON, then the records.
 _MAGIC = b"latscope otlp-traces journal 1\n"
+_LOCK = ".lock"
 
 
 class SpoolError(Exception):
@@ -73,16 +75,7 @@ class Spool:
     def __init__(self, directory: Path, max_bytes: int) -> None:
         self.directory = directory
         self.max_bytes = max_bytes
-        directory.mkdir(parents=True, exist_ok=True)
-        # One process per spool: two collectors replaying the same files would race.
-        self._lockfile = open(directory / ".lock", "a")  # noqa: SIM115 (held until close)
-        try:
-            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lockfile.close()
-            raise SpoolError(
-                f"spool {directory} is in use by another collector; give each its own --spool-dir"
-            ) from None
+        self._lockfile = self._take(directory)
         self._lock = threading.Lock()
         # A temporary file was never renamed, so its batch was never acknowledged: drop it.
         for stale in directory.glob("*.tmp"):
@@ -156,8 +149,42 @@ class Spool:
             self._entries.append(entry)
             self._entries.sort()
 
+    @staticmethod
+    def _take(directory: Path) -> IO[str]:
+        """The spool's lock file, locked: one process per spool (two collectors replaying the
+        same files would race)."""
+        while True:
+            directory.mkdir(parents=True, exist_ok=True)
+            lockfile = open(directory / _LOCK, "a")  # noqa: SIM115 (held until close)
+            try:
+                fcntl.flock(lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                lockfile.close()
+                raise SpoolError(
+                    f"spool {directory} is in use by another collector; give each its own "
+                    "--spool-dir"
+                ) from None
+            # close() removes an empty spool's lock file while holding the lock: a lock taken on
+            # a file that was removed meanwhile locks nothing, so take the new one instead.
+            try:
+                if os.stat(directory / _LOCK).st_ino == os.fstat(lockfile.fileno()).st_ino:
+                    return lockfile
+            except FileNotFoundError:
+                pass
+            lockfile.close()
+
     def close(self) -> None:
-        """Release the spool for another process (or a restarted collector)."""
+        """Release the spool for another process (or a restarted collector).
+
+        An empty spool leaves nothing behind: its lock file and directory are removed (still
+        under the lock), so short-lived processes (tests, demos) do not litter the disk.
+        """
+        with self._lock:
+            empty = not self._entries and not any(p.name != _LOCK for p in self.directory.iterdir())
+        if empty:
+            with contextlib.suppress(OSError):
+                (self.directory / _LOCK).unlink()
+                self.directory.rmdir()
         self._lockfile.close()
 
     def read(self, entry: SpoolEntry) -> pa.Table:

@@ -43,6 +43,33 @@ from latscope.storage import Store, StoreError, StoreUnavailable
 log = logging.getLogger(__name__)
 
 
+class _Throttled:
+    """A log line that repeats at most once per ``every_s``, saying how many were held back.
+
+    A full spool disk fails every journal write; logging each (thousands a second) would fill
+    the log disk next. The condition is also visible in the metrics (refused, spool bytes).
+    """
+
+    def __init__(self, level: int, every_s: float = 10.0) -> None:
+        self.level = level
+        self.every_s = every_s
+        self._next = 0.0
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def log(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next:
+                self._held += 1
+                return
+            held, self._held = self._held, 0
+            self._next = now + self.every_s
+        if held:
+            message += f" ({held} more like it in the last {self.every_s:.0f} s)"
+        log.log(self.level, message, *args)
+
+
 class Refused(Exception):
     """The collector cannot take this data now; the client should retry after ``retry_after_s``.
 
@@ -133,6 +160,7 @@ class _StoreWriter:
         self._depth = telemetry.QUEUE_DEPTH.labels(signal)
         self._spool_bytes = telemetry.SPOOL_BYTES.labels(signal)
         self._spool_bytes.set(spool.bytes)
+        self._write_failed = _Throttled(logging.ERROR)
 
     def arriving(self) -> _Arrival:
         """Context for a request being decoded: the writer treats the collector as busy while
@@ -321,7 +349,7 @@ class BatchWriter(_StoreWriter):
         try:
             stored = self.spool.append(token, table)
         except OSError as exc:
-            log.error("%s: cannot write the spool: %s", self.name, exc)
+            self._write_failed.log("%s: cannot write the spool: %s", self.name, exc)
             stored = False
         if stored:
             self._spool_bytes.set(self.spool.bytes)
@@ -530,7 +558,7 @@ class JournalWriter(_StoreWriter):
         try:
             stored = self._segment.append([raw for raw, _, _ in batch], rows)
         except OSError as exc:
-            log.error("%s: cannot write the journal: %s", self.name, exc)
+            self._write_failed.log("%s: cannot write the journal: %s", self.name, exc)
             stored = False
         if not stored:
             self._refuse(batch, rows, "the spool is full (ClickHouse is behind or down); retry")

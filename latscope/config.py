@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from latscope.storage import DEFAULT_STORE
+from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE
 
 
 class ConfigError(ValueError):
@@ -109,6 +109,10 @@ class Settings:
     max_attribute_value_bytes: int = field(
         default=64 * 1024, metadata={"help": "a span with a longer attribute value is rejected"}
     )
+    query_timeout_s: float = field(
+        default=DEFAULT_QUERY_TIMEOUT_S,
+        metadata={"help": "ClickHouse stops any query or command running longer (seconds)"},
+    )
 
     @staticmethod
     def env_name(name: str) -> str:
@@ -159,6 +163,8 @@ class Settings:
                      "max_span_attributes", "max_attribute_value_bytes"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.query_timeout_s < 1:
+            raise ConfigError("--query-timeout-s must be at least 1 (seconds)")
         if self.batch_timeout_s <= 0 or self.store_retry_s <= 0:
             raise ConfigError("--batch-timeout-s and --store-retry-s must be greater than 0")
         if self.attributor not in ("on", "off"):

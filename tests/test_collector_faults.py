@@ -115,7 +115,8 @@ def test_restart_replays_the_spool_exactly_once(store: Store, tmp_path: Path) ->
     assert count_spans(store, service) == 70
 
     # A crash after the insert but before the file was removed replays the same batches again:
-    # their original tokens make ClickHouse drop them.
+    # their original tokens make ClickHouse drop them. (A drained spool removed its folder.)
+    (spool / "traces").mkdir(parents=True, exist_ok=True)
     for f in backup.iterdir():
         shutil.copy(f, spool / "traces" / f.name)
     third = start_collector(store, spool)
