@@ -11,10 +11,12 @@ in file order; the highest applied number is recorded in ``latscope_schema_versi
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import queue
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -34,6 +36,10 @@ DEFAULT_QUERY_TIMEOUT_S = 60.0
 #: The HTTP client waits this much longer than the server-side limit, so the server's own
 #: TIMEOUT_EXCEEDED error (which says what happened) arrives before the socket gives up.
 _CLIENT_TIMEOUT_MARGIN_S = 10.0
+#: Connection handles an embedded store opens for queries and commands, beside the one that
+#: inserts: the API, the attributor and the rollup builder query at once; more would only
+#: share the same cores.
+QUERY_HANDLES = 4
 
 SPANS_TABLE = "otel_traces"
 ATTRIBUTION_TABLE = "latscope_attribution"
@@ -103,7 +109,12 @@ class Store:
     """
 
     def __init__(
-        self, client: Any, dsn: str, *, query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
+        self,
+        client: Any,
+        dsn: str,
+        *,
+        query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
+        connect: Callable[[], Any] | None = None,
     ) -> None:
         self.client = client
         self.dsn = dsn
@@ -112,6 +123,15 @@ class Store:
         # Whole seconds, at least 1: ClickHouse reads 0 as "no limit".
         self._limits = {"max_execution_time": max(1, round(query_timeout_s))}
         self._lock: threading.RLock | None = threading.RLock() if _has_session(client) else None
+        # The embedded engine: clickhouse-connect serialises the calls of one chDB client (one
+        # lock per connection handle), so a slow query there held up every insert behind it.
+        # Inserts keep ``client``; queries and commands take one of a few handles of their own
+        # (``connect`` opens one on the same engine), each with the time limit SET once (chDB
+        # applies per-call settings as three extra statements around every call).
+        self._connect = connect
+        self._idle: queue.LifoQueue[Any] = queue.LifoQueue()
+        self._handles: list[Any] = []
+        self._pool_lock = threading.Lock()
 
     @property
     def locked(self) -> bool:
@@ -136,12 +156,15 @@ class Store:
     ) -> Store:
         """Open a store from a DSN: ``chdb:///dir`` or ``http(s)://user:pass@host:port/db``."""
         scheme = urlsplit(dsn).scheme
+        connect = None
         try:
             if scheme == "chdb":
                 path = _embedded_path(dsn)
                 Path(path).mkdir(parents=True, exist_ok=True)
-                client = clickhouse_connect.get_client(dsn=f"chdb://{path}", **kwargs)
                 dsn = f"chdb://{path}"
+                client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
+                # More handles on the same engine (chDB allows any number in one process).
+                connect = functools.partial(clickhouse_connect.get_client, dsn=dsn, **kwargs)
             elif scheme in ("http", "https"):
                 kwargs.setdefault("connect_timeout", 5)
                 timeout = query_timeout_s + _CLIENT_TIMEOUT_MARGIN_S
@@ -160,7 +183,7 @@ class Store:
         except Exception as exc:
             message = _scrub(f"cannot open store {redact_dsn(dsn)}: {exc}", dsn)
             raise StoreUnavailable(message) from None
-        return cls(client, dsn, query_timeout_s=query_timeout_s)
+        return cls(client, dsn, query_timeout_s=query_timeout_s, connect=connect)
 
     # -- schema --------------------------------------------------------------------------------
 
@@ -196,28 +219,60 @@ class Store:
     # -- reads and writes ----------------------------------------------------------------------
 
     def command(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
-        with self._serialised():
-            return self._call(
-                self.client.command, sql, parameters=parameters, settings=self._limits
-            )
+        with self._querying() as (client, settings):
+            return self._call(client.command, sql, parameters=parameters, settings=settings)
 
     def query_rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
-        with self._serialised():
+        with self._querying() as (client, settings):
             return self._call(
-                self.client.query, sql, parameters=parameters, settings=self._limits
+                client.query, sql, parameters=parameters, settings=settings
             ).result_rows
 
     def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> pa.Table:
-        with self._serialised():
-            return self._call(
-                self.client.query_arrow, sql, parameters=parameters, settings=self._limits
-            )
+        with self._querying() as (client, settings):
+            return self._call(client.query_arrow, sql, parameters=parameters, settings=settings)
 
     def insert_arrow(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
         """Insert columnar rows; with ``dedup_token`` a repeat of the same insert stores nothing."""
         settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
         with self._serialised():
             self._call(self.client.insert_arrow, table, data, settings=settings)
+
+    @contextlib.contextmanager
+    def _querying(self) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        """A client for one query, and the settings to send with it."""
+        if self._connect is None:
+            with self._serialised():
+                yield self.client, self._limits
+            return
+        handle = self._take_handle()
+        try:
+            yield handle, None
+        finally:
+            self._idle.put(handle)
+
+    def _take_handle(self) -> Any:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self._pool_lock:
+            grow = len(self._handles) < QUERY_HANDLES
+            if grow:
+                self._handles.append(None)  # the slot is taken while the handle opens
+        if not grow:
+            return self._idle.get()
+        assert self._connect is not None
+        try:
+            handle = self._connect()
+            handle.command(f"SET max_execution_time = {self._limits['max_execution_time']}")
+        except Exception as exc:
+            with self._pool_lock:
+                self._handles.remove(None)
+            raise StoreUnavailable(_scrub(f"cannot open a query handle: {exc}", self.dsn)) from exc
+        with self._pool_lock:
+            self._handles[self._handles.index(None)] = handle
+        return handle
 
     def ping(self) -> bool:
         try:
@@ -226,10 +281,14 @@ class Store:
             return False
 
     def close(self) -> None:
-        try:
-            self.client.close()
-        except Exception:  # closing a client that already failed is not worth an error
-            log.debug("store close failed", exc_info=True)
+        with self._pool_lock:
+            handles, self._handles = [h for h in self._handles if h is not None], []
+        for client in [*handles, self.client]:
+            try:
+                if client is not None:
+                    client.close()
+            except Exception:  # closing a client that already failed is not worth an error
+                log.debug("store close failed", exc_info=True)
 
     @contextlib.contextmanager
     def _serialised(self) -> Iterator[None]:
