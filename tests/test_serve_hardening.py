@@ -119,10 +119,10 @@ def test_exports_in_flight_at_sigterm_get_unavailable_not_cancelled(tmp_path: Pa
     # thread. Each must be answered UNAVAILABLE ("shutting down", which exporters retry
     # elsewhere), never CANCELLED, and none acknowledged may be lost.
     server = start_serve(
-        tmp_path / "store", "--grpc-workers", "2", "--shutdown-grace-s", "2",
+        tmp_path / "store", "--grpc-workers", "2", "--shutdown-grace-s", "0.3",
         "--attributor", "off",
     )  # fmt: skip
-    payloads = [_export_bytes(seed, requests=32) for seed in range(16)]
+    payloads = [_export_bytes(seed, requests=400) for seed in range(16)]
     codes: Counter[str] = Counter()
     lock = threading.Lock()
     halt = threading.Event()
@@ -143,7 +143,7 @@ def test_exports_in_flight_at_sigterm_get_unavailable_not_cancelled(tmp_path: Pa
                 if code not in ("OK", "RESOURCE_EXHAUSTED"):
                     return  # the server is going away
 
-    threads = [threading.Thread(target=sender, args=(i,)) for i in range(48)]
+    threads = [threading.Thread(target=sender, args=(i,)) for i in range(64)]
     for t in threads:
         t.start()
     time.sleep(3)
