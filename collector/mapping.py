@@ -42,6 +42,12 @@ except ImportError:  # built without a C compiler: decode_spans falls back to Sp
 _MAP = pa.map_(pa.string(), pa.string())
 _MAP_FIELDS = [_MAP.key_field, _MAP.item_field]
 _TS = pa.timestamp("ns")
+# The resource attributes the spans of one ResourceSpans share are held once, as an Arrow
+# dictionary with an index per row: copied onto every span, they made one 7.9 MB Export half a
+# gigabyte of columns. ClickHouse expands the dictionary on insert, so the stored table is the
+# same. (Scope attributes are not stored; string columns stay plain, because ClickHouse refuses a
+# string dictionary with repeated values.)
+_DICT_MAP = pa.dictionary(pa.int32(), _MAP)
 
 SPANS_SCHEMA = pa.schema(
     [
@@ -53,7 +59,7 @@ SPANS_SCHEMA = pa.schema(
         ("SpanName", pa.string()),
         ("SpanKind", pa.string()),
         ("ServiceName", pa.string()),
-        ("ResourceAttributes", _MAP),
+        ("ResourceAttributes", _DICT_MAP),
         ("ScopeName", pa.string()),
         ("ScopeVersion", pa.string()),
         ("SpanAttributes", _MAP),
@@ -273,7 +279,10 @@ class SpanColumns:
         self.name: list[str] = []
         self.kind: list[str] = []
         self.service: list[str] = []
-        self.resource = _MapColumn()
+        # A dictionary: one entry per resource with an accepted span, and each row's index into
+        # it (as the C decoder builds them).
+        self.resource_ix: list[int] = []
+        self.resources = _MapColumn()
         self.scope_name: list[str] = []
         self.scope_version: list[str] = []
         self.attributes = _MapColumn()
@@ -303,7 +312,7 @@ class SpanColumns:
         zero_trace, zero_span = _ZERO_TRACE, _ZERO_SPAN
         service_key = ResourceAttributes.SERVICE_NAME
         # Bound methods once per Export, not per span: this loop runs for every span received.
-        add_attrs, add_resource = self.attributes.add, self.resource.add
+        add_attrs = self.attributes.add
         add_start, add_duration = self.start.append, self.duration.append
         add_trace, add_span, add_parent = (
             self.trace_id.append,
@@ -320,6 +329,7 @@ class SpanColumns:
             self.scope_name.append,
             self.scope_version.append,
         )
+        add_resource_ix = self.resource_ix.append
         add_code, add_message = self.status_code.append, self.status_message.append
         add_events_links = self._add_events_links
         rows = 0
@@ -337,6 +347,7 @@ class SpanColumns:
             service = ""
             if service_key in rkeys:
                 service = rvalues[len(rkeys) - 1 - rkeys[::-1].index(service_key)]
+            resource_ix = -1
             for ss in rs.scope_spans:
                 scope = ss.scope
                 scope_name, scope_version = scope.name, scope.version
@@ -365,7 +376,10 @@ class SpanColumns:
                     if len(set(akeys)) != len(akeys):
                         akeys, avalues = _dedup(akeys, avalues)
                     add_attrs(akeys, avalues)
-                    add_resource(rkeys, rvalues)
+                    if resource_ix < 0:  # the resource's first accepted span
+                        resource_ix = len(self.resources.offsets) - 1
+                        self.resources.add(rkeys, rvalues)
+                    add_resource_ix(resource_ix)
                     add_start(start)
                     add_duration(end - start)
                     add_trace(tid.hex())
@@ -426,6 +440,7 @@ class SpanColumns:
         """The accepted spans as an Arrow table in ``SPANS_SCHEMA`` order."""
         ev = pa.array(self.ev_offsets, pa.int32())
         ln = pa.array(self.ln_offsets, pa.int32())
+        resource_ix = pa.array(self.resource_ix, pa.int32())
         s = pa.string()
         arrays = [
             pa.array(self.start, _TS),
@@ -436,7 +451,7 @@ class SpanColumns:
             pa.array(self.name, s),
             pa.array(self.kind, s),
             pa.array(self.service, s),
-            self.resource.array(),
+            _dictionary(resource_ix, self.resources.array()),
             pa.array(self.scope_name, s),
             pa.array(self.scope_version, s),
             self.attributes.array(),
@@ -454,6 +469,16 @@ class SpanColumns:
         return pa.Table.from_arrays(arrays, schema=SPANS_SCHEMA)
 
 
+def _dictionary(indices: pa.Array, dictionary: pa.Array) -> pa.DictionaryArray:
+    # The indices are built beside their dictionary, in range by construction.
+    return pa.DictionaryArray.from_arrays(indices, dictionary, safe=False)
+
+
+def table_bytes(table: pa.Table) -> int:
+    """The memory a table's buffers take (a dictionary counted once, as it is held)."""
+    return table.get_total_buffer_size()
+
+
 def spans_table(resource_spans: Iterable[ResourceSpans], limits: Limits | None = None) -> pa.Table:
     """OTLP ``ResourceSpans`` -> an Arrow table ready for ``Store.insert_arrow``.
 
@@ -469,13 +494,23 @@ def spans_table(resource_spans: Iterable[ResourceSpans], limits: Limits | None =
 #: Whether ``decode_spans`` runs the C decoder (False: the extension was not built here).
 NATIVE = _otlp is not None
 
-#: Most memory one Export may take once decoded into columns (resource attributes are repeated on
-#: every span, so a small Export can expand a lot); beyond it the Export is refused as malformed.
+#: Most memory one Export may take once decoded into columns; beyond it the Export is refused as
+#: malformed (it can never be taken). Shared resource and scope attributes are held once, so the
+#: columns of a well-formed Export are a small multiple of its size on the wire; what the
+#: collector may hold in all is ``--memory-limit-bytes``.
 MAX_DECODED_BYTES = 1 << 30
 
 
 class MalformedExport(ValueError):
     """The bytes are not an OTLP ``ExportTraceServiceRequest`` (gRPC INVALID_ARGUMENT, HTTP 400)."""
+
+
+class ExportTooLarge(MalformedExport):
+    """Decoding stopped: the Export's columns would take more than ``max_bytes``.
+
+    Past ``MAX_DECODED_BYTES`` the Export can never be taken (INVALID_ARGUMENT); below it, the
+    caller's memory limit was what ran out, and the Export may be retried later.
+    """
 
 
 @dataclass
@@ -486,6 +521,11 @@ class DecodedSpans:
     rows: int
     rejected: int
     first_problem: str
+
+    @property
+    def nbytes(self) -> int:
+        """The memory the decoded columns hold."""
+        return table_bytes(self.table)
 
 
 def _json_of(raw: bytes) -> str:
@@ -498,12 +538,18 @@ if _otlp is not None:
 
 
 def decode_spans(
-    data: bytes, limits: Limits | None = None, *, native: bool | None = None
+    data: bytes,
+    limits: Limits | None = None,
+    *,
+    native: bool | None = None,
+    max_bytes: int = MAX_DECODED_BYTES,
 ) -> DecodedSpans:
     """A serialized ``ExportTraceServiceRequest`` -> its valid spans as a ``SPANS_SCHEMA`` table.
 
-    Raises ``MalformedExport`` when ``data`` is not an Export. ``native=False`` takes the Python
-    path (the reference) even where the C decoder is built; the default is ``NATIVE``.
+    Raises ``MalformedExport`` when ``data`` is not an Export, and ``ExportTooLarge`` when its
+    columns would take more than ``max_bytes`` (the C decoder stops there; the Python path, which
+    builds Python objects first, checks afterwards). ``native=False`` takes the Python path (the
+    reference) even where the C decoder is built; the default is ``NATIVE``.
 
     >>> decode_spans(ExportTraceServiceRequest().SerializeToString()).rows
     0
@@ -512,8 +558,10 @@ def decode_spans(
     if (NATIVE if native is None else native) and _otlp is not None:
         try:
             rows, rejected, problem, buffers = _otlp.decode_traces(
-                data, limits.max_attributes, limits.max_attribute_value, MAX_DECODED_BYTES
+                data, limits.max_attributes, limits.max_attribute_value, max_bytes
             )
+        except _otlp.TooLarge as exc:
+            raise ExportTooLarge(str(exc)) from None
         except _otlp.MalformedExport as exc:
             raise MalformedExport(str(exc)) from None
         return DecodedSpans(table_from_buffers(rows, buffers), rows, rejected, problem)
@@ -523,7 +571,12 @@ def decode_spans(
         raise MalformedExport(f"not a valid ExportTraceServiceRequest: {exc}") from None
     cols = SpanColumns(limits)
     cols.add(request.resource_spans)
-    return DecodedSpans(cols.table(), cols.rows, cols.rejected, cols.first_problem)
+    decoded = DecodedSpans(cols.table(), cols.rows, cols.rejected, cols.first_problem)
+    if decoded.nbytes > max_bytes:
+        raise ExportTooLarge(
+            f"the Export expands to more than {max_bytes} bytes of columns; send smaller Exports"
+        )
+    return decoded
 
 
 def table_from_buffers(rows: int, buffers: tuple[Any, ...]) -> pa.Table:
@@ -547,10 +600,13 @@ def table_from_buffers(rows: int, buffers: tuple[Any, ...]) -> pa.Table:
     def listed(offsets: pa.Buffer, child: pa.Array) -> pa.Array:
         return pa.Array.from_buffers(pa.list_(child.type), rows, [None, offsets], children=[child])
 
+    def indices() -> pa.Array:
+        return pa.Array.from_buffers(pa.int32(), rows, [None, next(b)])
+
     ts = pa.Array.from_buffers(_TS, rows, [None, next(b)])
     duration = pa.Array.from_buffers(pa.uint64(), rows, [None, next(b)])
     ids_to_service = [strings() for _ in range(7)]  # TraceId ... ServiceName
-    resource = map_()
+    resource = _dictionary(indices(), map_())
     scope_to_status = [strings() for _ in range(4)]  # ScopeName ... StatusMessage
     attributes = map_()
     ev, ev_ts = next(b), next(b)
@@ -679,6 +735,7 @@ __all__ = [
     "NATIVE",
     "SPANS_SCHEMA",
     "DecodedSpans",
+    "ExportTooLarge",
     "Limits",
     "MalformedExport",
     "MetricColumns",
@@ -688,6 +745,7 @@ __all__ = [
     "format_double",
     "span_problem",
     "spans_table",
+    "table_bytes",
     "table_from_buffers",
     "value_to_string",
 ]
