@@ -12,6 +12,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from latscope.collector import mapping
 from latscope.collector.http import otlp_http_router
 from latscope.collector.mapping import Limits
+from latscope.collector.memory import MemoryLimit
 from latscope.collector.receiver import Ingest, MetricsReceiver, TraceReceiver
 from latscope.collector.spool import Spool, SpoolError
 from latscope.collector.writer import BatchWriter, JournalWriter, WriterConfig
@@ -59,11 +60,13 @@ class Collector:
             max_attributes=settings.max_span_attributes,
             max_attribute_value=settings.max_attribute_value_bytes,
         )
+        self.memory = MemoryLimit(settings.memory_limit_bytes)
         self.spans = JournalWriter(
-            store, SPANS_TABLE, span_spool, config, signal="traces", limits=limits
-        )
+            store, SPANS_TABLE, span_spool, config, signal="traces", limits=limits,
+            memory=self.memory,
+        )  # fmt: skip
         self.metrics = BatchWriter(store, METRICS_TABLE, metric_spool, config, signal="metrics")
-        self.ingest = Ingest(self.spans, self.metrics, limits, settings.token)
+        self.ingest = Ingest(self.spans, self.metrics, limits, settings.token, memory=self.memory)
         if not mapping.NATIVE:
             log.warning(
                 "collector: the C OTLP decoder (latscope.collector._otlp) is not built here; "

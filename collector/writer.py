@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from latscope.collector import telemetry
-from latscope.collector.mapping import Limits
+from latscope.collector.mapping import Limits, insert_slices
+from latscope.collector.memory import MemoryLimit
 from latscope.collector.spool import Segment, Spool, SpoolEntry, SpoolError
 from latscope.storage import Store, StoreError, StoreUnavailable
 
@@ -137,6 +138,12 @@ class WriterConfig:
     #: a spooled batch ClickHouse keeps rejecting (not merely unreachable) is set aside after this
     #: many attempts so it cannot block everything behind it
     max_replay_attempts: int = 20
+    #: a journal segment also closes once its decoded rows hold this many bytes (large spans):
+    #: a segment is what is read back from the spool at once, and what one insert sends
+    batch_bytes: int = 64 << 20
+    #: an insert sends at most about this many bytes with dictionaries expanded (what it costs
+    #: ClickHouse); a larger segment goes in as several inserts, each with its own token
+    insert_bytes: int = 64 << 20
 
 
 class _StoreWriter:
@@ -186,6 +193,23 @@ class _StoreWriter:
             log.log(level, "%s: insert of %d rows failed: %s", self.name, table.num_rows, exc)
             return False
         telemetry.WRITE_SECONDS.labels(self.signal).observe(time.perf_counter() - started)
+        return True
+
+    def _insert_sliced(self, table: pa.Table, token: str) -> bool:
+        """Insert a segment's rows in slices of at most ``insert_bytes`` expanded bytes: what
+        ClickHouse holds for one insert stays bounded whatever the spans or resources carry.
+
+        A lone slice keeps the segment's token; several get ``<token>-<i>``. The cut depends on
+        the rows alone, so a replay after a failure midway sends the same slices with the same
+        tokens, and ClickHouse drops the ones it already has.
+        """
+        slices = insert_slices(table, self.config.insert_bytes)
+        for i, part in enumerate(slices):
+            # One contiguous chunk per column: ClickHouse takes it several times faster than many.
+            if not self._insert(
+                part.combine_chunks(), token if len(slices) == 1 else f"{token}-{i}"
+            ):
+                return False
         return True
 
     def _count_failure(self, entry: SpoolEntry, rows: int) -> None:
@@ -403,9 +427,15 @@ class JournalWriter(_StoreWriter):
         *,
         signal: str,
         limits: Limits,
+        memory: MemoryLimit | None = None,
     ) -> None:
         super().__init__(store, table, spool, config, signal=signal)
         self.limits = limits
+        # Decoded rows count against the collector's memory limit from submit until they leave
+        # memory (inserted, or dropped to wait in the spool); by table, as submitted.
+        self.memory = memory
+        self._held: dict[int, int] = {}
+        self._segment_bytes = 0
         self._pending: list[tuple[bytes, pa.Table, Ticket]] = []
         self._pending_rows = 0
         # Rows acknowledged and still in memory: the open segment's and closed segments' whose
@@ -424,8 +454,12 @@ class JournalWriter(_StoreWriter):
 
     # -- intake --------------------------------------------------------------------------------
 
-    def submit(self, table: pa.Table, raw: bytes) -> Ticket:
-        """Journal an Export (``raw``) whose rows are ``table``; raises ``Refused`` when full."""
+    def submit(self, table: pa.Table, raw: bytes, *, held: int = 0) -> Ticket:
+        """Journal an Export (``raw``) whose rows are ``table``; raises ``Refused`` when full.
+
+        ``held``: the bytes ``table`` holds against the memory limit; once submitted, the
+        writer releases them when the rows leave memory.
+        """
         rows = table.num_rows
         ticket = Ticket(rows)
         with self._cond:
@@ -440,6 +474,7 @@ class JournalWriter(_StoreWriter):
                     retry_after_s=max(1.0, self.config.batch_timeout_s),
                 )
             self._pending.append((raw, table, ticket))
+            self._held[id(table)] = held
             self._pending_rows += rows
             self._depth.set(self._memory_rows + self._pending_rows)
             self._cond.notify_all()
@@ -537,6 +572,7 @@ class JournalWriter(_StoreWriter):
                 if segment is not None and (
                     stopping
                     or segment.rows >= cfg.batch_rows
+                    or self._segment_bytes >= cfg.batch_bytes
                     or time.monotonic() - self._segment_since >= cfg.batch_timeout_s
                 ):
                     self._close_segment()
@@ -564,12 +600,20 @@ class JournalWriter(_StoreWriter):
             self._refuse(batch, rows, "the spool is full (ClickHouse is behind or down); retry")
             return False
         self._segment_tables.extend(table for _, table, _ in batch)
+        self._segment_bytes += sum(self._held.get(id(table), 0) for _, table, _ in batch)
         self._spool_bytes.set(self.spool.bytes)
         telemetry.ACCEPTED.labels(self.signal).inc(rows)
         return True
 
+    def _release(self, tables: list[pa.Table]) -> None:
+        """The tables left memory: give their bytes back to the limit (lock held or not)."""
+        freed = sum(self._held.pop(id(t), 0) for t in tables)
+        if self.memory is not None:
+            self.memory.release(freed)
+
     def _refuse(self, batch: list[tuple[bytes, pa.Table, Ticket]], rows: int, why: str) -> None:
         with self._cond:
+            self._release([table for _, table, _ in batch])
             self._memory_rows -= rows
             self._depth.set(self._memory_rows + self._pending_rows)
         telemetry.REFUSED.labels(self.signal).inc(rows)
@@ -582,6 +626,7 @@ class JournalWriter(_StoreWriter):
             # Under the lock: drained() must never see the segment gone and not yet an entry.
             segment, tables = self._segment, self._segment_tables
             self._segment, self._segment_tables = None, []
+            self._segment_bytes = 0
             assert segment is not None
             entry = segment.close()
             if entry is not None and tickets:
@@ -591,6 +636,7 @@ class JournalWriter(_StoreWriter):
             else:
                 # ClickHouse is failing: the rows wait in the spool, not in memory.
                 dropped = sum(t.num_rows for t in tables)
+                self._release(tables)
                 self._memory_rows -= dropped
                 if entry is not None:
                     telemetry.SPOOLED.labels(self.signal).inc(dropped)
@@ -636,12 +682,11 @@ class JournalWriter(_StoreWriter):
                 self._lose(entry, str(exc), rows=max(entry.rows, 0))
                 return
         else:
-            # One contiguous chunk per column: ClickHouse takes it several times faster than many.
-            table = pa.concat_tables(tables).combine_chunks() if tables else None
+            table = pa.concat_tables(tables) if tables else None
         if table is None or not table.num_rows:
             self._removed(entry, tables)
             return
-        if self._insert(table, entry.token):
+        if self._insert_sliced(table, entry.token):
             self._removed(entry, tables)
             if tables is None:
                 telemetry.REPLAYED.labels(self.signal).inc(table.num_rows)
@@ -656,6 +701,7 @@ class JournalWriter(_StoreWriter):
         self._spool_bytes.set(self.spool.bytes)
         with self._cond:
             if tables is not None:
+                self._release(tables)
                 self._memory_rows -= sum(t.num_rows for t in tables)
                 self._depth.set(self._memory_rows + self._pending_rows)
             self._cond.notify_all()
@@ -667,6 +713,8 @@ class JournalWriter(_StoreWriter):
             released = [tables] if tables is not None else []
             released.extend(self._memory.values())
             self._memory.clear()
+            for ts in released:
+                self._release(ts)
             rows = sum(t.num_rows for ts in released for t in ts)
             self._memory_rows -= rows
             self._depth.set(self._memory_rows + self._pending_rows)

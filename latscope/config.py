@@ -109,6 +109,13 @@ class Settings:
     max_attribute_value_bytes: int = field(
         default=64 * 1024, metadata={"help": "a span with a longer attribute value is rejected"}
     )
+    memory_limit_bytes: int = field(
+        default=512 * 1024**2,
+        metadata={
+            "help": "memory Exports may hold (received, decoded, waiting for ClickHouse) before "
+            "the collector answers RESOURCE_EXHAUSTED / 429"
+        },
+    )
     query_timeout_s: float = field(
         default=DEFAULT_QUERY_TIMEOUT_S,
         metadata={"help": "ClickHouse stops any query or command running longer (seconds)"},
@@ -160,7 +167,8 @@ class Settings:
             if path and not Path(path).is_file():
                 raise ConfigError(f"--{name.replace('_', '-')}: no such file {path}")
         for name in ("grpc_workers", "queue_max_spans", "batch_max_spans", "spool_max_bytes",
-                     "max_span_attributes", "max_attribute_value_bytes"):  # fmt: skip
+                     "max_span_attributes", "max_attribute_value_bytes",
+                     "memory_limit_bytes"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         if self.query_timeout_s < 1:
