@@ -465,11 +465,11 @@ class JournalWriter(_StoreWriter):
         with self._cond:
             if self._stopping:
                 raise Refused("the collector is shutting down", exhausted=False)
-            held = self._memory_rows + self._pending_rows
+            waiting = self._memory_rows + self._pending_rows
             # One Export larger than the whole queue still goes in when nothing is held.
-            if held and held + rows > self.config.max_queue_rows:
+            if waiting and waiting + rows > self.config.max_queue_rows:
                 raise Refused(
-                    f"ingest queue full ({held} rows waiting for ClickHouse); retry later",
+                    f"ingest queue full ({waiting} rows waiting for ClickHouse); retry later",
                     exhausted=True,
                     retry_after_s=max(1.0, self.config.batch_timeout_s),
                 )
