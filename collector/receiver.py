@@ -126,6 +126,7 @@ class Ingest:
         ``MalformedExport`` when ``data`` is not an Export, ``Refused`` when the collector cannot
         take its spans now (its memory limit or its queue is full, or it is stopping).
         """
+        self.spans.check_room()  # a full queue or a stopping collector refuses before decoding
         # Without the C decoder, the Python mapping first parses into protobuf objects.
         parse = 0 if NATIVE else len(data) * PARSE_EXPANSION
         with self.spans.arriving(), self.holding(parse):

@@ -480,6 +480,20 @@ class JournalWriter(_StoreWriter):
             self._cond.notify_all()
         return ticket
 
+    def check_room(self) -> None:
+        """Raise the ``Refused`` a ``submit`` would raise now whatever its size (stopping, or the
+        queue already full), so an Export is refused before it is decoded."""
+        with self._cond:
+            if self._stopping:
+                raise Refused("the collector is shutting down", exhausted=False)
+            waiting = self._memory_rows + self._pending_rows
+            if waiting >= self.config.max_queue_rows:
+                raise Refused(
+                    f"ingest queue full ({waiting} rows waiting for ClickHouse); retry later",
+                    exhausted=True,
+                    retry_after_s=max(1.0, self.config.batch_timeout_s),
+                )
+
     def drained(self) -> bool:
         """Whether everything acknowledged is in ClickHouse (nothing pending, open or spooled)."""
         with self._cond:

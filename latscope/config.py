@@ -110,7 +110,7 @@ class Settings:
         default=64 * 1024, metadata={"help": "a span with a longer attribute value is rejected"}
     )
     memory_limit_bytes: int = field(
-        default=512 * 1024**2,
+        default=256 * 1024**2,
         metadata={
             "help": "memory Exports may hold (received, decoded, waiting for ClickHouse) before "
             "the collector answers RESOURCE_EXHAUSTED / 429"

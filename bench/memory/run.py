@@ -42,8 +42,8 @@ T0 = 1_763_000_000_000_000_000
 SERVICE = "bench-memory"
 #: serve's footprint beside what the memory limit counts (Python, chDB, gRPC, the insert in
 #: flight); docs/deploy.md states the bound as this plus the limit.
-FIXED_BYTES = 1024 * 1024**2
-DEFAULT_LIMIT = 512 * 1024**2
+FIXED_BYTES = 1536 * 1024**2
+DEFAULT_LIMIT = 256 * 1024**2
 
 
 def _rss(pid: int) -> tuple[int, int]:
@@ -144,6 +144,7 @@ def bench(args: argparse.Namespace) -> None:
     ]  # fmt: skip
     if args.memory_limit_bytes:
         cmd += ["--memory-limit-bytes", str(int(args.memory_limit_bytes))]
+    cmd += args.serve_arg
     limit = int(args.memory_limit_bytes or DEFAULT_LIMIT)
     serve = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert serve.stdout is not None
@@ -250,6 +251,9 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=64, help="spans per Export")
     parser.add_argument("--spool-max-bytes", type=float, default=8e9)
     parser.add_argument("--memory-limit-bytes", type=float, default=0)
+    parser.add_argument(
+        "--serve-arg", action="append", default=[], help="one more argument for latscope serve"
+    )
     parser.add_argument("--loadgen", metavar="ADDR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.loadgen:
