@@ -179,7 +179,7 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
             reply.partial_success.error_message = outcome.message
         return reply
 
-    async def _body(request: Request, held: list[int]) -> bytes | None:
+    async def _body(request: Request, held: list[int], signal: str) -> bytes | None:
         """The body, read at most ``max_bytes`` (None: larger) and counted against the memory
         limit as it arrives (``held`` says how much; Refused when it does not fit)."""
         chunks, size = [], 0
@@ -188,24 +188,24 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
             if size > max_bytes:
                 return None
             if not ingest.memory.reserve(len(chunk)):
-                raise ingest.memory_refusal("traces")
+                raise ingest.memory_refusal(signal)
             held[0] += len(chunk)
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def receive(request: Request, *args: Any) -> Response:
+    async def receive(request: Request, signal: str, *args: Any) -> Response:
         from starlette.concurrency import run_in_threadpool
 
         json_body = request.headers.get("content-type", "").split(";")[0].strip() == JSON
         declared = request.headers.get("content-length", "")
         # Refused before a byte is read when its declared size does not fit.
         if declared.isdigit() and int(declared) <= max_bytes and not ingest.fits(int(declared)):
-            refused = ingest.memory_refusal("traces")
+            refused = ingest.memory_refusal(signal)
             return _status_response(429, str(refused), json_body, **{"Retry-After": "1"})
         held = [0]
         try:
             try:
-                body = await _body(request, held)
+                body = await _body(request, held, signal)
             except Refused as exc:
                 return _status_response(429, str(exc), json_body, **{"Retry-After": "1"})
             return await run_in_threadpool(handle, body, request.headers, *args)
@@ -216,7 +216,7 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
     async def traces(request: Request) -> Response:
         """OTLP/HTTP trace Export (protobuf or JSON, gzip optional)."""
         return await receive(
-            request, trace_service_pb2.ExportTraceServiceRequest, _SPAN_IDS,
+            request, "traces", trace_service_pb2.ExportTraceServiceRequest, _SPAN_IDS,
             ingest.export_traces, trace_response, ingest.export_trace_bytes,
         )  # fmt: skip
 
@@ -224,7 +224,7 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
     async def metrics(request: Request) -> Response:
         """OTLP/HTTP metrics Export: gauge and sum points are stored."""
         return await receive(
-            request, metrics_service_pb2.ExportMetricsServiceRequest, _METRIC_IDS,
+            request, "metrics", metrics_service_pb2.ExportMetricsServiceRequest, _METRIC_IDS,
             ingest.export_metrics, metric_reply,
         )  # fmt: skip
 

@@ -60,7 +60,7 @@ SPANS_SCHEMA = pa.schema(
         ("SpanName", pa.string()),
         ("SpanKind", pa.string()),
         ("ServiceName", pa.string()),
-        ("ResourceAttributes", _DICT_MAP),
+        ("ResourceAttributes", _MAP),
         ("ScopeName", pa.string()),
         ("ScopeVersion", pa.string()),
         ("SpanAttributes", _MAP),
@@ -75,6 +75,12 @@ SPANS_SCHEMA = pa.schema(
         ("Links.TraceState", pa.list_(pa.string())),
         ("Links.Attributes", pa.list_(_MAP)),
     ]
+)
+
+#: The columns the collector decodes into: ``SPANS_SCHEMA`` (the stored layout, which tables built
+#: by hand may use too) with ResourceAttributes dictionary-encoded, one entry per resource.
+DECODED_SPANS_SCHEMA = SPANS_SCHEMA.set(
+    SPANS_SCHEMA.get_field_index("ResourceAttributes"), pa.field("ResourceAttributes", _DICT_MAP)
 )
 
 METRICS_SCHEMA = pa.schema(
@@ -438,7 +444,7 @@ class SpanColumns:
         return None
 
     def table(self) -> pa.Table:
-        """The accepted spans as an Arrow table in ``SPANS_SCHEMA`` order."""
+        """The accepted spans as an Arrow table in ``DECODED_SPANS_SCHEMA``."""
         ev = pa.array(self.ev_offsets, pa.int32())
         ln = pa.array(self.ln_offsets, pa.int32())
         resource_ix = pa.array(self.resource_ix, pa.int32())
@@ -467,7 +473,7 @@ class SpanColumns:
             pa.ListArray.from_arrays(ln, pa.array(self.ln_state, s)),
             pa.ListArray.from_arrays(ln, self.ln_attrs.array()),
         ]
-        return pa.Table.from_arrays(arrays, schema=SPANS_SCHEMA)
+        return pa.Table.from_arrays(arrays, schema=DECODED_SPANS_SCHEMA)
 
 
 def _dictionary(indices: pa.Array, dictionary: pa.Array) -> pa.DictionaryArray:
@@ -590,7 +596,7 @@ def decode_spans(
     native: bool | None = None,
     max_bytes: int = MAX_DECODED_BYTES,
 ) -> DecodedSpans:
-    """A serialized ``ExportTraceServiceRequest`` -> its valid spans as a ``SPANS_SCHEMA`` table.
+    """A serialized ``ExportTraceServiceRequest`` -> its valid spans (``DECODED_SPANS_SCHEMA``).
 
     Raises ``MalformedExport`` when ``data`` is not an Export, and ``ExportTooLarge`` when its
     columns would take more than ``max_bytes`` (the C decoder stops there; the Python path, which
@@ -626,7 +632,7 @@ def decode_spans(
 
 
 def table_from_buffers(rows: int, buffers: tuple[Any, ...]) -> pa.Table:
-    """The C decoder's buffers as a ``SPANS_SCHEMA`` table, without copying them.
+    """The C decoder's buffers as a ``DECODED_SPANS_SCHEMA`` table, without copying them.
 
     The buffers come in column order: fixed-width values, or the offsets of a string, list or map
     column followed by its children (see the ``B_*`` list in ``_otlp.c``).
@@ -677,7 +683,7 @@ def table_from_buffers(rows: int, buffers: tuple[Any, ...]) -> pa.Table:
         listed(ln, ln_state),
         listed(ln, ln_attrs),
     ]
-    return pa.Table.from_arrays(arrays, schema=SPANS_SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=DECODED_SPANS_SCHEMA)
 
 
 # -- metrics -----------------------------------------------------------------------------------
@@ -776,6 +782,7 @@ class MetricColumns:
 
 
 __all__ = [
+    "DECODED_SPANS_SCHEMA",
     "MAX_DECODED_BYTES",
     "METRICS_SCHEMA",
     "NATIVE",

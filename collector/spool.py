@@ -31,7 +31,7 @@ from typing import IO
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from latscope.collector.mapping import SPANS_SCHEMA, Limits, MalformedExport, decode_spans
+from latscope.collector.mapping import DECODED_SPANS_SCHEMA, Limits, MalformedExport, decode_spans
 
 log = logging.getLogger(__name__)
 
@@ -310,4 +310,4 @@ def read_segment(path: Path) -> pa.Table:
             raise SpoolError(f"{path}: record at byte {pos} is not an Export: {exc}") from exc
         tables.append(decoded.table)
         pos += 4 + size
-    return pa.concat_tables(tables) if tables else SPANS_SCHEMA.empty_table()
+    return pa.concat_tables(tables) if tables else DECODED_SPANS_SCHEMA.empty_table()
