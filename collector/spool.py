@@ -203,6 +203,20 @@ class Spool:
             self._entries.remove(entry)
             self.bytes -= entry.size
 
+    def set_aside(self, entry: SpoolEntry) -> None:
+        """Take an inserted batch out of the queue but keep its file (and its bytes) until
+        ``discard``: ClickHouse has the rows, not yet on disk for sure. A restart before then
+        replays the file, and its token makes ClickHouse store nothing twice."""
+        with self._lock:
+            self._entries.remove(entry)
+
+    def discard(self, entries: list[SpoolEntry]) -> None:
+        """Remove set-aside batches for good (their rows are on ClickHouse's disk)."""
+        with self._lock:
+            for entry in entries:
+                entry.path.unlink(missing_ok=True)
+                self.bytes -= entry.size
+
     def quarantine(self, entry: SpoolEntry) -> Path:
         """Move an unreadable or unstorable batch aside (kept for a human, never replayed)."""
         target = entry.path.with_suffix(".bad")

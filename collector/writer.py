@@ -144,6 +144,9 @@ class WriterConfig:
     #: an insert sends at most about this many bytes with dictionaries expanded (what it costs
     #: ClickHouse); a larger segment goes in as several inserts, each with its own token
     insert_bytes: int = 64 << 20
+    #: an inserted journal segment is kept until ClickHouse has synced its parts to disk, which
+    #: it is asked to do (SYSTEM SYNC FILE CACHE) at most this often, and soon after it idles
+    sync_every_s: float = 1.0
 
 
 class _StoreWriter:
@@ -451,6 +454,11 @@ class JournalWriter(_StoreWriter):
         self._journal_done = False
         self._halted = False  # stop() gave up waiting: the spool belongs to the next start
         self._threads: list[threading.Thread] = []
+        # Segments inserted into ClickHouse whose parts may not be on disk yet (ClickHouse does
+        # not fsync new parts by default): kept in the spool until a sync, so an acknowledged
+        # Export survives a power failure too. (inserted at, entry), oldest first.
+        self._unsynced: list[tuple[float, SpoolEntry]] = []
+        self._sync_works = True
 
     # -- intake --------------------------------------------------------------------------------
 
@@ -533,6 +541,8 @@ class JournalWriter(_StoreWriter):
             self._cond.notify_all()
         for ticket in waiting:
             ticket.resolve()  # journaled: durable in the spool
+        if not any(thread.is_alive() for thread in self._threads):
+            self._sync_inserted(force=True)
         if any(thread.is_alive() for thread in self._threads):
             log.warning("%s: store too slow at shutdown; %d batches stay spooled for the next "
                         "start", self.name, len(self.spool))  # fmt: skip
@@ -675,8 +685,20 @@ class JournalWriter(_StoreWriter):
                     if self._journal_done and (not entries or self._stopping):
                         # Stopping while ClickHouse fails: the rest waits in the spool.
                         return
+                    if self._unsynced and not entries:
+                        # Nothing to insert: sync once the oldest inserted segment has waited
+                        # sync_every_s (sooner would sync after nearly every insert under load).
+                        due = self._unsynced[0][0] + self.config.sync_every_s - now
+                        if due <= 0:
+                            break
+                        self._cond.wait(due)
+                        continue
                     self._cond.wait(self._retry_at - now if entries else None)
-                entry = entries[0]
+                entry = entries[0] if entries else None
+            if entry is None:
+                self._sync_inserted(force=True)
+                continue
+            with self._cond:
                 tables = self._memory.pop(entry.seq, None)
             try:
                 self._insert_entry(entry, tables)
@@ -687,6 +709,40 @@ class JournalWriter(_StoreWriter):
                 waiting = self._waiting.pop(entry.seq, ())
             for ticket in waiting:
                 ticket.resolve()  # inserted, or left in the spool: durable either way
+            self._sync_inserted(force=False)
+
+    def _sync_inserted(self, *, force: bool) -> None:
+        """Ask ClickHouse to write what it has to disk, then drop the segments inserted before.
+
+        Batched: at most every ``sync_every_s`` under load (``force`` when idle or stopping),
+        and off the insert's path, so inserts become visible as fast as before. SYSTEM SYNC
+        FILE CACHE is a sync(2) on the machine that runs ClickHouse (this process, for the
+        embedded store). A server that refuses it (no SYSTEM privilege) is logged once, and
+        segments are dropped at insert from then on: docs/deploy.md gives the table settings
+        that make a server fsync its parts instead.
+        """
+        with self._cond:
+            if not self._unsynced:
+                return
+            oldest = self._unsynced[0][0]
+            if not force and time.monotonic() - oldest < self.config.sync_every_s:
+                return
+            batch = list(self._unsynced)
+        if self._sync_works:
+            try:
+                self.store.command("SYSTEM SYNC FILE CACHE")
+            except StoreUnavailable:
+                return  # kept: tried again later, or replayed (a no-op) after a restart
+            except Exception as exc:  # a refusal (StoreError), or a store that cannot sync
+                self._sync_works = False
+                log.warning(
+                    "%s: ClickHouse refused SYSTEM SYNC FILE CACHE (%s); inserted segments "
+                    "are dropped without it from now on", self.name, exc,
+                )  # fmt: skip
+        with self._cond:
+            del self._unsynced[: len(batch)]
+        self.spool.discard([entry for _, entry in batch])
+        self._spool_bytes.set(self.spool.bytes)
 
     def _insert_entry(self, entry: SpoolEntry, tables: list[pa.Table] | None) -> None:
         if tables is None:
@@ -710,7 +766,10 @@ class JournalWriter(_StoreWriter):
         self._count_failure(entry, table.num_rows)
 
     def _removed(self, entry: SpoolEntry, tables: list[pa.Table] | None) -> None:
-        self.spool.remove(entry)
+        # Inserted: out of the queue, but on disk until ClickHouse's parts are (_sync_inserted).
+        self.spool.set_aside(entry)
+        with self._cond:
+            self._unsynced.append((time.monotonic(), entry))
         self._failures.pop(entry.seq, None)
         self._spool_bytes.set(self.spool.bytes)
         with self._cond:

@@ -356,14 +356,3 @@ def test_a_request_id_and_a_trace_id_fit_the_published_patterns(first: Server) -
     # What fits the pattern but not the server is still a 4xx with a message.
     r = httpx.get(first.url("/v1/attribution/summary"), params={"since": "2026-13-01T00:00:00Z"})
     assert r.status_code == 400 and r.json()["detail"]
-
-
-def test_span_inserts_are_on_disk_when_they_return(store: Store) -> None:
-    # The journal drops an Export's bytes once ClickHouse has its rows: that must mean on disk
-    # (fsync'd part files and directory), not only in the page cache, or a power failure loses
-    # acknowledged spans.
-    query = store.query_rows(
-        "SELECT create_table_query FROM system.tables "
-        "WHERE database = currentDatabase() AND name = 'otel_traces'"
-    )[0][0]
-    assert "fsync_after_insert = 1" in query and "fsync_part_directory = 1" in query
