@@ -517,6 +517,31 @@ def expanded_bytes(table: pa.Table) -> int:
     return total
 
 
+def combine(table: pa.Table) -> pa.Table:
+    """``table`` with one chunk per column (ClickHouse takes that several times faster).
+
+    Arrow's ``combine_chunks`` cannot always merge dictionaries of maps ("unification of
+    map<string, string> dictionaries is not implemented"), so those are joined here: the chunks'
+    dictionaries one after the other, each chunk's indices shifted past the ones before.
+    """
+    columns = []
+    for column in table.columns:
+        if not pa.types.is_dictionary(column.type) or column.num_chunks <= 1:
+            columns.append(column.combine_chunks())
+            continue
+        dictionaries, indices, base = [], [], 0
+        for chunk in column.chunks:
+            dictionaries.append(chunk.dictionary)
+            indices.append(pc.add(chunk.indices, pa.scalar(base, pa.int32())))
+            base += len(chunk.dictionary)
+        columns.append(
+            pa.DictionaryArray.from_arrays(
+                pa.concat_arrays(indices), pa.concat_arrays(dictionaries), safe=False
+            )
+        )
+    return pa.Table.from_arrays(columns, schema=table.schema)
+
+
 def insert_slices(table: pa.Table, max_bytes: int) -> list[pa.Table]:
     """``table`` cut into consecutive slices of at most about ``max_bytes`` expanded bytes each.
 
@@ -794,6 +819,7 @@ __all__ = [
     "MetricColumns",
     "SpanColumns",
     "attributes_to_pairs",
+    "combine",
     "decode_spans",
     "expanded_bytes",
     "format_double",

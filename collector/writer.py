@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from latscope.collector import telemetry
-from latscope.collector.mapping import Limits, insert_slices
+from latscope.collector.mapping import Limits, combine, insert_slices
 from latscope.collector.memory import MemoryLimit
 from latscope.collector.spool import Segment, Spool, SpoolEntry, SpoolError
 from latscope.storage import Store, StoreError, StoreUnavailable
@@ -208,7 +208,7 @@ class _StoreWriter:
         """
         # One contiguous chunk per column: ClickHouse takes it several times faster than many,
         # and the cut is computed once over the whole segment (slices are views of it).
-        table = table.combine_chunks()
+        table = combine(table)
         slices = insert_slices(table, self.config.insert_bytes)
         for i, part in enumerate(slices):
             if not self._insert(part, token if len(slices) == 1 else f"{token}-{i}"):

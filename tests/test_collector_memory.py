@@ -195,3 +195,30 @@ def test_decoded_rows_are_counted_as_the_arrow_buffers_they_hold() -> None:
     assert decoded.nbytes == table_bytes(decoded.table) > 300 * 1024
     # Shrunk to fit: no decoder buffer keeps the doubling's spare capacity.
     assert decoded.nbytes < 1.5 * len(data)
+
+
+def test_a_segment_of_exports_with_different_resources_goes_in_as_one_insert(
+    store: Store, tmp_path: Path
+) -> None:
+    # Each Export brings its own resource dictionary; a segment joins them (Arrow's own
+    # combine_chunks cannot unify map dictionaries) and the rows keep their resources.
+    import pyarrow as pa
+
+    from latscope.collector.mapping import combine
+
+    services = [f"svc-{uuid.uuid4().hex[:12]}" for _ in range(3)]
+    tables = [decode_spans(_export(s, 5, seed=i).SerializeToString()).table for i, s in
+              enumerate(services)]  # fmt: skip
+    joined = combine(pa.concat_tables(tables))
+    assert all(c.num_chunks == 1 for c in joined.columns)
+    assert joined.column("ResourceAttributes").to_pylist() == [
+        row for t in tables for row in t.column("ResourceAttributes").to_pylist()
+    ]
+    store.insert_arrow("otel_traces", joined)
+    for s in services:
+        got = store.query_rows(
+            "SELECT count(), any(ResourceAttributes['service.name']) FROM otel_traces "
+            "WHERE ServiceName = {s:String}",
+            {"s": s},
+        )[0]
+        assert got == (5, s)
