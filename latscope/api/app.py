@@ -109,9 +109,12 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(
+        response = _error(
             exc.status_code, "not_found" if exc.status_code == 404 else "http_error", exc.detail
         )
+        # Starlette puts what a 405 must carry (Allow, RFC 9110 15.5.6) in the exception.
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -147,7 +150,8 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
     def readyz() -> Any:
         """Readiness: the store answers a query. Needs no token."""
         if not store.ping():
-            return _error(503, "store_unavailable", f"the store {store.dsn} does not answer")
+            # Open without a token: the address, never the password.
+            return _error(503, "store_unavailable", f"the store {store.safe_dsn} does not answer")
         return {"status": "ready"}
 
     @app.get(

@@ -8,9 +8,11 @@ not answer UNAVAILABLE.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent import futures
 from typing import Any
 
 import grpc
@@ -18,7 +20,14 @@ from google.protobuf import json_format
 
 from latscope.api import trace
 from latscope.api.errors import QueryError
-from latscope.api.live import HUB, LiveHub, TablePoller, WatchFilter, iter_subscription
+from latscope.api.live import (
+    HUB,
+    MAX_SUBSCRIBERS,
+    LiveHub,
+    TablePoller,
+    WatchFilter,
+    iter_subscription,
+)
 from latscope.config import Settings
 from latscope.parts import Parts
 from latscope.storage import Store, StoreError, StoreUnavailable
@@ -31,6 +40,26 @@ _STATUS = {
     404: grpc.StatusCode.NOT_FOUND,
     409: grpc.StatusCode.FAILED_PRECONDITION,
 }
+
+#: Threads for unary queries beside the Watch streams (each open stream holds one thread).
+QUERY_THREADS = 8
+_QUERY_METHODS = ("GetAttribution", "Summary", "Watch")
+
+
+def _in_pool(method: Callable[..., Any], pool: futures.ThreadPoolExecutor) -> Callable[..., Any]:
+    """``method`` marked to run in ``pool`` instead of the gRPC server's own threads.
+
+    grpcio runs a handler in ``behavior.experimental_thread_pool`` when the handler carries
+    one. The server's pool belongs to OTLP ingest: an idle Watch stream holds its thread for as
+    long as it is open, and a client holding many streams must not stop Exports.
+    """
+
+    @functools.wraps(method)
+    def run(*args: Any) -> Any:
+        return method(*args)
+
+    run.experimental_thread_pool = pool  # type: ignore[attr-defined]
+    return run
 
 
 def attribution_message(body: dict[str, Any]) -> query_pb2.RequestAttribution:
@@ -81,10 +110,27 @@ def attribution_dict(message: query_pb2.RequestAttribution) -> dict[str, Any]:
 
 
 class QueryServicer(query_pb2_grpc.QueryServiceServicer):
+    """The query service; its calls run in ``pool``, never on the ingest threads."""
+
+    name = "query-service"
+
     def __init__(self, store: Store, settings: Settings, *, hub: LiveHub = HUB) -> None:
         self.store = store
         self.settings = settings
         self.hub = hub
+        # Every Watch stream the hub allows holds a thread; unary queries get their own few.
+        self.pool = futures.ThreadPoolExecutor(
+            max_workers=MAX_SUBSCRIBERS + QUERY_THREADS, thread_name_prefix="grpc-query"
+        )
+        for name in _QUERY_METHODS:
+            setattr(self, name, _in_pool(getattr(self, name), self.pool))
+
+    def start(self) -> None:
+        return None
+
+    def stop(self, deadline: float) -> None:
+        # The gRPC server has stopped by now, which ends the streams; do not wait past deadline.
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _authorize(self, context: grpc.ServicerContext) -> None:
         if not self.settings.token:
@@ -188,7 +234,8 @@ def query_parts(settings: Settings, store: Store, *, poll_table: bool = True) ->
     parts = Parts(
         grpc_servicers=[lambda server: query_pb2_grpc.add_QueryServiceServicer_to_server(
             servicer, server
-        )]
+        )],
+        components=[servicer],
     )  # fmt: skip
     if poll_table:
         parts.components.append(TablePoller(store))

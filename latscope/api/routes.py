@@ -30,8 +30,17 @@ from latscope.api.schemas import (
     TraceSpans,
     Why,
 )
+from latscope.api.timerange import TIME_PATTERN
 from latscope.config import Settings
 from latscope.storage import Store
+
+# The patterns are published in the OpenAPI document (json_schema_extra) and checked by the
+# server itself, which answers a mismatch with its own 400 and error code.
+TRACE_ID_PATTERN = r"^[0-9a-fA-F]{32}$"
+#: A request: its trace id, or ``<trace id>-<span id of its server span>`` (several calls in one
+#: trace).
+REQUEST_ID_PATTERN = r"^[0-9a-fA-F]{32}(-[0-9a-fA-F]{16})?$"
+OBJECTIVE_PATTERN = r"^\s*(e2e|ttft|tpot):[0-9]+(\.[0-9]+)?:0?\.[0-9]+(:[0-9]+(\.[0-9]+)?)?\s*$"
 
 TraceId = Annotated[
     str,
@@ -39,6 +48,17 @@ TraceId = Annotated[
         description="32 hexadecimal characters (W3C trace id)",
         examples=[TRACE_ID_EXAMPLE],
         max_length=64,
+        json_schema_extra={"pattern": TRACE_ID_PATTERN},
+    ),
+]
+RequestId = Annotated[
+    str,
+    Path(
+        description="the request: its trace id (32 hexadecimal characters), or "
+        "<trace id>-<span id> (16 more) for one call of a trace with several",
+        examples=[TRACE_ID_EXAMPLE],
+        max_length=64,
+        json_schema_extra={"pattern": REQUEST_ID_PATTERN},
     ),
 ]
 StallMs = Annotated[
@@ -56,7 +76,12 @@ _TIME_HELP = "RFC 3339 (2026-01-02T15:04:05Z) or a span before now (15m, 2h, 7d)
 
 
 def _time(description: str, example: str) -> Any:
-    return Query(description=f"{description}: {_TIME_HELP}", max_length=64, examples=[example])
+    return Query(
+        description=f"{description}: {_TIME_HELP}",
+        max_length=64,
+        examples=[example],
+        json_schema_extra={"pattern": TIME_PATTERN},
+    )
 
 
 Since = Annotated[str | None, _time("start of the window (default: 1 hour before until)", "2h")]
@@ -119,12 +144,12 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         response_model=Attribution,
         responses=_ONE,
     )
-    def request_attribution(trace_id: TraceId) -> dict[str, Any]:
+    def request_attribution(trace_id: RequestId) -> dict[str, Any]:
         """Where one request's end-to-end time went, bucket by bucket (milliseconds)."""
         return trace.request_attribution(store, trace_id, stall_threshold_ms=stall)
 
     @router.get("/requests/{trace_id}", tags=["requests"], response_model=Explain, responses=_ONE)
-    def request_explain(trace_id: TraceId, stall_ms: StallMs = None) -> dict[str, Any]:
+    def request_explain(trace_id: RequestId, stall_ms: StallMs = None) -> dict[str, Any]:
         """One request at once: its buckets, its spans as a waterfall and its token timeline."""
         return trace.explain(store, trace_id, stall_ms, stall_threshold_ms=stall)
 
@@ -134,7 +159,7 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         response_model=RequestTokens,
         responses=_ONE,
     )
-    def request_tokens(trace_id: TraceId, stall_ms: StallMs = None) -> dict[str, Any]:
+    def request_tokens(trace_id: RequestId, stall_ms: StallMs = None) -> dict[str, Any]:
         """When each token reached the client's clock, and the inter-token stalls."""
         return trace.token_timeline(store, trace_id, stall_ms, stall_threshold_ms=stall)
 
@@ -263,6 +288,7 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
                 + ")",
                 max_length=20,
                 examples=[["ttft:500:0.99:30"]],
+                json_schema_extra={"items": {"type": "string", "pattern": OBJECTIVE_PATTERN}},
             ),
         ] = None,
         at: Annotated[
