@@ -1,18 +1,23 @@
-"""The REST API for traces with several inference calls (agent runs), against a real
+"""REST and gRPC for traces with several inference calls (agent runs), against a real
 ``latscope serve``: the calls of a trace, each fetched by its request id, the run's critical path,
-the waterfall with the calls marked, and requests as they are attributed (``/v1/live``). The
-expected figures are the runs' ground truth (tests/agent_traces.py), not latscope's."""
+the waterfall with the calls marked, and requests as they are attributed (``/v1/live``, Watch).
+The expected figures are the runs' ground truth (tests/agent_traces.py), not latscope's; gRPC
+must give what REST gives."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
+from latscope.api.grpc_service import attribution_dict, run_dict
 from latscope.semconv import BUCKETS
+from latscope.v1 import query_pb2, query_pb2_grpc
 from tests.agent_surfaces import (
     PARALLEL_SEEDS,
     SINGLE_CALL_SEED,
@@ -224,3 +229,82 @@ def test_live_feed_gives_every_call_once_from_the_cursor(served) -> None:
     assert slow["requests"] == []
     again = _ok(server, "/v1/live", after=cursor, epoch="restarted", limit=1000)
     assert want <= {r["request_id"] for r in again["requests"]}
+
+
+# -- the same answers over gRPC -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stub(served) -> Iterator[query_pb2_grpc.QueryServiceStub]:
+    server, _ = served
+    with grpc.insecure_channel(server.grpc) as channel:
+        yield query_pb2_grpc.QueryServiceStub(channel)
+
+
+def test_grpc_lists_the_calls_and_explains_the_run_as_rest_does(served, stub) -> None:
+    server, runs = served
+    for run in runs[:2]:
+        listed = stub.ListRequests(query_pb2.ListRequestsRequest(trace_id=run.trace_id), timeout=30)
+        rest = _ok(server, f"/v1/traces/{run.trace_id}/requests")
+        assert listed.trace_id == rest["trace_id"]
+        got = [attribution_dict(m) for m in listed.requests]
+        for g in got:
+            del g["start_unix_nano"]  # Watch's field
+        assert got == rest["requests"]
+        message = stub.GetRun(query_pb2.GetRunRequest(trace_id=run.trace_id), timeout=30)
+        assert run_dict(message) == _ok(server, f"/v1/traces/{run.trace_id}/run")
+        assert message.critical_path_ms.llm + message.critical_path_ms.tool + (
+            message.critical_path_ms.app
+        ) == pytest.approx(message.e2e_ms, abs=1e-6)
+        for truth in run.requests:
+            one = stub.GetAttribution(
+                query_pb2.GetAttributionRequest(request_id=truth.request_id), timeout=30
+            )
+            assert one.request_id == truth.request_id
+            assert one.e2e_ms == pytest.approx(truth.e2e_ns / MS, abs=1e-6)
+
+
+def test_grpc_errors_for_traces(served, stub) -> None:
+    _, runs = served
+    run = runs[0]
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetAttribution(query_pb2.GetAttributionRequest(trace_id=run.trace_id), timeout=30)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert run.requests[0].request_id in info.value.details()
+    for call, request in (
+        (stub.GetRun, query_pb2.GetRunRequest(trace_id="ab" * 16)),
+        (stub.ListRequests, query_pb2.ListRequestsRequest(trace_id="ab" * 16)),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            call(request, timeout=30)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetRun(query_pb2.GetRunRequest(trace_id="nope"), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_watch_streams_every_call_of_a_trace(served, stub) -> None:
+    server, _ = served
+    stream = stub.Watch(query_pb2.WatchRequest(), timeout=60)
+    got: list[str] = []
+    run = recent_run(39, ago_s=5)
+    want = {t.request_id for t in run.requests}
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            for message in stream:
+                assert message.request_id.startswith(message.trace_id + "-")
+                got.append(message.request_id)
+                if want <= set(got):
+                    break
+        except grpc.RpcError:
+            pass
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    time.sleep(1.0)  # the stream is subscribed before the run arrives
+    export(server.grpc, run)
+    assert done.wait(45), got
+    stream.cancel()
+    assert sorted(r for r in got if r in want) == sorted(want)
