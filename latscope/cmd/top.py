@@ -93,6 +93,11 @@ class Feed:
     def alive(self) -> bool:
         return self.deadline is None or time.monotonic() < self.deadline
 
+    @property
+    def note(self) -> str:
+        """Anything the screen should say about the feed itself."""
+        return ""
+
     def connect(self) -> None:
         raise NotImplementedError
 
@@ -137,6 +142,12 @@ class RestFeed(Feed):
             yield from requests
             if len(requests) < POLL_LIMIT:
                 time.sleep(POLL_S if self.deadline is None else min(POLL_S, self._left()))
+
+    @property
+    def note(self) -> str:
+        if not self.missed:
+            return ""
+        return f"{self.missed} requests came faster than top read them and are not shown"
 
     def _left(self) -> float:
         return max(0.0, (self.deadline or 0.0) - time.monotonic())
@@ -240,8 +251,10 @@ def open_feed(args: argparse.Namespace) -> Feed:
     return RestFeed(args)
 
 
-def _screen(recent: deque[dict[str, Any]], seen: int, source: str) -> Group:
+def _screen(recent: deque[dict[str, Any]], seen: int, source: str, note: str = "") -> Group:
     head = Text("latscope top", style="bold").append(f"  {source}  {seen} requests seen", style="")
+    if note:
+        head.append(f"  ({note})", style="yellow")
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for req in recent:
         groups.setdefault((req["service"], req["model"]), []).append(req)
@@ -294,7 +307,7 @@ def main(args: argparse.Namespace) -> int:
                 for req in feed:
                     recent.append(req)
                     seen += 1
-                    live.update(_screen(recent, seen, feed.description))
+                    live.update(_screen(recent, seen, feed.description, feed.note))
                     if args.count and seen >= args.count:
                         break
             except SourceError as exc:
