@@ -185,31 +185,31 @@ def test_a_single_call_trace_or_a_request_id_shows_the_request(served, page: Pag
     assert page.is_visible("#run") and page.inner_text("#run-id") == agent.trace_id
 
 
-@pytest.mark.parametrize(
-    ("total_ms", "first_ms", "times_ms"),
-    [
-        (1000.0, 990.0, [990.0, 995.0, 999.0]),  # first token at the very end
-        (460.0, 345.0, [345.0, 365.0, 385.0, 460.0]),
-        (12_345.0, 20.0, [20.0 + 30 * i for i in range(400)]),  # seconds
-        (3.2, 0.4, [0.4, 1.0, 2.9]),  # sub-millisecond ticks
-        (86.0, 2.0, [2.0, 80.0]),
-    ],
-)
-def test_token_timeline_has_an_axis_and_labels_that_do_not_overlap(
-    served, page: Page, total_ms: float, first_ms: float, times_ms: list[float]
-) -> None:
+#: (request e2e ms, first token ms, token times ms): a first token at the very end, a short
+#: request, one of seconds, sub-millisecond ticks, tokens far apart.
+TOKEN_CASES = [
+    (1000.0, 990.0, [990.0, 995.0, 999.0]),
+    (460.0, 345.0, [345.0, 365.0, 385.0, 460.0]),
+    (12_345.0, 20.0, [20.0 + 30 * i for i in range(400)]),
+    (3.2, 0.4, [0.4, 1.0, 2.9]),
+    (86.0, 2.0, [2.0, 80.0]),
+]
+
+
+def test_token_timeline_has_an_axis_and_labels_that_do_not_overlap(served, page: Page) -> None:
     server, runs = served
     _open(page, server, f"trace={runs[1].trace_id}")
     for width in (1400, 700):
         page.set_viewport_size({"width": width, "height": 1000})
-        tokens = {"count": len(times_ms), "times_ms": times_ms, "first_token_ms": first_ms,
-                  "stall_threshold_ms": 250.0, "stalls": []}  # fmt: skip
-        page.evaluate("([t, total]) => renderTokens(t, total)", [tokens, total_ms])
-        assert page.locator("#tokens line.axis").count() == 1
-        assert page.locator("#tokens line.tok").count() == len(times_ms)
-        ticks = [float(t) for t in page.locator("#tokens text.tick").evaluate_all(
-            "(ts) => ts.map((t) => t.dataset.ms)")]  # fmt: skip
-        assert len(ticks) >= 2 and ticks == sorted(ticks)
-        assert ticks[0] == 0 and ticks[-1] == pytest.approx(total_ms)
-        assert "first token" in (page.text_content("#tokens text.first-label") or "")
-        assert overlapping_labels(page, "#tokens") == [], (width, total_ms)
+        for total_ms, first_ms, times_ms in TOKEN_CASES:
+            tokens = {"count": len(times_ms), "times_ms": times_ms, "first_token_ms": first_ms,
+                      "stall_threshold_ms": 250.0, "stalls": []}  # fmt: skip
+            page.evaluate("([t, total]) => renderTokens(t, total)", [tokens, total_ms])
+            assert page.locator("#tokens line.axis").count() == 1
+            assert page.locator("#tokens line.tok").count() == len(times_ms)
+            ticks = [float(t) for t in page.locator("#tokens text.tick").evaluate_all(
+                "(ts) => ts.map((t) => t.dataset.ms)")]  # fmt: skip
+            assert len(ticks) >= 2 and ticks == sorted(ticks)
+            assert ticks[0] == 0 and ticks[-1] == pytest.approx(total_ms)
+            assert "first token" in (page.text_content("#tokens text.first-label") or "")
+            assert overlapping_labels(page, "#tokens") == [], (width, total_ms)
