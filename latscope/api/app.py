@@ -37,7 +37,8 @@ milliseconds as floats. Time-range parameters (`since`, `until`) accept RFC 3339
 (`2026-01-02T15:04:05Z`) or a relative span before now (`15m`, `2h`, `7d`).
 
 Errors are JSON `{"error": code, "detail": why}`: 400 (unusable parameter), 401 (token missing
-or wrong, when the server has one), 404 (unknown trace), 422 (parameter out of bounds).
+or wrong, when the server has one), 404 (unknown trace), 409 (a trace id where a request is
+meant, for a trace with several inference calls), 422 (parameter out of bounds).
 """
 
 
@@ -80,6 +81,7 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
         redoc_url=None,
         openapi_tags=[
             {"name": "requests", "description": "one request: buckets, spans, tokens"},
+            {"name": "traces", "description": "a trace: its calls, its run's critical path"},
             {"name": "aggregates", "description": "many requests: summary, tail, compare, ..."},
             {"name": "health", "description": "liveness, readiness, Prometheus metrics"},
         ],

@@ -62,13 +62,52 @@ def _in_pool(method: Callable[..., Any], pool: futures.ThreadPoolExecutor) -> Ca
     return run
 
 
-def attribution_message(body: dict[str, Any]) -> query_pb2.RequestAttribution:
-    """The REST attribution JSON as a ``RequestAttribution`` message (nulls stay unset)."""
+def _attribution_data(body: dict[str, Any]) -> dict[str, Any]:
+    """The REST attribution JSON in the message's JSON mapping (nulls stay unset)."""
     data = {k: v for k, v in body.items() if v is not None}
     data["gpu"] = {phase: {"figures": figs} for phase, figs in (body.get("gpu") or {}).items()}
     data["buckets_ms"] = {k: v for k, v in body["buckets_ms"].items() if v is not None}
     data["itl_ms"] = {k: v for k, v in body["itl_ms"].items() if v is not None}
-    return json_format.ParseDict(data, query_pb2.RequestAttribution(), ignore_unknown_fields=True)
+    return data
+
+
+def attribution_message(body: dict[str, Any]) -> query_pb2.RequestAttribution:
+    """The REST attribution JSON as a ``RequestAttribution`` message (nulls stay unset)."""
+    return json_format.ParseDict(
+        _attribution_data(body), query_pb2.RequestAttribution(), ignore_unknown_fields=True
+    )
+
+
+def requests_message(body: dict[str, Any]) -> query_pb2.ListRequestsResponse:
+    """``/v1/traces/{trace_id}/requests``'s JSON as a ``ListRequestsResponse``."""
+    return query_pb2.ListRequestsResponse(
+        trace_id=body["trace_id"], requests=[attribution_message(r) for r in body["requests"]]
+    )
+
+
+def run_message(body: dict[str, Any]) -> query_pb2.Run:
+    """``/v1/traces/{trace_id}/run``'s JSON as a ``Run`` (nulls stay unset)."""
+    data = {
+        **body,
+        "calls": [{**c, "attribution": _attribution_data(c["attribution"])} for c in body["calls"]],
+        "path": [{k: v for k, v in step.items() if v is not None} for step in body["path"]],
+    }
+    # Strict: a key the proto does not know is a mismatch between the two answers, not noise.
+    return json_format.ParseDict(data, query_pb2.Run())
+
+
+def run_dict(message: query_pb2.Run) -> dict[str, Any]:
+    """A ``Run`` back in the REST JSON shape."""
+    data = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    for call, msg in zip(data["calls"], message.calls, strict=True):
+        call["attribution"] = attribution_dict(msg.attribution)
+        del call["attribution"]["start_unix_nano"]  # Watch's field; a run's calls have start_ms
+    for step in data["path"]:  # optional fields: unset is null in the REST shape
+        step.setdefault("bucket", None)
+        step.setdefault("request_id", None)
+    return data
 
 
 def attribution_dict(message: query_pb2.RequestAttribution) -> dict[str, Any]:
@@ -163,11 +202,33 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
             context,
             lambda: trace.request_attribution(
                 self.store,
-                request.trace_id,
+                request.request_id or request.trace_id,
                 stall_threshold_ms=self.settings.stall_threshold_ms,
             ),
         )
         return attribution_message(body)
+
+    def ListRequests(
+        self, request: query_pb2.ListRequestsRequest, context: grpc.ServicerContext
+    ) -> query_pb2.ListRequestsResponse:
+        body = self._answer(
+            context,
+            lambda: trace.trace_requests(
+                self.store, request.trace_id, stall_threshold_ms=self.settings.stall_threshold_ms
+            ),
+        )
+        return requests_message(body)
+
+    def GetRun(
+        self, request: query_pb2.GetRunRequest, context: grpc.ServicerContext
+    ) -> query_pb2.Run:
+        body = self._answer(
+            context,
+            lambda: trace.trace_run(
+                self.store, request.trace_id, stall_threshold_ms=self.settings.stall_threshold_ms
+            ),
+        )
+        return run_message(body)
 
     def Summary(
         self, request: query_pb2.SummaryRequest, context: grpc.ServicerContext
