@@ -9,7 +9,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
-from latscope.api import aggregates, trace
+from latscope.api import queries as aggregates
+from latscope.api import trace
 from latscope.api.errors import InvalidParameter, error_responses
 from latscope.api.schemas import (
     TRACE_ID_EXAMPLE,
