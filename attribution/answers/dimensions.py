@@ -96,7 +96,8 @@ SELECT_METRICS: dict[str, str] = {name: METRICS[name] for name in ("e2e", *BUCKE
 SELECTION_KINDS = ("percentile", "region", "slo", "before")
 
 #: A value's share of the selection from which ``since`` is read: the first step holding at
-#: least this fraction of the busiest step's selected requests with that value.
+#: least this fraction of the busiest step's selected requests with that value. A quarter of the
+#: peak marks where the rise began, past the stray selected requests a value has before it.
 SINCE_FRACTION = 0.25
 
 #: Columns every read of requests takes (the figures, and what selections are made on).
@@ -739,7 +740,8 @@ def slo_buckets(
 #: by at least this much (25 points: e.g. 1 pod of 8, 12 % of the traffic, holding 37 % or more
 #: of the slowest requests).
 CONCENTRATION_MIN = 0.25
-#: The selection a verdict's bucket is examined on: its slowest 5 %.
+#: The selection a verdict's bucket is examined on: its slowest 5 %, the requests the problem
+#: shows in, yet enough of them (one in twenty) for the shares to mean something.
 CONCENTRATION_PERCENTILE = 95.0
 
 
