@@ -233,7 +233,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
     def Summary(
         self, request: query_pb2.SummaryRequest, context: grpc.ServicerContext
     ) -> query_pb2.SummaryResponse:
-        from latscope.api import aggregates
+        from latscope.api import queries as aggregates
 
         body = self._answer(
             context,

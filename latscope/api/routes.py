@@ -1,5 +1,5 @@
 """The ``/v1`` routes. Each route validates its parameters, then calls the function that
-answers the question (``latscope.api.trace`` for one request, ``latscope.api.aggregates`` for many);
+answers the question (``latscope.api.trace`` for one request, ``latscope.api.queries`` for many);
 those functions are shared with the gRPC service and the CLI's direct mode."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
-from latscope.api import aggregates, trace
 from latscope.api import live as live_feed
+from latscope.api import queries as aggregates
+from latscope.api import trace
 from latscope.api.errors import InvalidParameter, error_responses
 from latscope.api.schemas import (
     REQUEST_ID_EXAMPLE,
