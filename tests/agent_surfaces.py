@@ -10,7 +10,7 @@ import httpx
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from tests.agent_traces import AgentRun, LlmStep, Parallel, agent_run
-from tests.conftest import Server
+from tests.serve_support import Server
 
 #: Seeds of runs with calls in parallel (a group of two or more LLM calls) and tools between:
 #: 0 (4 calls under an HTTP server and an agent span), 16 (9 calls, two parallel groups).

@@ -222,3 +222,41 @@ def both(trace_id: str, spans: list[SpanRecord], **kw: Any) -> RequestAttributio
     found = every_request(trace_id, spans, **kw)
     assert len(found) <= 1, [a.request_id for a in found]
     return found[0] if found else None
+
+
+def span_rows(trace_id: str, spans: list[dict]) -> pa.Table:
+    """Rows for the spans table (only the columns the attributor reads are filled)."""
+    cols: dict[str, list] = {name: [] for name in SPANS_SCHEMA.names}
+    for s in spans:
+        row = {
+            "Timestamp": s["start"],
+            "TraceId": trace_id,
+            "SpanId": s["id"],
+            "ParentSpanId": s.get("parent", ""),
+            "TraceState": "",
+            "SpanName": s.get("name", "span"),
+            "SpanKind": s["kind"],
+            "ServiceName": s.get("service", "attr-test"),
+            "ResourceAttributes": [],
+            "ScopeName": "",
+            "ScopeVersion": "",
+            "SpanAttributes": list(s.get("attrs", {}).items()),
+            "Duration": s["end"] - s["start"],
+            "StatusCode": "Ok",
+            "StatusMessage": "",
+        }
+        for name in SPANS_SCHEMA.names:
+            cols[name].append(row.get(name, []))
+    return pa.Table.from_pydict(cols, schema=SPANS_SCHEMA)
+
+
+def server_spans(day_offset_ns: int = 0) -> list[dict]:
+    s0 = T0 + day_offset_ns
+    return [
+        {"id": "a1" * 8, "parent": "c1" * 8, "kind": "Server", "start": s0 + 40 * MS,
+         "end": s0 + 960 * MS, "attrs": {"latscope.phase": ""}},
+        {"id": "b1" * 8, "parent": "a1" * 8, "kind": "Internal", "start": s0 + 45 * MS,
+         "end": s0 + 145 * MS, "attrs": {"latscope.phase": "queue"}},
+        {"id": "b2" * 8, "parent": "a1" * 8, "kind": "Internal", "start": s0 + 380 * MS,
+         "end": s0 + 900 * MS, "attrs": {"latscope.phase": "decode"}},
+    ]  # fmt: skip

@@ -24,7 +24,7 @@ from latscope.config import Settings
 from latscope.parts import Parts
 from latscope.serve import bind_http, start_grpc, stop_components
 from latscope.storage import Store, StoreUnavailable
-from tests.conftest import embedded_store
+from tests.serve_support import embedded_store
 
 
 class FlakyStore:

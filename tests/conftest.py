@@ -1,129 +1,95 @@
-"""Shared fixtures: a real ``latscope serve`` process on free loopback ports."""
+"""Fixtures shared across test modules, the test tiers' markers and the hypothesis profiles.
+
+Tiers: ``-m "not slow"`` is the inner loop (under a minute on two cores); the full suite is CI's.
+Profiles: ``ci`` (the default) runs every property at full strength, ``dev`` at a tenth; pick one
+with ``HYPOTHESIS_PROFILE=dev`` or ``--hypothesis-profile=dev``.
+"""
 
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
-import threading
-import time
+import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 
+# Test modules import these from tests.serve_support; re-exported for older imports.
+from tests.serve_support import (  # noqa: F401
+    Server,
+    embedded_store,
+    release_embedded_store,
+    start_serve,
+)
+from tests.web_support import CHROMIUM, CHROMIUM_ARGS
+
 if TYPE_CHECKING:  # the SDK tests also run where the server extra is not installed
+    from playwright.sync_api import Browser
+
     from latscope.storage import Store
+    from tests.surfaces import RequestSpec
 
-_EMBEDDED: list[Store] = []
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # the SDK-floor run installs no hypothesis
+    pass
+else:
+    from tests.hypothesis_support import CI_EXAMPLES
 
-
-def embedded_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    """The test process's one embedded store, schema applied.
-
-    chDB opens one data directory per process, so every in-process test shares this store (tests
-    keep apart by their own service names and trace ids); tests that need a store of their own
-    start a ``latscope serve`` process, or call ``release_embedded_store`` first.
-    """
-    if not _EMBEDDED:
-        from latscope.storage import Store
-
-        store = Store.open(f"chdb://{tmp_path_factory.mktemp('embedded-store')}")
-        store.apply_schema()
-        _EMBEDDED.append(store)
-    return _EMBEDDED[0]
-
-
-def release_embedded_store() -> None:
-    """Close the shared store so this process can open another data directory.
-
-    The next ``embedded_store`` call opens a fresh one, so fixtures that hold it are module-scoped.
-    """
-    while _EMBEDDED:
-        _EMBEDDED.pop().close()
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    grpc: str
-    http: str
-    store_dir: Path
-    output: list[str]
-    _reader: threading.Thread
-
-    def text(self) -> str:
-        return "\n".join(self.output)
-
-    def url(self, path: str) -> str:
-        return f"{self.http}{path}"
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self._reader.join(5)
-            if self.proc.stdout:
-                self.proc.stdout.close()
-
-
-def start_serve(
-    store_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> Server:
-    """Start ``latscope serve`` on port 0 and wait for it to print the addresses it bound."""
-    cmd = [
-        sys.executable, "-m", "latscope.cli", "serve",
-        "--store", f"chdb://{store_dir}",
-        "--otlp-grpc", "127.0.0.1:0",
-        "--http", "127.0.0.1:0",
-        *args,
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **(env or {})},
+    # Examples are whole traces, exports or HTTP calls through real parts: seconds, not
+    # microseconds, so no deadline and no complaint about slow generation.
+    settings.register_profile(
+        "ci",
+        max_examples=CI_EXAMPLES,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
-    lines: list[str] = []
-    grpc_addr = http_addr = None
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    while time.monotonic() < deadline and not (grpc_addr and http_addr):
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line.rstrip())
-        if m := re.search(r"OTLP/gRPC\s+(\S+)", line):
-            grpc_addr = m.group(1)
-        if m := re.search(r"HTTP\s+(http://\S+)", line):
-            http_addr = m.group(1)
-    if not (grpc_addr and http_addr):
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
-        raise RuntimeError("latscope serve did not start:\n" + "\n".join(lines))
-    # Keep draining the pipe so a chatty server never blocks on a full pipe.
-    reader = threading.Thread(
-        target=lambda: lines.extend(line.rstrip() for line in proc.stdout), daemon=True
-    )
-    reader.start()
-    server = Server(proc, grpc_addr, http_addr, store_dir, lines, reader)
-    httpx.get(server.url("/healthz"), timeout=10).raise_for_status()
-    return server
+    settings.register_profile("dev", settings.get_profile("ci"), max_examples=CI_EXAMPLES // 10)
+    # --hypothesis-profile (hypothesis' own pytest option) overrides this at configure time.
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """The process's embedded store (chDB allows one data directory per process); tests keep
+    apart by their own service names and trace ids."""
+    return embedded_store(tmp_path_factory)
 
 
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Server]:
-    server = start_serve(tmp_path / "store")
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """An empty ``latscope serve`` of the module's own (tests send their own trace ids)."""
+    server = start_serve(tmp_path_factory.mktemp("serve") / "store")
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[RequestSpec]]]:
+    """``latscope serve`` over a copy of ``surfaces.dataset()``, shared by the modules that only
+    read it; the built store stays free for tests that open it themselves (``dataset_store``)."""
+    from tests.surfaces import dataset_store
+
+    built, specs = dataset_store()
+    copy = tmp_path_factory.mktemp("served") / "store"
+    shutil.copytree(built, copy, symlinks=True)  # chDB's table links are relative
+    server = start_serve(copy)
+    try:
+        yield server, specs
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    """Headless Debian chromium driven by Playwright (no browser download)."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (see scripts/test)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()

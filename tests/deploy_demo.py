@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_contex
 from latscope.attribution import attribute_requests, load_trace
 from latscope.semconv import GenAIAttributes, HttpAttributes, LatscopeAttributes, Phase
 from latscope.storage import ATTRIBUTION_TABLE, METRICS_TABLE, SPANS_TABLE, Store
-from tests.conftest import release_embedded_store, start_serve
+from tests.serve_support import release_embedded_store, start_serve
 
 MS = 1_000_000
 #: (client service, server service, model, mean TPOT ms): two front ends over two model servers.

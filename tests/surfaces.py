@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, set_span_in_context
 
 from latscope.semconv import GenAIAttributes, LatscopeAttributes
-from tests.conftest import Server, start_serve
+from tests.serve_support import Server, start_serve
 
 MS = 1_000_000
 
@@ -247,8 +247,9 @@ def wait_attributed(server: Server, count: int, timeout: float = 60) -> None:
 
 def dataset_store() -> tuple[Path, list[RequestSpec]]:
     """A store holding ``dataset()``: spans sent through OTLP to a real ``latscope serve``, whose
-    attributor wrote their rows; built once per test session. Test modules serve it one after
-    another (an embedded store belongs to one process at a time) and only read it."""
+    attributor wrote their rows; built once per test process. The ``served`` fixture serves a copy
+    of it; tests that open it themselves (``latscope api``, ``--store``) do so one at a time (an
+    embedded store belongs to one process at a time) and only read it."""
     if "dir" not in _BUILT:
         build = Path(tempfile.mkdtemp(prefix="latscope-dataset-"))
         atexit.register(shutil.rmtree, build, ignore_errors=True)

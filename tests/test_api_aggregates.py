@@ -5,26 +5,15 @@ known layouts."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from latscope.semconv import BUCKETS
-from tests.conftest import Server, start_serve
-from tests.surfaces import GPU_ENERGY_MJ, GPU_UTIL, MS, RequestSpec, dataset_store
+from tests.serve_support import Server
+from tests.surfaces import GPU_ENERGY_MJ, GPU_UTIL, MS, RequestSpec
 
 HOUR_NS = 3600 * 10**9
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[Server, list[RequestSpec]]]:
-    store, specs = dataset_store()
-    server = start_serve(store)
-    try:
-        yield server, specs
-    finally:
-        server.stop()
 
 
 def _get(server: Server, path: str, **params: object) -> dict:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from latscope.v1 import query_pb2, query_pb2_grpc
-from tests.conftest import Server, start_serve
+from tests.serve_support import Server, start_serve
 
 TOKEN = "s3cret-token"
 TRACE = "ab" * 16

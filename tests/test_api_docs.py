@@ -16,8 +16,8 @@ from playwright.sync_api import sync_playwright
 
 from latscope.api.app import create_app
 from latscope.config import Settings
-from tests.conftest import embedded_store
 from tests.sdk_support import run_app
+from tests.serve_support import embedded_store
 
 CHROMIUM = os.environ.get("LATSCOPE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",

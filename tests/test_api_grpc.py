@@ -16,8 +16,6 @@ from latscope.api.grpc_service import QueryServicer, attribution_dict
 from latscope.api.live import LiveHub, observe
 from latscope.config import Settings
 from latscope.v1 import query_pb2, query_pb2_grpc
-from tests.conftest import Server, start_serve
-from tests.surfaces import RequestSpec, dataset_store
 
 
 def test_generated_code_is_current(tmp_path: Path) -> None:
@@ -28,16 +26,6 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
         assert committed.read_text() == path.read_text(), (
             f"{committed} is stale: run `python -m latscope.api.codegen` and commit the result"
         )
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[Server, list[RequestSpec]]]:
-    store, specs = dataset_store()
-    server = start_serve(store)
-    try:
-        yield server, specs
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

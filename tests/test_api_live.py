@@ -16,7 +16,7 @@ import pytest
 
 from latscope.api.grpc_service import attribution_dict
 from latscope.v1 import query_pb2, query_pb2_grpc
-from tests.conftest import Server, start_serve
+from tests.serve_support import Server, start_serve
 from tests.surfaces import FAST_ATTRIBUTION, RequestSpec, send, steady_tokens
 
 

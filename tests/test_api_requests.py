@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
-from tests.conftest import Server, start_serve
-from tests.surfaces import MS, RequestSpec, dataset_store
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[Server, list[RequestSpec]]]:
-    store, specs = dataset_store()
-    server = start_serve(store)
-    try:
-        yield server, specs
-    finally:
-        server.stop()
+from tests.serve_support import Server
+from tests.surfaces import MS
 
 
 def _get(server: Server, path: str, **params: object) -> httpx.Response:

@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,19 +15,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from tests.conftest import Server, start_serve
-from tests.surfaces import dataset_store
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[Server]:
-    store, _ = dataset_store()
-    server = start_serve(store)
-    try:
-        yield server
-    finally:
-        server.stop()
-
+from tests.serve_support import Server
 
 CHECKS = [
     not_a_server_error,
@@ -40,10 +25,11 @@ CHECKS = [
 ]
 
 
-def test_generated_requests_get_no_server_error_and_conform(served: Server) -> None:
+def test_generated_requests_get_no_server_error_and_conform(served: tuple[Server, list]) -> None:
+    server, _ = served
     # The schemathesis pytest plugin does not run on this pytest; its Python API with
     # hypothesis does the same, one operation at a time.
-    schema = schemathesis.openapi.from_url(served.url("/openapi.json"))
+    schema = schemathesis.openapi.from_url(server.url("/openapi.json"))
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 15
     for operation in operations:
@@ -67,8 +53,9 @@ def test_generated_requests_get_no_server_error_and_conform(served: Server) -> N
         check()
 
 
-def test_openapi_is_complete(served: Server) -> None:
-    spec = httpx.get(served.url("/openapi.json"), timeout=10).json()
+def test_openapi_is_complete(served: tuple[Server, list]) -> None:
+    server, _ = served
+    spec = httpx.get(server.url("/openapi.json"), timeout=10).json()
     routes = {path for path in spec["paths"] if path.startswith("/v1/")}
     assert routes == {
         "/v1/traces",  # OTLP/HTTP ingest, served by the same process

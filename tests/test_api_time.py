@@ -14,7 +14,7 @@ import pytest
 from latscope.cli import main
 from latscope.semconv import BUCKETS
 from tests import planted
-from tests.conftest import Server, start_serve
+from tests.serve_support import Server, start_serve
 
 S = 10**9
 

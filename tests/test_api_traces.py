@@ -27,7 +27,7 @@ from tests.agent_surfaces import (
     send_runs,
 )
 from tests.agent_traces import AgentRun
-from tests.conftest import Server, start_serve
+from tests.serve_support import Server, start_serve
 from tests.surfaces import FAST_ATTRIBUTION
 
 MS = 1e6

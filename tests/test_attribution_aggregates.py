@@ -5,85 +5,15 @@ from __future__ import annotations
 import json
 import uuid
 
-import numpy as np
 import polars as pl
 import pytest
 
 from latscope.attribution import aggregates as ag
 from latscope.attribution import rollups
-from latscope.attribution.frames import to_table
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
-from latscope.storage import ATTRIBUTION_TABLE, Store
-from tests.test_attribution_attributor import shared_store
-
-H = 3600 * 10**9
-MS = 1e6
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return shared_store(tmp_path_factory)
-
-
-def make_rows(n: int, *, service: str, t0: int, seed: int, span_ns: int = 2 * H) -> pl.DataFrame:
-    rng = np.random.default_rng(seed)
-    has_client = rng.random(n) < 0.8
-    parts = {
-        "queue": rng.integers(0, 400, n) * 1_000_000 * np.where(rng.random(n) < 0.05, 20, 1),
-        "preprocess": rng.integers(0, 30, n) * 1_000_000,
-        "prefill": rng.integers(10, 300, n) * 1_000_000,
-        "decode": rng.integers(0, 3000, n) * 1_000_000,
-        "postprocess": rng.integers(0, 20, n) * 1_000_000,
-        "other": rng.integers(0, 10, n) * 1_000_000,
-        "network": np.where(has_client, rng.integers(1, 80, n) * 1_000_000, 0),
-    }
-    e2e = sum(parts.values())
-    input_tokens = rng.integers(1, 4000, n)
-    stalls = (rng.random(n) < 0.1).astype(np.uint32)
-    df = pl.DataFrame(
-        {
-            "Timestamp": t0 + np.sort(rng.integers(0, span_ns, n)),
-            "TraceId": [uuid.UUID(int=int(x)).hex for x in rng.integers(0, 2**62, n)],
-            "RequestSpanId": "00000000000000c1",
-            "ServiceName": service,
-            "Model": rng.choice(["m-small", "m-large"], n),
-            "Provider": "",
-            "Operation": "chat",
-            "Route": rng.choice(["/a", "/b", "/c"], n),
-            "ResourceAttributes": [
-                [{"key": "k8s.pod.name", "value": f"pod-{i % 3}"}] for i in range(n)
-            ],
-            "StatusCode": "Ok",
-            "HasClient": has_client,
-            "Attempts": 1,
-            "E2eNs": e2e,
-            **{BUCKET_COLUMNS[b]: parts[b] for b in BUCKETS},
-            "TtftClientNs": np.where(has_client, parts["network"] + parts["prefill"], 0),
-            "TtftServerNs": parts["queue"] + parts["prefill"],
-            "TpotNs": rng.random(n) * 50e6,
-            "ItlP50Ns": rng.random(n) * 40e6,
-            "ItlP99Ns": rng.random(n) * 400e6,
-            "ItlMaxNs": rng.random(n) * 900e6,
-            "Stalls": stalls,
-            "InputTokens": input_tokens,
-            "OutputTokens": rng.integers(1, 500, n),
-            "ClockSkewNs": 0,
-            "Gpu": [[{"key": "decode.energy_mj", "value": float(i)}] for i in range(n)],
-            "SpanCount": 7,
-            "SpansIngestedAt": 0,
-            "Version": 7,
-            "IsDeleted": 0,
-        }
-    )
-    return df.with_columns(
-        NetworkNs=pl.when(pl.col("HasClient")).then(pl.col("NetworkNs")),
-        TtftClientNs=pl.when(pl.col("HasClient")).then(pl.col("TtftClientNs")),
-    )
-
-
-def insert(store: Store, df: pl.DataFrame) -> None:
-    store.insert_arrow(ATTRIBUTION_TABLE, to_table(df))
+from latscope.storage import Store
+from tests.rows_support import MS, H, insert, make_rows, q
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +28,6 @@ def data(store: Store) -> tuple[pl.DataFrame, str, int]:
     insert(store, stale)
     insert(store, df)
     return df, service, t0
-
-
-def q(s: pl.Series, p: float) -> float:
-    return s.drop_nulls().cast(pl.Float64).quantile(p, "linear") / MS
 
 
 def approx(x: float) -> object:

@@ -17,7 +17,6 @@ from latscope.api.errors import InvalidParameter
 from latscope.attribution import aggregates as ag
 from latscope.sqltext import SqlTextError, render
 from latscope.storage import Store
-from tests.test_attribution_attributor import shared_store
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "attribution.md"
 H = 3600 * 10**9
@@ -128,11 +127,6 @@ GROUP_BY_CASES = [
     ("1;DROP TABLE x", False),
     ("colour", False),
 ]
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return shared_store(tmp_path_factory)
 
 
 def _outcome(fn: Any, *args: Any, **kwargs: Any) -> str:

@@ -13,53 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import pyarrow as pa
 import pytest
 from opentelemetry.trace import SpanKind, set_span_in_context
 
 from latscope.attribution.attributor import Attributor
-from latscope.collector.mapping import SPANS_SCHEMA
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
-from tests.attribution_support import MS, T0
-from tests.conftest import Server, embedded_store, start_serve
-from tests.test_walking_skeleton import EXPECTED, LAYOUT, _provider
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return shared_store(tmp_path_factory)
-
-
-def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    """The process's embedded store (chDB allows one data directory per process)."""
-    return embedded_store(tmp_path_factory)
-
-
-def span_rows(trace_id: str, spans: list[dict]) -> pa.Table:
-    """Rows for the spans table (only the columns the attributor reads are filled)."""
-    cols: dict[str, list] = {name: [] for name in SPANS_SCHEMA.names}
-    for s in spans:
-        row = {
-            "Timestamp": s["start"],
-            "TraceId": trace_id,
-            "SpanId": s["id"],
-            "ParentSpanId": s.get("parent", ""),
-            "TraceState": "",
-            "SpanName": s.get("name", "span"),
-            "SpanKind": s["kind"],
-            "ServiceName": s.get("service", "attr-test"),
-            "ResourceAttributes": [],
-            "ScopeName": "",
-            "ScopeVersion": "",
-            "SpanAttributes": list(s.get("attrs", {}).items()),
-            "Duration": s["end"] - s["start"],
-            "StatusCode": "Ok",
-            "StatusMessage": "",
-        }
-        for name in SPANS_SCHEMA.names:
-            cols[name].append(row.get(name, []))
-    return pa.Table.from_pydict(cols, schema=SPANS_SCHEMA)
-
+from tests.attribution_support import MS, T0, server_spans, span_rows
+from tests.serve_support import Server, start_serve
+from tests.skeleton_support import EXPECTED, LAYOUT, provider
 
 FINAL_ROWS = """
 SELECT TraceId, toUnixTimestamp64Nano(Timestamp), Model, E2eNs, NetworkNs, QueueNs, DecodeNs,
@@ -69,22 +30,10 @@ FROM latscope_attribution FINAL WHERE TraceId = {t:String}
 ALL_ROWS = "SELECT count() FROM latscope_attribution WHERE TraceId = {t:String}"
 
 
-def _server_spans(day_offset_ns: int = 0) -> list[dict]:
-    s0 = T0 + day_offset_ns
-    return [
-        {"id": "a1" * 8, "parent": "c1" * 8, "kind": "Server", "start": s0 + 40 * MS,
-         "end": s0 + 960 * MS, "attrs": {"latscope.phase": ""}},
-        {"id": "b1" * 8, "parent": "a1" * 8, "kind": "Internal", "start": s0 + 45 * MS,
-         "end": s0 + 145 * MS, "attrs": {"latscope.phase": "queue"}},
-        {"id": "b2" * 8, "parent": "a1" * 8, "kind": "Internal", "start": s0 + 380 * MS,
-         "end": s0 + 900 * MS, "attrs": {"latscope.phase": "decode"}},
-    ]  # fmt: skip
-
-
 def test_late_client_span_replaces_the_row_and_reruns_are_idempotent(store: Store) -> None:
     trace_id = uuid.uuid4().hex
     att = Attributor(store, settle_s=0, poll_s=0.1)
-    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, _server_spans()))
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))
     att.run_until_idle()
     rows = store.query_rows(FINAL_ROWS, {"t": trace_id})
     assert len(rows) == 1
@@ -119,7 +68,7 @@ def test_late_client_span_replaces_the_row_and_reruns_are_idempotent(store: Stor
 def test_unsettled_trace_waits_for_the_settle_window(store: Store) -> None:
     trace_id = uuid.uuid4().hex
     att = Attributor(store, settle_s=3600)
-    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, _server_spans()))
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))
     att.run_until_idle()
     assert store.query_rows(ALL_ROWS, {"t": trace_id})[0][0] == 0
 
@@ -127,7 +76,7 @@ def test_unsettled_trace_waits_for_the_settle_window(store: Store) -> None:
 def test_batches_are_bounded_and_all_traces_get_done(store: Store) -> None:
     trace_ids = [uuid.uuid4().hex for _ in range(7)]
     for t in trace_ids:
-        store.insert_arrow(SPANS_TABLE, span_rows(t, _server_spans()))
+        store.insert_arrow(SPANS_TABLE, span_rows(t, server_spans()))
     att = Attributor(store, settle_s=0, batch_traces=2)
     att.run_until_idle()
     for t in trace_ids:
@@ -187,7 +136,7 @@ def test_local_tables_of_a_cluster_node(store: Store) -> None:
     for table in (SPANS_TABLE, ATTRIBUTION_TABLE):
         store.command(f"CREATE TABLE IF NOT EXISTS {table}_local AS {table}")
     trace_id = uuid.uuid4().hex
-    store.insert_arrow(SPANS_TABLE + "_local", span_rows(trace_id, _server_spans()))
+    store.insert_arrow(SPANS_TABLE + "_local", span_rows(trace_id, server_spans()))
     written = Attributor(store, settle_s=0, tables="local", step_s=3600).run_until_idle()
     assert written >= 1
     local = store.query_rows(
@@ -238,8 +187,8 @@ def _read_rows(store_dir: Path) -> list[list]:
 
 def send_trace(endpoint: str, *, skew_ns: int = 0) -> tuple[str, Callable[[], None]]:
     """Server and phase spans of LAYOUT go out now; the client span when the callable is called."""
-    client_tp = _provider(endpoint, "chat-frontend")
-    server_tp = _provider(endpoint, "llm-server")
+    client_tp = provider(endpoint, "chat-frontend")
+    server_tp = provider(endpoint, "llm-server")
     c_span = client_tp.get_tracer("t.client").start_span(
         "POST /v1/chat/completions", kind=SpanKind.CLIENT, start_time=T0 + LAYOUT["client"][0] * MS
     )

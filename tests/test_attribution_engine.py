@@ -9,7 +9,7 @@ import pytest
 from latscope.attribution import sweep
 from latscope.semconv import ClientAttributes, LatscopeAttributes, SpanKind, VllmAttributes
 from tests.attribution_support import MS, T0, TraceBuilder, both, check_sql_with
-from tests.conftest import embedded_store
+from tests.serve_support import embedded_store
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,17 +26,11 @@ from latscope.semconv import (
 from latscope.storage import SPANS_TABLE, Store
 from tests.agent_traces import agent_run
 from tests.attribution_support import T0, TraceBuilder, spans_table, sql_check
-from tests.conftest import embedded_store
 from tests.upstream_traces import span_records
 
 SKEW = 10_000_000_000  # ±10 s
 times = st.integers(min_value=0, max_value=2_000_000_000)
 LEGACY_KIND = {v: k for k, v in SpanKind.LEGACY.items()}
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return embedded_store(tmp_path_factory)
 
 
 def _server(draw: st.DrawFn, tb: TraceBuilder, parent: str, skew: int, service: str) -> None:

@@ -12,7 +12,7 @@ from latscope.attribution import attribute_requests, explain_run, find_requests
 from latscope.attribution.model import RequestAttribution
 from tests.agent_traces import AgentRun, agent_run, agent_runs
 from tests.attribution_support import sql_check
-from tests.conftest import embedded_store
+from tests.serve_support import embedded_store
 from tests.upstream_traces import BUILDERS, Truth, span_records
 
 SEEDS = range(4)

@@ -4,10 +4,8 @@ short, and hours where nothing survives FINAL."""
 
 from __future__ import annotations
 
-import math
 import random
 import uuid
-from typing import Any
 
 import polars as pl
 import pytest
@@ -22,8 +20,8 @@ from latscope.semconv import BUCKETS
 from latscope.storage import SPANS_TABLE, Store
 from tests.attribution_support import MS as MS_NS
 from tests.attribution_support import T0 as T1
-from tests.test_attribution_aggregates import insert, make_rows, q
-from tests.test_attribution_attributor import _server_spans, shared_store, span_rows
+from tests.attribution_support import server_spans, span_rows
+from tests.rows_support import check_against, close, insert, make_rows
 
 H = HOUR_NS
 MS = 1e6
@@ -31,11 +29,6 @@ MS = 1e6
 T0 = 1_701_000_000 * 10**9 // H * H
 #: Not on an hour at either end: partial edge hours, four whole hours in between.
 WINDOW = {"since_ns": T0 + 17 * 60 * 10**9, "until_ns": T0 + 5 * H + 41 * 60 * 10**9}
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return shared_store(tmp_path_factory)
 
 
 def build(store: Store) -> Rollups:
@@ -61,17 +54,6 @@ def data(store: Store) -> tuple[pl.DataFrame, list[str]]:
 
 def in_window(df: pl.DataFrame, since_ns: int, until_ns: int) -> pl.DataFrame:
     return df.filter((pl.col("Timestamp") >= since_ns) & (pl.col("Timestamp") < until_ns))
-
-
-def close(a: Any, b: Any, path: str = "") -> list[str]:
-    """Where two answers differ (floats compared to 1e-9: sums are summed in another order)."""
-    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
-        return [d for k in a for d in close(a[k], b[k], f"{path}.{k}")]
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in close(x, y, path)]
-    if isinstance(a, float) and isinstance(b, float):
-        return [] if math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) else [f"{path}: {a} != {b}"]
-    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
 def test_plan_takes_whole_settled_hours_from_the_rollup(store: Store, data) -> None:
@@ -125,32 +107,6 @@ def test_rollup_tail_and_compare_equal_raw(store: Store, data, query: dict) -> N
     windows = {"before": (T0 + 10**9, T0 + 3 * H + 7), "after": (T0 + 3 * H + 7, T0 + 6 * H)}
     got = ag.compare(store, **windows, **query)
     assert close(got, ag.compare(store, **windows, **query, use_rollups=False)) == []
-
-
-def check_against(got: dict, df: pl.DataFrame) -> None:
-    """Counts, means and shares exact; every percentile within ALPHA of polars' exact one."""
-    assert got["count"] == df.height
-    total = df["E2eNs"].sum()
-    figures = {"e2e": (got["e2e_ms"], df["E2eNs"], ag.E2E_LEVELS)}
-    for bucket in BUCKETS:
-        col = df[BUCKET_COLUMNS[bucket]]
-        found = got["buckets_ms"][bucket]
-        assert found["mean"] == pytest.approx(col.drop_nulls().mean() / MS, rel=1e-9)
-        assert found["share"] == pytest.approx(col.sum() / total, rel=1e-9)
-        figures[bucket] = (found, col, ag.BUCKET_LEVELS)
-    ttft = df.select(pl.coalesce("TtftClientNs", "TtftServerNs")).to_series()
-    stream = got["streaming"]
-    figures["ttft"] = (stream["ttft_ms"], ttft, ag.STREAM_LEVELS)
-    figures["ttft_server"] = (stream["ttft_server_ms"], df["TtftServerNs"], ag.STREAM_LEVELS)
-    figures["tpot"] = (stream["tpot_ms"], df["TpotNs"], ag.STREAM_LEVELS)
-    figures["itl_p99"] = (stream["itl_p99_ms"], df["ItlP99Ns"], ag.STREAM_LEVELS)
-    assert got["e2e_ms"]["mean"] == pytest.approx(df["E2eNs"].mean() / MS, rel=1e-9)
-    assert stream["ttft_ms"]["mean"] == pytest.approx(ttft.mean() / MS, rel=1e-9)
-    assert stream["stalled_requests"] == int((df["Stalls"] > 0).sum())
-    for name, (found, col, levels) in figures.items():
-        for level, p in levels:
-            exact = q(col, p)
-            assert found[level] == pytest.approx(exact, rel=rollups.ALPHA + 1e-9), (name, level)
 
 
 def test_rollup_answers_match_polars(store: Store, data) -> None:
@@ -352,7 +308,7 @@ def test_a_late_client_span_after_the_build_through_the_attributor(store: Store)
     trace_id = uuid.uuid4().hex
     s0 = T0 + 96 * H + 13 * 60 * 10**9  # 13 minutes into an hour
     spans = [{**span, "start": span["start"] - T1 + s0, "end": span["end"] - T1 + s0,
-              "service": service} for span in _server_spans()]  # fmt: skip
+              "service": service} for span in server_spans()]  # fmt: skip
     attributor = Attributor(store, settle_s=0)
     store.insert_arrow(SPANS_TABLE, span_rows(trace_id, spans))
     attributor.run_until_idle()

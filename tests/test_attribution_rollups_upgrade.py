@@ -15,9 +15,8 @@ from latscope.attribution import rollups
 from latscope.attribution.frames import to_table
 from latscope.attribution.rollups import HOUR_NS, Rollups
 from latscope.storage import ATTRIBUTION_TABLE, SCHEMA_VERSION_TABLE, Store, ddl_files
-from tests.conftest import release_embedded_store
-from tests.test_attribution_aggregates import make_rows
-from tests.test_attribution_rollups import check_against, close
+from tests.rows_support import check_against, close, make_rows
+from tests.serve_support import release_embedded_store
 
 H = HOUR_NS
 T0 = 1_702_000_000 * 10**9 // H * H

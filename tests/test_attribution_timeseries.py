@@ -17,7 +17,6 @@ from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
 from latscope.storage import Store
 from tests import planted
-from tests.test_attribution_attributor import shared_store
 
 H = HOUR_NS
 S = 10**9
@@ -25,11 +24,6 @@ MS = 1e6
 T0 = 1_704_000_000 * S // H * H
 #: Not on an hour at either end: partial edge hours read raw, whole hours from the rollup.
 SINCE, UNTIL = T0 + 20 * 60 * S, T0 + 4 * H + 10 * 60 * S
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return shared_store(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

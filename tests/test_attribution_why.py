@@ -20,18 +20,12 @@ from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
 from latscope.storage import Store
 from tests import planted
-from tests.test_attribution_attributor import shared_store
 
 H = HOUR_NS
 S = 10**9
 MS = 1e6
 #: Hours of this module's data, apart from the other modules' in the shared store.
 T0 = 1_703_000_000 * S // H * H
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    return shared_store(tmp_path_factory)
 
 
 def _service(name: str) -> str:

@@ -6,24 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from latscope.cli import main
-from tests.conftest import Server, start_serve
-from tests.surfaces import RequestSpec, dataset_store
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[Server, list[RequestSpec]]]:
-    store, specs = dataset_store()
-    server = start_serve(store)
-    try:
-        yield server, specs
-    finally:
-        server.stop()
+from tests.serve_support import Server
+from tests.surfaces import dataset_store
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -145,13 +134,14 @@ def test_top_without_a_server_says_so(capsys) -> None:
 
 
 def test_direct_store_mode_reads_the_same_answers(served) -> None:
-    """``--store`` opens the store itself, so the server must not hold it: stop it first."""
+    """``--store`` opens the store itself, so no process may hold it: the dataset's own store,
+    of which the server serves a copy."""
     server, specs = served
     expected = api(server, "/v1/attribution/summary", since="2h", until="1m")
     spec = specs[0]
     explained = api(server, f"/v1/requests/{spec.trace_id}")
-    server.stop()
-    dsn = f"chdb://{server.store_dir}"
+    built, _ = dataset_store()
+    dsn = f"chdb://{built}"
     # One process per command: an embedded store belongs to one process at a time.
     report = subprocess.run(
         [sys.executable, "-m", "latscope.cli", "report", "--store", dsn,

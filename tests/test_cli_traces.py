@@ -20,7 +20,7 @@ import pytest
 from latscope.cli import main
 from tests.agent_surfaces import PARALLEL_SEEDS, SINGLE_CALL_SEED, export, recent_run, send_runs
 from tests.agent_traces import AgentRun
-from tests.conftest import Server, start_serve
+from tests.serve_support import Server, start_serve
 from tests.surfaces import FAST_ATTRIBUTION
 
 

@@ -33,7 +33,7 @@ from tests.collector_harness import (
     start_collector,
     store_fixture,  # noqa: F401 (fixture)
 )
-from tests.conftest import start_serve
+from tests.serve_support import start_serve
 
 T0 = 1_763_000_000_000_000_000
 

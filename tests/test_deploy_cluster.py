@@ -19,7 +19,7 @@ from types import ModuleType
 import pytest
 
 from latscope.storage import DDLFile, Store, StoreError, ddl_files
-from tests.conftest import release_embedded_store
+from tests.serve_support import release_embedded_store
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_DIR = ROOT / "deploy/clickhouse/cluster"

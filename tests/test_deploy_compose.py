@@ -24,7 +24,7 @@ import yaml
 
 from latscope.cli import COMMANDS
 from latscope.config import Settings, parse_hostport
-from tests.conftest import start_serve
+from tests.serve_support import start_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -31,8 +31,8 @@ from latscope.semconv import (
     LatscopeAttributes,
     Phase,
 )
-from tests.conftest import Server
 from tests.sdk_support import capture, run_app
+from tests.serve_support import Server
 
 PROMPT = "why is the sky blue today"
 SERVER_SPAN = "chat toy-echo-1"

@@ -34,7 +34,7 @@ from tests.collector_harness import (
     start_collector,
     store_fixture,  # noqa: F401 (fixture)
 )
-from tests.conftest import Server, start_serve
+from tests.serve_support import Server, start_serve
 
 T0 = 1_763_000_000_000_000_000
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"

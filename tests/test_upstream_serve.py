@@ -23,7 +23,7 @@ from tests.collector_harness import (
     collector_fixture,  # noqa: F401 (fixture)
     store_fixture,  # noqa: F401 (fixture)
 )
-from tests.conftest import Server, start_serve
+from tests.serve_support import Server, start_serve
 from tests.upstream_traces import (
     BUILDERS,
     JSON_EXPORTER_TRACES_DDL,

@@ -9,24 +9,13 @@ import sys
 
 import httpx
 import pytest
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, set_span_in_context
 
-from tests.conftest import Server, start_serve
+from tests.serve_support import Server, start_serve
+from tests.skeleton_support import EXPECTED, LAYOUT, provider
 
 MS = 1_000_000
 T0 = 1_763_000_000_000_000_000  # a fixed instant, ns since the epoch
-
-
-def _provider(endpoint: str, service: str) -> TracerProvider:
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    provider.add_span_processor(
-        SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=10))
-    )
-    return provider
 
 
 def send_request_trace(
@@ -37,8 +26,8 @@ def send_request_trace(
     ``layout`` maps "client", "server" and phase names to (start_ms, end_ms) from T0; server-side
     times are shifted by ``skew_ns`` as if the server's clock ran ahead. Returns the trace id.
     """
-    client_tp = _provider(endpoint, "chat-frontend")
-    server_tp = _provider(endpoint, "llm-server")
+    client_tp = provider(endpoint, "chat-frontend")
+    server_tp = provider(endpoint, "llm-server")
     ctracer, stracer = client_tp.get_tracer("test.client"), server_tp.get_tracer("test.server")
     ctx = None
     c_span = None
@@ -79,27 +68,6 @@ def send_request_trace(
         tp.force_flush()
         tp.shutdown()
     return trace_id
-
-
-LAYOUT = {
-    "client": (0, 1000),
-    "server": (40, 960),  # network = 1000 - 920 = 80 ms
-    "queue": (45, 145),  # 100 ms
-    "preprocess": (150, 180),  # 30 ms
-    "prefill": (180, 380),  # 200 ms
-    "decode": (380, 900),  # 520 ms
-    "postprocess": (900, 950),  # 50 ms
-}
-# other = server time no phase covers: 40-45, 145-150, 950-960 -> 20 ms
-EXPECTED = {
-    "network": 80,
-    "queue": 100,
-    "preprocess": 30,
-    "prefill": 200,
-    "decode": 520,
-    "postprocess": 50,
-    "other": 20,
-}
 
 
 def get_attribution(server: Server, trace_id: str) -> dict:

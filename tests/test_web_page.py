@@ -3,59 +3,18 @@ right numbers on screen, a screenshot."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
-from tests.conftest import Server, start_serve
-from tests.surfaces import RequestSpec, dataset_store
-
-CHROMIUM = os.environ.get("LATSCOPE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]  # fmt: skip
-#: Where the screenshots go (CI keeps them as artifacts when it sets this).
-SHOTS = os.environ.get("LATSCOPE_SCREENSHOTS")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (see .ci/run)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[Server, list[RequestSpec]]]:
-    store, specs = dataset_store()
-    server = start_serve(store)
-    try:
-        yield server, specs
-    finally:
-        server.stop()
+from tests.serve_support import Server, start_serve
+from tests.web_support import screenshot
 
 
 def api(server: Server, path: str, **params: object) -> dict:
     return httpx.get(server.url(path), params=params, timeout=30).json()
-
-
-def _screenshot(page: Page, tmp_path: Path, name: str) -> Path:
-    path = tmp_path / name
-    page.screenshot(path=str(path), full_page=True)
-    assert path.stat().st_size > 10_000
-    if SHOTS:
-        Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, Path(SHOTS) / name)
-    return path
 
 
 def _cells(page: Page, selector: str) -> list[str]:
@@ -129,7 +88,7 @@ def test_page_shows_the_numbers_of_the_api(served, browser: Browser, tmp_path: P
     assert f"before: {compare['before']['count']} requests" in text
     assert f"after: {compare['after']['count']} requests" in text
     assert f"biggest mover: {compare['mover']}" in text
-    _screenshot(page, tmp_path, "latscope-page.png")
+    screenshot(page, tmp_path, "latscope-page.png")
 
     # Choosing a request in the slowest list opens it (shown by its request id).
     rows.first.locator("a.trace").click()
@@ -155,7 +114,7 @@ def test_page_asks_for_the_token(tmp_path: Path, browser: Browser) -> None:
         page.click("#auth-form button")
         page.wait_for_selector("body[data-loaded=ok]", timeout=30_000)
         assert page.inner_text("#summary-count") == "0"
-        _screenshot(page, tmp_path, "latscope-page-token.png")
+        screenshot(page, tmp_path, "latscope-page-token.png")
         page.close()
     finally:
         server.stop()

@@ -14,8 +14,8 @@ import pytest
 from playwright.sync_api import Browser, Page
 
 from tests import planted
-from tests.conftest import Server, start_serve
-from tests.test_web_page import _screenshot, browser  # noqa: F401  (the chromium fixture)
+from tests.serve_support import Server, start_serve
+from tests.web_support import screenshot
 
 S = 10**9
 
@@ -40,7 +40,7 @@ def api(server: Server, path: str, **params: object) -> dict:
 
 
 @pytest.fixture
-def page(served: Server, browser: Browser) -> Iterator[Page]:  # noqa: F811
+def page(served: Server, browser: Browser) -> Iterator[Page]:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -78,7 +78,7 @@ def test_over_time_chart_and_dragging_a_window(served: Server, page: Page, tmp_p
     )
     line = page.get_attribute("#timeline-chart polyline.p99", "data-count")
     assert int(line) == sum(1 for p in busy if p["e2e_ms"]["p99"] is not None)
-    _screenshot(page, tmp_path, "latscope-over-time.png")
+    screenshot(page, tmp_path, "latscope-over-time.png")
 
     # Drag across the right half: the whole page now looks at that window.
     page.evaluate("document.body.removeAttribute('data-loaded')")
@@ -111,7 +111,7 @@ def test_heatmap_brush_selects_those_requests(served: Server, page: Page, tmp_pa
     assert brushed > 0
     assert f"Selected {brushed} requests" in page.inner_text("#heat-selected")
     assert page.locator("#why .dimension").count() >= 3
-    _screenshot(page, tmp_path, "latscope-heatmap-brushed.png")
+    screenshot(page, tmp_path, "latscope-heatmap-brushed.png")
 
 
 def test_what_is_different_and_cold_starts(served: Server, page: Page, tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_what_is_different_and_cold_starts(served: Server, page: Page, tmp_path:
     # The diagnosis says where the queue problem sits.
     assert f"where: resource.k8s.pod.name = {planted.SLOW_POD}" in page.inner_text("#verdicts")
     page.locator("#why").scroll_into_view_if_needed()
-    _screenshot(page, tmp_path, "latscope-why-cold.png")
+    screenshot(page, tmp_path, "latscope-why-cold.png")
 
     # The slowest selected requests open in the request view.
     links = page.locator("#why-examples a.trace")

@@ -14,9 +14,9 @@ from playwright.sync_api import Browser, Page
 
 from tests.agent_surfaces import PARALLEL_SEEDS, SINGLE_CALL_SEED, send_runs
 from tests.agent_traces import AgentRun
-from tests.conftest import Server, start_serve
+from tests.serve_support import Server, start_serve
 from tests.surfaces import FAST_ATTRIBUTION
-from tests.test_web_page import _screenshot, browser  # noqa: F401  (the chromium fixture)
+from tests.web_support import screenshot
 
 RUN_PARTS = ("network", "queue", "preprocess", "prefill", "decode", "postprocess", "other",
              "tool", "app")  # fmt: skip
@@ -38,7 +38,7 @@ def api(server: Server, path: str) -> dict:
 
 
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:  # noqa: F811
+def page(browser: Browser) -> Iterator[Page]:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -124,7 +124,7 @@ def test_a_multi_call_trace_shows_its_run(served, page: Page, tmp_path: Path) ->
     for n, call in enumerate(run["calls"], 1):
         span = page.locator(f"#run-waterfall .span[data-request='{call['request_id']}']")
         assert span.locator("a.mark").inner_text() == f"call {n}"
-    _screenshot(page, tmp_path, "latscope-run.png")
+    screenshot(page, tmp_path, "latscope-run.png")
 
 
 def test_a_call_opened_from_the_run_shows_its_own_buckets(
@@ -158,7 +158,7 @@ def test_a_call_opened_from_the_run_shows_its_own_buckets(
     assert page.locator("#waterfall .span").count() == len(own) < len(spans)
     assert f"its trace holds {len(run['calls'])} calls" in page.inner_text("#waterfall-note")
     assert overlapping_labels(page, "#tokens") == []
-    _screenshot(page, tmp_path, "latscope-run-call.png")
+    screenshot(page, tmp_path, "latscope-run-call.png")
     # A waterfall mark opens its call too.
     other = run["calls"][0]["request_id"]
     page.evaluate("document.body.removeAttribute('data-request')")

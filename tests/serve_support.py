@@ -1,0 +1,119 @@
+"""A real ``latscope serve`` process on free loopback ports, and the process's embedded store."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+
+if TYPE_CHECKING:  # the SDK tests also run where the server extra is not installed
+    from latscope.storage import Store
+
+_EMBEDDED: list[Store] = []
+
+
+def embedded_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """The test process's one embedded store, schema applied.
+
+    chDB opens one data directory per process, so every in-process test shares this store (tests
+    keep apart by their own service names and trace ids); tests that need a store of their own
+    start a ``latscope serve`` process, or call ``release_embedded_store`` first.
+    """
+    if not _EMBEDDED:
+        from latscope.storage import Store
+
+        store = Store.open(f"chdb://{tmp_path_factory.mktemp('embedded-store')}")
+        store.apply_schema()
+        _EMBEDDED.append(store)
+    return _EMBEDDED[0]
+
+
+def release_embedded_store() -> None:
+    """Close the shared store so this process can open another data directory.
+
+    The next ``embedded_store`` call opens a fresh one, so fixtures that hold it are module-scoped.
+    """
+    while _EMBEDDED:
+        _EMBEDDED.pop().close()
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    grpc: str
+    http: str
+    store_dir: Path
+    output: list[str]
+    _reader: threading.Thread
+
+    def text(self) -> str:
+        return "\n".join(self.output)
+
+    def url(self, path: str) -> str:
+        return f"{self.http}{path}"
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._reader.join(5)
+            if self.proc.stdout:
+                self.proc.stdout.close()
+
+
+def start_serve(
+    store_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> Server:
+    """Start ``latscope serve`` on port 0 and wait for it to print the addresses it bound."""
+    cmd = [
+        sys.executable, "-m", "latscope.cli", "serve",
+        "--store", f"chdb://{store_dir}",
+        "--otlp-grpc", "127.0.0.1:0",
+        "--http", "127.0.0.1:0",
+        *args,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    lines: list[str] = []
+    grpc_addr = http_addr = None
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline and not (grpc_addr and http_addr):
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip())
+        if m := re.search(r"OTLP/gRPC\s+(\S+)", line):
+            grpc_addr = m.group(1)
+        if m := re.search(r"HTTP\s+(http://\S+)", line):
+            http_addr = m.group(1)
+    if not (grpc_addr and http_addr):
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        raise RuntimeError("latscope serve did not start:\n" + "\n".join(lines))
+    # Keep draining the pipe so a chatty server never blocks on a full pipe.
+    reader = threading.Thread(
+        target=lambda: lines.extend(line.rstrip() for line in proc.stdout), daemon=True
+    )
+    reader.start()
+    server = Server(proc, grpc_addr, http_addr, store_dir, lines, reader)
+    httpx.get(server.url("/healthz"), timeout=10).raise_for_status()
+    return server
