@@ -49,6 +49,7 @@ else:
     # --hypothesis-profile (hypothesis' own pytest option) overrides this at configure time.
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     """The process's embedded store (chDB allows one data directory per process); tests keep

@@ -13,6 +13,8 @@ from latscope.semconv import BUCKETS
 from tests.serve_support import Server
 from tests.surfaces import GPU_ENERGY_MJ, GPU_UTIL, MS, RequestSpec
 
+pytestmark = pytest.mark.subprocess
+
 HOUR_NS = 3600 * 10**9
 
 

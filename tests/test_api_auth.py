@@ -14,6 +14,8 @@ import pytest
 from latscope.v1 import query_pb2, query_pb2_grpc
 from tests.serve_support import Server, start_serve
 
+pytestmark = pytest.mark.subprocess
+
 TOKEN = "s3cret-token"
 TRACE = "ab" * 16
 V1_ROUTES = [

@@ -19,6 +19,8 @@ from latscope.config import Settings
 from tests.sdk_support import run_app
 from tests.serve_support import embedded_store
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = os.environ.get("LATSCOPE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",

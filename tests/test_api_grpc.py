@@ -35,6 +35,7 @@ def stub(served) -> Iterator[query_pb2_grpc.QueryServiceStub]:
         yield query_pb2_grpc.QueryServiceStub(channel)
 
 
+@pytest.mark.subprocess
 def test_get_attribution_matches_rest(served, stub) -> None:
     server, specs = served
     for spec in (specs[4], specs[33]):  # with a client span, and server-only
@@ -48,6 +49,7 @@ def test_get_attribution_matches_rest(served, stub) -> None:
     assert not message.buckets_ms.HasField("network")  # unknown, not zero
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     ("trace_id", "code"),
     [("nope", grpc.StatusCode.INVALID_ARGUMENT), ("ab" * 16, grpc.StatusCode.NOT_FOUND)],
@@ -59,6 +61,7 @@ def test_get_attribution_errors(stub, trace_id: str, code: grpc.StatusCode) -> N
     assert info.value.details()
 
 
+@pytest.mark.subprocess
 def test_summary_matches_rest(served, stub) -> None:
     server, _ = served
     message = stub.Summary(

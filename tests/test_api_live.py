@@ -19,6 +19,8 @@ from latscope.v1 import query_pb2, query_pb2_grpc
 from tests.serve_support import Server, start_serve
 from tests.surfaces import FAST_ATTRIBUTION, RequestSpec, send, steady_tokens
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[Server]:

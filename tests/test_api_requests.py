@@ -8,6 +8,8 @@ import pytest
 from tests.serve_support import Server
 from tests.surfaces import MS
 
+pytestmark = pytest.mark.subprocess
+
 
 def _get(server: Server, path: str, **params: object) -> httpx.Response:
     return httpx.get(server.url(path), params=params, timeout=30)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -15,7 +16,10 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from tests.hypothesis_support import examples
 from tests.serve_support import Server
+
+pytestmark = pytest.mark.subprocess
 
 CHECKS = [
     not_a_server_error,
@@ -25,6 +29,7 @@ CHECKS = [
 ]
 
 
+@pytest.mark.slow
 def test_generated_requests_get_no_server_error_and_conform(served: tuple[Server, list]) -> None:
     server, _ = served
     # The schemathesis pytest plugin does not run on this pytest; its Python API with
@@ -41,8 +46,7 @@ def test_generated_requests_get_no_server_error_and_conform(served: tuple[Server
             )
         )
         @settings(
-            max_examples=25,
-            deadline=None,
+            max_examples=examples(25),
             derandomize=True,
             database=None,
             suppress_health_check=list(HealthCheck),

@@ -16,6 +16,8 @@ from latscope.semconv import BUCKETS
 from tests import planted
 from tests.serve_support import Server, start_serve
 
+pytestmark = pytest.mark.subprocess
+
 S = 10**9
 
 

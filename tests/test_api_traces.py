@@ -30,6 +30,8 @@ from tests.agent_traces import AgentRun
 from tests.serve_support import Server, start_serve
 from tests.surfaces import FAST_ATTRIBUTION
 
+pytestmark = pytest.mark.subprocess
+
 MS = 1e6
 
 

@@ -228,6 +228,7 @@ def test_helpers(store: Store, data) -> None:
     assert gpu["phases"]["decode"]["energy_mj"]["total"] == approx(float(sum(range(df.height))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offset", [0, -10 * H])  # the data's window, and an empty one
 def test_answers_are_strict_json(store: Store, data, offset: int) -> None:
     _, service, t0 = data

@@ -30,6 +30,7 @@ FROM latscope_attribution FINAL WHERE TraceId = {t:String}
 ALL_ROWS = "SELECT count() FROM latscope_attribution WHERE TraceId = {t:String}"
 
 
+@pytest.mark.slow
 def test_late_client_span_replaces_the_row_and_reruns_are_idempotent(store: Store) -> None:
     trace_id = uuid.uuid4().hex
     att = Attributor(store, settle_s=0, poll_s=0.1)
@@ -73,6 +74,7 @@ def test_unsettled_trace_waits_for_the_settle_window(store: Store) -> None:
     assert store.query_rows(ALL_ROWS, {"t": trace_id})[0][0] == 0
 
 
+@pytest.mark.slow
 def test_batches_are_bounded_and_all_traces_get_done(store: Store) -> None:
     trace_ids = [uuid.uuid4().hex for _ in range(7)]
     for t in trace_ids:
@@ -100,6 +102,7 @@ def _rows_of(store: Store, table: str, prefix: str) -> list[tuple]:
     )
 
 
+@pytest.mark.slow
 def test_n_attributors_split_a_store_and_write_exactly_the_rows_of_one(store: Store) -> None:
     """--attributor-shard I/N: three attributors over one store write the same rows as one, with
     no request done twice (their row counts add up) and none missed."""
@@ -222,6 +225,8 @@ def send_trace(endpoint: str, *, skew_ns: int = 0) -> tuple[str, Callable[[], No
     return format(s_span.get_span_context().trace_id, "032x"), send_client
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_serve_attributes_and_reattributes_after_a_late_client_span(tmp_path: Path) -> None:
     server = start_serve(
         tmp_path / "store", "--attribution-settle-s", "0.3", "--attribution-poll-s", "0.1"

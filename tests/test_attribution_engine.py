@@ -240,6 +240,7 @@ def test_vllm_without_prefill_attribute_derives_it_from_ttft() -> None:
     assert a.buckets_ns["queue"] == 100 * MS and a.buckets_ns["prefill"] == 200 * MS
 
 
+@pytest.mark.slow
 def test_streaming_figures_and_stalls() -> None:
     tb = TraceBuilder()
     first_token = T0 + 300 * MS

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import uuid
 
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latscope.attribution import aggregates as ag
@@ -26,6 +27,7 @@ from latscope.semconv import (
 from latscope.storage import SPANS_TABLE, Store
 from tests.agent_traces import agent_run
 from tests.attribution_support import T0, TraceBuilder, spans_table, sql_check
+from tests.hypothesis_support import examples
 from tests.upstream_traces import span_records
 
 SKEW = 10_000_000_000  # ±10 s
@@ -136,7 +138,7 @@ def traces(draw: st.DrawFn) -> list[SpanRecord]:
     return spans
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200))
 @given(traces())
 def test_buckets_are_non_negative_and_sum_to_e2e(spans: list[SpanRecord]) -> None:
     for a in attribute_requests("t", normalized(spans)):
@@ -146,7 +148,8 @@ def test_buckets_are_non_negative_and_sum_to_e2e(spans: list[SpanRecord]) -> Non
         assert (a.buckets_ns["network"] is None) == (not a.has_client)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=examples(15))
 @given(st.lists(traces(), min_size=1, max_size=12))
 def test_sql_attributor_agrees_with_the_reference(store: Store, batch: list) -> None:
     """Each example is one statement over several traces (the attributor's batches)."""
@@ -156,6 +159,7 @@ def test_sql_attributor_agrees_with_the_reference(store: Store, batch: list) -> 
     sql_check(store, {f"t{i}": spans for i, spans in enumerate(batch)}, reference=traces_)
 
 
+@pytest.mark.slow
 def test_every_call_of_agent_runs_counts_once_in_the_aggregates(store: Store) -> None:
     """Random agent traces through the attributor: each call is one row, and the summaries of
     their services count each call once, also after the attributor went over them again."""

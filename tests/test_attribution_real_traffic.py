@@ -6,12 +6,13 @@ them, a batch per statement (as the attributor runs it)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from latscope.attribution import attribute_requests, explain_run, find_requests
 from latscope.attribution.model import RequestAttribution
 from tests.agent_traces import AgentRun, agent_run, agent_runs
 from tests.attribution_support import sql_check
+from tests.hypothesis_support import examples
 from tests.serve_support import embedded_store
 from tests.upstream_traces import BUILDERS, Truth, span_records
 
@@ -85,12 +86,13 @@ def test_agent_runs_calls_and_critical_path(seed: int) -> None:
     _run_check(agent_run(seed, parallel=True, gateways=True, retries=True, skew=True))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30))
 @given(agent_runs())
 def test_random_agent_runs(run: AgentRun) -> None:
     _run_check(run)
 
 
+@pytest.mark.slow
 def test_the_sql_attributor_agrees_on_every_shape_and_agent_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

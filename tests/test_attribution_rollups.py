@@ -301,6 +301,7 @@ def test_the_attributor_process_keeps_rollups(store: Store) -> None:
     assert [c.name for c in parts.components] == ["attributor", "rollups"]
 
 
+@pytest.mark.slow
 def test_a_late_client_span_after_the_build_through_the_attributor(store: Store) -> None:
     """The attributor's own re-attribution (a new row an hour earlier, under another model, and
     a tombstone for the old key) after the old hour's rollup was built: counted once."""

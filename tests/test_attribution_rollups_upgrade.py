@@ -18,6 +18,8 @@ from latscope.storage import ATTRIBUTION_TABLE, SCHEMA_VERSION_TABLE, Store, ddl
 from tests.rows_support import check_against, close, make_rows
 from tests.serve_support import release_embedded_store
 
+pytestmark = pytest.mark.slow
+
 H = HOUR_NS
 T0 = 1_702_000_000 * 10**9 // H * H
 WINDOW = {"since_ns": T0 + 10**9, "until_ns": T0 + 4 * H - 10**9}

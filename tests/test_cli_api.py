@@ -9,9 +9,12 @@ import sys
 
 import grpc
 import httpx
+import pytest
 
 from latscope.v1 import query_pb2, query_pb2_grpc
 from tests.surfaces import dataset_store
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_api_process_serves_rest_grpc_and_page() -> None:

@@ -30,6 +30,7 @@ def _drop_window(body: dict) -> dict:
     return {k: v for k, v in body.items() if k not in ("window", "now_ns", "at")}
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     ("argv", "path", "params"),
     [
@@ -50,6 +51,7 @@ def test_json_output_is_the_api_answer(served, capsys, argv, path, params) -> No
     assert _drop_window(json.loads(out)) == _drop_window(api(server, path, **params))
 
 
+@pytest.mark.subprocess
 def test_report_shows_percentiles_and_budget(served, capsys) -> None:
     server, _ = served
     code, out, _ = run(capsys, "report", "--url", server.http, "--group-by", "model")
@@ -64,6 +66,7 @@ def test_report_shows_percentiles_and_budget(served, capsys) -> None:
     assert "█" in out  # the stacked bars
 
 
+@pytest.mark.subprocess
 def test_tail_and_diagnose_name_the_queue(served, capsys) -> None:
     server, _ = served
     code, out, _ = run(capsys, "tail", "--url", server.http)
@@ -73,6 +76,7 @@ def test_tail_and_diagnose_name_the_queue(served, capsys) -> None:
     assert "load exceeds capacity" in out and "cap the queue depth" in out
 
 
+@pytest.mark.subprocess
 def test_compare_names_the_mover(served, capsys) -> None:
     server, _ = served
     code, out, _ = run(capsys, "compare", "--url", server.http, "--json")
@@ -82,6 +86,7 @@ def test_compare_names_the_mover(served, capsys) -> None:
     assert f"biggest mover: {body['mover']}" in out
 
 
+@pytest.mark.subprocess
 def test_slo_table(served, capsys) -> None:
     server, _ = served
     code, out, _ = run(capsys, "slo", "--url", server.http, "--objective", "ttft:500:0.99:30")
@@ -89,6 +94,7 @@ def test_slo_table(served, capsys) -> None:
     assert "ttft p99 < 500 ms" in out and "NO" in out  # the objective is missed
 
 
+@pytest.mark.subprocess
 def test_explain_shows_buckets_waterfall_and_stall(served, capsys) -> None:
     server, specs = served
     spec = next(s for s in specs if s.model == "llama-3-70b")
@@ -103,6 +109,7 @@ def test_explain_shows_buckets_waterfall_and_stall(served, capsys) -> None:
     assert json.loads(out) == api(server, f"/v1/requests/{spec.trace_id}")
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     ("argv", "message", "exit_code"),
     [
@@ -127,12 +134,14 @@ def test_no_api_running_says_how_to_start_one(capsys) -> None:
     assert "no API at http://127.0.0.1:9" in err and "latscope serve" in err
 
 
+@pytest.mark.slow
 def test_top_without_a_server_says_so(capsys) -> None:
     code, _, err = run(capsys, "top", "--grpc", "127.0.0.1:9", "--duration", "5")
     assert code == 1
     assert "no latscope gRPC at 127.0.0.1:9" in err
 
 
+@pytest.mark.subprocess
 def test_direct_store_mode_reads_the_same_answers(served) -> None:
     """``--store`` opens the store itself, so no process may hold it: the dataset's own store,
     of which the server serves a copy."""

@@ -23,6 +23,8 @@ from tests.agent_traces import AgentRun
 from tests.serve_support import Server, start_serve
 from tests.surfaces import FAST_ATTRIBUTION
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[AgentRun]]]:

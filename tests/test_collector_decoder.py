@@ -19,6 +19,7 @@ from bench.ingest.traces import make_batch
 from latscope.collector import mapping
 from latscope.storage import Store
 from tests.collector_harness import count_spans, start_collector, store_fixture  # noqa: F401
+from tests.hypothesis_support import examples
 
 #: Set where an install without a C compiler is intended: the Python decoder is then expected.
 ALLOW_PYTHON = "LATSCOPE_ALLOW_PYTHON_DECODER"
@@ -33,6 +34,7 @@ def test_the_c_decoder_is_built() -> None:
     )
 
 
+@pytest.mark.subprocess
 def test_without_the_c_decoder_the_collector_maps_in_python_and_says_so(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -74,6 +76,8 @@ def _sanitizer_runtimes() -> list[str]:
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(600)
 def test_the_c_decoder_under_address_and_undefined_behaviour_sanitizers(tmp_path: Path) -> None:
     # The decoder reads untrusted network bytes: any read out of bounds or undefined behaviour,
@@ -97,8 +101,9 @@ def test_the_c_decoder_under_address_and_undefined_behaviour_sanitizers(tmp_path
         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
         "PYTHONPATH": str(root),
     }
+    count = examples(500)
     run = subprocess.run(
-        [sys.executable, str(root / "tests/sanitized_decoder.py"), str(built), "500"],
+        [sys.executable, str(root / "tests/sanitized_decoder.py"), str(built), str(count)],
         capture_output=True,
         text=True,
         env=env,
@@ -106,4 +111,4 @@ def test_the_c_decoder_under_address_and_undefined_behaviour_sanitizers(tmp_path
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
     decoded, malformed = map(int, run.stdout.split())
-    assert decoded > 500 and malformed > 500  # both paths of the decoder were exercised
+    assert decoded > count and malformed > count  # both paths of the decoder were exercised

@@ -35,6 +35,8 @@ from tests.collector_harness import (
 )
 from tests.serve_support import start_serve
 
+pytestmark = pytest.mark.subprocess
+
 T0 = 1_763_000_000_000_000_000
 
 
@@ -185,6 +187,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_collector_process_spools_while_clickhouse_is_down_and_serve_replays(
     tmp_path: Path,
 ) -> None:

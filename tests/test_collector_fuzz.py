@@ -20,6 +20,7 @@ from latscope.collector.mapping import Limits, MalformedExport, decode_spans
 from latscope.storage import Store
 from tests.collector_exports import exports, limits, mutate, reencode, varint
 from tests.collector_harness import Collector, start_collector, store_fixture  # noqa: F401
+from tests.hypothesis_support import examples
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 VALID = make_batch(random.Random(7), 1_763_000_000_000_000_000, 2).SerializeToString()
@@ -58,9 +59,8 @@ payloads = st.one_of(
 )
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@pytest.mark.subprocess
+@settings(max_examples=examples(60))
 @given(payload=payloads)
 def test_fuzzed_exports_get_an_answer_and_never_crash(
     fuzz_collector: tuple[Collector, grpc.Channel, httpx.Client], payload: bytes
@@ -119,8 +119,9 @@ def assert_same(data: bytes, limits: Limits) -> None:
     assert table_c.schema == table_py.schema
 
 
+@pytest.mark.slow
 @native
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(400), suppress_health_check=list(HealthCheck))
 @given(
     request=exports(),
     limits=limits,
@@ -143,7 +144,7 @@ def test_c_decoder_matches_the_python_mapping(
 
 
 @native
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), suppress_health_check=list(HealthCheck))
 @given(
     data=st.one_of(
         st.binary(max_size=300),

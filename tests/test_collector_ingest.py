@@ -219,6 +219,7 @@ def test_metrics_gauges_and_sums_are_stored(collector: Collector, store: Store) 
     ]
 
 
+@pytest.mark.subprocess
 def test_token_required_on_grpc_and_http(store: Store, tmp_path: Path) -> None:
     c = start_collector(store, tmp_path / "spool", token="s3cret")
     try:
@@ -247,6 +248,7 @@ def test_token_required_on_grpc_and_http(store: Store, tmp_path: Path) -> None:
         c.stop()
 
 
+@pytest.mark.subprocess
 def test_full_queue_answers_resource_exhausted(store: Store, tmp_path: Path) -> None:
     # ClickHouse stalls on the first batch. The Export behind it is journaled and acknowledged,
     # its rows waiting in memory; the third does not fit the queue and is refused with a
@@ -291,6 +293,7 @@ def test_full_queue_answers_resource_exhausted(store: Store, tmp_path: Path) -> 
         c.stop()
 
 
+@pytest.mark.subprocess
 def test_oversized_and_garbage_http_bodies_are_clear_errors(store: Store, tmp_path: Path) -> None:
     c = start_collector(store, tmp_path / "spool", grpc_max_message_bytes=4096)
     try:

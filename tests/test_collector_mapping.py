@@ -17,6 +17,7 @@ from latscope.collector.mapping import (
     format_double,
     value_to_string,
 )
+from tests.hypothesis_support import examples
 
 
 @pytest.mark.parametrize(
@@ -52,7 +53,7 @@ def test_values_render_like_the_otel_clickhouse_exporter(value: AnyValue, text: 
     assert value_to_string(value) == text
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(st.floats(allow_nan=False, allow_infinity=False))
 def test_doubles_never_use_an_exponent_and_round_trip(value: float) -> None:
     text = format_double(value)

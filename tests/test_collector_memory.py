@@ -56,6 +56,7 @@ def _export(
     return req
 
 
+@pytest.mark.subprocess
 def test_shared_resource_attributes_are_held_once_and_stored_on_every_span(
     store: Store, tmp_path: Path
 ) -> None:
@@ -86,6 +87,7 @@ def test_shared_resource_attributes_are_held_once_and_stored_on_every_span(
     assert dict(rows[0][2]) == expected
 
 
+@pytest.mark.subprocess
 def test_exports_beyond_the_memory_limit_are_refused_and_none_acknowledged_is_lost(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -168,6 +170,7 @@ def test_exports_beyond_the_memory_limit_are_refused_and_none_acknowledged_is_lo
         c.stop()
 
 
+@pytest.mark.subprocess
 def test_one_export_larger_than_the_whole_limit_is_invalid_not_retried_forever(
     store: Store, tmp_path: Path
 ) -> None:

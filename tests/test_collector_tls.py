@@ -17,6 +17,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 
+pytestmark = pytest.mark.subprocess
+
 OPENSSL = shutil.which("openssl")
 
 

@@ -40,6 +40,8 @@ def test_every_scenario_is_covered() -> None:
     assert set(CASES) == set(scenarios.SCENARIOS)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", list(CASES))
 def test_scenario_gets_its_diagnosis_and_matches_the_truth(tmp_path: Path, name: str) -> None:
@@ -99,6 +101,8 @@ def test_scenario_gets_its_diagnosis_and_matches_the_truth(tmp_path: Path, name:
     assert "Diagnosis" in proc.stdout and "http://127.0.0.1:" in proc.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_list_and_bad_arguments(tmp_path: Path) -> None:
     listed = run_demo(tmp_path, "--list", timeout=60)
     assert listed.returncode == 0

@@ -84,6 +84,7 @@ def test_tolerance_is_one_ms_or_two_percent() -> None:
     assert tolerance_ns(1000 * MS) == 20 * MS
 
 
+@pytest.mark.subprocess
 def test_proxy_delays_both_ways_and_records_what_it_added() -> None:
     delay = 0.03
 

@@ -191,6 +191,7 @@ def test_generator_refuses_statements_it_cannot_distribute() -> None:
         )
 
 
+@pytest.mark.subprocess
 def test_init_store_script_prepares_a_store_and_is_idempotent(tmp_path: Path) -> None:
     env = {"LATSCOPE_STORE": f"chdb://{tmp_path / 'store'}", "PATH": ""}
     script = str(ROOT / "deploy/init_store.py")
@@ -203,6 +204,7 @@ def test_init_store_script_prepares_a_store_and_is_idempotent(tmp_path: Path) ->
     assert "TTL set on no new tables" in runs[1].stdout
 
 
+@pytest.mark.subprocess
 def test_init_store_script_reports_an_unreachable_store(tmp_path: Path) -> None:
     env = {"LATSCOPE_STORE": "http://latscope:x@127.0.0.1:9/latscope", "INIT_STORE_WAIT_S": "0"}
     run = subprocess.run(

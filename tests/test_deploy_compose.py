@@ -303,6 +303,7 @@ def test_image_defaults_are_valid_settings_and_one_image_serves_every_role() -> 
     assert len(images) == 1
 
 
+@pytest.mark.subprocess
 def test_image_healthcheck_passes_on_a_running_latscope_and_fails_without_one(
     tmp_path: Path,
 ) -> None:

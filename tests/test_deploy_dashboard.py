@@ -23,6 +23,8 @@ from latscope.storage import SPANS_TABLE, Store
 from tests.deploy_demo import Demo, load_demo
 from tests.deploy_grafana import grafana_sql, is_number, parse_relative, resolve_variables
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy/grafana/dashboards/latscope.json"
 DATASOURCES = ROOT / "deploy/grafana/provisioning/datasources/clickhouse.yaml"

@@ -166,6 +166,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.subprocess
 @pytest.mark.server
 def test_end_to_end_attribution_through_latscope_serve(serve: Server) -> None:
     """Example server (own process, own service) and openai client -> latscope serve -> API."""

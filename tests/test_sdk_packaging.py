@@ -28,6 +28,7 @@ def _run(code: str, tmp_path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.subprocess
 def test_importing_the_sdk_loads_no_server_package(tmp_path) -> None:
     proc = _run(
         "import json, sys\n"
@@ -47,6 +48,7 @@ def test_importing_the_sdk_loads_no_server_package(tmp_path) -> None:
                 if importlib.util.find_spec(p)] == []  # fmt: skip
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("missing", ["clickhouse_connect", "pyarrow"])
 def test_console_script_names_the_extra_when_the_server_is_missing(tmp_path, missing) -> None:
     # A None entry in sys.modules makes that import fail as if the package were absent.

@@ -293,6 +293,7 @@ print("done")  # no shutdown(): the SDK must flush at exit
 """
 
 
+@pytest.mark.subprocess
 def test_spans_are_flushed_at_exit() -> None:
     import subprocess
     import sys
@@ -350,6 +351,7 @@ print("done")
 """
 
 
+@pytest.mark.subprocess
 def test_exports_from_a_forked_worker() -> None:
     import subprocess
     import sys

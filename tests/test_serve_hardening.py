@@ -75,6 +75,7 @@ def _second(
     return proc, store_dir
 
 
+@pytest.mark.subprocess
 def test_a_busy_grpc_port_stops_a_second_serve_before_it_creates_anything(
     first: Server, tmp_path: Path
 ) -> None:
@@ -87,6 +88,7 @@ def test_a_busy_grpc_port_stops_a_second_serve_before_it_creates_anything(
     assert not store_dir.exists() and not Path(f"{store_dir}-spool").exists()
 
 
+@pytest.mark.subprocess
 def test_a_busy_http_port_is_reported_with_its_address(first: Server, tmp_path: Path) -> None:
     http = first.http.removeprefix("http://")
     proc, store_dir = _second(tmp_path, f"127.0.0.1:{_free_port()}", http)
@@ -96,6 +98,7 @@ def test_a_busy_http_port_is_reported_with_its_address(first: Server, tmp_path: 
     assert not store_dir.exists() and not Path(f"{store_dir}-spool").exists()
 
 
+@pytest.mark.subprocess
 def test_idle_watch_streams_do_not_starve_ingest(first: Server) -> None:
     # Twice as many open Watch streams as the server has ingest threads (4 here, 32 by default).
     channel = grpc.insecure_channel(first.grpc)
@@ -114,6 +117,8 @@ def test_idle_watch_streams_do_not_starve_ingest(first: Server) -> None:
         channel.close()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_exports_in_flight_at_sigterm_get_unavailable_not_cancelled(tmp_path: Path) -> None:
     # Few handler threads and a short grace: at SIGTERM many Exports are still waiting for a
     # thread. Each must be answered UNAVAILABLE ("shutting down", which exporters retry
@@ -156,6 +161,7 @@ def test_exports_in_flight_at_sigterm_get_unavailable_not_cancelled(tmp_path: Pa
     assert set(codes) <= {"OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}, codes
 
 
+@pytest.mark.subprocess
 def test_the_store_password_never_appears_in_the_collectors_log_or_answers(
     tmp_path: Path,
 ) -> None:
@@ -251,6 +257,7 @@ def test_deeply_nested_otlp_json_is_a_400_with_a_message(collector: Collector) -
         assert "nested too deeply" in r.json()["message"]
 
 
+@pytest.mark.subprocess
 def test_a_clean_stop_leaves_no_spool_folder(store: Store, tmp_path: Path) -> None:
     c = start_collector(store, tmp_path / "spool")
     with grpc.insecure_channel(c.grpc) as channel:
@@ -261,6 +268,7 @@ def test_a_clean_stop_leaves_no_spool_folder(store: Store, tmp_path: Path) -> No
     assert not (tmp_path / "spool").exists()
 
 
+@pytest.mark.subprocess
 def test_a_failing_spool_disk_logs_a_few_lines_not_one_per_export(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -333,6 +341,7 @@ def test_an_insert_completes_while_a_long_query_runs(store: Store) -> None:
     assert inserted_first, "the insert waited for the slow query"
 
 
+@pytest.mark.subprocess
 def test_a_request_id_and_a_trace_id_fit_the_published_patterns(first: Server) -> None:
     import re
 

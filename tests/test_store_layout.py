@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.upstream_traces import JSON_EXPORTER_TRACES_DDL
+
+pytestmark = pytest.mark.subprocess
 
 MAKE_STORE = """
 import sys

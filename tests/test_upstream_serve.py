@@ -151,6 +151,7 @@ def _spans_over_rest(server: Server, trace_id: str, count: int) -> list[dict]:
         time.sleep(0.1)
 
 
+@pytest.mark.subprocess
 def test_upstream_shapes_and_agent_runs_through_latscope_serve(serve: Server) -> None:
     # Seeds differ per builder: the same seed through two builders that draw alike would repeat
     # the trace and span ids.

@@ -13,10 +13,11 @@ import re
 from collections.abc import Callable
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from latscope.attribution.model import SpanRecord
 from tests.agent_traces import AgentRun, Parallel, agent_run, agent_runs, path_by_walk, summary
+from tests.hypothesis_support import examples
 from tests.upstream_traces import (
     BUILDERS,
     MS,
@@ -289,13 +290,13 @@ def _assert_run(run: AgentRun) -> None:
     assert set(cp.calls) <= {t.request_id for t in run.requests}
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80))
 @given(agent_runs())
 def test_agent_run_truth_is_consistent(run: AgentRun) -> None:
     _assert_run(run)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30))
 @given(agent_runs(skew=False, gateways=False, headers_only=False, retries=False))
 def test_plain_agent_runs_are_consistent(run: AgentRun) -> None:
     _assert_run(run)

@@ -14,6 +14,8 @@ from opentelemetry.trace import SpanKind, set_span_in_context
 from tests.serve_support import Server, start_serve
 from tests.skeleton_support import EXPECTED, LAYOUT, provider
 
+pytestmark = pytest.mark.subprocess
+
 MS = 1_000_000
 T0 = 1_763_000_000_000_000_000  # a fixed instant, ns since the epoch
 
@@ -127,6 +129,7 @@ def test_malformed_trace_id_is_400_json(serve: Server) -> None:
     assert response.json()["error"] == "invalid_request_id"
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_every_acknowledged_span(tmp_path) -> None:
     server = start_serve(tmp_path / "store")
     trace_ids = [send_request_trace(server.grpc, LAYOUT) for _ in range(5)]

@@ -12,6 +12,8 @@ from playwright.sync_api import Browser, Page
 from tests.serve_support import Server, start_serve
 from tests.web_support import screenshot
 
+pytestmark = [pytest.mark.subprocess, pytest.mark.browser]
+
 
 def api(server: Server, path: str, **params: object) -> dict:
     return httpx.get(server.url(path), params=params, timeout=30).json()

@@ -17,6 +17,8 @@ from tests import planted
 from tests.serve_support import Server, start_serve
 from tests.web_support import screenshot
 
+pytestmark = [pytest.mark.subprocess, pytest.mark.browser]
+
 S = 10**9
 
 

@@ -18,6 +18,8 @@ from tests.serve_support import Server, start_serve
 from tests.surfaces import FAST_ATTRIBUTION
 from tests.web_support import screenshot
 
+pytestmark = [pytest.mark.subprocess, pytest.mark.browser]
+
 RUN_PARTS = ("network", "queue", "preprocess", "prefill", "decode", "postprocess", "other",
              "tool", "app")  # fmt: skip
 
