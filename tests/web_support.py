@@ -13,8 +13,8 @@ if TYPE_CHECKING:
 
 CHROMIUM = os.environ.get("LATSCOPE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 #: Where the screenshots go (CI keeps them as artifacts when it sets this).
 SHOTS = os.environ.get("LATSCOPE_SCREENSHOTS")
