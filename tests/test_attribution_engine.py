@@ -12,10 +12,21 @@ from tests.attribution_support import MS, T0, TraceBuilder, both, check_sql_with
 from tests.serve_support import embedded_store
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _sql(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Every golden case also runs through the SQL attributor, which must give the same rows."""
-    check_sql_with(embedded_store(tmp_path_factory))
+@pytest.fixture(
+    autouse=True,
+    scope="module",
+    params=[
+        pytest.param(False, id="engine"),
+        # A statement of the SQL attributor per case: seconds a case, so the full suite's.
+        pytest.param(True, id="sql", marks=pytest.mark.slow),
+    ],
+)
+def _sql(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Every golden case runs on the reference engine, and again through the SQL attributor,
+    which must give the same rows."""
+    check_sql_with(embedded_store(tmp_path_factory) if request.param else None)
     yield
     check_sql_with(None)
 
@@ -240,7 +251,6 @@ def test_vllm_without_prefill_attribute_derives_it_from_ttft() -> None:
     assert a.buckets_ns["queue"] == 100 * MS and a.buckets_ns["prefill"] == 200 * MS
 
 
-@pytest.mark.slow
 def test_streaming_figures_and_stalls() -> None:
     tb = TraceBuilder()
     first_token = T0 + 300 * MS
