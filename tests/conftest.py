@@ -1,6 +1,7 @@
 """Fixtures shared across test modules, the test tiers' markers and the hypothesis profiles.
 
-Tiers: ``-m "not slow"`` is the inner loop (under a minute on two cores); the full suite is CI's.
+Tiers (markers in pyproject.toml): ``scripts/test --fast`` is the inner loop, under a minute on
+two cores (``-m "not slow and not subprocess and not browser"``); the full suite is CI's.
 Profiles: ``ci`` (the default) runs every property at full strength, ``dev`` at a tenth; pick one
 with ``HYPOTHESIS_PROFILE=dev`` or ``--hypothesis-profile=dev``.
 """
