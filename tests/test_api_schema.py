@@ -18,6 +18,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from latscope.api import schemas
 from tests.conftest import Server, start_serve
 from tests.surfaces import dataset_store
 
@@ -150,3 +151,14 @@ def test_every_answer_is_closed_and_lists_what_it_always_has(served: Server) -> 
         schema = spec["components"]["schemas"][name]
         assert schema.get("additionalProperties") is False, name
         assert sorted(schema.get("required", [])) == sorted(schema["properties"]), name
+
+
+def test_every_example_is_a_valid_answer() -> None:
+    """The examples the OpenAPI document shows validate against their own models."""
+    checked = 0
+    for model in vars(schemas).values():
+        if isinstance(model, type) and issubclass(model, schemas.Answer):
+            for example in (model.model_config.get("json_schema_extra") or {}).get("examples", []):
+                model.model_validate(example)
+                checked += 1
+    assert checked >= 20

@@ -18,6 +18,13 @@ def _example(value: dict[str, Any]) -> ConfigDict:
     return ConfigDict(json_schema_extra={"examples": [value]})
 
 
+def _means(**given: float) -> dict[str, float]:
+    """Per-bucket figures for an example: ``given``, the other buckets a few ms."""
+    small = {"network": 2.0, "queue": 3.0, "preprocess": 1.0, "prefill": 20.0, "decode": 5.0,
+             "postprocess": 1.0, "other": 1.0}  # fmt: skip
+    return small | given
+
+
 class Answer(BaseModel):
     """The base of every answer and of every part of one.
 
@@ -148,6 +155,7 @@ SPAN_EXAMPLE = {
     "duration_ms": 200.0,
     "depth": 2,
     "status": "Unset",
+    "request_id": None,
     "attributes": {"latscope.phase": "prefill"},
     "events": [],
 }
@@ -349,6 +357,8 @@ class TraceExplain(Answer):
 
 
 class LiveRequest(Attribution):
+    model_config = _example({**ATTRIBUTION_EXAMPLE, "start_unix_nano": 1767365000000000000})
+
     start_unix_nano: int = Field(description="when the request started (client clock if known)")
 
 
@@ -645,6 +655,15 @@ class Diagnosis(Answer):
                             "fixes": ["cap the queue depth and shed or reject early"],
                             "score": 0.71,
                             "evidence": {"queue_extra_ms": 2520.0, "queue_extra_share": 0.71},
+                            "where": {
+                                "dimension": "resource.k8s.pod.name",
+                                "value": "llm-7",
+                                "selection": "queue at or above p95 (900.0 ms)",
+                                "in_share": 0.81,
+                                "out_share": 0.1,
+                                "extra_ms": 2300.0,
+                                "since_ns": 1767363900000000000,
+                            },
                         }
                     ],
                     "window": WINDOW_EXAMPLE,
@@ -1071,16 +1090,16 @@ class Why(Answer):
                         "threshold_ms": 3900.0,
                         "count": 12,
                         "e2e_mean_ms": 4500.0,
-                        "buckets_ms": {"queue": 3400.0},
+                        "buckets_ms": _means(queue=3400.0, decode=1000.0),
                     },
                     "baseline": {
                         "description": "the window's other requests (below 3900.0 ms)",
                         "count": 1188,
                         "e2e_mean_ms": 1030.0,
-                        "buckets_ms": {"queue": 80.0},
+                        "buckets_ms": _means(queue=80.0, decode=900.0),
                     },
                     "extra_e2e_ms": 3470.0,
-                    "extra_buckets_ms": {"queue": 3320.0},
+                    "extra_buckets_ms": _means(queue=3320.0, prefill=120.0, decode=14.0),
                     "dominant": "queue",
                     "dimensions": [
                         {
@@ -1181,11 +1200,19 @@ class ColdStart(Answer):
                     ],
                     "replica_count": 4,
                     "appeared": 1,
-                    "warmup": {"count": 23, "e2e_mean_ms": 2400.0, "buckets_ms": {}},
-                    "warm": {"count": 1800, "e2e_mean_ms": 950.0, "buckets_ms": {}},
+                    "warmup": {
+                        "count": 23,
+                        "e2e_mean_ms": 2400.0,
+                        "buckets_ms": _means(prefill=1600.0, decode=770.0),
+                    },
+                    "warm": {
+                        "count": 1800,
+                        "e2e_mean_ms": 950.0,
+                        "buckets_ms": _means(prefill=210.0, decode=707.0),
+                    },
                     "unidentified": 0,
                     "extra_e2e_ms": 1450.0,
-                    "extra_buckets_ms": {"prefill": 1390.0},
+                    "extra_buckets_ms": _means(prefill=1390.0, decode=60.0),
                     "dominant": "prefill",
                     "scale_ups": [
                         {
