@@ -11,9 +11,10 @@ renamed on one side fails it, as does a value converted wrongly.
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,6 +38,9 @@ RUN_SEEDS = (1, 2, 7)
 #: From ``surfaces.dataset``: a call with a client span and GPU figures, one server-only
 #: (network unknown), one with an inter-token stall.
 SPEC_INDEXES = (4, 33, 60)
+#: From ``surfaces.dataset``, sent again under a model of their own while Watch and /v1/live
+#: follow it: a call with a client span and GPU figures, and one server-only.
+LIVE_SPECS = (5, 34)
 #: What the REST summary answers beyond ``SummaryResponse`` (the message has no field for it).
 SUMMARY_REST_ONLY = frozenset(
     {"with_client", "streaming", "group_by", "window", "groups.with_client", "groups.streaming"}
@@ -271,3 +275,40 @@ def test_summary_agrees(served: Served, params: dict[str, Any]) -> None:
         assert len(rest["groups"]) >= 3
     if params["since"] == _at(4 * H):
         assert rest["count"] > PLANTED
+
+
+def test_watch_agrees_with_the_live_feed(served: Served) -> None:
+    """Requests attributed while both watch: the Watch stream and /v1/live carry the same."""
+    model = "agreement-model"
+    start = served.rest("/v1/live")
+    stream = served.stub.Watch(query_pb2.WatchRequest(model=model), timeout=60)
+    streamed: list[query_pb2.RequestAttribution] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            for message in stream:
+                streamed.append(message)
+                if len(streamed) == len(LIVE_SPECS):
+                    break
+        except grpc.RpcError:
+            pass
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    time.sleep(0.5)  # the stream is open before the requests come
+    everything = dataset(time.time_ns())
+    send(served.server.grpc, [replace(everything[i], model=model) for i in LIVE_SPECS])
+    polled: list[dict[str, Any]] = []
+    cursor, deadline = start["cursor"], time.monotonic() + 60
+    while len(polled) < len(LIVE_SPECS) and time.monotonic() < deadline:
+        body = served.rest("/v1/live", after=cursor, epoch=start["epoch"], model=model)
+        polled += body["requests"]
+        cursor = body["cursor"]
+        time.sleep(0.2)
+    assert done.wait(60)
+    stream.cancel()
+    assert len(polled) == len(streamed) == len(LIVE_SPECS)
+    by_id = {r["request_id"]: r for r in polled}
+    for message in streamed:
+        assert _same(message, by_id[message.request_id]) == [], message.request_id
