@@ -94,6 +94,7 @@ def test_openapi_is_complete(served: Server) -> None:
         "/v1/gpu",
         "/v1/services",
         "/v1/requests",
+        "/v1/export/requests",
     }
     for path in ("/v1/traces", "/v1/metrics"):
         operation = spec["paths"][path]["post"]
@@ -104,11 +105,15 @@ def test_openapi_is_complete(served: Server) -> None:
         for status in ("400", "401", "422"):
             example = operation["responses"][status]["content"]["application/json"]["example"]
             assert set(example) == {"error", "detail"}, (path, status)
+        for param in operation.get("parameters", []):
+            assert param.get("description"), (path, param["name"])
+        if path == "/v1/export/requests":  # a file, not a JSON answer
+            ok = operation["responses"]["200"]["content"]["application/vnd.apache.parquet"]
+            assert ok["schema"] == {"type": "string", "format": "binary"}
+            continue
         ok = operation["responses"]["200"]["content"]["application/json"]["schema"]
         name = ok["$ref"].rsplit("/", 1)[-1]
         assert spec["components"]["schemas"][name].get("examples"), (path, name)
-        for param in operation.get("parameters", []):
-            assert param.get("description"), (path, param["name"])
     # A request is named by its request id or a single-call trace id; a trace id of a trace
     # with several calls is a documented 409.
     for path in ("/v1/requests/{request_id}", "/v1/requests/{request_id}/attribution"):
@@ -143,8 +148,9 @@ def test_every_answer_is_closed_and_lists_what_it_always_has(served: Server) -> 
     spec = httpx.get(served.url("/openapi.json"), timeout=10).json()
     names: set[str] = set()
     for path, item in spec["paths"].items():
-        if path.startswith("/v1/") and "get" in item:
-            ok = item["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+        content = item.get("get", {}).get("responses", {}).get("200", {}).get("content", {})
+        if path.startswith("/v1/") and "application/json" in content:  # not the Parquet export
+            ok = content["application/json"]["schema"]
             _answer_schemas(spec, ok, names)
     assert {"Attribution", "Summary", "Streaming", "Run", "Why", "ColdStart", "Verdict"} <= names
     for name in sorted(names):
