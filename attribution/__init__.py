@@ -4,7 +4,8 @@ decode, postprocess and other, always adding up to the end-to-end latency.
 ``attribute_requests`` is the per-request reference (every call of one trace), ``explain_run``
 the critical path of a trace with several calls, ``attribution.sql`` the same rules as one
 ClickHouse statement (what the ``Attributor``, the background component, runs), and
-``aggregates`` the ClickHouse queries over the attribution table.
+``aggregates`` the ClickHouse queries over the attribution table (one module per question in
+``answers``).
 """
 
 from __future__ import annotations

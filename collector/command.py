@@ -47,8 +47,8 @@ class DeferredStore(Store):
     Until it opens, calls raise ``StoreUnavailable``, which the writers answer by spooling.
     """
 
-    def __init__(self, dsn: str, retry_s: float) -> None:
-        super().__init__(client=None, dsn=dsn)
+    def __init__(self, dsn: str, retry_s: float, *, query_timeout_s: float = 60.0) -> None:
+        super().__init__(client=None, dsn=dsn, query_timeout_s=query_timeout_s)
         self._retry_s = retry_s
         self._next_try = 0.0
         self._open_lock = threading.Lock()
@@ -59,11 +59,11 @@ class DeferredStore(Store):
             if self._inner is None:
                 now = time.monotonic()
                 if now < self._next_try:
-                    raise StoreUnavailable(f"store {self.dsn} still unreachable")
+                    raise StoreUnavailable(f"store {self.safe_dsn} still unreachable")
                 self._next_try = now + self._retry_s
-                inner = Store.open(self.dsn)
+                inner = Store.open(self.dsn, query_timeout_s=self.query_timeout_s)
                 version = inner.apply_schema()
-                log.info("store %s reachable again (schema v%d)", self.dsn, version)
+                log.info("store %s reachable again (schema v%d)", self.safe_dsn, version)
                 self._inner = inner
             return self._inner
 
@@ -87,13 +87,16 @@ class DeferredStore(Store):
 def open_store(settings: Settings) -> tuple[Store, int | None]:
     """The store and its schema version, or a ``DeferredStore`` (version None) when down."""
     try:
-        store = Store.open(settings.store)
+        store = Store.open(settings.store, query_timeout_s=settings.query_timeout_s)
         return store, store.apply_schema()
     except StoreUnavailable as exc:
         if settings.store.startswith("chdb:"):
             raise
         log.warning("store unreachable at start (%s); spooling until it answers", exc)
-        return DeferredStore(settings.store, settings.store_retry_s), None
+        deferred = DeferredStore(
+            settings.store, settings.store_retry_s, query_timeout_s=settings.query_timeout_s
+        )
+        return deferred, None
     except StoreError:
         raise
 

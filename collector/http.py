@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from latscope.collector.mapping import MalformedExport
-from latscope.collector.receiver import Ingest, Outcome, trace_response
+from latscope.collector.receiver import PARSE_EXPANSION, Ingest, Outcome, trace_response
 from latscope.collector.writer import Refused
 
 PROTOBUF = "application/x-protobuf"
@@ -79,6 +79,7 @@ def _fix_ids(doc: Any, ids: tuple[str, ...]) -> None:
 
 
 _SPAN_IDS = ("traceId", "spanId", "parentSpanId")
+_TOO_DEEP = "body is nested too deeply to be an OTLP JSON Export"
 _METRIC_IDS = ("traceId", "spanId")  # exemplars
 
 
@@ -88,9 +89,14 @@ def _parse(body: bytes, json_body: bool, message: Message, ids: tuple[str, ...])
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadRequest(400, f"body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise BadRequest(400, _TOO_DEEP) from None
         if not isinstance(doc, dict):
             raise BadRequest(400, "body must be a JSON object")
-        _fix_ids(doc, ids)
+        try:
+            _fix_ids(doc, ids)
+        except RecursionError:
+            raise BadRequest(400, _TOO_DEEP) from None
         try:
             json_format.ParseDict(doc, message, ignore_unknown_fields=True)
         except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
@@ -137,15 +143,23 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
             if request_body is None:
                 raise BadRequest(413, f"body is larger than {max_bytes} bytes")
             body = _read_body(request_body, headers.get("content-encoding", ""), max_bytes)
-            if export_bytes is not None and not json_body:
-                try:
-                    outcome = export_bytes(body)
-                except MalformedExport as exc:
-                    raise BadRequest(400, f"body is not an OTLP protobuf Export: {exc}") from None
-            else:
-                message = make()
-                _parse(body, json_body, message, ids)
-                outcome = export(message)
+            # The body as read is held by the route; an inflated copy is held here.
+            inflated = len(body) if body is not request_body else 0
+            signal = "traces" if export_bytes is not None else "metrics"
+            with ingest.holding(inflated, signal):
+                if export_bytes is not None and not json_body:
+                    try:
+                        outcome = export_bytes(body)
+                    except MalformedExport as exc:
+                        raise BadRequest(
+                            400, f"body is not an OTLP protobuf Export: {exc}"
+                        ) from None
+                else:
+                    # Parsed into Python objects (JSON, protobuf classes) while it is mapped.
+                    with ingest.holding(len(body) * PARSE_EXPANSION, signal):
+                        message = make()
+                        _parse(body, json_body, message, ids)
+                        outcome = export(message)
         except BadRequest as exc:
             return _status_response(exc.status, str(exc), json_body)
         except Refused as exc:
@@ -165,36 +179,53 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
             reply.partial_success.error_message = outcome.message
         return reply
 
-    async def _body(request: Request) -> bytes | None:
-        # Read at most max_bytes so an absurd body never fills memory; None means too large.
+    async def _body(request: Request, held: list[int], signal: str) -> bytes | None:
+        """The body, read at most ``max_bytes`` (None: larger) and counted against the memory
+        limit as it arrives (``held`` says how much; Refused when it does not fit)."""
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > max_bytes:
                 return None
+            if not ingest.memory.reserve(len(chunk)):
+                raise ingest.memory_refusal(signal)
+            held[0] += len(chunk)
             chunks.append(chunk)
         return b"".join(chunks)
+
+    async def receive(request: Request, signal: str, *args: Any) -> Response:
+        from starlette.concurrency import run_in_threadpool
+
+        json_body = request.headers.get("content-type", "").split(";")[0].strip() == JSON
+        declared = request.headers.get("content-length", "")
+        # Refused before a byte is read when its declared size does not fit.
+        if declared.isdigit() and int(declared) <= max_bytes and not ingest.fits(int(declared)):
+            refused = ingest.memory_refusal(signal)
+            return _status_response(429, str(refused), json_body, **{"Retry-After": "1"})
+        held = [0]
+        try:
+            try:
+                body = await _body(request, held, signal)
+            except Refused as exc:
+                return _status_response(429, str(exc), json_body, **{"Retry-After": "1"})
+            return await run_in_threadpool(handle, body, request.headers, *args)
+        finally:
+            ingest.memory.release(held[0])
 
     @router.post("/v1/traces", response_class=Response)
     async def traces(request: Request) -> Response:
         """OTLP/HTTP trace Export (protobuf or JSON, gzip optional)."""
-        from starlette.concurrency import run_in_threadpool
-
-        body = await _body(request)
-        return await run_in_threadpool(
-            handle, body, request.headers, trace_service_pb2.ExportTraceServiceRequest,
-            _SPAN_IDS, ingest.export_traces, trace_response, ingest.export_trace_bytes,
+        return await receive(
+            request, "traces", trace_service_pb2.ExportTraceServiceRequest, _SPAN_IDS,
+            ingest.export_traces, trace_response, ingest.export_trace_bytes,
         )  # fmt: skip
 
     @router.post("/v1/metrics", response_class=Response)
     async def metrics(request: Request) -> Response:
         """OTLP/HTTP metrics Export: gauges, sums and (exponential) histograms are stored."""
-        from starlette.concurrency import run_in_threadpool
-
-        body = await _body(request)
-        return await run_in_threadpool(
-            handle, body, request.headers, metrics_service_pb2.ExportMetricsServiceRequest,
-            _METRIC_IDS, ingest.export_metrics, metric_reply,
+        return await receive(
+            request, "metrics", metrics_service_pb2.ExportMetricsServiceRequest, _METRIC_IDS,
+            ingest.export_metrics, metric_reply,
         )  # fmt: skip
 
     return router

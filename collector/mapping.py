@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -43,6 +44,12 @@ except ImportError:  # built without a C compiler: decode_spans falls back to Sp
 _MAP = pa.map_(pa.string(), pa.string())
 _MAP_FIELDS = [_MAP.key_field, _MAP.item_field]
 _TS = pa.timestamp("ns")
+# The resource attributes the spans of one ResourceSpans share are held once, as an Arrow
+# dictionary with an index per row: copied onto every span, they made one 7.9 MB Export half a
+# gigabyte of columns. ClickHouse expands the dictionary on insert, so the stored table is the
+# same. (Scope attributes are not stored; string columns stay plain, because ClickHouse refuses a
+# string dictionary with repeated values.)
+_DICT_MAP = pa.dictionary(pa.int32(), _MAP)
 
 SPANS_SCHEMA = pa.schema(
     [
@@ -69,6 +76,12 @@ SPANS_SCHEMA = pa.schema(
         ("Links.TraceState", pa.list_(pa.string())),
         ("Links.Attributes", pa.list_(_MAP)),
     ]
+)
+
+#: The columns the collector decodes into: ``SPANS_SCHEMA`` (the stored layout, which tables built
+#: by hand may use too) with ResourceAttributes dictionary-encoded, one entry per resource.
+DECODED_SPANS_SCHEMA = SPANS_SCHEMA.set(
+    SPANS_SCHEMA.get_field_index("ResourceAttributes"), pa.field("ResourceAttributes", _DICT_MAP)
 )
 
 METRICS_SCHEMA = pa.schema(
@@ -330,7 +343,10 @@ class SpanColumns:
         self.name: list[str] = []
         self.kind: list[str] = []
         self.service: list[str] = []
-        self.resource = _MapColumn()
+        # A dictionary: one entry per resource with an accepted span, and each row's index into
+        # it (as the C decoder builds them).
+        self.resource_ix: list[int] = []
+        self.resources = _MapColumn()
         self.scope_name: list[str] = []
         self.scope_version: list[str] = []
         self.attributes = _MapColumn()
@@ -360,7 +376,7 @@ class SpanColumns:
         zero_trace, zero_span = _ZERO_TRACE, _ZERO_SPAN
         service_key = ResourceAttributes.SERVICE_NAME
         # Bound methods once per Export, not per span: this loop runs for every span received.
-        add_attrs, add_resource = self.attributes.add, self.resource.add
+        add_attrs = self.attributes.add
         add_start, add_duration = self.start.append, self.duration.append
         add_trace, add_span, add_parent = (
             self.trace_id.append,
@@ -377,6 +393,7 @@ class SpanColumns:
             self.scope_name.append,
             self.scope_version.append,
         )
+        add_resource_ix = self.resource_ix.append
         add_code, add_message = self.status_code.append, self.status_message.append
         add_events_links = self._add_events_links
         rows = 0
@@ -394,6 +411,7 @@ class SpanColumns:
             service = ""
             if service_key in rkeys:
                 service = rvalues[len(rkeys) - 1 - rkeys[::-1].index(service_key)]
+            resource_ix = -1
             for ss in rs.scope_spans:
                 scope = ss.scope
                 scope_name, scope_version = scope.name, scope.version
@@ -422,7 +440,10 @@ class SpanColumns:
                     if len(set(akeys)) != len(akeys):
                         akeys, avalues = _dedup(akeys, avalues)
                     add_attrs(akeys, avalues)
-                    add_resource(rkeys, rvalues)
+                    if resource_ix < 0:  # the resource's first accepted span
+                        resource_ix = len(self.resources.offsets) - 1
+                        self.resources.add(rkeys, rvalues)
+                    add_resource_ix(resource_ix)
                     add_start(start)
                     add_duration(end - start)
                     add_trace(tid.hex())
@@ -480,9 +501,10 @@ class SpanColumns:
         return None
 
     def table(self) -> pa.Table:
-        """The accepted spans as an Arrow table in ``SPANS_SCHEMA`` order."""
+        """The accepted spans as an Arrow table in ``DECODED_SPANS_SCHEMA``."""
         ev = pa.array(self.ev_offsets, pa.int32())
         ln = pa.array(self.ln_offsets, pa.int32())
+        resource_ix = pa.array(self.resource_ix, pa.int32())
         s = pa.string()
         arrays = [
             pa.array(self.start, _TS),
@@ -493,7 +515,7 @@ class SpanColumns:
             pa.array(self.name, s),
             pa.array(self.kind, s),
             pa.array(self.service, s),
-            self.resource.array(),
+            _dictionary(resource_ix, self.resources.array()),
             pa.array(self.scope_name, s),
             pa.array(self.scope_version, s),
             self.attributes.array(),
@@ -508,7 +530,87 @@ class SpanColumns:
             pa.ListArray.from_arrays(ln, pa.array(self.ln_state, s)),
             pa.ListArray.from_arrays(ln, self.ln_attrs.array()),
         ]
-        return pa.Table.from_arrays(arrays, schema=SPANS_SCHEMA)
+        return pa.Table.from_arrays(arrays, schema=DECODED_SPANS_SCHEMA)
+
+
+def _dictionary(indices: pa.Array, dictionary: pa.Array) -> pa.DictionaryArray:
+    # The indices are built beside their dictionary, in range by construction.
+    return pa.DictionaryArray.from_arrays(indices, dictionary, safe=False)
+
+
+def table_bytes(table: pa.Table) -> int:
+    """The memory a table's buffers take (a dictionary counted once, as it is held)."""
+    return table.get_total_buffer_size()
+
+
+def _entry_sizes(dictionary: pa.MapArray) -> pa.Array:
+    """Bytes of each entry of a ``Map(String, String)`` dictionary once written out per row."""
+
+    def per_entry(strings: pa.Array) -> pa.Array:
+        ends = pc.cumulative_sum(pc.binary_length(strings).cast(pa.int64()))
+        at = pc.take(pa.concat_arrays([pa.array([0], pa.int64()), ends]), bounds)
+        return pc.pairwise_diff(at).slice(1)
+
+    bounds = dictionary.offsets
+    pairs = pc.pairwise_diff(bounds.cast(pa.int64())).slice(1)
+    # Two offsets per pair and one per row, as ClickHouse and Arrow both lay maps out.
+    extra = pc.add(pc.multiply(pairs, 8), 4)
+    return pc.add(pc.add(per_entry(dictionary.keys), per_entry(dictionary.items)), extra)
+
+
+def expanded_bytes(table: pa.Table) -> int:
+    """A table's size with its dictionaries written out per row: what an insert of it costs
+    ClickHouse, which expands them (``table_bytes`` is what it costs here)."""
+    total = 0
+    for column in table.columns:
+        for chunk in column.chunks:
+            if not isinstance(chunk, pa.DictionaryArray):
+                total += chunk.nbytes
+                continue
+            counts = pc.value_counts(chunk.indices)
+            sizes = pc.take(_entry_sizes(chunk.dictionary), counts.field("values"))
+            total += pc.sum(pc.multiply(sizes, counts.field("counts"))).as_py() or 0
+            total += chunk.indices.nbytes
+    return total
+
+
+def combine(table: pa.Table) -> pa.Table:
+    """``table`` with one chunk per column (ClickHouse takes that several times faster).
+
+    Arrow's ``combine_chunks`` cannot always merge dictionaries of maps ("unification of
+    map<string, string> dictionaries is not implemented"), so those are joined here: the chunks'
+    dictionaries one after the other, each chunk's indices shifted past the ones before.
+    """
+    columns = []
+    for column in table.columns:
+        if not pa.types.is_dictionary(column.type) or column.num_chunks <= 1:
+            columns.append(column.combine_chunks())
+            continue
+        dictionaries, indices, base = [], [], 0
+        for chunk in column.chunks:
+            dictionaries.append(chunk.dictionary)
+            indices.append(pc.add(chunk.indices, pa.scalar(base, pa.int32())))
+            base += len(chunk.dictionary)
+        columns.append(
+            pa.DictionaryArray.from_arrays(
+                pa.concat_arrays(indices), pa.concat_arrays(dictionaries), safe=False
+            )
+        )
+    return pa.Table.from_arrays(columns, schema=table.schema)
+
+
+def insert_slices(table: pa.Table, max_bytes: int) -> list[pa.Table]:
+    """``table`` cut into consecutive slices of at most about ``max_bytes`` expanded bytes each.
+
+    The cut depends only on the table and ``max_bytes``, so a replay of the same rows is cut the
+    same way (each slice keeps its deduplication token).
+    """
+    rows = table.num_rows
+    size = expanded_bytes(table)
+    if rows <= 1 or size <= max_bytes:
+        return [table]
+    per_slice = max(1, rows * max_bytes // size)
+    return [table.slice(start, per_slice) for start in range(0, rows, per_slice)]
 
 
 def spans_table(resource_spans: Iterable[ResourceSpans], limits: Limits | None = None) -> pa.Table:
@@ -526,13 +628,23 @@ def spans_table(resource_spans: Iterable[ResourceSpans], limits: Limits | None =
 #: Whether ``decode_spans`` runs the C decoder (False: the extension was not built here).
 NATIVE = _otlp is not None
 
-#: Most memory one Export may take once decoded into columns (resource attributes are repeated on
-#: every span, so a small Export can expand a lot); beyond it the Export is refused as malformed.
+#: Most memory one Export may take once decoded into columns; beyond it the Export is refused as
+#: malformed (it can never be taken). Shared resource and scope attributes are held once, so the
+#: columns of a well-formed Export are a small multiple of its size on the wire; what the
+#: collector may hold in all is ``--memory-limit-bytes``.
 MAX_DECODED_BYTES = 1 << 30
 
 
 class MalformedExport(ValueError):
     """The bytes are not an OTLP ``ExportTraceServiceRequest`` (gRPC INVALID_ARGUMENT, HTTP 400)."""
+
+
+class ExportTooLarge(MalformedExport):
+    """Decoding stopped: the Export's columns would take more than ``max_bytes``.
+
+    Past ``MAX_DECODED_BYTES`` the Export can never be taken (INVALID_ARGUMENT); below it, the
+    caller's memory limit was what ran out, and the Export may be retried later.
+    """
 
 
 @dataclass
@@ -543,6 +655,11 @@ class DecodedSpans:
     rows: int
     rejected: int
     first_problem: str
+
+    @property
+    def nbytes(self) -> int:
+        """The memory the decoded columns hold."""
+        return table_bytes(self.table)
 
 
 def _json_of(raw: bytes) -> str:
@@ -555,12 +672,18 @@ if _otlp is not None:
 
 
 def decode_spans(
-    data: bytes, limits: Limits | None = None, *, native: bool | None = None
+    data: bytes,
+    limits: Limits | None = None,
+    *,
+    native: bool | None = None,
+    max_bytes: int = MAX_DECODED_BYTES,
 ) -> DecodedSpans:
-    """A serialized ``ExportTraceServiceRequest`` -> its valid spans as a ``SPANS_SCHEMA`` table.
+    """A serialized ``ExportTraceServiceRequest`` -> its valid spans (``DECODED_SPANS_SCHEMA``).
 
-    Raises ``MalformedExport`` when ``data`` is not an Export. ``native=False`` takes the Python
-    path (the reference) even where the C decoder is built; the default is ``NATIVE``.
+    Raises ``MalformedExport`` when ``data`` is not an Export, and ``ExportTooLarge`` when its
+    columns would take more than ``max_bytes`` (the C decoder stops there; the Python path, which
+    builds Python objects first, checks afterwards). ``native=False`` takes the Python path (the
+    reference) even where the C decoder is built; the default is ``NATIVE``.
 
     >>> decode_spans(ExportTraceServiceRequest().SerializeToString()).rows
     0
@@ -569,8 +692,10 @@ def decode_spans(
     if (NATIVE if native is None else native) and _otlp is not None:
         try:
             rows, rejected, problem, buffers = _otlp.decode_traces(
-                data, limits.max_attributes, limits.max_attribute_value, MAX_DECODED_BYTES
+                data, limits.max_attributes, limits.max_attribute_value, max_bytes
             )
+        except _otlp.TooLarge as exc:
+            raise ExportTooLarge(str(exc)) from None
         except _otlp.MalformedExport as exc:
             raise MalformedExport(str(exc)) from None
         return DecodedSpans(table_from_buffers(rows, buffers), rows, rejected, problem)
@@ -580,11 +705,16 @@ def decode_spans(
         raise MalformedExport(f"not a valid ExportTraceServiceRequest: {exc}") from None
     cols = SpanColumns(limits)
     cols.add(request.resource_spans)
-    return DecodedSpans(cols.table(), cols.rows, cols.rejected, cols.first_problem)
+    decoded = DecodedSpans(cols.table(), cols.rows, cols.rejected, cols.first_problem)
+    if decoded.nbytes > max_bytes:
+        raise ExportTooLarge(
+            f"the Export expands to more than {max_bytes} bytes of columns; send smaller Exports"
+        )
+    return decoded
 
 
 def table_from_buffers(rows: int, buffers: tuple[Any, ...]) -> pa.Table:
-    """The C decoder's buffers as a ``SPANS_SCHEMA`` table, without copying them.
+    """The C decoder's buffers as a ``DECODED_SPANS_SCHEMA`` table, without copying them.
 
     The buffers come in column order: fixed-width values, or the offsets of a string, list or map
     column followed by its children (see the ``B_*`` list in ``_otlp.c``).
@@ -604,10 +734,13 @@ def table_from_buffers(rows: int, buffers: tuple[Any, ...]) -> pa.Table:
     def listed(offsets: pa.Buffer, child: pa.Array) -> pa.Array:
         return pa.Array.from_buffers(pa.list_(child.type), rows, [None, offsets], children=[child])
 
+    def indices() -> pa.Array:
+        return pa.Array.from_buffers(pa.int32(), rows, [None, next(b)])
+
     ts = pa.Array.from_buffers(_TS, rows, [None, next(b)])
     duration = pa.Array.from_buffers(pa.uint64(), rows, [None, next(b)])
     ids_to_service = [strings() for _ in range(7)]  # TraceId ... ServiceName
-    resource = map_()
+    resource = _dictionary(indices(), map_())
     scope_to_status = [strings() for _ in range(4)]  # ScopeName ... StatusMessage
     attributes = map_()
     ev, ev_ts = next(b), next(b)
@@ -632,7 +765,7 @@ def table_from_buffers(rows: int, buffers: tuple[Any, ...]) -> pa.Table:
         listed(ln, ln_state),
         listed(ln, ln_attrs),
     ]
-    return pa.Table.from_arrays(arrays, schema=SPANS_SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=DECODED_SPANS_SCHEMA)
 
 
 # -- metrics -----------------------------------------------------------------------------------
@@ -901,6 +1034,7 @@ def _exemplars(exemplars: Any, limits: Limits) -> tuple[list[Any], ...] | str:
 
 
 __all__ = [
+    "DECODED_SPANS_SCHEMA",
     "EXPONENTIAL_HISTOGRAM_SCHEMA",
     "EXPONENTIAL_HISTOGRAM_TABLE",
     "HISTOGRAM_SCHEMA",
@@ -910,15 +1044,20 @@ __all__ = [
     "NATIVE",
     "SPANS_SCHEMA",
     "DecodedSpans",
+    "ExportTooLarge",
     "Limits",
     "MalformedExport",
     "MetricColumns",
     "SpanColumns",
     "attributes_to_pairs",
+    "combine",
     "decode_spans",
+    "expanded_bytes",
     "format_double",
+    "insert_slices",
     "span_problem",
     "spans_table",
+    "table_bytes",
     "table_from_buffers",
     "value_to_string",
 ]

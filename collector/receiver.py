@@ -13,10 +13,11 @@ gRPC's own parse would have refused them.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -29,19 +30,28 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from latscope.collector import telemetry
 from latscope.collector.mapping import (
+    MAX_DECODED_BYTES,
+    NATIVE,
     DecodedSpans,
+    ExportTooLarge,
     Limits,
     MalformedExport,
     MetricColumns,
     SpanColumns,
     decode_spans,
+    table_bytes,
 )
+from latscope.collector.memory import MemoryLimit
 from latscope.collector.writer import BatchWriter, JournalWriter, Refused, Ticket
 
 log = logging.getLogger(__name__)
 
 #: how long a request waits for its rows to become durable before it gives up (client retries)
 ACK_TIMEOUT_S = 120.0
+#: Python objects per byte of a message parsed into protobuf classes or decoded from JSON, as
+#: held while it is mapped (measured: about 6x for OTLP protobuf in upb, 10x for json.loads);
+#: counted against the memory limit for as long as the parse lives.
+PARSE_EXPANSION = 10
 
 
 _Counts = SpanColumns | MetricColumns | DecodedSpans
@@ -65,6 +75,8 @@ class Ingest:
         limits: Limits,
         token: str = "",
         histograms: Mapping[str, BatchWriter] | None = None,
+        *,
+        memory: MemoryLimit | None = None,
     ) -> None:
         self.spans = spans
         self.metrics = metrics
@@ -72,6 +84,7 @@ class Ingest:
         self.histograms = dict(histograms or {})
         self.limits = limits
         self.token = token
+        self.memory = memory or MemoryLimit(1 << 62)
         # One Export is mapped at a time. The GIL serialises this work anyway, and letting a
         # dozen handler threads interleave through the Python mapping cost about a third more
         # CPU per span in bench/ingest (GIL hand-offs and cache churn).
@@ -86,28 +99,74 @@ class Ingest:
             given.strip().encode(), self.token.encode()
         )
 
+    @contextlib.contextmanager
+    def holding(self, nbytes: int, signal: str = "traces") -> Iterator[None]:
+        """Count ``nbytes`` against the memory limit while the block runs; raises ``Refused``
+        (RESOURCE_EXHAUSTED / 429) at once when they do not fit."""
+        if not self.memory.reserve(nbytes):
+            raise self.memory_refusal(signal)
+        try:
+            yield
+        finally:
+            self.memory.release(nbytes)
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more would fit the memory limit now (checked before reading)."""
+        return nbytes <= self.memory.available
+
+    def memory_refusal(self, signal: str) -> Refused:
+        telemetry.MEMORY_REFUSED.labels(signal).inc()
+        return Refused(
+            f"the collector's memory limit is reached ({self.memory.held} of "
+            f"{self.memory.limit} bytes held by Exports waiting for ClickHouse); retry later",
+            exhausted=True,
+            retry_after_s=1.0,
+        )
+
     def export_trace_bytes(self, data: bytes) -> Outcome:
         """Store the valid spans of a serialized Export (OTLP/gRPC, OTLP/HTTP protobuf).
 
-        Raises ``MalformedExport`` when ``data`` is not an Export, ``Refused`` when the
-        collector cannot take its spans now.
+        The caller holds ``data`` against the memory limit (``holding``). Raises
+        ``MalformedExport`` when ``data`` is not an Export, ``Refused`` when the collector cannot
+        take its spans now (its memory limit or its queue is full, or it is stopping).
         """
-        with self.spans.arriving():
+        self.spans.check_room()  # a full queue or a stopping collector refuses before decoding
+        # Without the C decoder, the Python mapping first parses into protobuf objects.
+        parse = 0 if NATIVE else len(data) * PARSE_EXPANSION
+        with self.spans.arriving(), self.holding(parse):
             with self._mapping:
-                decoded = decode_spans(data, self.limits)
-            ticket = self._submit("traces", self.spans, decoded, decoded.table, data)
+                # Decoding stops where the memory left runs out, before the rest is read.
+                room = self.memory.available
+                try:
+                    decoded = decode_spans(
+                        data, self.limits, max_bytes=min(MAX_DECODED_BYTES, room)
+                    )
+                except ExportTooLarge:
+                    if room < MAX_DECODED_BYTES:
+                        raise self.memory_refusal("traces") from None
+                    raise
+                held = self._take(decoded.table)
+            ticket = self._submit("traces", self.spans, decoded, decoded.table, data, held)
         return self._outcome(ticket, "traces", decoded, "span")
 
     def export_traces(self, request: trace_service_pb2.ExportTraceServiceRequest) -> Outcome:
-        """Store the valid spans of a parsed Export (OTLP/HTTP JSON); raises ``Refused``."""
+        """Store the valid spans of a parsed Export (OTLP/HTTP JSON); raises ``Refused``.
+
+        The caller holds the parsed request against the memory limit.
+        """
         with self.spans.arriving():
             with self._mapping:
                 cols = SpanColumns(self.limits)
                 cols.add(request.resource_spans)
                 table = cols.table()
+                held = self._take(table)
             # The journal keeps Exports in the wire format, whatever encoding they came in.
-            raw = request.SerializeToString() if cols.rows else b""
-            ticket = self._submit("traces", self.spans, cols, table, raw)
+            try:
+                raw = request.SerializeToString() if cols.rows else b""
+            except BaseException:
+                self.memory.release(held)
+                raise
+            ticket = self._submit("traces", self.spans, cols, table, raw, held)
         return self._outcome(ticket, "traces", cols, "span")
 
     def export_metrics(self, request: metrics_service_pb2.ExportMetricsServiceRequest) -> Outcome:
@@ -141,25 +200,36 @@ class Ingest:
             ticket.wait(ACK_TIMEOUT_S)
         return self._outcome(None, "metrics", cols, "data point")
 
-    @staticmethod
+    def _take(self, table: pa.Table) -> int:
+        """Count a decoded table against the limit (the span writer releases it once the rows
+        are inserted, or spooled); raises ``Refused`` when it does not fit."""
+        held = table_bytes(table) if table.num_rows else 0
+        if not self.memory.reserve(held):
+            raise self.memory_refusal("traces")
+        return held
+
     def _submit(
+        self,
         signal: str,
         writer: BatchWriter | JournalWriter,
         cols: _Counts,
         table: pa.Table,
         raw: bytes | None = None,
+        held: int = 0,
     ) -> Ticket | None:
         telemetry.RECEIVED.labels(signal).inc(cols.rows + cols.rejected)
         if cols.rejected:
             telemetry.REJECTED.labels(signal).inc(cols.rejected)
         if not cols.rows:
+            self.memory.release(held)
             return None
         try:
             if isinstance(writer, JournalWriter):
                 assert raw is not None
-                return writer.submit(table, raw)
+                return writer.submit(table, raw, held=held)
             return writer.submit(table)
         except Refused:
+            self.memory.release(held)  # the writer did not take the rows
             telemetry.REFUSED.labels(signal).inc(cols.rows)
             raise
 
@@ -226,7 +296,8 @@ class TraceReceiver:
     def Export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         _check(self.ingest, context)
         try:
-            outcome = self.ingest.export_trace_bytes(request)
+            with self.ingest.holding(len(request)):
+                outcome = self.ingest.export_trace_bytes(request)
         except MalformedExport as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Refused as error:
@@ -258,7 +329,9 @@ class MetricsReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
     ) -> metrics_service_pb2.ExportMetricsServiceResponse:
         _check(self.ingest, context)
         try:
-            outcome = self.ingest.export_metrics(request)
+            # Parsed by gRPC already: held as the parse, for as long as it is mapped.
+            with self.ingest.holding(request.ByteSize() * PARSE_EXPANSION, "metrics"):
+                outcome = self.ingest.export_metrics(request)
         except Refused as error:
             _abort(context, error)
         response = metrics_service_pb2.ExportMetricsServiceResponse()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from latscope.collector import mapping
 from latscope.collector.http import otlp_http_router
 from latscope.collector.mapping import EXPONENTIAL_HISTOGRAM_TABLE, HISTOGRAM_TABLE, Limits
+from latscope.collector.memory import MemoryLimit
 from latscope.collector.receiver import Ingest, MetricsReceiver, TraceReceiver
 from latscope.collector.spool import Spool, SpoolError
 from latscope.collector.writer import BatchWriter, JournalWriter, WriterConfig
@@ -37,7 +39,7 @@ class Collector:
     name = "collector"
 
     def __init__(self, settings: Settings, store: Store) -> None:
-        root = spool_dir(settings, store)
+        root = self.root = spool_dir(settings, store)
         config = WriterConfig(
             max_queue_rows=settings.queue_max_spans,
             batch_rows=settings.batch_max_spans,
@@ -66,16 +68,23 @@ class Collector:
             max_attributes=settings.max_span_attributes,
             max_attribute_value=settings.max_attribute_value_bytes,
         )
+        self.memory = MemoryLimit(settings.memory_limit_bytes)
         self.spans = JournalWriter(
-            store, SPANS_TABLE, span_spool, config, signal="traces", limits=limits
-        )
+            store, SPANS_TABLE, span_spool, config, signal="traces", limits=limits,
+            memory=self.memory,
+        )  # fmt: skip
         self.metrics = BatchWriter(store, METRICS_TABLE, metric_spool, config, signal="metrics")
         self.histograms = {
             table: BatchWriter(store, table, spools[table], config, signal="metrics")
             for table in (HISTOGRAM_TABLE, EXPONENTIAL_HISTOGRAM_TABLE)
         }
         self.ingest = Ingest(
-            self.spans, self.metrics, limits, settings.token, histograms=self.histograms
+            self.spans,
+            self.metrics,
+            limits,
+            settings.token,
+            histograms=self.histograms,
+            memory=self.memory,
         )
         if not mapping.NATIVE:
             log.warning(
@@ -90,15 +99,22 @@ class Collector:
         for writer in self.histograms.values():
             writer.start()
 
+    def close_intake(self) -> None:
+        """Refuse new Exports (UNAVAILABLE / 503); what was taken is still stored."""
+        self.spans.close_intake()
+        for writer in (self.metrics, *self.histograms.values()):
+            writer.close_intake()
+
     def stop(self, deadline: float) -> None:
         # Stop every intake at once, then drain; the deadline is shared.
-        metric_writers = [self.metrics, *self.histograms.values()]
-        self.spans.close_intake()
-        for writer in metric_writers:
-            writer.close_intake()
+        self.close_intake()
         self.spans.stop(deadline)
-        for writer in metric_writers:
+        for writer in (self.metrics, *self.histograms.values()):
             writer.stop(max(deadline, time.monotonic() + 0.5))
+        # The spools removed their directories if empty; the root goes too then, so a clean
+        # stop (every test, every demo) leaves no empty <store>-spool folder behind.
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
 
 
 def collector_parts(settings: Settings, store: Store) -> Parts:

@@ -26,11 +26,12 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from latscope.collector.mapping import SPANS_SCHEMA, Limits, MalformedExport, decode_spans
+from latscope.collector.mapping import DECODED_SPANS_SCHEMA, Limits, MalformedExport, decode_spans
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ _NAME = re.compile(r"^(\d{20})-([0-9a-f]{32})-(\d+)\.arrow$")
 _SEGMENT = re.compile(r"^(\d{20})-([0-9a-f]{32})\.otlp$")
 #: First line of a journal segment; the second is its limits as JSON, then the records.
 _MAGIC = b"latscope otlp-traces journal 1\n"
+_LOCK = ".lock"
 
 
 class SpoolError(Exception):
@@ -73,16 +75,7 @@ class Spool:
     def __init__(self, directory: Path, max_bytes: int) -> None:
         self.directory = directory
         self.max_bytes = max_bytes
-        directory.mkdir(parents=True, exist_ok=True)
-        # One process per spool: two collectors replaying the same files would race.
-        self._lockfile = open(directory / ".lock", "a")  # noqa: SIM115 (held until close)
-        try:
-            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lockfile.close()
-            raise SpoolError(
-                f"spool {directory} is in use by another collector; give each its own --spool-dir"
-            ) from None
+        self._lockfile = self._take(directory)
         self._lock = threading.Lock()
         # A temporary file was never renamed, so its batch was never acknowledged: drop it.
         for stale in directory.glob("*.tmp"):
@@ -156,8 +149,42 @@ class Spool:
             self._entries.append(entry)
             self._entries.sort()
 
+    @staticmethod
+    def _take(directory: Path) -> IO[str]:
+        """The spool's lock file, locked: one process per spool (two collectors replaying the
+        same files would race)."""
+        while True:
+            directory.mkdir(parents=True, exist_ok=True)
+            lockfile = open(directory / _LOCK, "a")  # noqa: SIM115 (held until close)
+            try:
+                fcntl.flock(lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                lockfile.close()
+                raise SpoolError(
+                    f"spool {directory} is in use by another collector; give each its own "
+                    "--spool-dir"
+                ) from None
+            # close() removes an empty spool's lock file while holding the lock: a lock taken on
+            # a file that was removed meanwhile locks nothing, so take the new one instead.
+            try:
+                if os.stat(directory / _LOCK).st_ino == os.fstat(lockfile.fileno()).st_ino:
+                    return lockfile
+            except FileNotFoundError:
+                pass
+            lockfile.close()
+
     def close(self) -> None:
-        """Release the spool for another process (or a restarted collector)."""
+        """Release the spool for another process (or a restarted collector).
+
+        An empty spool leaves nothing behind: its lock file and directory are removed (still
+        under the lock), so short-lived processes (tests, demos) do not litter the disk.
+        """
+        with self._lock:
+            empty = not self._entries and not any(p.name != _LOCK for p in self.directory.iterdir())
+        if empty:
+            with contextlib.suppress(OSError):
+                (self.directory / _LOCK).unlink()
+                self.directory.rmdir()
         self._lockfile.close()
 
     def read(self, entry: SpoolEntry) -> pa.Table:
@@ -175,6 +202,20 @@ class Spool:
             entry.path.unlink(missing_ok=True)
             self._entries.remove(entry)
             self.bytes -= entry.size
+
+    def set_aside(self, entry: SpoolEntry) -> None:
+        """Take an inserted batch out of the queue but keep its file (and its bytes) until
+        ``discard``: ClickHouse has the rows, not yet on disk for sure. A restart before then
+        replays the file, and its token makes ClickHouse store nothing twice."""
+        with self._lock:
+            self._entries.remove(entry)
+
+    def discard(self, entries: list[SpoolEntry]) -> None:
+        """Remove set-aside batches for good (their rows are on ClickHouse's disk)."""
+        with self._lock:
+            for entry in entries:
+                entry.path.unlink(missing_ok=True)
+                self.bytes -= entry.size
 
     def quarantine(self, entry: SpoolEntry) -> Path:
         """Move an unreadable or unstorable batch aside (kept for a human, never replayed)."""
@@ -283,4 +324,4 @@ def read_segment(path: Path) -> pa.Table:
             raise SpoolError(f"{path}: record at byte {pos} is not an Export: {exc}") from exc
         tables.append(decoded.table)
         pos += 4 + size
-    return pa.concat_tables(tables) if tables else SPANS_SCHEMA.empty_table()
+    return pa.concat_tables(tables) if tables else DECODED_SPANS_SCHEMA.empty_table()

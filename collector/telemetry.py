@@ -59,3 +59,21 @@ WRITE_SECONDS = Histogram(
 for _signal in ("traces", "metrics"):
     for _metric in (RECEIVED, ACCEPTED, REJECTED, REFUSED, SPOOLED, REPLAYED, DROPPED):
         _metric.labels(_signal)
+MEMORY_HELD = Gauge(
+    "latscope_collector_memory_bytes",
+    "Bytes Exports hold (being received, decoded, or waiting for ClickHouse)",
+    registry=REGISTRY,
+)
+MEMORY_LIMIT = Gauge(
+    "latscope_collector_memory_limit_bytes",
+    "The collector's memory limit (--memory-limit-bytes)",
+    registry=REGISTRY,
+)
+MEMORY_REFUSED = Counter(
+    "latscope_collector_memory_refused",
+    "Exports refused (RESOURCE_EXHAUSTED / 429) because they did not fit the memory limit",
+    _L,
+    registry=REGISTRY,
+)
+for _signal in ("traces", "metrics"):
+    MEMORY_REFUSED.labels(_signal)

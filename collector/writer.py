@@ -36,11 +36,39 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from latscope.collector import telemetry
-from latscope.collector.mapping import Limits
+from latscope.collector.mapping import Limits, combine, insert_slices
+from latscope.collector.memory import MemoryLimit
 from latscope.collector.spool import Segment, Spool, SpoolEntry, SpoolError
 from latscope.storage import Store, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+
+class _Throttled:
+    """A log line that repeats at most once per ``every_s``, saying how many were held back.
+
+    A full spool disk fails every journal write; logging each (thousands a second) would fill
+    the log disk next. The condition is also visible in the metrics (refused, spool bytes).
+    """
+
+    def __init__(self, level: int, every_s: float = 10.0) -> None:
+        self.level = level
+        self.every_s = every_s
+        self._next = 0.0
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def log(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next:
+                self._held += 1
+                return
+            held, self._held = self._held, 0
+            self._next = now + self.every_s
+        if held:
+            message += f" ({held} more like it in the last {self.every_s:.0f} s)"
+        log.log(self.level, message, *args)
 
 
 class Refused(Exception):
@@ -110,6 +138,15 @@ class WriterConfig:
     #: a spooled batch ClickHouse keeps rejecting (not merely unreachable) is set aside after this
     #: many attempts so it cannot block everything behind it
     max_replay_attempts: int = 20
+    #: a journal segment also closes once its decoded rows hold this many bytes (large spans):
+    #: a segment is what is read back from the spool at once, and what one insert sends
+    batch_bytes: int = 64 << 20
+    #: an insert sends at most about this many bytes with dictionaries expanded (what it costs
+    #: ClickHouse); a larger segment goes in as several inserts, each with its own token
+    insert_bytes: int = 64 << 20
+    #: an inserted journal segment is kept until ClickHouse has synced its parts to disk, which
+    #: it is asked to do (SYSTEM SYNC FILE CACHE) at most this often, and soon after it idles
+    sync_every_s: float = 1.0
 
 
 class _StoreWriter:
@@ -133,6 +170,7 @@ class _StoreWriter:
         self._depth = telemetry.QUEUE_DEPTH.labels(signal)
         self._spool_bytes = telemetry.SPOOL_BYTES.labels(signal)
         self._spool_bytes.set(spool.bytes)
+        self._write_failed = _Throttled(logging.ERROR)
 
     def arriving(self) -> _Arrival:
         """Context for a request being decoded: the writer treats the collector as busy while
@@ -158,6 +196,23 @@ class _StoreWriter:
             log.log(level, "%s: insert of %d rows failed: %s", self.name, table.num_rows, exc)
             return False
         telemetry.WRITE_SECONDS.labels(self.signal).observe(time.perf_counter() - started)
+        return True
+
+    def _insert_sliced(self, table: pa.Table, token: str) -> bool:
+        """Insert a segment's rows in slices of at most ``insert_bytes`` expanded bytes: what
+        ClickHouse holds for one insert stays bounded whatever the spans or resources carry.
+
+        A lone slice keeps the segment's token; several get ``<token>-<i>``. The cut depends on
+        the rows alone, so a replay after a failure midway sends the same slices with the same
+        tokens, and ClickHouse drops the ones it already has.
+        """
+        # One contiguous chunk per column: ClickHouse takes it several times faster than many,
+        # and the cut is computed once over the whole segment (slices are views of it).
+        table = combine(table)
+        slices = insert_slices(table, self.config.insert_bytes)
+        for i, part in enumerate(slices):
+            if not self._insert(part, token if len(slices) == 1 else f"{token}-{i}"):
+                return False
         return True
 
     def _count_failure(self, entry: SpoolEntry, rows: int) -> None:
@@ -321,7 +376,7 @@ class BatchWriter(_StoreWriter):
         try:
             stored = self.spool.append(token, table)
         except OSError as exc:
-            log.error("%s: cannot write the spool: %s", self.name, exc)
+            self._write_failed.log("%s: cannot write the spool: %s", self.name, exc)
             stored = False
         if stored:
             self._spool_bytes.set(self.spool.bytes)
@@ -375,9 +430,15 @@ class JournalWriter(_StoreWriter):
         *,
         signal: str,
         limits: Limits,
+        memory: MemoryLimit | None = None,
     ) -> None:
         super().__init__(store, table, spool, config, signal=signal)
         self.limits = limits
+        # Decoded rows count against the collector's memory limit from submit until they leave
+        # memory (inserted, or dropped to wait in the spool); by table, as submitted.
+        self.memory = memory
+        self._held: dict[int, int] = {}
+        self._segment_bytes = 0
         self._pending: list[tuple[bytes, pa.Table, Ticket]] = []
         self._pending_rows = 0
         # Rows acknowledged and still in memory: the open segment's and closed segments' whose
@@ -393,29 +454,53 @@ class JournalWriter(_StoreWriter):
         self._journal_done = False
         self._halted = False  # stop() gave up waiting: the spool belongs to the next start
         self._threads: list[threading.Thread] = []
+        # Segments inserted into ClickHouse whose parts may not be on disk yet (ClickHouse does
+        # not fsync new parts by default): kept in the spool until a sync, so an acknowledged
+        # Export survives a power failure too. (inserted at, entry), oldest first.
+        self._unsynced: list[tuple[float, SpoolEntry]] = []
+        self._sync_works = True
 
     # -- intake --------------------------------------------------------------------------------
 
-    def submit(self, table: pa.Table, raw: bytes) -> Ticket:
-        """Journal an Export (``raw``) whose rows are ``table``; raises ``Refused`` when full."""
+    def submit(self, table: pa.Table, raw: bytes, *, held: int = 0) -> Ticket:
+        """Journal an Export (``raw``) whose rows are ``table``; raises ``Refused`` when full.
+
+        ``held``: the bytes ``table`` holds against the memory limit; once submitted, the
+        writer releases them when the rows leave memory.
+        """
         rows = table.num_rows
         ticket = Ticket(rows)
         with self._cond:
             if self._stopping:
                 raise Refused("the collector is shutting down", exhausted=False)
-            held = self._memory_rows + self._pending_rows
+            waiting = self._memory_rows + self._pending_rows
             # One Export larger than the whole queue still goes in when nothing is held.
-            if held and held + rows > self.config.max_queue_rows:
+            if waiting and waiting + rows > self.config.max_queue_rows:
                 raise Refused(
-                    f"ingest queue full ({held} rows waiting for ClickHouse); retry later",
+                    f"ingest queue full ({waiting} rows waiting for ClickHouse); retry later",
                     exhausted=True,
                     retry_after_s=max(1.0, self.config.batch_timeout_s),
                 )
             self._pending.append((raw, table, ticket))
+            self._held[id(table)] = held
             self._pending_rows += rows
             self._depth.set(self._memory_rows + self._pending_rows)
             self._cond.notify_all()
         return ticket
+
+    def check_room(self) -> None:
+        """Raise the ``Refused`` a ``submit`` would raise now whatever its size (stopping, or the
+        queue already full), so an Export is refused before it is decoded."""
+        with self._cond:
+            if self._stopping:
+                raise Refused("the collector is shutting down", exhausted=False)
+            waiting = self._memory_rows + self._pending_rows
+            if waiting >= self.config.max_queue_rows:
+                raise Refused(
+                    f"ingest queue full ({waiting} rows waiting for ClickHouse); retry later",
+                    exhausted=True,
+                    retry_after_s=max(1.0, self.config.batch_timeout_s),
+                )
 
     def drained(self) -> bool:
         """Whether everything acknowledged is in ClickHouse (nothing pending, open or spooled)."""
@@ -456,6 +541,8 @@ class JournalWriter(_StoreWriter):
             self._cond.notify_all()
         for ticket in waiting:
             ticket.resolve()  # journaled: durable in the spool
+        if not any(thread.is_alive() for thread in self._threads):
+            self._sync_inserted(force=True)
         if any(thread.is_alive() for thread in self._threads):
             log.warning("%s: store too slow at shutdown; %d batches stay spooled for the next "
                         "start", self.name, len(self.spool))  # fmt: skip
@@ -509,6 +596,7 @@ class JournalWriter(_StoreWriter):
                 if segment is not None and (
                     stopping
                     or segment.rows >= cfg.batch_rows
+                    or self._segment_bytes >= cfg.batch_bytes
                     or time.monotonic() - self._segment_since >= cfg.batch_timeout_s
                 ):
                     self._close_segment()
@@ -530,18 +618,26 @@ class JournalWriter(_StoreWriter):
         try:
             stored = self._segment.append([raw for raw, _, _ in batch], rows)
         except OSError as exc:
-            log.error("%s: cannot write the journal: %s", self.name, exc)
+            self._write_failed.log("%s: cannot write the journal: %s", self.name, exc)
             stored = False
         if not stored:
             self._refuse(batch, rows, "the spool is full (ClickHouse is behind or down); retry")
             return False
         self._segment_tables.extend(table for _, table, _ in batch)
+        self._segment_bytes += sum(self._held.get(id(table), 0) for _, table, _ in batch)
         self._spool_bytes.set(self.spool.bytes)
         telemetry.ACCEPTED.labels(self.signal).inc(rows)
         return True
 
+    def _release(self, tables: list[pa.Table]) -> None:
+        """The tables left memory: give their bytes back to the limit (lock held or not)."""
+        freed = sum(self._held.pop(id(t), 0) for t in tables)
+        if self.memory is not None:
+            self.memory.release(freed)
+
     def _refuse(self, batch: list[tuple[bytes, pa.Table, Ticket]], rows: int, why: str) -> None:
         with self._cond:
+            self._release([table for _, table, _ in batch])
             self._memory_rows -= rows
             self._depth.set(self._memory_rows + self._pending_rows)
         telemetry.REFUSED.labels(self.signal).inc(rows)
@@ -554,6 +650,7 @@ class JournalWriter(_StoreWriter):
             # Under the lock: drained() must never see the segment gone and not yet an entry.
             segment, tables = self._segment, self._segment_tables
             self._segment, self._segment_tables = None, []
+            self._segment_bytes = 0
             assert segment is not None
             entry = segment.close()
             if entry is not None and tickets:
@@ -563,6 +660,7 @@ class JournalWriter(_StoreWriter):
             else:
                 # ClickHouse is failing: the rows wait in the spool, not in memory.
                 dropped = sum(t.num_rows for t in tables)
+                self._release(tables)
                 self._memory_rows -= dropped
                 if entry is not None:
                     telemetry.SPOOLED.labels(self.signal).inc(dropped)
@@ -587,8 +685,20 @@ class JournalWriter(_StoreWriter):
                     if self._journal_done and (not entries or self._stopping):
                         # Stopping while ClickHouse fails: the rest waits in the spool.
                         return
+                    if self._unsynced and not entries:
+                        # Nothing to insert: sync once the oldest inserted segment has waited
+                        # sync_every_s (sooner would sync after nearly every insert under load).
+                        due = self._unsynced[0][0] + self.config.sync_every_s - now
+                        if due <= 0:
+                            break
+                        self._cond.wait(due)
+                        continue
                     self._cond.wait(self._retry_at - now if entries else None)
-                entry = entries[0]
+                entry = entries[0] if entries else None
+            if entry is None:
+                self._sync_inserted(force=True)
+                continue
+            with self._cond:
                 tables = self._memory.pop(entry.seq, None)
             try:
                 self._insert_entry(entry, tables)
@@ -599,6 +709,40 @@ class JournalWriter(_StoreWriter):
                 waiting = self._waiting.pop(entry.seq, ())
             for ticket in waiting:
                 ticket.resolve()  # inserted, or left in the spool: durable either way
+            self._sync_inserted(force=False)
+
+    def _sync_inserted(self, *, force: bool) -> None:
+        """Ask ClickHouse to write what it has to disk, then drop the segments inserted before.
+
+        Batched: at most every ``sync_every_s`` under load (``force`` when idle or stopping),
+        and off the insert's path, so inserts become visible as fast as before. SYSTEM SYNC
+        FILE CACHE is a sync(2) on the machine that runs ClickHouse (this process, for the
+        embedded store). A server that refuses it (no SYSTEM privilege) is logged once, and
+        segments are dropped at insert from then on: docs/deploy.md gives the table settings
+        that make a server fsync its parts instead.
+        """
+        with self._cond:
+            if not self._unsynced:
+                return
+            oldest = self._unsynced[0][0]
+            if not force and time.monotonic() - oldest < self.config.sync_every_s:
+                return
+            batch = list(self._unsynced)
+        if self._sync_works:
+            try:
+                self.store.command("SYSTEM SYNC FILE CACHE")
+            except StoreUnavailable:
+                return  # kept: tried again later, or replayed (a no-op) after a restart
+            except Exception as exc:  # a refusal (StoreError), or a store that cannot sync
+                self._sync_works = False
+                log.warning(
+                    "%s: ClickHouse refused SYSTEM SYNC FILE CACHE (%s); inserted segments "
+                    "are dropped without it from now on", self.name, exc,
+                )  # fmt: skip
+        with self._cond:
+            del self._unsynced[: len(batch)]
+        self.spool.discard([entry for _, entry in batch])
+        self._spool_bytes.set(self.spool.bytes)
 
     def _insert_entry(self, entry: SpoolEntry, tables: list[pa.Table] | None) -> None:
         if tables is None:
@@ -608,12 +752,11 @@ class JournalWriter(_StoreWriter):
                 self._lose(entry, str(exc), rows=max(entry.rows, 0))
                 return
         else:
-            # One contiguous chunk per column: ClickHouse takes it several times faster than many.
-            table = pa.concat_tables(tables).combine_chunks() if tables else None
+            table = pa.concat_tables(tables) if tables else None
         if table is None or not table.num_rows:
             self._removed(entry, tables)
             return
-        if self._insert(table, entry.token):
+        if self._insert_sliced(table, entry.token):
             self._removed(entry, tables)
             if tables is None:
                 telemetry.REPLAYED.labels(self.signal).inc(table.num_rows)
@@ -623,11 +766,15 @@ class JournalWriter(_StoreWriter):
         self._count_failure(entry, table.num_rows)
 
     def _removed(self, entry: SpoolEntry, tables: list[pa.Table] | None) -> None:
-        self.spool.remove(entry)
+        # Inserted: out of the queue, but on disk until ClickHouse's parts are (_sync_inserted).
+        self.spool.set_aside(entry)
+        with self._cond:
+            self._unsynced.append((time.monotonic(), entry))
         self._failures.pop(entry.seq, None)
         self._spool_bytes.set(self.spool.bytes)
         with self._cond:
             if tables is not None:
+                self._release(tables)
                 self._memory_rows -= sum(t.num_rows for t in tables)
                 self._depth.set(self._memory_rows + self._pending_rows)
             self._cond.notify_all()
@@ -639,6 +786,8 @@ class JournalWriter(_StoreWriter):
             released = [tables] if tables is not None else []
             released.extend(self._memory.values())
             self._memory.clear()
+            for ts in released:
+                self._release(ts)
             rows = sum(t.num_rows for ts in released for t in ts)
             self._memory_rows -= rows
             self._depth.set(self._memory_rows + self._pending_rows)

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from latscope.storage import DEFAULT_STORE
+from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE
 
 
 class ConfigError(ValueError):
@@ -131,6 +131,17 @@ class Settings:
     max_attribute_value_bytes: int = field(
         default=64 * 1024, metadata={"help": "a span with a longer attribute value is rejected"}
     )
+    memory_limit_bytes: int = field(
+        default=256 * 1024**2,
+        metadata={
+            "help": "memory Exports may hold (received, decoded, waiting for ClickHouse) before "
+            "the collector answers RESOURCE_EXHAUSTED / 429"
+        },
+    )
+    query_timeout_s: float = field(
+        default=DEFAULT_QUERY_TIMEOUT_S,
+        metadata={"help": "ClickHouse stops any query or command running longer (seconds)"},
+    )
 
     @staticmethod
     def env_name(name: str) -> str:
@@ -187,9 +198,12 @@ class Settings:
             if path and not Path(path).is_file():
                 raise ConfigError(f"--{name.replace('_', '-')}: no such file {path}")
         for name in ("grpc_workers", "queue_max_spans", "batch_max_spans", "spool_max_bytes",
-                     "max_span_attributes", "max_attribute_value_bytes"):  # fmt: skip
+                     "max_span_attributes", "max_attribute_value_bytes",
+                     "memory_limit_bytes"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.query_timeout_s < 1:
+            raise ConfigError("--query-timeout-s must be at least 1 (seconds)")
         if self.batch_timeout_s <= 0 or self.store_retry_s <= 0:
             raise ConfigError("--batch-timeout-s and --store-retry-s must be greater than 0")
         parse_shard(self.attributor_shard)

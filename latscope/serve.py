@@ -25,7 +25,7 @@ import uvicorn
 from latscope.api import create_app
 from latscope.config import Settings, parse_hostport
 from latscope.parts import Parts
-from latscope.storage import Store, StoreUnavailable, redact_dsn
+from latscope.storage import Store, StoreError, StoreUnavailable, redact_dsn
 
 log = logging.getLogger("latscope.serve")
 
@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(settings.log_level.upper())
     try:
         return run(settings)
-    except OSError as exc:
+    except (OSError, StoreError) as exc:
         print(f"latscope: {exc}", file=sys.stderr)
         return 1
 
@@ -94,6 +94,10 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", settings.grpc_max_message_bytes),
         ("grpc.max_send_message_length", settings.grpc_max_message_bytes),
+        # gRPC sets SO_REUSEPORT by default, so a second process on the same port starts without
+        # complaint and takes part of the traffic (with its own store and spool). Ports are
+        # exclusive: the second process must fail at start.
+        ("grpc.so_reuseport", 0),
     ]
 
 
@@ -110,42 +114,84 @@ def serve_parts(settings: Settings, store: Store) -> Parts:
     )
 
 
-def start_grpc(settings: Settings, parts: Parts) -> tuple[grpc.Server, str]:
+def _target(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def bind_grpc(settings: Settings) -> tuple[grpc.Server, str]:
+    """A gRPC server bound to ``--otlp-grpc`` (listening, not yet serving): a busy port fails
+    here, before anything else (store, spool) is created. Raises ``OSError`` naming the address.
+    """
     # Export handlers mostly wait for their batch to become durable, so more threads than
-    # cores keep the batches full.
+    # cores keep the batches full. Query streams (Watch) run in a pool of their own
+    # (latscope.api.grpc_service), so they never take these threads from ingest.
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.grpc_workers, thread_name_prefix="grpc"),
         options=grpc_options(settings),
     )
-    for register in parts.grpc_servicers:
-        register(server)
     host, port = parse_hostport(settings.otlp_grpc, name="--otlp-grpc")
-    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    if settings.tls_cert:
-        credentials = grpc.ssl_server_credentials(
-            [(Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes())]
-        )
-        bound_port = server.add_secure_port(target, credentials)
-    else:
-        bound_port = server.add_insecure_port(target)
+    target = _target(host, port)
+    try:
+        if settings.tls_cert:
+            credentials = grpc.ssl_server_credentials(
+                [(Path(settings.tls_key).read_bytes(), Path(settings.tls_cert).read_bytes())]
+            )
+            bound_port = server.add_secure_port(target, credentials)
+        else:
+            bound_port = server.add_insecure_port(target)
+    except RuntimeError:  # newer grpcio raises where older ones returned 0
+        bound_port = 0
     if bound_port == 0:
-        raise OSError(f"cannot listen for OTLP/gRPC on {settings.otlp_grpc}")
-    server.start()
+        server.stop(None)
+        raise OSError(
+            f"cannot listen for OTLP/gRPC on {target}: the address is in use or not available "
+            "(another latscope? pick a free one with --otlp-grpc HOST:PORT)"
+        )
     return server, f"{host}:{bound_port}"
 
 
+def start_grpc(settings: Settings, parts: Parts) -> tuple[grpc.Server, str]:
+    """``bind_grpc``, then the parts' servicers registered and the server started."""
+    server, addr = bind_grpc(settings)
+    serve_grpc(server, parts)
+    return server, addr
+
+
+def serve_grpc(server: grpc.Server, parts: Parts) -> None:
+    for register in parts.grpc_servicers:
+        register(server)
+    server.start()
+
+
 def bind_http(settings: Settings) -> tuple[socket.socket, str]:
+    """A listening socket on ``--http``; raises ``OSError`` naming the address when it is busy."""
     host, port = parse_hostport(settings.http, name="--http")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only for sockets
     # that say so, and without it a keep-alive client waits ~40 ms (Nagle + delayed ACK) on
     # every response written in two parts.
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        # SO_REUSEADDR (not SO_REUSEPORT): a restart may bind over connections in TIME_WAIT, but
+        # a second listener on the same port is still refused.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            exc.errno, f"cannot listen for HTTP on {_target(host, port)}: {exc.strerror}"
+        ) from None
     sock.set_inheritable(True)
     return sock, f"{host}:{sock.getsockname()[1]}"
+
+
+def close_intake(parts: Parts) -> None:
+    """Tell every component that takes data in to refuse more (UNAVAILABLE / 503)."""
+    for component in parts.components:
+        close = getattr(component, "close_intake", None)
+        if close is not None:
+            close()
 
 
 def stop_components(parts: Parts, deadline: float) -> None:
@@ -158,7 +204,7 @@ def stop_components(parts: Parts, deadline: float) -> None:
 
 def open_store(settings: Settings) -> tuple[Store, int]:
     """The store with its schema applied, and the schema version."""
-    store = Store.open(settings.store)
+    store = Store.open(settings.store, query_timeout_s=settings.query_timeout_s)
     return store, store.apply_schema()
 
 
@@ -179,16 +225,29 @@ def run(
     stop = Shutdown()
     stop.install()
 
+    # Ports first: a busy one is reported (with its address) before a store or a spool exists.
+    try:
+        grpc_server, grpc_addr = bind_grpc(settings)
+    except OSError as exc:
+        print(f"latscope {command}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        sock, http_addr = bind_http(settings)
+    except OSError as exc:
+        grpc_server.stop(None)
+        print(f"latscope {command}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     try:
         store, version = open_store(settings)
     except StoreUnavailable as exc:
+        grpc_server.stop(None)
+        sock.close()
         print(f"latscope: {exc}", file=sys.stderr)
         return 1
     parts = make_parts(settings, store)
     for component in parts.components:
         component.start()
-    grpc_server, grpc_addr = start_grpc(settings, parts)
-    sock, http_addr = bind_http(settings)
+    serve_grpc(grpc_server, parts)
     app = make_app(store, settings, routers=parts.http_routers)
     tls = {}
     if settings.tls_cert:
@@ -217,6 +276,11 @@ def run(
     )
     stop.wait()
     deadline = time.monotonic() + settings.shutdown_grace_s
+    # Intake closes before the gRPC server stops: every Export still waiting for a handler
+    # thread, or arriving now, is answered UNAVAILABLE ("shutting down", retry elsewhere) at
+    # once, instead of being cancelled when the grace runs out (CANCELLED is not retried by
+    # every exporter). Exports already journaled are still acknowledged.
+    close_intake(parts)
     grpc_server.stop(settings.shutdown_grace_s).wait()
     http_server.should_exit = True
     http_thread.join(max(0.0, deadline - time.monotonic()))

@@ -10,14 +10,18 @@ in file order; the highest applied number is recorded in ``latscope_schema_versi
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import queue
 import re
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import clickhouse_connect
 import pyarrow as pa
@@ -25,6 +29,17 @@ import pyarrow as pa
 log = logging.getLogger(__name__)
 
 DEFAULT_STORE = "chdb:///./latscope-data"
+
+#: Longest a query or command may run before ClickHouse stops it (``max_execution_time``): a
+#: runaway query must not hold a server's threads, or an embedded store's, for ever.
+DEFAULT_QUERY_TIMEOUT_S = 60.0
+#: The HTTP client waits this much longer than the server-side limit, so the server's own
+#: TIMEOUT_EXCEEDED error (which says what happened) arrives before the socket gives up.
+_CLIENT_TIMEOUT_MARGIN_S = 10.0
+#: Connection handles an embedded store opens for queries and commands, beside the one that
+#: inserts: the API, the attributor and the rollup builder query at once; more would only
+#: share the same cores.
+QUERY_HANDLES = 4
 
 SPANS_TABLE = "otel_traces"
 ATTRIBUTION_TABLE = "latscope_attribution"
@@ -81,47 +96,96 @@ class Store:
 
     Writes are idempotent per deduplication token and return only once the rows are durable in
     ClickHouse (the insert has been acknowledged), so a caller may retry a failed write with the
-    same token and apply backpressure while it waits. The client is shared between threads.
+    same token and apply backpressure while it waits. Every query and command runs under
+    ``max_execution_time`` (``query_timeout_s``); inserts do not (a part half-written is worse
+    than a slow one, and the journal bounds their size).
+
+    The client is shared between threads, and calls run concurrently: the embedded client is
+    safe to share, and clickhouse-connect's HTTP client is thread-safe without a session (each
+    call takes a connection from its pool), so a slow rollup build or query never holds up a span
+    insert. Only a client pinned to a ClickHouse session (a ``session_id`` in the DSN), which
+    the server refuses to use from two requests at once, gets a lock.
 
     >>> store = Store.open("chdb:///tmp/latscope-doc")  # doctest: +SKIP
     >>> store.apply_schema()  # doctest: +SKIP
     """
 
-    def __init__(self, client: Any, dsn: str) -> None:
+    def __init__(
+        self,
+        client: Any,
+        dsn: str,
+        *,
+        query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
+        connect: Callable[[], Any] | None = None,
+    ) -> None:
         self.client = client
         self.dsn = dsn
         self.embedded = dsn.startswith("chdb:")
-        # clickhouse-connect's HTTP client is not safe for concurrent queries on one session;
-        # the chDB client is. One lock keeps both correct; chDB serialises internally anyway.
-        self._lock = threading.RLock() if not self.embedded else _NullLock()
+        self.query_timeout_s = query_timeout_s
+        # Whole seconds, at least 1: ClickHouse reads 0 as "no limit".
+        self._limits = {"max_execution_time": max(1, round(query_timeout_s))}
+        self._lock: threading.RLock | None = threading.RLock() if _has_session(client) else None
+        # The embedded engine: clickhouse-connect serialises the calls of one chDB client (one
+        # lock per connection handle), so a slow query there held up every insert behind it.
+        # Inserts keep ``client``; queries and commands take one of a few handles of their own
+        # (``connect`` opens one on the same engine), each with the time limit SET once (chDB
+        # applies per-call settings as three extra statements around every call).
+        self._connect = connect
+        self._idle: queue.LifoQueue[Any] = queue.LifoQueue()
+        self._handles: list[Any] = []
+        self._pool_lock = threading.Lock()
+
+    @property
+    def locked(self) -> bool:
+        """Whether calls are serialised (only a client bound to a ClickHouse session is)."""
+        return self._lock is not None
+
+    @property
+    def safe_dsn(self) -> str:
+        """The DSN as it may be shown: in logs, answers and metrics (password redacted)."""
+        return redact_dsn(self.dsn)
+
+    def __repr__(self) -> str:
+        return f"Store({self.safe_dsn!r})"
 
     @classmethod
-    def open(cls, dsn: str = DEFAULT_STORE, **kwargs: Any) -> Store:
+    def open(
+        cls,
+        dsn: str = DEFAULT_STORE,
+        *,
+        query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
+        **kwargs: Any,
+    ) -> Store:
         """Open a store from a DSN: ``chdb:///dir`` or ``http(s)://user:pass@host:port/db``."""
         scheme = urlsplit(dsn).scheme
+        connect = None
         try:
             if scheme == "chdb":
                 path = _embedded_path(dsn)
                 Path(path).mkdir(parents=True, exist_ok=True)
-                client = clickhouse_connect.get_client(dsn=f"chdb://{path}", **kwargs)
                 dsn = f"chdb://{path}"
+                client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
+                # More handles on the same engine (chDB allows any number in one process).
+                connect = functools.partial(clickhouse_connect.get_client, dsn=dsn, **kwargs)
             elif scheme in ("http", "https"):
                 kwargs.setdefault("connect_timeout", 5)
-                kwargs.setdefault("send_receive_timeout", 60)
-                # A server answers with its own session settings; autogenerated session ids
-                # would pin queries to one session and serialise them.
+                timeout = query_timeout_s + _CLIENT_TIMEOUT_MARGIN_S
+                kwargs.setdefault("send_receive_timeout", timeout)
+                # No session: a session pins every query to it, and ClickHouse refuses two
+                # concurrent requests in one session, which would serialise all the traffic.
                 kwargs.setdefault("autogenerate_session_id", False)
                 client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
             else:
                 raise StoreError(
-                    f"unsupported store DSN {dsn!r}: use chdb:///path/to/dir for the embedded "
-                    "store or http(s)://user:pass@host:8123/db for a ClickHouse server"
+                    f"unsupported store DSN {redact_dsn(dsn)!r}: use chdb:///path/to/dir for the "
+                    "embedded store or http(s)://user:pass@host:8123/db for a ClickHouse server"
                 )
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreUnavailable(f"cannot open store {redact_dsn(dsn)}: {exc}") from exc
-        return cls(client, dsn)
+            message = _scrub(f"cannot open store {redact_dsn(dsn)}: {exc}", dsn)
+            raise StoreUnavailable(message) from None
+        return cls(client, dsn, query_timeout_s=query_timeout_s, connect=connect)
 
     # -- schema --------------------------------------------------------------------------------
 
@@ -169,35 +233,75 @@ class Store:
             "AND table = {table:String} AND name IN ('SpanAttributes', 'ResourceAttributes')",
             {"table": SPANS_TABLE},
         )
-        for name, type_ in rows:
-            if not _STRING_MAP.match(type_):
-                raise StoreError(
-                    f"table {SPANS_TABLE}: column {name} is {type_}, but latscope reads span and "
-                    "resource attributes as Map(String, String) (the OpenTelemetry Collector "
-                    "ClickHouse exporter's default layout; its json option writes JSON columns "
-                    "instead). Point latscope at a database without this table, or have the "
-                    "exporter write the map layout."
-                )
+        wrong = [
+            f"{name} is {type_}" for name, type_ in sorted(rows) if not _STRING_MAP.match(type_)
+        ]
+        if wrong:
+            raise StoreError(
+                f"table {SPANS_TABLE}: {', '.join(wrong)}, but latscope reads span and resource "
+                "attributes as Map(String, String) (the OpenTelemetry Collector ClickHouse "
+                "exporter's default layout; its json option writes JSON columns instead). Point "
+                "latscope at a database without this table, or have the exporter write the map "
+                "layout."
+            )
 
     # -- reads and writes ----------------------------------------------------------------------
 
     def command(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
-        with self._lock:
-            return self._call(self.client.command, sql, parameters=parameters)
+        with self._querying() as (client, settings):
+            return self._call(client.command, sql, parameters=parameters, settings=settings)
 
     def query_rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
-        with self._lock:
-            return self._call(self.client.query, sql, parameters=parameters).result_rows
+        with self._querying() as (client, settings):
+            return self._call(
+                client.query, sql, parameters=parameters, settings=settings
+            ).result_rows
 
     def query_arrow(self, sql: str, parameters: dict[str, Any] | None = None) -> pa.Table:
-        with self._lock:
-            return self._call(self.client.query_arrow, sql, parameters=parameters)
+        with self._querying() as (client, settings):
+            return self._call(client.query_arrow, sql, parameters=parameters, settings=settings)
 
     def insert_arrow(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
         """Insert columnar rows; with ``dedup_token`` a repeat of the same insert stores nothing."""
         settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
-        with self._lock:
+        with self._serialised():
             self._call(self.client.insert_arrow, table, data, settings=settings)
+
+    @contextlib.contextmanager
+    def _querying(self) -> Iterator[tuple[Any, dict[str, Any] | None]]:
+        """A client for one query, and the settings to send with it."""
+        if self._connect is None:
+            with self._serialised():
+                yield self.client, self._limits
+            return
+        handle = self._take_handle()
+        try:
+            yield handle, None
+        finally:
+            self._idle.put(handle)
+
+    def _take_handle(self) -> Any:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self._pool_lock:
+            grow = len(self._handles) < QUERY_HANDLES
+            if grow:
+                self._handles.append(None)  # the slot is taken while the handle opens
+        if not grow:
+            return self._idle.get()
+        assert self._connect is not None
+        try:
+            handle = self._connect()
+            handle.command(f"SET max_execution_time = {self._limits['max_execution_time']}")
+        except Exception as exc:
+            with self._pool_lock:
+                self._handles.remove(None)
+            raise StoreUnavailable(_scrub(f"cannot open a query handle: {exc}", self.dsn)) from exc
+        with self._pool_lock:
+            self._handles[self._handles.index(None)] = handle
+        return handle
 
     def ping(self) -> bool:
         try:
@@ -206,27 +310,38 @@ class Store:
             return False
 
     def close(self) -> None:
-        try:
-            self.client.close()
-        except Exception:  # closing a client that already failed is not worth an error
-            log.debug("store close failed", exc_info=True)
+        with self._pool_lock:
+            handles, self._handles = [h for h in self._handles if h is not None], []
+        for client in [*handles, self.client]:
+            try:
+                if client is not None:
+                    client.close()
+            except Exception:  # closing a client that already failed is not worth an error
+                log.debug("store close failed", exc_info=True)
 
-    @staticmethod
-    def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    @contextlib.contextmanager
+    def _serialised(self) -> Iterator[None]:
+        if self._lock is None:
+            yield
+            return
+        with self._lock:
+            yield
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
+            # A driver's message may quote the URL it used; the password never leaves here.
+            message = _scrub(str(exc), self.dsn)
             if _is_unavailable(exc):
-                raise StoreUnavailable(str(exc)) from exc
-            raise StoreError(str(exc)) from exc
+                raise StoreUnavailable(message) from exc
+            raise StoreError(message) from exc
 
 
-class _NullLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+def _has_session(client: Any) -> bool:
+    # clickhouse-connect's HTTP client keeps its session id among the parameters it sends.
+    params = getattr(client, "params", None)
+    return bool(isinstance(params, dict) and params.get("session_id"))
 
 
 def _is_unavailable(exc: BaseException) -> bool:
@@ -235,9 +350,39 @@ def _is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, (OperationalError, ConnectionError, TimeoutError, OSError))
 
 
+_SECRET_PARAMS = ("password", "secret", "token", "access_token", "key")
+#: Shorter secrets are replaced only where they sit in a URL: replacing every "ab" in a message
+#: would make it unreadable and hide nothing a DSN-shaped search would not.
+_MIN_BARE_SECRET = 4
+
+
+def _secrets(dsn: str) -> list[str]:
+    """The secret values a DSN carries: its password, and any password-like query parameter."""
+    try:
+        parts = urlsplit(dsn)
+        password = parts.password
+        query = parts.query
+    except ValueError:  # an unparsable DSN (a bad port) may still carry a password
+        password = next((m.group(1) for m in re.finditer(r"://[^:/@]*:([^@/]+)@", dsn)), None)
+        query = dsn.partition("?")[2]
+    found = [password] if password else []
+    found += [v for k, v in parse_qsl(query) if k.lower() in _SECRET_PARAMS and v]
+    return found
+
+
+def _scrub(text: str, dsn: str) -> str:
+    """``text`` with every secret of ``dsn`` shown as ``***``."""
+    for secret in _secrets(dsn):
+        text = text.replace(f":{secret}@", ":***@").replace(f"={secret}", "=***")
+        if len(secret) >= _MIN_BARE_SECRET:
+            text = text.replace(secret, "***")
+    return text
+
+
 def redact_dsn(dsn: str) -> str:
-    """The DSN with its password, if any, shown as ``***`` (for logs and messages)."""
-    parts = urlsplit(dsn)
-    if parts.password:
-        return dsn.replace(f":{parts.password}@", ":***@")
-    return dsn
+    """The DSN with its password (and password-like parameters) shown as ``***``.
+
+    >>> redact_dsn("http://latscope:s3cret@ch:8123/latscope")
+    'http://latscope:***@ch:8123/latscope'
+    """
+    return _scrub(dsn, dsn)

@@ -45,6 +45,9 @@ class FlakyStore:
         self.blocked = False
         #: the next insert raises this unexpected error once (a bug, not an outage)
         self.bug: Exception | None = None
+        #: when set, SYSTEM SYNC FILE CACHE waits for it (parts not yet on disk)
+        self.sync_gate: threading.Event | None = None
+        self.syncs = 0
         self.embedded = store.embedded
         self.dsn = store.dsn
 
@@ -66,6 +69,16 @@ class FlakyStore:
 
     def ping(self) -> bool:
         return not self.down
+
+    def command(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        if self.down:
+            raise StoreUnavailable("connection refused (test)")
+        if sql.startswith("SYSTEM SYNC") and self.sync_gate is not None:
+            self.sync_gate.wait(30)
+        result = self.store.command(sql, parameters)
+        if sql.startswith("SYSTEM SYNC"):
+            self.syncs += 1
+        return result
 
     def query_rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
         return self.store.query_rows(sql, parameters)

@@ -21,6 +21,10 @@ V1_ROUTES = [
     f"/v1/requests/{TRACE}",
     f"/v1/requests/{TRACE}/tokens",
     f"/v1/traces/{TRACE}/spans",
+    f"/v1/traces/{TRACE}/requests",
+    f"/v1/traces/{TRACE}/run",
+    f"/v1/traces/{TRACE}",
+    "/v1/live",
     "/v1/attribution/summary",
     "/v1/attribution/tail",
     "/v1/attribution/compare",
@@ -49,8 +53,13 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def test_the_spec_lists_every_v1_route(guarded: Server) -> None:
     spec = httpx.get(guarded.url("/openapi.json"), timeout=10).json()
+
+    def template(path: str) -> str:
+        name = "{request_id}" if path.startswith("/v1/requests/") else "{trace_id}"
+        return path.replace(TRACE, name)
+
     assert {p for p in spec["paths"] if p.startswith("/v1/")} == {
-        p.replace(TRACE, "{trace_id}") for p in V1_ROUTES
+        template(p) for p in V1_ROUTES
     } | set(INGEST_ROUTES)
 
 
@@ -108,6 +117,16 @@ def test_grpc_query_needs_the_token(guarded: Server) -> None:
         with pytest.raises(grpc.RpcError) as info:
             next(iter(stub.Watch(query_pb2.WatchRequest(), timeout=10)))
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        for call, message in (
+            (stub.ListRequests, query_pb2.ListRequestsRequest(trace_id=TRACE)),
+            (stub.GetRun, query_pb2.GetRunRequest(trace_id=TRACE)),
+        ):
+            with pytest.raises(grpc.RpcError) as info:
+                call(message, timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as info:
+                call(message, timeout=10, metadata=[("authorization", f"Bearer {TOKEN}")])
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_cli_says_how_to_pass_the_token(guarded: Server, tmp_path: Path) -> None:

@@ -73,10 +73,14 @@ def test_openapi_is_complete(served: Server) -> None:
     assert routes == {
         "/v1/traces",  # OTLP/HTTP ingest, served by the same process
         "/v1/metrics",
-        "/v1/requests/{trace_id}/attribution",
-        "/v1/requests/{trace_id}",
-        "/v1/requests/{trace_id}/tokens",
+        "/v1/requests/{request_id}/attribution",
+        "/v1/requests/{request_id}",
+        "/v1/requests/{request_id}/tokens",
         "/v1/traces/{trace_id}/spans",
+        "/v1/traces/{trace_id}/requests",
+        "/v1/traces/{trace_id}/run",
+        "/v1/traces/{trace_id}",
+        "/v1/live",
         "/v1/attribution/summary",
         "/v1/attribution/tail",
         "/v1/attribution/compare",
@@ -104,3 +108,14 @@ def test_openapi_is_complete(served: Server) -> None:
         assert spec["components"]["schemas"][name].get("examples"), (path, name)
         for param in operation.get("parameters", []):
             assert param.get("description"), (path, param["name"])
+    # A request is named by its request id or a single-call trace id; a trace id of a trace
+    # with several calls is a documented 409.
+    for path in ("/v1/requests/{request_id}", "/v1/requests/{request_id}/attribution"):
+        operation = spec["paths"][path]["get"]
+        (param,) = operation["parameters"][:1]
+        assert param["schema"]["pattern"] == "^[0-9a-fA-F]{32}(-[0-9a-fA-F]{16})?$"
+        conflict = operation["responses"]["409"]["content"]["application/json"]["example"]
+        assert conflict["error"] == "several_requests"
+    # The answers about traces are closed: the spec forbids keys they do not document.
+    for name in ("TraceRequests", "Run", "RunCall", "TraceExplain", "Live"):
+        assert spec["components"]["schemas"][name]["additionalProperties"] is False, name

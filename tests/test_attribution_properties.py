@@ -153,8 +153,8 @@ def test_buckets_are_non_negative_and_sum_to_e2e(spans: list[SpanRecord]) -> Non
         assert (a.buckets_ns["network"] is None) == (not a.has_client)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(traces(), min_size=1, max_size=8))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(traces(), min_size=1, max_size=12))
 def test_sql_attributor_agrees_with_the_reference(store: Store, batch: list) -> None:
     """Each example is one statement over several traces (the attributor's batches)."""
     traces_ = {f"t{i}": normalized(spans) for i, spans in enumerate(batch)}

@@ -9,9 +9,9 @@ import uuid
 import polars as pl
 import pytest
 
-from latscope.attribution import dimensions as dm
 from latscope.attribution import rollups
-from latscope.attribution import timeseries as ts
+from latscope.attribution.answers import dimensions as dm
+from latscope.attribution.answers import timeseries as ts
 from latscope.attribution.rollups import HOUR_NS, Rollups
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS

@@ -11,9 +11,10 @@ import polars as pl
 import pytest
 
 from latscope.attribution import aggregates as ag
-from latscope.attribution import coldstart as cs
-from latscope.attribution import dimensions as dm
-from latscope.attribution import rollups, window
+from latscope.attribution import rollups
+from latscope.attribution.answers import coldstart as cs
+from latscope.attribution.answers import dimensions as dm
+from latscope.attribution.answers import window
 from latscope.attribution.rollups import HOUR_NS, Rollups
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS

@@ -115,7 +115,8 @@ def test_restart_replays_the_spool_exactly_once(store: Store, tmp_path: Path) ->
     assert count_spans(store, service) == 70
 
     # A crash after the insert but before the file was removed replays the same batches again:
-    # their original tokens make ClickHouse drop them.
+    # their original tokens make ClickHouse drop them. (A drained spool removed its folder.)
+    (spool / "traces").mkdir(parents=True, exist_ok=True)
     for f in backup.iterdir():
         shutil.copy(f, spool / "traces" / f.name)
     third = start_collector(store, spool)
@@ -269,3 +270,34 @@ def test_two_collectors_cannot_share_a_spool(store: Store, tmp_path: Path) -> No
     finally:
         c.stop()
     start_collector(store, tmp_path / "spool").stop()  # free again once the first has stopped
+
+
+def test_an_inserted_segment_stays_in_the_journal_until_clickhouse_synced_it(
+    store: Store, tmp_path: Path
+) -> None:
+    # ClickHouse does not fsync new parts: an Export acknowledged, inserted and dropped from the
+    # journal at once could be lost to a power failure. The segment stays until a sync.
+    import threading
+
+    spool = tmp_path / "spool"
+    service = f"svc-{uuid.uuid4().hex[:12]}"
+    flaky = FlakyStore(store)
+    flaky.sync_gate = threading.Event()
+    c = start_collector(flaky, spool)
+    try:
+        assert _send(c, service, 3) == 3
+        deadline = time.monotonic() + 30
+        while count_spans(store, service) < 21:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1.5)  # past sync_every_s: the sync is under way, held at the gate
+        assert _spooled(spool / "traces"), "the inserted segment was dropped before a sync"
+        flaky.sync_gate.set()
+        while _spooled(spool / "traces"):
+            assert time.monotonic() < deadline, "the synced segment was not dropped"
+            time.sleep(0.05)
+        assert flaky.syncs >= 1
+    finally:
+        flaky.sync_gate.set()
+        c.stop()
+    assert count_spans(store, service) == 21

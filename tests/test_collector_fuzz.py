@@ -186,11 +186,17 @@ def test_nesting_limit_is_upbs(depth: int) -> None:
 def test_an_export_that_expands_past_the_limit_is_malformed() -> None:
     from latscope.collector import _otlp  # type: ignore[attr-defined]
 
-    # One big resource attribute, repeated on every one of many small spans.
+    # A shared resource attribute is held once, not copied onto each of the many small spans
+    # (it used to be: 300 copies of 4 kB).
     resource = _ld(1, _ld(1, _ld(1, b"k") + _ld(2, _ld(1, b"v" * 4000))))
     span = _ld(2, _ld(1, b"\x01" * 16) + _ld(2, b"\x02" * 8))
     data = _ld(1, resource + _ld(2, span * 300))
-    rows, *_ = _otlp.decode_traces(data, 1024, 65536, 1 << 30)
+    rows, _, _, buffers = _otlp.decode_traces(data, 1024, 65536, 1 << 30)
     assert rows == 300
-    with pytest.raises(_otlp.MalformedExport, match="expands to more than"):
-        _otlp.decode_traces(data, 1024, 65536, 1 << 20)
+    assert sum(len(memoryview(b)) for b in buffers) < 4000 + 300 * 200
+    # Columns past max_bytes stop the decoder: TooLarge, a MalformedExport.
+    named = _ld(2, _ld(1, b"\x01" * 16) + _ld(2, b"\x02" * 8) + _ld(5, b"n" * 1000))
+    big = _ld(1, _ld(2, named * 300))
+    with pytest.raises(_otlp.TooLarge, match="expands to more than"):
+        _otlp.decode_traces(big, 1024, 65536, 1 << 18)
+    assert issubclass(_otlp.TooLarge, _otlp.MalformedExport)

@@ -11,7 +11,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
 
 from latscope.collector.mapping import (
-    SPANS_SCHEMA,
+    DECODED_SPANS_SCHEMA,
     Limits,
     SpanColumns,
     format_double,
@@ -99,7 +99,7 @@ def test_every_field_lands_in_its_column() -> None:
         links=[Span.Link(trace_id=b"\x04" * 16, span_id=b"\x05" * 8, trace_state="s")],
     )  # fmt: skip
     table = _columns(span).table()
-    assert table.schema == SPANS_SCHEMA
+    assert table.schema == DECODED_SPANS_SCHEMA
     row = table.to_pylist()[0]
     assert row["TraceId"] == "01" * 16 and row["SpanId"] == "02" * 8
     assert row["ParentSpanId"] == "03" * 8 and row["TraceState"] == "k=v"

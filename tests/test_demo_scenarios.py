@@ -22,6 +22,7 @@ CASES = {
     "big-batches": (4.0, 6.0),
     "slow-network": (3.0, -5.0),
     "scale-up": (8.0, 2.0),
+    "agent": (6.0, -2.5),
 }
 
 
@@ -78,6 +79,23 @@ def test_scenario_gets_its_diagnosis_and_matches_the_truth(tmp_path: Path, name:
         assert cold["replicas_found"] == scenarios.get(name).scale_to
         assert report["coldstart"]["appeared"] == scenarios.get(name).scale_to
         assert "Cold-start check" in proc.stdout
+    if name == "agent":
+        # Every call of every run found and graded above; each run's critical path (e2e, the
+        # seven LLM buckets, tool, app) within tolerance of what the agents measured, and the
+        # same calls taken whole on the path.
+        runs = report["run_check"]
+        assert runs["ok"], (runs, proc.stdout)
+        assert runs["compared"] == report["agent_runs"] >= 5 and not runs["missing"]
+        assert runs["calls"] == check["compared"] and runs["parallel_calls"] >= runs["compared"]
+        assert not runs["path_mismatch"]
+        assert {p["part"] for p in runs["parts"]} >= {"e2e", "llm.decode", "tool", "app"}
+        summary = report["runs"]
+        shares = summary["shares"]
+        assert shares["llm"] + shares["tool"] + shares["app"] == pytest.approx(1.0, abs=1e-6)
+        assert shares["tool"] > 0.01 and shares["app"] > 0.01
+        assert "Check of the runs" in proc.stdout and "latscope explain" in proc.stdout
+    else:
+        assert report["run_check"] is None
     assert "Diagnosis" in proc.stdout and "http://127.0.0.1:" in proc.stdout
 
 

@@ -179,6 +179,24 @@ def test_trace_view_returns_the_selected_trace_in_trace_format(grafana: Grafana)
     assert needed <= set(table.column_names)
     rows = table.to_pylist()
     assert {r["traceID"] for r in rows} == set(grafana.variables["trace_id"])
+    # startTime and duration in milliseconds as numbers, startTime since the epoch: what the
+    # ClickHouse plugin's own trace query returns (multiply(toUnixTimestamp64Nano(...), 1e-6));
+    # the trace panel misplaces spans given a DateTime64.
+    stored = {
+        span: (start, duration)
+        for span, start, duration in grafana.store.query_rows(
+            "SELECT SpanId, toUnixTimestamp64Nano(Timestamp), Duration FROM otel_traces "
+            "WHERE TraceId = {t:String}",
+            {"t": rows[0]["traceID"]},
+        )
+    }
+    assert len(stored) == len(rows)
+    for r in rows:
+        assert isinstance(r["startTime"], float) and isinstance(r["duration"], float)
+        start_ns, duration_ns = stored[r["spanID"]]
+        assert r["startTime"] == pytest.approx(start_ns / 1e6, abs=1e-3)
+        assert r["duration"] == pytest.approx(duration_ns / 1e6, abs=1e-6)
+    assert [r["startTime"] for r in rows] == sorted(r["startTime"] for r in rows)
     ids = {r["spanID"] for r in rows}
     roots = [r for r in rows if r["parentSpanID"] not in ids]
     assert len(roots) == 1  # one tree: client (or server) span at the top

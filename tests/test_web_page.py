@@ -131,12 +131,13 @@ def test_page_shows_the_numbers_of_the_api(served, browser: Browser, tmp_path: P
     assert f"biggest mover: {compare['mover']}" in text
     _screenshot(page, tmp_path, "latscope-page.png")
 
-    # Choosing a request in the slowest list opens it.
+    # Choosing a request in the slowest list opens it (shown by its request id).
     rows.first.locator("a.trace").click()
+    opened = api(server, f"/v1/requests/{slowest[0]['trace_id']}/attribution")["request_id"]
     page.wait_for_function(
-        f"document.querySelector('#request-id').textContent === '{slowest[0]['trace_id']}'",
-        timeout=30_000,
+        f"document.querySelector('#request-id').textContent === '{opened}'", timeout=30_000
     )
+    assert page.locator("#run").is_hidden()  # one call: no run to show
     queue = page.inner_text("#request-buckets tr[data-bucket=queue] td.ms")
     assert queue == f"{slowest[0]['buckets_ms']['queue']:.1f}"
     assert errors == []

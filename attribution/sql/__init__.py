@@ -20,11 +20,11 @@ are ClickHouse parameters, ``{name:Type}``, bound at run time).
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping
-from functools import cache
+from collections.abc import Callable
+from functools import cache, partial
 from importlib import resources
 
+from latscope import sqltext
 from latscope.attribution.engine import (
     GPU_KEYS,
     GPU_PHASES,
@@ -124,8 +124,6 @@ FLAGS: dict[str, int] = {
     "GPU": 128,
     "BUCKET": 256,
 }
-
-_PLACEHOLDER = re.compile(r"\$([A-Z][A-Z0-9_]*)(\()?")
 
 
 def literal(value: str) -> str:
@@ -444,43 +442,8 @@ _MACROS: dict[str, Callable[..., str]] = {
 }
 
 
-def _split_args(text: str) -> list[str]:
-    args, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            args.append(text[start:i].strip())
-            start = i + 1
-    args.append(text[start:].strip())
-    return args
-
-
-def render(text: str, values: Mapping[str, str]) -> str:
-    """Replace every ``$NAME`` by ``values[NAME]`` and every ``$NAME(args)`` by the macro of that
-    name applied to the (rendered) arguments. SQL comments are dropped first."""
-    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
-    out, pos = [], 0
-    while (m := _PLACEHOLDER.search(text, pos)) is not None:
-        out.append(text[pos : m.start()])
-        name = m.group(1)
-        if m.group(2) and name in _MACROS:
-            depth, end = 1, m.end()
-            while depth:
-                depth += {"(": 1, ")": -1}.get(text[end], 0)
-                end += 1
-            args = [render(a, values) for a in _split_args(text[m.end() : end - 1])]
-            out.append(_MACROS[name](*args))
-            pos = end
-        else:
-            if name not in values:
-                raise KeyError(f"unknown SQL placeholder ${name}")
-            out.append(values[name])
-            pos = m.end() if not m.group(2) else m.end() - 1
-    out.append(text[pos:])
-    return "".join(out)
+#: ``render(text, values)``: the shared renderer (``latscope.sqltext``) with these macros.
+render = partial(sqltext.render, macros=_MACROS)
 
 
 def _stage(name: str) -> str:

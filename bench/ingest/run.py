@@ -17,6 +17,7 @@ OPTIMIZE FINAL.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -282,6 +283,12 @@ def bench(args: argparse.Namespace) -> None:
         component.start()
     grpc_server, addr = start_grpc(settings, parts)
     writer = parts.components[0].spans
+    if args.sync_every_s is not None:
+        writer.config = dataclasses.replace(writer.config, sync_every_s=args.sync_every_s)
+    if args.no_sync:
+        # Inserted journal segments dropped at once, with no SYSTEM SYNC FILE CACHE first (the
+        # journal before it kept its promise across a power failure): what that promise costs.
+        writer._sync_works = False
     load = _Load(addr, args)
     threads0, cpu0 = _threads(), _cpu()
     started = load.go()
@@ -321,7 +328,10 @@ def bench(args: argparse.Namespace) -> None:
     load1 = os.getloadavg()[0]
     print(f"exports {args.exports} x {args.requests * 7} spans, {args.streams} streams; "
           f"C decoder {'on' if NATIVE else 'NOT BUILT'}; batches of {settings.batch_max_spans} "
-          f"spans / {settings.batch_timeout_s} s; load average {load1:.2f}")  # fmt: skip
+          f"spans / {settings.batch_timeout_s} s; inserted segments "
+          f"{'dropped unsynced' if args.no_sync else 'kept until synced'} (every "
+          f"{writer.config.sync_every_s} s); "
+          f"load average {load1:.2f}")  # fmt: skip
     print("decode paths alone, one thread, best of 3 (spans per CPU-second):")
     for name, value in hot.items():
         print(f"  {name:52s} {value:>12,.0f}")
@@ -354,6 +364,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--batch-max-spans", type=int, help="the collector's (default: its own)")
     parser.add_argument("--batch-timeout-s", type=float, help="the collector's (default: its own)")
+    parser.add_argument(
+        "--sync-every-s", type=float, help="the collector's sync_every_s (default: its own)"
+    )
+    parser.add_argument(
+        "--no-sync",
+        action="store_true",
+        help="drop inserted journal segments without syncing ClickHouse first (to measure "
+        "what keeping them until synced costs)",
+    )
     args = parser.parse_args()
     if args.loadgen:
         loadgen(args.loadgen, args.exports, args.streams, args.requests, args.seed)

@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 from bench.query.generate import NEW_PODS, SCALE_UP_S, SLOW_POD, SLOW_POD_S, generate
 from latscope.attribution import aggregates as ag
-from latscope.attribution import coldstart as cs
-from latscope.attribution import dimensions as dm
-from latscope.attribution import timeseries as ts
+from latscope.attribution.answers import coldstart as cs
+from latscope.attribution.answers import dimensions as dm
+from latscope.attribution.answers import timeseries as ts
 from latscope.attribution.rollups import ROLLUP_TABLE, Rollups
 from latscope.storage import ATTRIBUTION_TABLE, Store
 

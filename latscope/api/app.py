@@ -37,7 +37,8 @@ milliseconds as floats. Time-range parameters (`since`, `until`) accept RFC 3339
 (`2026-01-02T15:04:05Z`) or a relative span before now (`15m`, `2h`, `7d`).
 
 Errors are JSON `{"error": code, "detail": why}`: 400 (unusable parameter), 401 (token missing
-or wrong, when the server has one), 404 (unknown trace), 422 (parameter out of bounds).
+or wrong, when the server has one), 404 (unknown trace), 409 (a trace id where a request is
+meant, for a trace with several inference calls), 422 (parameter out of bounds).
 """
 
 
@@ -80,6 +81,7 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
         redoc_url=None,
         openapi_tags=[
             {"name": "requests", "description": "one request: buckets, spans, tokens"},
+            {"name": "traces", "description": "a trace: its calls, its run's critical path"},
             {"name": "aggregates", "description": "many requests: summary, tail, compare, ..."},
             {"name": "health", "description": "liveness, readiness, Prometheus metrics"},
         ],
@@ -109,9 +111,12 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(
+        response = _error(
             exc.status_code, "not_found" if exc.status_code == 404 else "http_error", exc.detail
         )
+        # Starlette puts what a 405 must carry (Allow, RFC 9110 15.5.6) in the exception.
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -147,7 +152,8 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
     def readyz() -> Any:
         """Readiness: the store answers a query. Needs no token."""
         if not store.ping():
-            return _error(503, "store_unavailable", f"the store {store.dsn} does not answer")
+            # Open without a token: the address, never the password.
+            return _error(503, "store_unavailable", f"the store {store.safe_dsn} does not answer")
         return {"status": "ready"}
 
     @app.get(

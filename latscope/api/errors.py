@@ -6,6 +6,7 @@
 * 400 ``invalid_*`` — a parameter parsed but is unusable (time range, trace id, group key)
 * 401 ``unauthorized`` — a token is configured and the request did not carry it
 * 404 ``*_not_found`` — the trace, request or route does not exist
+* 409 ``several_requests`` — a trace id names a request only when the trace holds one call
 * 422 ``invalid_request`` — a parameter failed its declared type or bounds
 * 503 ``store_unavailable`` — ClickHouse did not answer; retry later
 """
@@ -65,6 +66,12 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         400: ("invalid_time", "since must be RFC 3339 or a relative span like 15m, 2h, 7d"),
         401: ("unauthorized", "send 'Authorization: Bearer <token>'"),
         404: ("trace_not_found", "no spans stored for trace 4bf92f3577b34da6a3ce929d0e0e4736"),
+        409: (
+            "several_requests",
+            "trace 4bf92f3577b34da6a3ce929d0e0e4736 holds 3 inference calls: name one by its "
+            "request id (4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7, ...), or list them "
+            "all with /v1/traces/4bf92f3577b34da6a3ce929d0e0e4736/requests",
+        ),
         422: ("invalid_request", [{"loc": ["query", "limit"], "msg": "less than or equal 1000"}]),
         503: ("store_unavailable", "ClickHouse did not answer"),
     }
@@ -76,6 +83,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
                 400: "a parameter is unusable",
                 401: "token missing or wrong",
                 404: "not found",
+                409: "a trace id was given for a trace with several calls: name one",
                 422: "a parameter failed validation",
                 503: "the store did not answer",
             }[status],

@@ -8,9 +8,11 @@ not answer UNAVAILABLE.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent import futures
 from typing import Any
 
 import grpc
@@ -18,7 +20,14 @@ from google.protobuf import json_format
 
 from latscope.api import trace
 from latscope.api.errors import QueryError
-from latscope.api.live import HUB, LiveHub, TablePoller, WatchFilter, iter_subscription
+from latscope.api.live import (
+    HUB,
+    MAX_SUBSCRIBERS,
+    LiveHub,
+    TablePoller,
+    WatchFilter,
+    iter_subscription,
+)
 from latscope.config import Settings
 from latscope.parts import Parts
 from latscope.storage import Store, StoreError, StoreUnavailable
@@ -32,14 +41,73 @@ _STATUS = {
     409: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
+#: Threads for unary queries beside the Watch streams (each open stream holds one thread).
+QUERY_THREADS = 8
+_QUERY_METHODS = ("GetAttribution", "Summary", "Watch")
 
-def attribution_message(body: dict[str, Any]) -> query_pb2.RequestAttribution:
-    """The REST attribution JSON as a ``RequestAttribution`` message (nulls stay unset)."""
+
+def _in_pool(method: Callable[..., Any], pool: futures.ThreadPoolExecutor) -> Callable[..., Any]:
+    """``method`` marked to run in ``pool`` instead of the gRPC server's own threads.
+
+    grpcio runs a handler in ``behavior.experimental_thread_pool`` when the handler carries
+    one. The server's pool belongs to OTLP ingest: an idle Watch stream holds its thread for as
+    long as it is open, and a client holding many streams must not stop Exports.
+    """
+
+    @functools.wraps(method)
+    def run(*args: Any) -> Any:
+        return method(*args)
+
+    run.experimental_thread_pool = pool  # type: ignore[attr-defined]
+    return run
+
+
+def _attribution_data(body: dict[str, Any]) -> dict[str, Any]:
+    """The REST attribution JSON in the message's JSON mapping (nulls stay unset)."""
     data = {k: v for k, v in body.items() if v is not None}
     data["gpu"] = {phase: {"figures": figs} for phase, figs in (body.get("gpu") or {}).items()}
     data["buckets_ms"] = {k: v for k, v in body["buckets_ms"].items() if v is not None}
     data["itl_ms"] = {k: v for k, v in body["itl_ms"].items() if v is not None}
-    return json_format.ParseDict(data, query_pb2.RequestAttribution(), ignore_unknown_fields=True)
+    return data
+
+
+def attribution_message(body: dict[str, Any]) -> query_pb2.RequestAttribution:
+    """The REST attribution JSON as a ``RequestAttribution`` message (nulls stay unset)."""
+    return json_format.ParseDict(
+        _attribution_data(body), query_pb2.RequestAttribution(), ignore_unknown_fields=True
+    )
+
+
+def requests_message(body: dict[str, Any]) -> query_pb2.ListRequestsResponse:
+    """``/v1/traces/{trace_id}/requests``'s JSON as a ``ListRequestsResponse``."""
+    return query_pb2.ListRequestsResponse(
+        trace_id=body["trace_id"], requests=[attribution_message(r) for r in body["requests"]]
+    )
+
+
+def run_message(body: dict[str, Any]) -> query_pb2.Run:
+    """``/v1/traces/{trace_id}/run``'s JSON as a ``Run`` (nulls stay unset)."""
+    data = {
+        **body,
+        "calls": [{**c, "attribution": _attribution_data(c["attribution"])} for c in body["calls"]],
+        "path": [{k: v for k, v in step.items() if v is not None} for step in body["path"]],
+    }
+    # Strict: a key the proto does not know is a mismatch between the two answers, not noise.
+    return json_format.ParseDict(data, query_pb2.Run())
+
+
+def run_dict(message: query_pb2.Run) -> dict[str, Any]:
+    """A ``Run`` back in the REST JSON shape."""
+    data = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    for call, msg in zip(data["calls"], message.calls, strict=True):
+        call["attribution"] = attribution_dict(msg.attribution)
+        del call["attribution"]["start_unix_nano"]  # Watch's field; a run's calls have start_ms
+    for step in data["path"]:  # optional fields: unset is null in the REST shape
+        step.setdefault("bucket", None)
+        step.setdefault("request_id", None)
+    return data
 
 
 def attribution_dict(message: query_pb2.RequestAttribution) -> dict[str, Any]:
@@ -81,10 +149,27 @@ def attribution_dict(message: query_pb2.RequestAttribution) -> dict[str, Any]:
 
 
 class QueryServicer(query_pb2_grpc.QueryServiceServicer):
+    """The query service; its calls run in ``pool``, never on the ingest threads."""
+
+    name = "query-service"
+
     def __init__(self, store: Store, settings: Settings, *, hub: LiveHub = HUB) -> None:
         self.store = store
         self.settings = settings
         self.hub = hub
+        # Every Watch stream the hub allows holds a thread; unary queries get their own few.
+        self.pool = futures.ThreadPoolExecutor(
+            max_workers=MAX_SUBSCRIBERS + QUERY_THREADS, thread_name_prefix="grpc-query"
+        )
+        for name in _QUERY_METHODS:
+            setattr(self, name, _in_pool(getattr(self, name), self.pool))
+
+    def start(self) -> None:
+        return None
+
+    def stop(self, deadline: float) -> None:
+        # The gRPC server has stopped by now, which ends the streams; do not wait past deadline.
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _authorize(self, context: grpc.ServicerContext) -> None:
         if not self.settings.token:
@@ -117,16 +202,38 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
             context,
             lambda: trace.request_attribution(
                 self.store,
-                request.trace_id,
+                request.request_id or request.trace_id,
                 stall_threshold_ms=self.settings.stall_threshold_ms,
             ),
         )
         return attribution_message(body)
 
+    def ListRequests(
+        self, request: query_pb2.ListRequestsRequest, context: grpc.ServicerContext
+    ) -> query_pb2.ListRequestsResponse:
+        body = self._answer(
+            context,
+            lambda: trace.trace_requests(
+                self.store, request.trace_id, stall_threshold_ms=self.settings.stall_threshold_ms
+            ),
+        )
+        return requests_message(body)
+
+    def GetRun(
+        self, request: query_pb2.GetRunRequest, context: grpc.ServicerContext
+    ) -> query_pb2.Run:
+        body = self._answer(
+            context,
+            lambda: trace.trace_run(
+                self.store, request.trace_id, stall_threshold_ms=self.settings.stall_threshold_ms
+            ),
+        )
+        return run_message(body)
+
     def Summary(
         self, request: query_pb2.SummaryRequest, context: grpc.ServicerContext
     ) -> query_pb2.SummaryResponse:
-        from latscope.api import aggregates
+        from latscope.api import queries as aggregates
 
         body = self._answer(
             context,
@@ -188,7 +295,8 @@ def query_parts(settings: Settings, store: Store, *, poll_table: bool = True) ->
     parts = Parts(
         grpc_servicers=[lambda server: query_pb2_grpc.add_QueryServiceServicer_to_server(
             servicer, server
-        )]
+        )],
+        components=[servicer],
     )  # fmt: skip
     if poll_table:
         parts.components.append(TablePoller(store))

@@ -22,6 +22,8 @@ import logging
 import queue
 import threading
 import time
+import uuid
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,11 @@ log = logging.getLogger(__name__)
 
 SUBSCRIBER_QUEUE = 1000
 MAX_SUBSCRIBERS = 64
+#: The newest requests the hub keeps for polling clients (``GET /v1/live``, ``latscope top``);
+#: a poller that falls further behind is told how many it missed.
+RECENT_KEPT = 5000
+#: Requests one ``GET /v1/live`` answers with at most.
+MAX_LIVE = 1000
 MAX_LABEL_SETS = 1000
 #: Latency histogram bounds (s): LLM requests run from milliseconds (a cached reply) to minutes.
 LATENCY_BOUNDS = (
@@ -217,11 +224,16 @@ class Subscription:
 
 
 class LiveHub:
-    """Fans attributed requests out to the Watch subscribers of this process."""
+    """Fans attributed requests out to the Watch subscribers of this process, and keeps the
+    newest ``RECENT_KEPT`` for polling clients (``since``), numbered in arrival order."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._subscribers: list[Subscription] = []
+        self._recent: deque[tuple[int, dict[str, Any]]] = deque(maxlen=RECENT_KEPT)
+        self._seq = 0
+        #: Names this process's numbering: a poller that sees another one starts over.
+        self.epoch = uuid.uuid4().hex[:16]
 
     def subscribe(self, flt: WatchFilter) -> Subscription | None:
         """A new subscription, or None when ``MAX_SUBSCRIBERS`` are already open."""
@@ -243,7 +255,11 @@ class LiveHub:
             return len(self._subscribers)
 
     def publish(self, requests: Iterable[dict[str, Any]]) -> None:
+        requests = list(requests)
         with self._lock:
+            for request in requests:
+                self._seq += 1
+                self._recent.append((self._seq, request))
             subs = list(self._subscribers)
         if not subs:
             return
@@ -251,9 +267,56 @@ class LiveHub:
             for sub in subs:
                 sub.offer(request)
 
+    def since(
+        self, after: int | None, flt: WatchFilter, limit: int
+    ) -> tuple[list[dict[str, Any]], int, int]:
+        """``(requests, cursor, missed)``: the kept requests numbered after ``after`` that match
+        ``flt``, oldest first, at most ``limit``; the cursor to ask from next; how many after
+        ``after`` are no longer kept. ``after=None`` asks for the cursor alone (start now)."""
+        with self._lock:
+            rows = list(self._recent)
+            last = self._seq
+        if after is None:
+            return [], last, 0
+        if after > last:  # a cursor this process never gave (another process's numbering)
+            after = rows[0][0] - 1 if rows else last
+        oldest = rows[0][0] if rows else last + 1
+        missed = max(0, oldest - after - 1)
+        out: list[dict[str, Any]] = []
+        cursor = last
+        for n, request in rows:
+            if n > after and flt.matches(request):
+                out.append(request)
+                if len(out) == limit:
+                    cursor = n
+                    break
+        return out, cursor, missed
+
 
 #: The process's hub: the attributor (through observe) or a TablePoller feeds it.
 HUB = LiveHub()
+
+
+def since(
+    *,
+    after: int | None = None,
+    epoch: str | None = None,
+    service: str = "",
+    model: str = "",
+    min_e2e_ms: float = 0.0,
+    limit: int = 500,
+    hub: LiveHub = HUB,
+) -> dict[str, Any]:
+    """``GET /v1/live``: requests attributed since the cursor ``after`` of an earlier answer
+    (of the same ``epoch``; another epoch starts over from the oldest kept)."""
+    if after is not None and epoch is not None and epoch != hub.epoch:
+        after = 0
+    requests, cursor, missed = hub.since(
+        after, WatchFilter(service, model, min_e2e_ms), max(1, min(limit, MAX_LIVE))
+    )
+    return {"epoch": hub.epoch, "cursor": cursor, "missed": missed, "requests": requests}
+
+
 _label_sets: set[tuple[str, str]] = set()
 _label_lock = threading.Lock()
 
@@ -356,7 +419,7 @@ class TablePoller:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._high_us = 0  # newest SpansIngestedAt seen
-        self._seen: dict[str, int] = {}  # trace id -> its SpansIngestedAt (us)
+        self._seen: dict[str, int] = {}  # request id -> its SpansIngestedAt (us)
 
     def start(self) -> None:
         if not self.from_start:
@@ -383,11 +446,16 @@ class TablePoller:
             for t in table.column("SpansIngestedAt").to_pylist()
         ]
         fresh = []
-        for i, (trace_id, at_us) in enumerate(
-            zip(table.column("TraceId").to_pylist(), ingested, strict=True)
-        ):
-            if trace_id not in self._seen:
-                self._seen[trace_id] = at_us
+        # One row per inference call: a trace with several calls has several rows.
+        keys = zip(
+            table.column("TraceId").to_pylist(),
+            table.column("RequestSpanId").to_pylist(),
+            strict=True,
+        )
+        for i, (key, at_us) in enumerate(zip(keys, ingested, strict=True)):
+            request = f"{key[0]}-{key[1]}"
+            if request not in self._seen:
+                self._seen[request] = at_us
                 fresh.append(i)
         self._high_us = max(self._high_us, max(ingested))
         if table.num_rows >= self.batch:

@@ -1,5 +1,5 @@
 """The ``/v1`` routes. Each route validates its parameters, then calls the function that
-answers the question (``latscope.api.trace`` for one request, ``latscope.api.aggregates`` for many);
+answers the question (``latscope.api.trace`` for one request, ``latscope.api.queries`` for many);
 those functions are shared with the gRPC service and the CLI's direct mode."""
 
 from __future__ import annotations
@@ -9,9 +9,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
-from latscope.api import aggregates, trace
+from latscope.api import live as live_feed
+from latscope.api import queries as aggregates
+from latscope.api import trace
 from latscope.api.errors import InvalidParameter, error_responses
 from latscope.api.schemas import (
+    REQUEST_ID_EXAMPLE,
     TRACE_ID_EXAMPLE,
     Attribution,
     ColdStart,
@@ -20,18 +23,28 @@ from latscope.api.schemas import (
     Explain,
     Gpu,
     Heatmap,
+    Live,
     RequestTokens,
+    Run,
     Services,
     Slo,
     Slowest,
     Summary,
     Tail,
     Timeseries,
+    TraceExplain,
+    TraceRequests,
     TraceSpans,
     Why,
 )
+from latscope.api.timerange import TIME_PATTERN
 from latscope.config import Settings
 from latscope.storage import Store
+
+# The patterns are published in the OpenAPI document (json_schema_extra) and checked by the
+# server itself, which answers a mismatch with its own 400 and error code.
+# The trace and request id patterns live in latscope.api.trace, next to their parser.
+OBJECTIVE_PATTERN = r"^\s*(e2e|ttft|tpot):[0-9]+(\.[0-9]+)?:0?\.[0-9]+(:[0-9]+(\.[0-9]+)?)?\s*$"
 
 TraceId = Annotated[
     str,
@@ -39,6 +52,21 @@ TraceId = Annotated[
         description="32 hexadecimal characters (W3C trace id)",
         examples=[TRACE_ID_EXAMPLE],
         max_length=64,
+        json_schema_extra={"pattern": trace.TRACE_ID_PATTERN},
+    ),
+]
+# The patterns are documented, and checked by the answering function with a 400 that says what
+# to write (a framework 422 would say only that the pattern failed).
+RequestId = Annotated[
+    str,
+    Path(
+        description="a request id: the trace id (32 hexadecimal characters), '-', and the "
+        "call's client span id (16 hexadecimal characters; its server span's when no client "
+        "span was seen), as every answer's request_id gives it; or a bare trace id when the "
+        "trace holds one call (409 several_requests when it holds several)",
+        examples=[REQUEST_ID_EXAMPLE, TRACE_ID_EXAMPLE],
+        max_length=64,
+        json_schema_extra={"pattern": trace.REQUEST_ID_PATTERN},
     ),
 ]
 StallMs = Annotated[
@@ -56,7 +84,12 @@ _TIME_HELP = "RFC 3339 (2026-01-02T15:04:05Z) or a span before now (15m, 2h, 7d)
 
 
 def _time(description: str, example: str) -> Any:
-    return Query(description=f"{description}: {_TIME_HELP}", max_length=64, examples=[example])
+    return Query(
+        description=f"{description}: {_TIME_HELP}",
+        max_length=64,
+        examples=[example],
+        json_schema_extra={"pattern": TIME_PATTERN},
+    )
 
 
 Since = Annotated[str | None, _time("start of the window (default: 1 hour before until)", "2h")]
@@ -105,6 +138,7 @@ Metric = Annotated[
 _KEYS_PATTERN = r"^[A-Za-z0-9_.\-/]{1,128}$"
 
 _ONE = error_responses(400, 401, 404, 422, 503)
+_REQUEST = error_responses(400, 401, 404, 409, 422, 503)
 _MANY = error_responses(400, 401, 422, 503)
 
 
@@ -114,36 +148,109 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
     stall = settings.stall_threshold_ms
 
     @router.get(
-        "/requests/{trace_id}/attribution",
+        "/requests/{request_id}/attribution",
         tags=["requests"],
         response_model=Attribution,
-        responses=_ONE,
+        responses=_REQUEST,
     )
-    def request_attribution(trace_id: TraceId) -> dict[str, Any]:
-        """Where one request's end-to-end time went, bucket by bucket (milliseconds)."""
-        return trace.request_attribution(store, trace_id, stall_threshold_ms=stall)
+    def request_attribution(request_id: RequestId) -> dict[str, Any]:
+        """Where one request's end-to-end time went, bucket by bucket (milliseconds).
 
-    @router.get("/requests/{trace_id}", tags=["requests"], response_model=Explain, responses=_ONE)
-    def request_explain(trace_id: TraceId, stall_ms: StallMs = None) -> dict[str, Any]:
-        """One request at once: its buckets, its spans as a waterfall and its token timeline."""
-        return trace.explain(store, trace_id, stall_ms, stall_threshold_ms=stall)
+        A request is one inference call. Name it by its request id, or by its trace id when the
+        trace holds one call (409 ``several_requests`` when it holds several: the answer lists
+        their ids; ``/v1/traces/{trace_id}/requests`` gives them all with their buckets)."""
+        return trace.request_attribution(store, request_id, stall_threshold_ms=stall)
 
     @router.get(
-        "/requests/{trace_id}/tokens",
+        "/requests/{request_id}", tags=["requests"], response_model=Explain, responses=_REQUEST
+    )
+    def request_explain(request_id: RequestId, stall_ms: StallMs = None) -> dict[str, Any]:
+        """One request at once: its buckets, its trace's spans as a waterfall (on this
+        request's clock, from its start) and its token timeline. Named as for
+        ``/attribution``."""
+        return trace.explain(store, request_id, stall_ms, stall_threshold_ms=stall)
+
+    @router.get(
+        "/requests/{request_id}/tokens",
         tags=["requests"],
         response_model=RequestTokens,
-        responses=_ONE,
+        responses=_REQUEST,
     )
-    def request_tokens(trace_id: TraceId, stall_ms: StallMs = None) -> dict[str, Any]:
-        """When each token reached the client's clock, and the inter-token stalls."""
-        return trace.token_timeline(store, trace_id, stall_ms, stall_threshold_ms=stall)
+    def request_tokens(request_id: RequestId, stall_ms: StallMs = None) -> dict[str, Any]:
+        """When each token reached the client's clock, and the inter-token stalls. Named as
+        for ``/attribution``."""
+        return trace.token_timeline(store, request_id, stall_ms, stall_threshold_ms=stall)
 
     @router.get(
-        "/traces/{trace_id}/spans", tags=["requests"], response_model=TraceSpans, responses=_ONE
+        "/traces/{trace_id}/spans", tags=["traces"], response_model=TraceSpans, responses=_ONE
     )
     def trace_spans(trace_id: TraceId) -> dict[str, Any]:
         """Every span of a trace, server spans moved onto the client's clock, oldest first."""
         return trace.trace_spans(store, trace_id)
+
+    @router.get(
+        "/traces/{trace_id}/requests",
+        tags=["traces"],
+        response_model=TraceRequests,
+        responses=_ONE,
+    )
+    def trace_requests(trace_id: TraceId) -> dict[str, Any]:
+        """Every inference call of a trace (an agent run, a RAG pipeline, a gateway fan-out),
+        by start, each with its buckets; an empty list when the trace holds none."""
+        return trace.trace_requests(store, trace_id, stall_threshold_ms=stall)
+
+    @router.get("/traces/{trace_id}/run", tags=["traces"], response_model=Run, responses=_ONE)
+    def trace_run(trace_id: TraceId) -> dict[str, Any]:
+        """The trace as one run: the root's end-to-end time and, along its critical path (the
+        chain of work the root waited on), the time in LLM calls by bucket, in tool calls and in
+        the app's own code; these add up to the root's duration. Parallel calls count once."""
+        return trace.trace_run(store, trace_id, stall_threshold_ms=stall)
+
+    @router.get("/traces/{trace_id}", tags=["traces"], response_model=TraceExplain, responses=_ONE)
+    def trace_explain(trace_id: TraceId) -> dict[str, Any]:
+        """A trace at once: its run (as ``/run``) and its spans as a waterfall from the root's
+        start, each call's client span marked with its request id."""
+        return trace.trace_explain(store, trace_id, stall_threshold_ms=stall)
+
+    @router.get("/live", tags=["requests"], response_model=Live, responses=_MANY)
+    def live(
+        after: Annotated[
+            int | None,
+            Query(
+                description="the cursor of the previous answer: requests attributed since; "
+                "without it, none, and the cursor to start from",
+                ge=0,
+                examples=[1200],
+            ),
+        ] = None,
+        epoch: Annotated[
+            str | None,
+            Query(
+                description="the epoch of the previous answer; another epoch (the server "
+                "restarted) starts over from the oldest request kept",
+                max_length=64,
+            ),
+        ] = None,
+        service: Service = None,
+        model: Model = None,
+        min_e2e_ms: Annotated[
+            float, Query(description="only requests at least this slow (ms)", ge=0, le=1e9)
+        ] = 0.0,
+        limit: Annotated[
+            int, Query(description="at most this many, oldest first", ge=1, le=live_feed.MAX_LIVE)
+        ] = 500,
+    ) -> dict[str, Any]:
+        """Requests as they are attributed, for polling (what ``latscope top --url`` shows):
+        pass back ``cursor`` and ``epoch`` as ``after`` and ``epoch``. The gRPC Watch stream
+        on the OTLP/gRPC port gives the same rows pushed."""
+        return live_feed.since(
+            after=after,
+            epoch=epoch,
+            service=service or "",
+            model=model or "",
+            min_e2e_ms=min_e2e_ms,
+            limit=limit,
+        )
 
     @router.get(
         "/attribution/summary", tags=["aggregates"], response_model=Summary, responses=_MANY
@@ -263,6 +370,7 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
                 + ")",
                 max_length=20,
                 examples=[["ttft:500:0.99:30"]],
+                json_schema_extra={"items": {"type": "string", "pattern": OBJECTIVE_PATTERN}},
             ),
         ] = None,
         at: Annotated[

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 TRACE_ID_EXAMPLE = "4bf92f3577b34da6a3ce929d0e0e4736"
+REQUEST_ID_EXAMPLE = TRACE_ID_EXAMPLE + "-00f067aa0ba902b7"
 
 
 def _example(value: dict[str, Any]) -> ConfigDict:
@@ -37,7 +38,7 @@ class Itl(BaseModel):
 
 ATTRIBUTION_EXAMPLE = {
     "trace_id": TRACE_ID_EXAMPLE,
-    "request_id": TRACE_ID_EXAMPLE + "-00f067aa0ba902b7",
+    "request_id": REQUEST_ID_EXAMPLE,
     "service": "llm-server",
     "model": "llama-3-8b",
     "e2e_ms": 1000.0,
@@ -111,7 +112,9 @@ class Span(BaseModel):
     request_id: str | None = Field(
         default=None, description="the call this span is the client (or lone server) span of"
     )
-    start_ms: float = Field(description="offset from the request's start, on the client's clock")
+    start_ms: float = Field(
+        description="offset from the request's start (a trace's: its root's), on the caller's clock"
+    )
     duration_ms: float
     depth: int
     status: str
@@ -196,6 +199,174 @@ class Explain(BaseModel):
     attribution: Attribution
     spans: list[Span]
     tokens: TokenTimeline
+
+
+# -- a trace with several calls (an agent run) ---------------------------------------------------
+# Closed: a key these answers do not document is an error, not a silent extra.
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TraceRequests(_Strict):
+    """Every inference call of a trace, by start, each with its seven buckets."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"trace_id": TRACE_ID_EXAMPLE,
+                                         "requests": [ATTRIBUTION_EXAMPLE]}]},
+    )  # fmt: skip
+
+    trace_id: str
+    requests: list[Attribution] = Field(
+        description="one per inference call, by start; fetch one with /v1/requests/{request_id}"
+    )
+
+
+class PathBuckets(_Strict):
+    """LLM time on the critical path, in the seven buckets (ms)."""
+
+    network: float
+    queue: float
+    preprocess: float
+    prefill: float
+    decode: float
+    postprocess: float
+    other: float
+
+
+class RunBudget(_Strict):
+    """The run's end-to-end time along its critical path: ``llm + tool + app = e2e_ms``."""
+
+    llm: float = Field(description="in LLM calls (the sum of llm_buckets)")
+    llm_buckets: PathBuckets
+    tool: float = Field(description="in tool calls (execute_tool spans), outside LLM calls")
+    app: float = Field(description="the app's own time: orchestration, other services")
+
+
+class RunRoot(_Strict):
+    span_id: str
+    name: str
+    service: str
+    kind: str
+
+
+class RunCall(_Strict):
+    request_id: str
+    start_ms: float = Field(description="from the root's start")
+    e2e_ms: float
+    on_critical_path_ms: float = Field(description="how much of the call the root waited for")
+    on_critical_path_buckets_ms: PathBuckets
+    attribution: Attribution
+
+
+class RunTool(_Strict):
+    span_id: str
+    name: str
+    tool: str = Field(description="gen_ai.tool.name")
+    start_ms: float
+    duration_ms: float
+    on_critical_path_ms: float
+
+
+class PathStep(_Strict):
+    """One piece of the critical path, in time order."""
+
+    span_id: str
+    name: str
+    category: str = Field(description="llm, tool or app")
+    bucket: str | None = Field(description="for llm steps: the bucket of the call's timeline")
+    request_id: str | None
+    start_ms: float
+    end_ms: float
+
+
+RUN_EXAMPLE = {
+    "trace_id": TRACE_ID_EXAMPLE,
+    "root": {"span_id": "53995c3f42cd8ad8", "name": "invoke_agent research-assistant",
+             "service": "agent", "kind": "Internal"},
+    "e2e_ms": 1800.0,
+    "critical_path_ms": {
+        "llm": 1000.0,
+        "llm_buckets": ATTRIBUTION_EXAMPLE["buckets_ms"],
+        "tool": 650.0,
+        "app": 150.0,
+    },
+    "calls": [{
+        "request_id": ATTRIBUTION_EXAMPLE["request_id"],
+        "start_ms": 20.0,
+        "e2e_ms": 1000.0,
+        "on_critical_path_ms": 1000.0,
+        "on_critical_path_buckets_ms": ATTRIBUTION_EXAMPLE["buckets_ms"],
+        "attribution": ATTRIBUTION_EXAMPLE,
+    }],
+    "tools": [{"span_id": "a3ce929d0e0e4736", "name": "execute_tool search", "tool": "search",
+               "start_ms": 1100.0, "duration_ms": 650.0, "on_critical_path_ms": 650.0}],
+    "path": [{"span_id": "00f067aa0ba902b7", "name": "chat llama-3-8b", "category": "llm",
+              "bucket": "queue", "request_id": ATTRIBUTION_EXAMPLE["request_id"],
+              "start_ms": 100.0, "end_ms": 200.0}],
+}  # fmt: skip
+
+
+class Run(_Strict):
+    """A trace explained as one run: the root's end-to-end time, and along its critical path
+    (the chain of work the root waited on) the time in LLM calls by bucket, in tools and in
+    the app. Parallel calls count once: only what the root waited for is on the path."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [RUN_EXAMPLE]})
+
+    trace_id: str
+    root: RunRoot
+    e2e_ms: float = Field(description="the root span's duration")
+    critical_path_ms: RunBudget
+    calls: list[RunCall] = Field(description="every inference call, by start")
+    tools: list[RunTool] = Field(description="every tool call, by start")
+    path: list[PathStep]
+
+
+class TraceExplain(_Strict):
+    """A trace at once: its run and its waterfall, each call's spans on its caller's clock
+    (``request_id`` marks each call's client span, else its server span)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"trace_id": TRACE_ID_EXAMPLE, "run": RUN_EXAMPLE,
+                                         "spans": [SPAN_EXAMPLE]}]},
+    )  # fmt: skip
+
+    trace_id: str
+    run: Run
+    spans: list[Span]
+
+
+class LiveRequest(Attribution):
+    start_unix_nano: int = Field(description="when the request started (client clock if known)")
+
+
+class Live(_Strict):
+    """Requests attributed since the cursor of an earlier answer, oldest first."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "epoch": "9f1c2a7b40d35e61",
+                    "cursor": 1207,
+                    "missed": 0,
+                    "requests": [{**ATTRIBUTION_EXAMPLE, "start_unix_nano": 1767365000000000000}],
+                }
+            ]
+        },
+    )
+
+    epoch: str = Field(description="names the server process's numbering; pass it back")
+    cursor: int = Field(description="pass back as after= to get what came since")
+    missed: int = Field(
+        description="requests after the given cursor no longer kept (the poller fell behind)"
+    )
+    requests: list[LiveRequest]
 
 
 class Health(BaseModel):

@@ -32,6 +32,15 @@ _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
 )
 
+#: Both accepted forms as one JSON-schema pattern, published in the OpenAPI document so clients
+#: and generators know the shape before they send (values that fit may still be refused: a 13th
+#: month, a window too wide). Digits are [0-9]: a schema's \\d may also match other scripts.
+TIME_PATTERN = (
+    r"^\s*([0-9]{1,6}\s*(ms|s|m|h|d|w)"
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2}))\s*$"
+)
+
 #: The widest window a query may cover; wider ones are refused rather than scanned.
 MAX_RANGE = timedelta(days=400)
 DEFAULT_RANGE = timedelta(hours=1)

@@ -103,12 +103,21 @@ def attribution_table(body: Mapping[str, Any]) -> Table:
 
 
 def waterfall(
-    spans: Sequence[Mapping[str, Any]], total_ms: float, width: int | None = None
+    spans: Sequence[Mapping[str, Any]],
+    total_ms: float,
+    width: int | None = None,
+    *,
+    marks: Mapping[str, str] | None = None,
 ) -> Table:
-    """One row per span: indented name, service, a bar placed on the request's time axis."""
+    """One row per span: indented name, service, a bar placed on the request's time axis.
+    ``marks`` (span id -> label, e.g. "call 2") labels the spans of a trace's calls."""
+    marks = marks or {}
+    mark_width = max((len(m) for m in marks.values()), default=0)
     if width is None:  # what is left of the terminal after the text columns
-        width = max(16, console().width - 28 - 16 - 2 * 9 - 5)
+        width = max(16, console().width - 28 - 16 - 2 * 9 - 5 - (mark_width + 1 if marks else 0))
     table = Table(box=None, pad_edge=False, header_style="bold")
+    if marks:
+        table.add_column("call", no_wrap=True, min_width=mark_width)
     table.add_column("span", no_wrap=True, max_width=28)
     table.add_column("service", no_wrap=True, max_width=16)
     table.add_column("start ms", justify="right", no_wrap=True)
@@ -122,7 +131,11 @@ def waterfall(
         colour = COLOURS.get(s.get("phase") or "", "white" if s["kind"] != "Client" else "blue")
         bar = Text(" " * lo).append("▇" * (hi - lo), style=colour).append(" " * (width - hi))
         name = "  " * s.get("depth", 0) + s["name"]
-        table.add_row(name, s["service"], f"{s['start_ms']:.1f}", f"{s['duration_ms']:.1f}", bar)
+        cells = [name, s["service"], f"{s['start_ms']:.1f}", f"{s['duration_ms']:.1f}", bar]
+        if marks:
+            label = marks.get(s["span_id"], "")
+            cells.insert(0, Text(label, style="bold") if label else Text(""))
+        table.add_row(*cells)
     return table
 
 

@@ -31,18 +31,18 @@ QUERIES: dict[str, tuple[str, str]] = {
     "trace_requests": ("/v1/traces/{trace_id}/requests", "latscope.api.trace:trace_requests"),
     "run": ("/v1/traces/{trace_id}/run", "latscope.api.trace:trace_run"),
     "spans": ("/v1/traces/{trace_id}/spans", "latscope.api.trace:trace_spans"),
-    "summary": ("/v1/attribution/summary", "latscope.api.aggregates:summary"),
-    "tail": ("/v1/attribution/tail", "latscope.api.aggregates:tail"),
-    "compare": ("/v1/attribution/compare", "latscope.api.aggregates:compare"),
-    "diagnose": ("/v1/attribution/diagnose", "latscope.api.aggregates:diagnose"),
-    "slo": ("/v1/slo", "latscope.api.aggregates:slo"),
-    "gpu": ("/v1/gpu", "latscope.api.aggregates:gpu"),
-    "services": ("/v1/services", "latscope.api.aggregates:services"),
-    "requests": ("/v1/requests", "latscope.api.aggregates:slowest"),
-    "timeseries": ("/v1/attribution/timeseries", "latscope.api.aggregates:timeseries"),
-    "heatmap": ("/v1/attribution/heatmap", "latscope.api.aggregates:heatmap"),
-    "why": ("/v1/attribution/why", "latscope.api.aggregates:why"),
-    "coldstart": ("/v1/attribution/coldstart", "latscope.api.aggregates:coldstart"),
+    "summary": ("/v1/attribution/summary", "latscope.api.queries:summary"),
+    "tail": ("/v1/attribution/tail", "latscope.api.queries:tail"),
+    "compare": ("/v1/attribution/compare", "latscope.api.queries:compare"),
+    "diagnose": ("/v1/attribution/diagnose", "latscope.api.queries:diagnose"),
+    "slo": ("/v1/slo", "latscope.api.queries:slo"),
+    "gpu": ("/v1/gpu", "latscope.api.queries:gpu"),
+    "services": ("/v1/services", "latscope.api.queries:services"),
+    "requests": ("/v1/requests", "latscope.api.queries:slowest"),
+    "timeseries": ("/v1/attribution/timeseries", "latscope.api.queries:timeseries"),
+    "heatmap": ("/v1/attribution/heatmap", "latscope.api.queries:heatmap"),
+    "why": ("/v1/attribution/why", "latscope.api.queries:why"),
+    "coldstart": ("/v1/attribution/coldstart", "latscope.api.queries:coldstart"),
 }
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -52,11 +52,13 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class SourceError(Exception):
-    """A query could not be answered; the message says why and what to do."""
+    """A query could not be answered; the message says why and what to do. ``error`` is the
+    API's error code when it gave one (e.g. ``several_requests``)."""
 
-    def __init__(self, message: str, *, exit_code: int = 1) -> None:
+    def __init__(self, message: str, *, exit_code: int = 1, error: str | None = None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.error = error
 
 
 def default_url() -> str:
@@ -132,9 +134,12 @@ class HttpSource(Source):
         template, _ = QUERIES[name]
         path_keys = {k for k in params if "{" + k + "}" in template}
         path = template.format(**{k: params[k] for k in path_keys})
-        query = _clean({k: v for k, v in params.items() if k not in path_keys})
+        return self.get(path, **{k: v for k, v in params.items() if k not in path_keys})
+
+    def get(self, path: str, **params: Any) -> dict[str, Any]:
+        """``GET path`` with the non-empty ``params``; the JSON answer or SourceError."""
         try:
-            response = self.client.get(path, params=query)
+            response = self.client.get(path, params=_clean(params))
         except httpx.ConnectError:
             raise SourceError(
                 f"no API at {self.url} — start it with `latscope serve` (or `latscope api`), "
@@ -168,7 +173,9 @@ def _decode(response: httpx.Response, url: str) -> dict[str, Any]:
                 f"{'.'.join(str(p) for p in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail
             )
         raise SourceError(
-            f"{detail} ({body['error']})", exit_code=2 if response.is_client_error else 1
+            f"{detail} ({body['error']})",
+            exit_code=2 if response.is_client_error else 1,
+            error=str(body["error"]),
         )
     if response.status_code == 404:
         raise SourceError(f"{url} is not a latscope API (404 for {response.request.url.path})")
@@ -190,7 +197,7 @@ class StoreSource(Source):
             return fn(self.store, **_clean(params))
         except QueryError as exc:
             detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-            raise SourceError(f"{detail} ({exc.error})", exit_code=2) from None
+            raise SourceError(f"{detail} ({exc.error})", exit_code=2, error=exc.error) from None
         except StoreError as exc:
             raise SourceError(f"the store {self.store.dsn} failed the query: {exc}") from None
 

@@ -1,20 +1,41 @@
-"""``latscope explain TRACE_ID``: one request's buckets, span waterfall and token timeline."""
+"""``latscope explain ID``: one request's buckets, span waterfall and token timeline; or, for a
+trace with several inference calls (an agent run), the run: its critical path split into LLM
+buckets, tool calls and the app's own time, its calls, and the waterfall with the calls marked."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rich.table import Table
 from rich.text import Text
 
 from latscope.cmd import _render as r
-from latscope.cmd._source import Source, add_source_arguments, run_command
+from latscope.cmd._source import Source, SourceError, add_source_arguments, run_command
+from latscope.semconv import BUCKETS
 
-HELP = "one request: its latency buckets, span waterfall and token timeline"
+HELP = "one request (buckets, waterfall, tokens), or a multi-call trace's run (critical path)"
+
+#: Answers that mean "this id names a trace, not one request": show the trace as a run.
+_TRACE_ERRORS = ("several_requests", "no_inference_call")
+#: The run's budget beyond the LLM buckets, with their colours (the web page's hues).
+TOOL, APP = "tool", "app"
+RUN_COLOURS: dict[str, str] = {**r.COLOURS, TOOL: "dark_goldenrod", APP: "white"}
+#: Calls and tools listed at most (the waterfall shows every span).
+MAX_ROWS = 50
+#: A request id: 32 hex digits, '-', 16 hex digits.
+REQUEST_ID_WIDTH = 49
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace_id", metavar="TRACE_ID", help="32 hexadecimal characters")
+    parser.add_argument(
+        "id",
+        metavar="ID",
+        help="a request id (TRACE_ID-SPAN_ID, as `top`, the API and the web page show it) or a "
+        "trace id (32 hexadecimal characters): a trace with one call shows that request, one "
+        "with several shows the run",
+    )
     parser.add_argument(
         "--stall-ms",
         type=float,
@@ -28,7 +49,7 @@ def render(body: dict[str, Any]) -> None:
     out = r.console()
     a, spans, tokens = body["attribution"], body["spans"], body["tokens"]
     e2e = a["e2e_ms"]
-    header = Text(f"request {a['trace_id']}", style="bold")
+    header = Text(f"request {a.get('request_id') or a['trace_id']}", style="bold")
     header.append(f"  {a['service']}  {a['model'] or '(no model)'}  e2e {r.ms(e2e)}")
     out.print(header)
     out.print(r.stacked_bar(a["buckets_ms"]))
@@ -36,11 +57,21 @@ def render(body: dict[str, Any]) -> None:
     out.print(r.attribution_table(a))
     if a["buckets_ms"].get("network") is None:
         out.print(Text("network unknown: no client span was seen", style="italic"))
-    if a.get("clock_skew_ms"):
-        out.print(f"server clock runs {r.ms(a['clock_skew_ms'])} ahead of the client's (adjusted)")
+    skew = a.get("clock_skew_ms")
+    if skew:
+        way = "ahead of" if skew > 0 else "behind"
+        out.print(f"server clock runs {r.ms(abs(skew))} {way} the client's (adjusted)")
+    if a.get("client_headers_only"):
+        out.print(
+            "the client span ended at the response headers: the request runs to the server's "
+            "end plus the estimated return leg"
+        )
     out.print()
+    own = request_spans(spans, a.get("request_id"))
     out.print(Text("spans", style="bold"))
-    out.print(r.waterfall(spans, e2e))
+    if len(own) < len(spans):
+        out.print(f"(the spans of this call; its trace holds {len(_marks(spans))} calls)")
+    out.print(r.waterfall(own, e2e))
     out.print()
     out.print(Text("tokens", style="bold"))
     if not tokens["count"]:
@@ -64,14 +95,191 @@ def render(body: dict[str, Any]) -> None:
         out.print(f"no stalls (threshold {threshold})")
 
 
+# -- a run ----------------------------------------------------------------------------------------
+
+
+def request_spans(
+    spans: Sequence[Mapping[str, Any]], request_id: str | None
+) -> list[Mapping[str, Any]]:
+    """The spans of one call: in a trace with several calls, the span marked with its request
+    id and everything under it (depths from there); else every span of the trace."""
+    if request_id is None or len(_marks(spans)) <= 1:
+        return list(spans)
+    top = next((s for s in spans if s.get("request_id") == request_id), None)
+    if top is None:
+        return list(spans)
+    children: dict[str, list[str]] = {}
+    for s in spans:
+        children.setdefault(s["parent_span_id"], []).append(s["span_id"])
+    keep: set[str] = set()
+    stack = [top["span_id"]]
+    while stack:
+        span_id = stack.pop()
+        if span_id not in keep:
+            keep.add(span_id)
+            stack.extend(children.get(span_id, ()))
+    base = top.get("depth", 0)
+    return [{**s, "depth": s.get("depth", 0) - base} for s in spans if s["span_id"] in keep]
+
+
+def _marks(spans: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """span id -> "call N" for each call's client span (else server span), in time order."""
+    marks: dict[str, str] = {}
+    for s in spans:
+        if s.get("request_id"):
+            marks[s["span_id"]] = f"call {len(marks) + 1}"
+    return marks
+
+
+def run_parts(budget: Mapping[str, Any]) -> dict[str, float]:
+    """The run's critical path as one mapping: the seven LLM buckets, then tool and app (ms)."""
+    parts = {b: budget["llm_buckets"][b] for b in BUCKETS}
+    return {**parts, TOOL: budget["tool"], APP: budget["app"]}
+
+
+def run_bar(parts: Mapping[str, float], width: int = r.BAR_WIDTH) -> Text:
+    """A bar of ``width`` cells split among the parts in proportion (largest remainder)."""
+    values = {k: max(0.0, v) for k, v in parts.items()}
+    total = sum(values.values())
+    text = Text()
+    if total <= 0:
+        return text.append("·" * width, style="grey30")
+    exact = {k: v / total * width for k, v in values.items()}
+    cells = {k: int(x) for k, x in exact.items()}
+    for k in sorted(exact, key=lambda k: exact[k] - cells[k], reverse=True)[
+        : width - sum(cells.values())
+    ]:
+        cells[k] += 1
+    for k, n in cells.items():
+        if n:
+            text.append("█" * n, style=RUN_COLOURS[k])
+    return text
+
+
+def _run_legend() -> Text:
+    text = Text()
+    for k, colour in RUN_COLOURS.items():
+        text.append("█ ", style=colour).append(k + "  ")
+    return text
+
+
+def dominant(buckets: Mapping[str, float | None]) -> str | None:
+    known = {b: v for b, v in buckets.items() if v}
+    return max(known, key=lambda b: known[b]) if known else None
+
+
+def _budget_table(run: Mapping[str, Any]) -> Table:
+    e2e = run["e2e_ms"] or 0.0
+    budget = run["critical_path_ms"]
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("on the critical path")
+    table.add_column("ms", justify="right")
+    table.add_column("share", justify="right")
+
+    def row(name: str, value: float, style: str) -> None:
+        table.add_row(Text(name, style=style), r.ms(value), r.pct(value / e2e if e2e else None))
+
+    for b in BUCKETS:
+        row(f"  LLM {b}", budget["llm_buckets"][b], r.COLOURS[b])
+    row("LLM calls", budget["llm"], "bold")
+    row("tool calls", budget["tool"], RUN_COLOURS[TOOL])
+    row("app (orchestration)", budget["app"], RUN_COLOURS[APP])
+    table.add_row(Text("e2e (root)", style="bold"), r.ms(e2e), "100.0%")
+    return table
+
+
+def _calls_table(run: Mapping[str, Any]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("call", "service", "model", "start ms", "e2e", "on path", "dominant"):
+        right = col in ("start ms", "e2e", "on path")
+        table.add_column(col, justify="right" if right else "left", no_wrap=True)
+    for n, call in enumerate(run["calls"][:MAX_ROWS], 1):
+        a = call["attribution"]
+        top = dominant(a["buckets_ms"])
+        table.add_row(
+            f"call {n}",
+            a["service"],
+            a["model"] or "—",
+            f"{call['start_ms']:.1f}",
+            r.ms(call["e2e_ms"]),
+            r.ms(call["on_critical_path_ms"]) if call["on_critical_path_ms"] else "—",
+            Text(top, style=r.COLOURS[top]) if top else Text("—"),
+        )
+    return table
+
+
+def _ids_table(run: Mapping[str, Any]) -> Table:
+    """Each call's whole request id, on a line of its own: what ``explain`` takes."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("call", no_wrap=True)
+    table.add_column("request id (latscope explain ID)", no_wrap=True, min_width=REQUEST_ID_WIDTH)
+    for n, call in enumerate(run["calls"][:MAX_ROWS], 1):
+        table.add_row(f"call {n}", call["request_id"])
+    return table
+
+
+def _tools_table(run: Mapping[str, Any]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("tool call", "start ms", "dur", "on path"):
+        table.add_column(col, justify="left" if col == "tool call" else "right", no_wrap=True)
+    for t in run["tools"][:MAX_ROWS]:
+        table.add_row(
+            t["name"],
+            f"{t['start_ms']:.1f}",
+            r.ms(t["duration_ms"]),
+            r.ms(t["on_critical_path_ms"]) if t["on_critical_path_ms"] else "—",
+        )
+    return table
+
+
+def render_run(body: dict[str, Any]) -> None:
+    """A trace as a run (``GET /v1/traces/{trace_id}``)."""
+    out = r.console()
+    run, spans = body["run"], body["spans"]
+    root = run["root"]
+    header = Text(f"trace {run['trace_id']}", style="bold")
+    header.append(f"  {root['name']} ({root['service']})  e2e {r.ms(run['e2e_ms'])}")
+    out.print(header)
+    calls, tools = run["calls"], run["tools"]
+    out.print(
+        f"{len(calls)} inference call(s), {len(tools)} tool call(s); along the critical path "
+        "(what the root waited on), the time went to:"
+    )
+    out.print(run_bar(run_parts(run["critical_path_ms"])))
+    out.print(_run_legend())
+    out.print(_budget_table(run))
+    if calls:
+        out.print()
+        out.print(Text("calls", style="bold"))
+        out.print(_calls_table(run))
+        out.print(_ids_table(run))
+        if len(calls) > MAX_ROWS:
+            out.print(f"  … and {len(calls) - MAX_ROWS} more")
+    if tools:
+        out.print()
+        out.print(Text("tools", style="bold"))
+        out.print(_tools_table(run))
+    out.print()
+    out.print(Text("spans", style="bold"))
+    out.print(r.waterfall(spans, run["e2e_ms"], marks=_marks(spans)))
+
+
 def main(args: argparse.Namespace) -> int:
     def body(source: Source) -> int:
-        with r.progress(f"explaining {args.trace_id}"):
-            answer = source.query("explain", request_id=args.trace_id, stall_ms=args.stall_ms)
+        with r.progress(f"explaining {args.id}"):
+            try:
+                answer = source.query("explain", request_id=args.id, stall_ms=args.stall_ms)
+                show = render
+            except SourceError as exc:
+                if exc.error not in _TRACE_ERRORS:
+                    raise
+                # A trace id of a trace with several calls (or none): the trace as a run.
+                answer = source.query("trace", trace_id=args.id)
+                show = render_run
         if args.json:
             r.print_json(answer)
         else:
-            render(answer)
+            show(answer)
         return 0
 
     return run_command(args, body)

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from latscope.api.timerange import TimeRangeError, parse_range
-from latscope.attribution.timeseries import STEPS_S, choose_step
+from latscope.attribution.answers.timeseries import STEPS_S, choose_step
 from latscope.cmd import _render as r
 from latscope.cmd._source import Source, add_filter_arguments, add_source_arguments, run_command
 from latscope.semconv import BUCKETS

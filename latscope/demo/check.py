@@ -248,3 +248,153 @@ def check_cold(
         truth_dominant=dominant,
         latscope_dominant=coldstart["dominant"],
     )
+
+
+# -- agent runs ----------------------------------------------------------------------------------
+
+
+@dataclass
+class RunPartCheck:
+    """One figure of the runs' critical paths (e2e, an LLM bucket, tool, app) against the truth,
+    over all compared runs (ms); errors are distances outside the truth's bracket."""
+
+    part: str
+    truth_mean_ms: float
+    latscope_mean_ms: float
+    mean_abs_error_ms: float
+    max_abs_error_ms: float
+    within: int
+    compared: int
+
+    @property
+    def ok(self) -> bool:
+        return self.within == self.compared
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "part": self.part,
+            "truth_mean_ms": self.truth_mean_ms,
+            "latscope_mean_ms": self.latscope_mean_ms,
+            "mean_abs_error_ms": self.mean_abs_error_ms,
+            "max_abs_error_ms": self.max_abs_error_ms,
+            "within_tolerance": self.within,
+            "compared": self.compared,
+            "ok": self.ok,
+        }
+
+
+@dataclass
+class RunCheck:
+    """latscope's runs (``/v1/traces/{trace_id}/run``) against the agents' truth."""
+
+    compared: int
+    #: Runs the agents finished that latscope has no run for (or not all of its calls).
+    missing: list[str] = field(default_factory=list)
+    #: Runs whose calls taken whole on the critical path differ from the truth's.
+    path_mismatch: list[str] = field(default_factory=list)
+    parts: list[RunPartCheck] = field(default_factory=list)
+    calls: int = 0
+    parallel_calls: int = 0
+    #: The truth's pieces of calls cut off by a later sibling's start (see latscope.demo.agent).
+    partial_max_ms: float = 0.0
+    worst: list[tuple[str, str, float, float]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.compared > 0
+            and not self.missing
+            and not self.path_mismatch
+            and all(p.ok for p in self.parts)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "compared": self.compared,
+            "calls": self.calls,
+            "parallel_calls": self.parallel_calls,
+            "missing": self.missing,
+            "path_mismatch": self.path_mismatch,
+            "tolerance": {"abs_ms": TOLERANCE_NS / 1e6, "share": TOLERANCE_SHARE},
+            "parts": [p.to_json() for p in self.parts],
+            "partial_max_ms": self.partial_max_ms,
+            "worst": [
+                {"trace_id": t, "part": p, "truth_ms": tv, "latscope_ms": lv}
+                for t, p, tv, lv in self.worst
+            ],
+        }
+
+
+def run_figures(run: Mapping[str, Any]) -> dict[str, float]:
+    """The graded figures of a ``/v1/traces/{trace_id}/run`` answer (ms), named as
+    ``RunTruth.parts`` names them."""
+    budget = run["critical_path_ms"]
+    return {
+        "e2e": run["e2e_ms"],
+        **{f"llm.{b}": budget["llm_buckets"][b] for b in BUCKETS},
+        "tool": budget["tool"],
+        "app": budget["app"],
+    }
+
+
+def whole_calls_on_path(run: Mapping[str, Any]) -> list[str]:
+    """The calls of a run answer the root waited for whole (within the tolerance)."""
+    return [
+        c["request_id"]
+        for c in run["calls"]
+        if c["on_critical_path_ms"] * 1e6 >= c["e2e_ms"] * 1e6 - tolerance_ns(c["e2e_ms"] * 1e6)
+    ]
+
+
+def compare_runs(
+    pairs: Sequence[tuple[str, Mapping[str, tuple[int, int]], Mapping[str, Any], Sequence[str]]],
+    *,
+    missing: Sequence[str] = (),
+    parallel_calls: int = 0,
+    partial_max_ns: int = 0,
+) -> RunCheck:
+    """Compare ``(trace_id, true parts as ns brackets, latscope's run answer, the truth's calls
+    taken whole on the path)`` per run: every part within ``max(1 ms, 2 %)`` of its bracket, and
+    the same calls taken whole."""
+    result = RunCheck(
+        compared=len(pairs),
+        missing=list(missing),
+        calls=sum(len(run["calls"]) for _, _, run, _ in pairs),
+        parallel_calls=parallel_calls,
+        partial_max_ms=partial_max_ns / 1e6,
+    )
+    offenders: list[tuple[float, str, str, float, float]] = []
+    names = list(pairs[0][1]) if pairs else []
+    for name in names:
+        truths, seen, errors, within = [], [], [], 0
+        for trace_id, truth, run, _ in pairs:
+            low, high = truth[name]
+            true_ns = (low + high) / 2
+            got_ns = run_figures(run)[name] * 1e6
+            error = max(low - got_ns, got_ns - high, 0.0)
+            limit = tolerance_ns(round(true_ns))
+            truths.append(true_ns / 1e6)
+            seen.append(got_ns / 1e6)
+            errors.append(error / 1e6)
+            if error <= limit:
+                within += 1
+            else:
+                offenders.append((error / limit, trace_id, name, true_ns / 1e6, got_ns / 1e6))
+        result.parts.append(
+            RunPartCheck(
+                part=name,
+                truth_mean_ms=statistics.fmean(truths),
+                latscope_mean_ms=statistics.fmean(seen),
+                mean_abs_error_ms=statistics.fmean(errors),
+                max_abs_error_ms=max(errors),
+                within=within,
+                compared=len(pairs),
+            )
+        )
+    for trace_id, _, run, truth_calls in pairs:
+        if sorted(whole_calls_on_path(run)) != sorted(truth_calls):
+            result.path_mismatch.append(trace_id)
+    offenders.sort(reverse=True)
+    result.worst = [(t, p, tv, lv) for _, t, p, tv, lv in offenders[:5]]
+    return result

@@ -32,7 +32,15 @@ from rich.console import Console
 
 from latscope import sdk
 from latscope.demo import processes, report, scenarios
-from latscope.demo.check import CheckResult, ColdCheck, check_cold, compare
+from latscope.demo.agent import AgentGenerator, AgentRun, agent_tracing, run_truth
+from latscope.demo.check import (
+    CheckResult,
+    ColdCheck,
+    RunCheck,
+    check_cold,
+    compare,
+    compare_runs,
+)
 from latscope.demo.load import LoadGenerator, RequestResult
 from latscope.demo.proxy import DelayProxy
 from latscope.demo.scenarios import Scenario
@@ -113,6 +121,15 @@ class DemoRun:
     #: Scenarios with a scale-up: latscope's cold-start answer and its check against the truth.
     coldstart: dict[str, Any] | None = None
     cold_check: ColdCheck | None = None
+    #: The agent scenario: the runs as the agents lived them, latscope's answer for each
+    #: (``/v1/traces/{trace_id}/run``, by trace id) and the check of those against the truth.
+    agent_runs: list[AgentRun] = field(default_factory=list)
+    run_answers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    run_check: RunCheck | None = None
+
+    @property
+    def ok_runs(self) -> list[AgentRun]:
+        return [r for r in self.agent_runs if r.ok]
 
     @property
     def ok_results(self) -> list[RequestResult]:
@@ -146,6 +163,9 @@ class DemoRun:
             "check": None if self.check is None else self.check.to_json(),
             "coldstart": self.coldstart,
             "cold_check": None if self.cold_check is None else self.cold_check.to_json(),
+            "agent_runs": len(self.agent_runs) if self.scenario.agent else None,
+            "runs": report.runs_summary(self.run_answers) if self.run_answers else None,
+            "run_check": None if self.run_check is None else self.run_check.to_json(),
             "web": self.web_url,
         }
 
@@ -202,6 +222,8 @@ def main(args: argparse.Namespace) -> int:
         if args.check and (run.check is None or not run.check.ok):
             status = 1
         if args.check and run.cold_check is not None and not run.cold_check.ok:
+            status = 1
+        if args.check and run.scenario.agent and (run.run_check is None or not run.run_check.ok):
             status = 1
         if not args.exit:
             console.print("latscope keeps serving the page until Ctrl-C.")
@@ -288,10 +310,14 @@ def execute(
     the simulators, wait for latscope, fill ``run``; with ``check``, also grade latscope's
     attribution of each request (and its cold starts) against the truth."""
     sdk.configure(service_name=CLIENT_SERVICE, endpoint=otlp, insecure=True, gpu=False)
+    # The agent app's own spans (its runs' roots and tool calls) go through a tracer of its own.
+    tracing = agent_tracing(otlp, CLIENT_SERVICE) if run.scenario.agent else None
     started = time.time()
     try:
-        asyncio.run(_drive(run, replicas, seed, console, progress))
+        asyncio.run(_drive(run, replicas, seed, console, progress, tracing))
     finally:
+        if tracing is not None:
+            tracing.shutdown()  # flushes the roots and tool spans
         sdk.shutdown()  # flushes the client spans
     stats = {}
     for child in replicas.children:
@@ -316,10 +342,14 @@ def execute(
                 run.coldstart = r.json()
             else:
                 run.report_error = f"GET /v1/attribution/coldstart answered {r.status_code}"
+        if run.scenario.agent:
+            run.run_answers = fetch_runs(client, run.ok_runs)
         if check:
-            run.attributions = fetch_attributions(client, [r.trace_id for r in run.ok_results])
+            run.attributions = fetch_attributions(client, [r.latscope_id for r in run.ok_results])
     if check:
         run.check = build_check(run)
+        if run.scenario.agent:
+            run.run_check = build_run_check(run)
         if run.coldstart is not None:
             run.cold_check = check_cold(run.coldstart, _cold_truth(run), len(replicas.children))
 
@@ -336,7 +366,12 @@ def _cold_truth(run: DemoRun) -> list[tuple[bool, dict[str, tuple[int, int]]]]:
 
 
 async def _drive(
-    run: DemoRun, replicas: Replicas, seed: int, console: Console | None, progress: bool
+    run: DemoRun,
+    replicas: Replicas,
+    seed: int,
+    console: Console | None,
+    progress: bool,
+    tracing: Any = None,
 ) -> None:
     url = replicas.urls[0]
     proxy = None
@@ -346,9 +381,17 @@ async def _drive(
         proxy = DelayProxy(upstream, run.scenario.network_delay_ms / 1000)
         host, port = await proxy.start()
         url = f"http://{host}:{port}"
-    gen = LoadGenerator(
-        url, run.scenario, run.duration_s, seed=seed, console=console, progress=progress
-    )
+    gen: LoadGenerator
+    if tracing is not None:
+        tracer = tracing.get_tracer("latscope.demo.agent")
+        gen = AgentGenerator(
+            url, run.scenario, run.duration_s, seed=seed, console=console, progress=progress,
+            tracer=tracer,
+        )  # fmt: skip
+    else:
+        gen = LoadGenerator(
+            url, run.scenario, run.duration_s, seed=seed, console=console, progress=progress
+        )
     if run.scenario.scale_to and proxy is None:
         gen.urls = replicas.urls  # shared: replicas started later join the round-robin
     scaling = None
@@ -356,6 +399,8 @@ async def _drive(
         scaling = asyncio.create_task(_scale_up(run, replicas))
     try:
         run.results = await gen.run()
+        if isinstance(gen, AgentGenerator):
+            run.agent_runs = gen.runs
     finally:
         if scaling is not None:
             await scaling
@@ -374,8 +419,9 @@ async def _scale_up(run: DemoRun, replicas: Replicas) -> None:
 def fetch_attributions(
     client: httpx.Client, trace_ids: list[str | None], *, timeout_s: float = 60.0
 ) -> dict[str, dict[str, Any]]:
-    """latscope's attribution of each trace, asking again for those not complete yet (no
-    server span, or no client span so no network figure) until ``timeout_s``."""
+    """latscope's attribution of each request (by request id, or trace id), asking again for
+    those not complete yet (no server span, or no client span so no network figure) until
+    ``timeout_s``."""
     ids = [t for t in trace_ids if t]
     found: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
@@ -435,16 +481,74 @@ def fetch_report(
             run.report_error = f"GET /v1/attribution/{name} answered {r.status_code}: {r.text}"
 
 
+def fetch_runs(
+    client: httpx.Client, runs: list[AgentRun], *, timeout_s: float = 60.0
+) -> dict[str, dict[str, Any]]:
+    """latscope's answer for each agent run (``/v1/traces/{trace_id}/run``), asking again until
+    it has the run's root, all of its calls and their client spans, or ``timeout_s``."""
+    found: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+
+    def complete(run: AgentRun, body: dict[str, Any]) -> bool:
+        calls = body.get("calls") or []
+        return (
+            body.get("root", {}).get("span_id") == run.root_span_id
+            and len(calls) == len(run.calls)
+            and all(c["attribution"]["buckets_ms"]["network"] is not None for c in calls)
+        )
+
+    def fetch(run: AgentRun) -> tuple[str, dict[str, Any] | None]:
+        try:
+            r = client.get(f"/v1/traces/{run.trace_id}/run")
+        except httpx.HTTPError:
+            return run.trace_id, None
+        if r.status_code != 200 or not complete(run, r.json()):
+            return run.trace_id, None
+        return run.trace_id, r.json()
+
+    with ThreadPoolExecutor(8) as pool:
+        while True:
+            pending = [r for r in runs if r.trace_id not in found]
+            for trace_id, body in pool.map(fetch, pending):
+                if body is not None:
+                    found[trace_id] = body
+            if len(found) == len(runs) or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.5)
+
+
+def build_run_check(run: DemoRun) -> RunCheck:
+    """Each finished agent run's true critical path against latscope's run answer."""
+    pairs, missing = [], []
+    parallel, partial_max = 0, 0
+    for agent_run in run.ok_runs:
+        answer = run.run_answers.get(agent_run.trace_id)
+        buckets = {}
+        for result in agent_run.calls:
+            server = run.truth.get(result.request_id)
+            if server is None or server.get("server_ns") is None:
+                break
+            buckets[result.latscope_id or ""] = truth_buckets(result.e2e_ns, server)
+        if answer is None or len(buckets) < len(agent_run.calls):
+            missing.append(agent_run.trace_id)
+            continue
+        truth = run_truth(agent_run, buckets)
+        parallel += len(agent_run.calls) - 2  # all but the plan and the final call
+        partial_max = max(partial_max, truth.partial_max_ns)
+        pairs.append((agent_run.trace_id, truth.parts(), answer, truth.calls_on_path))
+    return compare_runs(pairs, missing=missing, parallel_calls=parallel, partial_max_ns=partial_max)
+
+
 def build_check(run: DemoRun) -> CheckResult:
     """Pair each finished request's truth with latscope's attribution of it."""
     pairs, missing, proxy = [], [], []
     for result in run.ok_results:
         server = run.truth.get(result.request_id)
-        attributed = run.attributions.get(result.trace_id or "")
+        attributed = run.attributions.get(result.latscope_id or "")
         if server is None or server.get("server_ns") is None or attributed is None:
-            missing.append(result.trace_id or result.request_id)
+            missing.append(result.latscope_id or result.request_id)
             continue
-        pairs.append((result.trace_id or "", truth_buckets(result.e2e_ns, server), attributed))
+        pairs.append((result.latscope_id or "", truth_buckets(result.e2e_ns, server), attributed))
         if result.request_id in run.proxy_ns:
             proxy.append(run.proxy_ns[result.request_id])
     return compare(pairs, missing=missing, skew_applied_s=run.clock_skew_s, proxy_added_ns=proxy)

@@ -47,9 +47,15 @@ class RequestResult:
     prompt_words: int
     max_tokens: int
     trace_id: str | None = None
+    #: The CLIENT span's id (from ``traceparent``): with the trace id, latscope's request id.
+    span_id: str | None = None
     status: int | None = None
     error: str | None = None
     e2e_ns: tuple[int, int] = (0, 0)
+    #: Brackets of the CLIENT span's start and end readings on this process's monotonic clock
+    #: (an agent run's truth places its calls with them).
+    start_ns: tuple[int, int] = (0, 0)
+    end_ns: tuple[int, int] = (0, 0)
     ttft_ns: int | None = None
     output_tokens: int = 0
     prompt_tokens: int | None = None
@@ -58,10 +64,18 @@ class RequestResult:
     def ok(self) -> bool:
         return self.status == 200 and self.error is None
 
+    @property
+    def latscope_id(self) -> str | None:
+        """The id latscope names this call by (``/v1/requests/{id}``)."""
+        if not self.trace_id or not self.span_id:
+            return self.trace_id
+        return f"{self.trace_id}-{self.span_id}"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "request_id": self.request_id,
             "trace_id": self.trace_id,
+            "span_id": self.span_id,
             "status": self.status,
             "error": self.error,
             "stream": self.stream,
@@ -70,6 +84,17 @@ class RequestResult:
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
         }
+
+
+@dataclass
+class PendingCall:
+    """A call whose CLIENT span has started and whose request has not gone out yet."""
+
+    result: RequestResult
+    call: sdk.ClientCall
+    url: str
+    body: dict[str, Any]
+    headers: dict[str, str]
 
 
 def sample_length(rng: random.Random, dist: Lengths) -> int:
@@ -82,6 +107,12 @@ def trace_id_of(headers: dict[str, str]) -> str | None:
     """The trace id the SDK put in ``traceparent`` (``00-<trace>-<span>-01``)."""
     parts = headers.get("traceparent", "").split("-")
     return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
+
+
+def span_id_of(headers: dict[str, str]) -> str | None:
+    """The calling span's id in ``traceparent``: the SDK's CLIENT span."""
+    parts = headers.get("traceparent", "").split("-")
+    return parts[2] if len(parts) == 4 and len(parts[2]) == 16 else None
 
 
 @dataclass
@@ -188,14 +219,39 @@ class LoadGenerator:
         return self.urls[self._turn % len(self.urls)]
 
     async def _call(self, client: httpx.AsyncClient, rng: random.Random) -> None:
+        await self.call(client, rng)
+
+    async def call(
+        self,
+        client: httpx.AsyncClient,
+        rng: random.Random,
+        *,
+        words: int | None = None,
+        max_tokens: int | None = None,
+        stream: bool | None = None,
+    ) -> RequestResult:
+        """One chat call (lengths drawn from the scenario unless given); its result is kept."""
+        return await self.send(client, self.open(rng, words=words, max_tokens=max_tokens,
+                                                 stream=stream))  # fmt: skip
+
+    def open(
+        self,
+        rng: random.Random,
+        *,
+        words: int | None = None,
+        max_tokens: int | None = None,
+        stream: bool | None = None,
+    ) -> PendingCall:
+        """Start a call's CLIENT span (the request goes out with ``send``): a fan-out opens all
+        its spans at once, as an app does before it sends the requests together."""
         load = self.load
         base = self._next_url()
-        words = sample_length(rng, load.prompt)
+        words = sample_length(rng, load.prompt) if words is None else words
         result = RequestResult(
             request_id=uuid.uuid4().hex,
-            stream=rng.random() >= load.non_stream_share,
+            stream=rng.random() >= load.non_stream_share if stream is None else stream,
             prompt_words=words,
-            max_tokens=sample_length(rng, load.output),
+            max_tokens=sample_length(rng, load.output) if max_tokens is None else max_tokens,
         )
         body = {
             "model": self.scenario.model,
@@ -211,12 +267,19 @@ class LoadGenerator:
         # before it ends, on a clock of its own.
         start = time.monotonic_ns()
         call = sdk.client_call("POST", base + CHAT_PATH, headers=headers, model=self.scenario.model)
-        start_after = time.monotonic_ns()
+        result.start_ns = (start, time.monotonic_ns())
+        result.trace_id = trace_id_of(headers)
+        result.span_id = span_id_of(headers)
+        return PendingCall(result, call, base + CHAT_PATH, body, headers)
+
+    async def send(self, client: httpx.AsyncClient, pending: PendingCall) -> RequestResult:
+        """Send an opened call and read its answer; ends its span."""
+        result, call = pending.result, pending.call
+        start, start_after = result.start_ns
         try:
             try:
-                result.trace_id = trace_id_of(headers)
                 async with client.stream(
-                    "POST", base + CHAT_PATH, json=body, headers=headers
+                    "POST", pending.url, json=pending.body, headers=pending.headers
                 ) as response:
                     call.first_byte()
                     call.set_status_code(response.status_code)
@@ -231,11 +294,15 @@ class LoadGenerator:
                         result.prompt_tokens = usage.get("prompt_tokens")
                 end = time.monotonic_ns()
                 call.finish()
-                result.e2e_ns = (end - start_after, time.monotonic_ns() - start)
+                end_after = time.monotonic_ns()
+                result.e2e_ns = (end - start_after, end_after - start)
+                result.end_ns = (end, end_after)
             except BaseException as exc:
                 end = time.monotonic_ns()
                 call.finish(exc)
-                result.e2e_ns = (end - start_after, time.monotonic_ns() - start)
+                end_after = time.monotonic_ns()
+                result.e2e_ns = (end - start_after, end_after - start)
+                result.end_ns = (end, end_after)
                 raise
         except (httpx.HTTPError, ValueError) as exc:
             result.error = f"{type(exc).__name__}: {exc}"
@@ -248,6 +315,7 @@ class LoadGenerator:
                 self.results.append(result)
             else:
                 self.not_kept += 1
+        return result
 
     @staticmethod
     async def _read_events(

@@ -9,6 +9,9 @@ from rich.table import Table
 
 from latscope.semconv import BUCKETS
 
+#: A run's critical path: the LLM calls' buckets, then tool calls and the app's own time.
+RUN_PARTS = (*(f"llm.{b}" for b in BUCKETS), "tool", "app")
+
 if TYPE_CHECKING:
     from latscope.demo.command import DemoRun
 
@@ -50,10 +53,14 @@ def print_report(console: Console, run: DemoRun) -> None:
         console.print(f"Scenario {run.scenario.name} expects {want}: {mark}")
     if run.coldstart is not None:
         print_coldstart(console, run.coldstart)
+    if run.run_answers:
+        print_runs(console, run)
     if run.check is not None:
         print_check(console, run)
     if run.cold_check is not None:
         print_cold_check(console, run)
+    if run.run_check is not None:
+        print_run_check(console, run)
     console.print(f"\nlatscope's web page: [bold]{run.web_url}[/]")
 
 
@@ -189,3 +196,73 @@ def print_cold_check(console: Console, run: DemoRun) -> None:
         f"{c.latscope_dominant} (truth {c.truth_dominant}): "
         + ("[green]PASS[/]" if c.ok else "[red]FAIL[/]")
     )
+
+
+def runs_summary(answers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The mean run of latscope's answers (``/v1/traces/{trace_id}/run``): its e2e and where
+    its critical path went (ms and shares), and how many calls a run made."""
+    from latscope.demo.check import run_figures
+
+    figures = [run_figures(a) for a in answers.values()]
+    n = len(figures)
+    e2e = sum(f["e2e"] for f in figures) / n
+    means = {part: sum(f[part] for f in figures) / n for part in RUN_PARTS}
+    llm = sum(means[f"llm.{b}"] for b in BUCKETS)
+    return {
+        "runs": n,
+        "calls": sum(len(a["calls"]) for a in answers.values()),
+        "e2e_mean_ms": e2e,
+        "critical_path_mean_ms": {"llm": llm, **means},
+        "shares": {"llm": llm / e2e if e2e else None,
+                   **{p: means[p] / e2e if e2e else None for p in RUN_PARTS}},
+    }  # fmt: skip
+
+
+def print_runs(console: Console, run: DemoRun) -> None:
+    summary = runs_summary(run.run_answers)
+    means, shares = summary["critical_path_mean_ms"], summary["shares"]
+    top = max(BUCKETS, key=lambda b: means[f"llm.{b}"])
+    console.print(
+        f"\n[bold]Agent runs[/]: {summary['runs']} runs, {summary['calls']} LLM calls; a run "
+        f"takes {_ms(summary['e2e_mean_ms'])} ms on average, and along its critical path (what "
+        f"the root waited on; parallel calls count once) LLM calls take {_ms(means['llm'])} ms "
+        f"({_pct(shares['llm'])}, mostly [bold]{top}[/]), tool calls {_ms(means['tool'])} ms "
+        f"({_pct(shares['tool'])}), the app's own code {_ms(means['app'])} ms "
+        f"({_pct(shares['app'])})"
+    )
+    example = next(iter(run.run_answers))
+    console.print(f"  one of them: latscope explain {example}")
+
+
+def print_run_check(console: Console, run: DemoRun) -> None:
+    check = run.run_check
+    assert check is not None
+    console.print(
+        f"\n[bold]Check of the runs[/]: {check.compared} runs ({check.calls} calls, "
+        f"{check.parallel_calls} of them in parallel groups); the critical path of each within "
+        "max(1 ms, 2%) of the truth the agents measured, part by part"
+    )
+    table = Table(box=None, pad_edge=False)
+    for col in ("critical path", "truth ms", "latscope ms", "mean err", "max err", "within"):
+        table.add_column(col, justify="left" if col == "critical path" else "right")
+    for p in check.parts:
+        table.add_row(
+            p.part,
+            f"{p.truth_mean_ms:.3f}",
+            f"{p.latscope_mean_ms:.3f}",
+            f"{p.mean_abs_error_ms:.3f}",
+            f"{p.max_abs_error_ms:.3f}",
+            f"{'[green]' if p.ok else '[red]'}{p.within}/{p.compared}[/]",
+        )
+    console.print(table)
+    console.print(
+        f"Calls the root waited for whole: the same as the truth's in "
+        f"{check.compared - len(check.path_mismatch)} of {check.compared} runs; the largest "
+        f"piece of a parallel call cut off by a later sibling's start: "
+        f"{check.partial_max_ms:.3f} ms"
+    )
+    if check.missing:
+        console.print(f"[red]{len(check.missing)} runs have no complete run in latscope[/]")
+    for trace_id, part, truth, got in check.worst if not check.ok else ():
+        console.print(f"  {trace_id} {part}: truth {truth:.3f} ms, latscope {got:.3f} ms")
+    console.print("run check: " + ("[green]PASS[/]" if check.ok else "[red]FAIL[/]"))

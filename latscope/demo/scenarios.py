@@ -91,6 +91,30 @@ class LoadConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    """Agent runs instead of single calls: each of ``LoadConfig.concurrency`` agents runs, one
+    after the other, an ``invoke_agent`` root span holding a plan call, a tool call, a group of
+    calls in parallel (``asyncio.gather``), another tool call and a final call, with the app's
+    own work (parsing, prompt building) between the steps. Times in ms."""
+
+    #: Output tokens of the plan and final calls.
+    plan_tokens: int = 24
+    final_tokens: int = 40
+    #: Calls in the parallel group (inclusive range), and the output tokens of each: the i-th
+    #: branch asks for ``parallel_tokens[i]`` (+-20 %), far enough apart that one clearly
+    #: finishes last (the critical path takes that one).
+    parallel: tuple[int, int] = (2, 3)
+    parallel_tokens: tuple[int, ...] = (8, 28, 64)
+    #: Tool calls (a sleep inside an ``execute_tool`` span), as (name, low ms, high ms).
+    tools: tuple[tuple[str, float, float], ...] = (
+        ("search", 30.0, 90.0),
+        ("calculator", 1.0, 6.0),
+    )
+    #: The app's own time before each step and after the last (uniform, ms).
+    gap_ms: tuple[float, float] = (2.0, 15.0)
+
+
+@dataclass(frozen=True)
 class Expectation:
     """What latscope's diagnosis must say for the scenario."""
 
@@ -118,6 +142,8 @@ class Scenario:
     replicas: int = 1
     scale_to: int = 0
     scale_at: float = 0.4
+    #: Agent runs (several calls per trace) instead of single calls.
+    agent: AgentConfig | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -213,6 +239,16 @@ SCENARIOS: dict[str, Scenario] = {
             scale_to=3,
             scale_at=0.35,
             expect=Expectation("decode", verdicts=("cold_start",)),
+        ),
+        Scenario(
+            name="agent",
+            complaint="the research agent takes seconds: is it the model, the tools or our code?",
+            # Three agents at a time, each run making 4-5 calls (2-3 of them in parallel) with
+            # two tool calls between; the server has room for all of them (no queue).
+            engine=EngineConfig(),
+            load=LoadConfig(concurrency=3, prompt=Lengths(300, 0.4, 32, 2000)),
+            agent=AgentConfig(),
+            expect=Expectation("decode", absent=("queue_tail",)),
         ),
     )
 }

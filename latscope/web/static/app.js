@@ -2,6 +2,8 @@
 "use strict";
 
 const BUCKETS = ["network", "queue", "preprocess", "prefill", "decode", "postprocess", "other"];
+// A run's critical path: the LLM calls' seven buckets, then tool calls and the app's own time.
+const RUN_PARTS = [...BUCKETS, "tool", "app"];
 const $ = (sel) => document.querySelector(sel);
 const state = { token: localStorage.getItem("latscope.token") || "", range: null };
 // More views (static/time.js) add their loaders here; refresh() runs them with the others.
@@ -63,11 +65,11 @@ function bucketCell(bucket, extra = "") {
 }
 
 // A stacked bar: one segment per bucket, widths in proportion to ``parts`` (ms or shares).
-function stackedBar(parts, cls = "bar") {
-  const total = BUCKETS.reduce((s, b) => s + Math.max(0, parts[b] || 0), 0);
+function stackedBar(parts, cls = "bar", keys = BUCKETS) {
+  const total = keys.reduce((s, b) => s + Math.max(0, parts[b] || 0), 0);
   const bar = el("div", { class: cls });
   if (total <= 0) return bar;
-  for (const b of BUCKETS) {
+  for (const b of keys) {
     const v = Math.max(0, parts[b] || 0);
     if (!v) continue;
     const share = v / total;
@@ -114,6 +116,7 @@ async function loadServices() {
 
 function renderLegend() {
   $("#legend").replaceChildren(...BUCKETS.map((b) => el("span", { style: `--c: var(--${b})` }, b)));
+  $("#run-legend").replaceChildren(...RUN_PARTS.map((b) => el("span", { style: `--c: var(--${b})` }, b)));
 }
 
 function shares(section) {
@@ -201,8 +204,9 @@ async function loadDiagnosis() {
 
 async function loadSlowest() {
   const body = await api("v1/requests", { ...filters(), limit: 15 });
+  // A row opens its request: by request id when the answer has one (a trace id may name several).
   $("#slowest-table tbody").replaceChildren(...body.requests.map((r) => el("tr", { "data-trace": r.trace_id },
-    el("td", { class: "trace" }, el("a", { class: "trace", href: `#trace=${r.trace_id}` }, r.trace_id.slice(0, 16))),
+    el("td", { class: "trace" }, el("a", { class: "trace", href: `#trace=${r.request_id || r.trace_id}`, title: r.request_id || r.trace_id }, r.trace_id.slice(0, 16))),
     el("td", {}, r.service), el("td", {}, r.model),
     el("td", { class: "e2e" }, num(r.e2e_ms)), el("td", {}, num(r.ttft_ms)),
     el("td", { class: "budget" }, stackedBar(r.buckets_ms)),
@@ -226,56 +230,117 @@ async function loadGpu() {
 
 // -- one request -------------------------------------------------------------------------------
 
-function renderWaterfall(spans, total) {
+// The spans of one call: in a trace with several calls, the span marked with its request id and
+// everything under it (depths from there); else every span of the trace.
+function callSpans(spans, requestId) {
+  const marked = spans.filter((s) => s.request_id);
+  if (marked.length <= 1) return { spans, calls: marked.length };
+  const top = marked.find((s) => s.request_id === requestId);
+  if (!top) return { spans, calls: marked.length };
+  const children = new Map();
+  for (const s of spans) children.set(s.parent_span_id, [...(children.get(s.parent_span_id) || []), s.span_id]);
+  const keep = new Set(), stack = [top.span_id];
+  while (stack.length) {
+    const id = stack.pop();
+    if (keep.has(id)) continue;
+    keep.add(id);
+    stack.push(...(children.get(id) || []));
+  }
+  return { spans: spans.filter((s) => keep.has(s.span_id)).map((s) => ({ ...s, depth: s.depth - top.depth })), calls: marked.length };
+}
+
+// One row per span on the time axis; ``marks`` (span id -> {label, href, start_ms, e2e_ms})
+// labels the calls and outlines each call's whole extent (a headers-only client span is shorter
+// than its call).
+function renderWaterfall(target, spans, total, marks = new Map()) {
   const scale = (v) => Math.max(0, Math.min(100, (v / total) * 100));
-  $("#waterfall").replaceChildren(...spans.map((s) => {
+  target.replaceChildren(...spans.map((s) => {
     const colour = s.phase ? `var(--${s.phase})` : null;
+    const mark = marks.get(s.span_id);
     const box = el("div", {
-      class: `box ${s.kind === "Client" ? "client" : ""}`,
+      class: `box ${s.kind === "Client" ? "client" : ""} ${mark ? "call" : ""}`,
       style: `left: ${scale(s.start_ms)}%; width: ${Math.max(0.2, scale(s.duration_ms))}%;` + (colour ? ` background: ${colour};` : ""),
       title: `${s.name}: starts ${ms(s.start_ms)}, lasts ${ms(s.duration_ms)}`,
     }, el("span", { class: "t" }, ms(s.duration_ms)));
-    return el("div", { class: "span", "data-span": s.span_id, "data-phase": s.phase || "" },
-      el("span", { class: "name", style: `padding-left: ${s.depth}rem`, title: s.name }, s.name),
+    return el("div", { class: `span ${mark ? "call" : ""}`, "data-span": s.span_id, "data-phase": s.phase || "", "data-request": s.request_id || "" },
+      el("span", { class: "name", style: `padding-left: ${s.depth}rem`, title: s.name },
+        mark ? el("a", { class: "mark", href: mark.href }, mark.label) : null, s.name),
       el("span", { class: "muted" }, s.service),
-      el("div", { class: "track" }, box));
+      el("div", { class: "track" }, box, mark && mark.e2e_ms !== undefined ? el("div", {
+        class: "extent", style: `left: ${scale(mark.start_ms)}%; width: ${Math.max(0.2, scale(mark.e2e_ms))}%;`,
+        title: `${mark.label}: ${ms(mark.e2e_ms)} from ${ms(mark.start_ms)}`,
+      }) : null));
   }));
 }
 
+// A readable step for an axis over ``span`` with at most ``count`` ticks: 1, 2 or 5 times 10^k.
+function niceStep(span, count) {
+  const raw = span / Math.max(1, count);
+  const power = 10 ** Math.floor(Math.log10(raw));
+  for (const m of [1, 2, 5, 10]) if (m * power >= raw) return m * power;
+  return 10 * power;
+}
+
+function tickText(v, step) {
+  if (v >= 10000 || step >= 1000) return `${(v / 1000).toFixed(step >= 1000 ? 0 : Math.max(0, -Math.floor(Math.log10(step / 1000))))} s`;
+  return `${v.toFixed(Math.max(0, -Math.floor(Math.log10(step))))} ms`;
+}
+
+// Token arrivals on the request's axis. Three rows that never overlap: the first token's label
+// on top, the tokens (and stalls) in the middle, a time axis with its tick labels at the bottom.
+const TOKENS_GEOMETRY = { height: 82, pad: 8, label: 11, top: 16, bottom: 50, axis: 56, ticks: 72, minGap: 90 };
+
 function renderTokens(tokens, total) {
-  const svg = $("#tokens");
-  const NS = "http://www.w3.org/2000/svg";
-  const width = svg.clientWidth || 900, height = 70;
-  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  svg.replaceChildren();
-  const x = (t) => 4 + (Math.max(0, t) / total) * (width - 8);
-  const add = (tag, attrs) => {
-    const node = document.createElementNS(NS, tag);
+  const chart = $("#tokens");
+  const g = TOKENS_GEOMETRY;
+  const width = chart.clientWidth || 900;
+  chart.setAttribute("viewBox", `0 0 ${width} ${g.height}`);
+  chart.replaceChildren();
+  const x = (t) => g.pad + (Math.max(0, Math.min(total, t)) / total) * (width - 2 * g.pad);
+  const add = (tag, attrs, text = null) => {
+    const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
     for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
-    svg.append(node);
+    if (text !== null) node.textContent = text;
+    chart.append(node);
     return node;
   };
   for (const s of tokens.stalls) {
-    add("rect", { class: "stall", x: x(s.at_ms - s.gap_ms), y: 8, width: Math.max(1, x(s.at_ms) - x(s.at_ms - s.gap_ms)), height: 44, "data-index": s.index });
+    add("rect", { class: "stall", x: x(s.at_ms - s.gap_ms), y: g.top, width: Math.max(1, x(s.at_ms) - x(s.at_ms - s.gap_ms)), height: g.bottom - g.top, "data-index": s.index });
   }
-  for (const t of tokens.times_ms) add("line", { class: "tok", x1: x(t), x2: x(t), y1: 14, y2: 46 });
+  for (const t of tokens.times_ms) add("line", { class: "tok", x1: x(t), x2: x(t), y1: g.top + 2, y2: g.bottom - 2 });
   if (tokens.first_token_ms !== null) {
-    add("line", { class: "first", x1: x(tokens.first_token_ms), x2: x(tokens.first_token_ms), y1: 4, y2: 56 });
-    add("text", { x: x(tokens.first_token_ms) + 3, y: 66 }).textContent = `first token ${ms(tokens.first_token_ms)}`;
+    const fx = x(tokens.first_token_ms);
+    add("line", { class: "first", x1: fx, x2: fx, y1: g.label + 2, y2: g.axis });
+    // Left of the marker when it sits in the right half, so the label stays inside the chart.
+    const right = fx > width / 2;
+    add("text", { class: "first-label", x: right ? fx - 4 : fx + 4, y: g.label, "text-anchor": right ? "end" : "start" },
+      `first token ${ms(tokens.first_token_ms)}`);
   }
-  add("text", { x: width - 60, y: 66 }).textContent = ms(total);
+  add("line", { class: "axis", x1: x(0), x2: x(total), y1: g.axis, y2: g.axis });
+  // Ticks at round times at least minGap px apart, and one at the end of the request; a round
+  // tick too close to the end gives way to it.
+  const step = niceStep(total, Math.floor((width - 2 * g.pad) / g.minGap));
+  const ticks = [];
+  for (let t = 0; t < total; t += step) if (x(total) - x(t) >= g.minGap) ticks.push([t, tickText(t, step)]);
+  ticks.push([total, Math.abs(total / step - Math.round(total / step)) < 1e-9 ? tickText(total, step) : ms(total)]);
+  ticks.forEach(([t, label], i) => {
+    add("line", { class: "tick-mark", x1: x(t), x2: x(t), y1: g.axis, y2: g.axis + 4 });
+    const anchor = i === 0 ? "start" : i === ticks.length - 1 ? "end" : "middle";
+    add("text", { class: "tick", x: x(t), y: g.ticks, "text-anchor": anchor, "data-ms": t }, label);
+  });
 }
 
-async function loadRequest(traceId) {
-  const body = await api(`v1/requests/${encodeURIComponent(traceId)}`);
+// The request view: buckets, its own spans, tokens. ``body`` is /v1/requests/{id}'s answer.
+function renderRequest(body) {
   const a = body.attribution;
   $("#request-body").hidden = false;
-  $("#request-id").textContent = a.trace_id;
-  $("#trace-input").value = a.trace_id;
+  $("#request-id").textContent = a.request_id || a.trace_id;
+  $("#trace-input").value = a.request_id || a.trace_id;
   $("#request-summary").textContent =
     `${a.service} · ${a.model || "(no model)"} · e2e ${ms(a.e2e_ms)} · TTFT ${ms(a.ttft_ms)} · TPOT ${ms(a.tpot_ms, 2)}` +
     ` · tokens ${a.input_tokens ?? "–"} in / ${a.output_tokens ?? "–"} out` +
-    (a.clock_skew_ms ? ` · server clock ${ms(a.clock_skew_ms)} ahead (adjusted)` : "") +
+    (a.clock_skew_ms ? ` · server clock ${ms(Math.abs(a.clock_skew_ms))} ${a.clock_skew_ms > 0 ? "ahead" : "behind"} (adjusted)` : "") +
+    (a.client_headers_only ? " · the client span ended at the response headers (extended to the server's end)" : "") +
     (a.buckets_ms.network === null ? " · network unknown (no client span)" : "");
   $("#request-bar").replaceWith(Object.assign(stackedBar(a.buckets_ms, "bar big"), { id: "request-bar" }));
   $("#request-buckets tbody").replaceChildren(...BUCKETS.map((b) => {
@@ -283,7 +348,9 @@ async function loadRequest(traceId) {
     return el("tr", { "data-bucket": b }, bucketCell(b), el("td", { class: "ms" }, num(v)),
       el("td", {}, v === null ? "–" : pct(v / a.e2e_ms)));
   }), el("tr", { "data-bucket": "e2e" }, el("td", { class: "b" }, "e2e"), el("td", { class: "ms" }, num(a.e2e_ms)), el("td", {}, "100.0%")));
-  renderWaterfall(body.spans, a.e2e_ms);
+  const own = callSpans(body.spans, a.request_id);
+  $("#waterfall-note").textContent = own.calls > 1 ? `this call's spans (its trace holds ${own.calls} calls)` : "";
+  renderWaterfall($("#waterfall"), own.spans, a.e2e_ms);
   const t = body.tokens;
   $("#token-summary").textContent = t.count
     ? `${t.count} tokens · ITL p50 ${ms(a.itl_ms.p50, 2)} · p99 ${ms(a.itl_ms.p99, 2)} · max ${ms(a.itl_ms.max, 2)} · ${t.stalls.length} stall(s) over ${ms(t.stall_threshold_ms, 1)}`
@@ -291,6 +358,66 @@ async function loadRequest(traceId) {
   renderTokens(t, a.e2e_ms);
   $("#stalls").replaceChildren(...t.stalls.slice(0, 20).map((s) =>
     el("li", { "data-index": s.index }, `token ${s.index} at ${ms(s.at_ms)} after a ${ms(s.gap_ms)} gap`)));
+}
+
+async function loadRequest(id) {
+  renderRequest(await api(`v1/requests/${encodeURIComponent(id)}`));
+}
+
+// -- a trace with several calls (an agent run) ----------------------------------------------------
+
+function dominantBucket(buckets) {
+  let best = null;
+  for (const b of BUCKETS) if ((buckets[b] || 0) > 0 && (best === null || buckets[b] > buckets[best])) best = b;
+  return best;
+}
+
+function runParts(budget) {
+  return { ...budget.llm_buckets, tool: budget.tool, app: budget.app };
+}
+
+// ``body`` is /v1/traces/{trace_id}'s answer: the run and the waterfall.
+function renderRun(body, openCall = null) {
+  const run = body.run, budget = run.critical_path_ms;
+  $("#run").hidden = false;
+  $("#run-id").textContent = run.trace_id;
+  $("#run-summary").textContent =
+    `${run.root.name} (${run.root.service}) · e2e ${ms(run.e2e_ms)} · ${run.calls.length} inference call(s), ${run.tools.length} tool call(s)` +
+    ` · LLM ${ms(budget.llm)} · tool ${ms(budget.tool)} · app ${ms(budget.app)} on the critical path`;
+  const parts = runParts(budget);
+  $("#run-bar").replaceWith(Object.assign(stackedBar(parts, "bar big", RUN_PARTS), { id: "run-bar" }));
+  const share = (v) => (run.e2e_ms ? pct(v / run.e2e_ms) : "–");
+  $("#run-budget tbody").replaceChildren(
+    ...BUCKETS.map((b) => el("tr", { "data-part": b }, el("td", { class: "b", style: `--c: var(--${b})` }, `LLM ${b}`),
+      el("td", { class: "ms" }, num(parts[b])), el("td", {}, share(parts[b])))),
+    el("tr", { "data-part": "llm", class: "subtotal" }, el("td", { class: "b" }, "LLM calls"), el("td", { class: "ms" }, num(budget.llm)), el("td", {}, share(budget.llm))),
+    ...["tool", "app"].map((k) => el("tr", { "data-part": k }, el("td", { class: "b", style: `--c: var(--${k})` }, k === "tool" ? "tool calls" : "app (orchestration)"),
+      el("td", { class: "ms" }, num(parts[k])), el("td", {}, share(parts[k])))),
+    el("tr", { "data-part": "e2e" }, el("td", { class: "b" }, "e2e (root)"), el("td", { class: "ms" }, num(run.e2e_ms)), el("td", {}, "100.0%")),
+  );
+  const number = new Map(run.calls.map((c, i) => [c.request_id, i + 1]));
+  const href = (rid) => `#trace=${run.trace_id}&call=${rid}`;
+  $("#run-calls tbody").replaceChildren(...run.calls.map((c) => {
+    const a = c.attribution, top = dominantBucket(a.buckets_ms);
+    return el("tr", { "data-request": c.request_id, class: c.request_id === openCall ? "open" : "" },
+      el("td", {}, `call ${number.get(c.request_id)}`),
+      el("td", { class: "trace" }, el("a", { class: "call", href: href(c.request_id), title: c.request_id }, c.request_id)),
+      el("td", {}, a.service), el("td", {}, a.model || "–"),
+      el("td", {}, num(c.start_ms)), el("td", { class: "e2e" }, num(c.e2e_ms)),
+      el("td", { class: "on-path" }, c.on_critical_path_ms ? num(c.on_critical_path_ms) : "–"),
+      top ? bucketCell(top, "dominant") : el("td", {}, "–"),
+      el("td", { class: "budget" }, stackedBar(a.buckets_ms)));
+  }));
+  const calls = new Map(run.calls.map((c) => [c.request_id, c]));
+  const marks = new Map(body.spans.filter((s) => s.request_id).map((s) => {
+    const c = calls.get(s.request_id);
+    return [s.span_id, { label: `call ${number.get(s.request_id)}`, href: href(s.request_id), start_ms: c?.start_ms, e2e_ms: c?.e2e_ms }];
+  }));
+  renderWaterfall($("#run-waterfall"), body.spans, run.e2e_ms, marks);
+}
+
+async function loadRun(traceId, openCall = null) {
+  renderRun(await api(`v1/traces/${encodeURIComponent(traceId)}`), openCall);
 }
 
 // -- compare -----------------------------------------------------------------------------------
@@ -328,17 +455,32 @@ async function refresh() {
   document.body.dataset.loaded = results.every((r) => r.status === "fulfilled") ? "ok" : "error";
 }
 
-function traceFromHash() {
-  const m = /trace=([^&]+)/.exec(location.hash);
-  return m ? m[1] : null;
+function fromHash(key) {
+  const m = new RegExp(`[#&]${key}=([^&]+)`).exec(location.hash);
+  return m ? decodeURIComponent(m[1]) : null;
 }
 
+// ``#trace=ID``: a request id, or a trace id. A trace with one call shows that request; one
+// with several (or none) shows the run, and ``&call=REQUEST_ID`` opens one of its calls below it.
 async function openFromHash() {
-  const id = traceFromHash();
+  const id = fromHash("trace"), call = fromHash("call");
   if (!id) return;
   document.body.dataset.request = "loading";
-  try { await run(() => loadRequest(id)); document.body.dataset.request = "ok"; }
-  catch (_) { document.body.dataset.request = "error"; }
+  try {
+    await run(async () => {
+      try {
+        await loadRequest(id);
+        $("#run").hidden = true;
+      } catch (err) {
+        if (!(err instanceof ApiError) || !["several_requests", "no_inference_call"].includes(err.code)) throw err;
+        $("#request-body").hidden = true;
+        await loadRun(id, call);
+        if (call) await loadRequest(call);
+        else { $("#request-id").textContent = ""; $("#trace-input").value = id; }
+      }
+    });
+    document.body.dataset.request = "ok";
+  } catch (_) { document.body.dataset.request = "error"; }
 }
 
 async function start() {

@@ -7,10 +7,142 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetAttributionRequest(_message.Message):
+    __slots__ = ("trace_id", "request_id")
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    trace_id: str
+    request_id: str
+    def __init__(self, trace_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ListRequestsRequest(_message.Message):
     __slots__ = ("trace_id",)
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     trace_id: str
     def __init__(self, trace_id: _Optional[str] = ...) -> None: ...
+
+class ListRequestsResponse(_message.Message):
+    __slots__ = ("trace_id", "requests")
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    trace_id: str
+    requests: _containers.RepeatedCompositeFieldContainer[RequestAttribution]
+    def __init__(self, trace_id: _Optional[str] = ..., requests: _Optional[_Iterable[_Union[RequestAttribution, _Mapping]]] = ...) -> None: ...
+
+class GetRunRequest(_message.Message):
+    __slots__ = ("trace_id",)
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    trace_id: str
+    def __init__(self, trace_id: _Optional[str] = ...) -> None: ...
+
+class PathBuckets(_message.Message):
+    __slots__ = ("network", "queue", "preprocess", "prefill", "decode", "postprocess", "other")
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PREPROCESS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
+    POSTPROCESS_FIELD_NUMBER: _ClassVar[int]
+    OTHER_FIELD_NUMBER: _ClassVar[int]
+    network: float
+    queue: float
+    preprocess: float
+    prefill: float
+    decode: float
+    postprocess: float
+    other: float
+    def __init__(self, network: _Optional[float] = ..., queue: _Optional[float] = ..., preprocess: _Optional[float] = ..., prefill: _Optional[float] = ..., decode: _Optional[float] = ..., postprocess: _Optional[float] = ..., other: _Optional[float] = ...) -> None: ...
+
+class RunBudget(_message.Message):
+    __slots__ = ("llm", "llm_buckets", "tool", "app")
+    LLM_FIELD_NUMBER: _ClassVar[int]
+    LLM_BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    APP_FIELD_NUMBER: _ClassVar[int]
+    llm: float
+    llm_buckets: PathBuckets
+    tool: float
+    app: float
+    def __init__(self, llm: _Optional[float] = ..., llm_buckets: _Optional[_Union[PathBuckets, _Mapping]] = ..., tool: _Optional[float] = ..., app: _Optional[float] = ...) -> None: ...
+
+class RunRoot(_message.Message):
+    __slots__ = ("span_id", "name", "service", "kind")
+    SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    span_id: str
+    name: str
+    service: str
+    kind: str
+    def __init__(self, span_id: _Optional[str] = ..., name: _Optional[str] = ..., service: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class RunCall(_message.Message):
+    __slots__ = ("request_id", "start_ms", "e2e_ms", "on_critical_path_ms", "on_critical_path_buckets_ms", "attribution")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    E2E_MS_FIELD_NUMBER: _ClassVar[int]
+    ON_CRITICAL_PATH_MS_FIELD_NUMBER: _ClassVar[int]
+    ON_CRITICAL_PATH_BUCKETS_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    start_ms: float
+    e2e_ms: float
+    on_critical_path_ms: float
+    on_critical_path_buckets_ms: PathBuckets
+    attribution: RequestAttribution
+    def __init__(self, request_id: _Optional[str] = ..., start_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., on_critical_path_ms: _Optional[float] = ..., on_critical_path_buckets_ms: _Optional[_Union[PathBuckets, _Mapping]] = ..., attribution: _Optional[_Union[RequestAttribution, _Mapping]] = ...) -> None: ...
+
+class RunTool(_message.Message):
+    __slots__ = ("span_id", "name", "tool", "start_ms", "duration_ms", "on_critical_path_ms")
+    SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    ON_CRITICAL_PATH_MS_FIELD_NUMBER: _ClassVar[int]
+    span_id: str
+    name: str
+    tool: str
+    start_ms: float
+    duration_ms: float
+    on_critical_path_ms: float
+    def __init__(self, span_id: _Optional[str] = ..., name: _Optional[str] = ..., tool: _Optional[str] = ..., start_ms: _Optional[float] = ..., duration_ms: _Optional[float] = ..., on_critical_path_ms: _Optional[float] = ...) -> None: ...
+
+class PathStep(_message.Message):
+    __slots__ = ("span_id", "name", "category", "bucket", "request_id", "start_ms", "end_ms")
+    SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    span_id: str
+    name: str
+    category: str
+    bucket: str
+    request_id: str
+    start_ms: float
+    end_ms: float
+    def __init__(self, span_id: _Optional[str] = ..., name: _Optional[str] = ..., category: _Optional[str] = ..., bucket: _Optional[str] = ..., request_id: _Optional[str] = ..., start_ms: _Optional[float] = ..., end_ms: _Optional[float] = ...) -> None: ...
+
+class Run(_message.Message):
+    __slots__ = ("trace_id", "root", "e2e_ms", "critical_path_ms", "calls", "tools", "path")
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    E2E_MS_FIELD_NUMBER: _ClassVar[int]
+    CRITICAL_PATH_MS_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    trace_id: str
+    root: RunRoot
+    e2e_ms: float
+    critical_path_ms: RunBudget
+    calls: _containers.RepeatedCompositeFieldContainer[RunCall]
+    tools: _containers.RepeatedCompositeFieldContainer[RunTool]
+    path: _containers.RepeatedCompositeFieldContainer[PathStep]
+    def __init__(self, trace_id: _Optional[str] = ..., root: _Optional[_Union[RunRoot, _Mapping]] = ..., e2e_ms: _Optional[float] = ..., critical_path_ms: _Optional[_Union[RunBudget, _Mapping]] = ..., calls: _Optional[_Iterable[_Union[RunCall, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[RunTool, _Mapping]]] = ..., path: _Optional[_Iterable[_Union[PathStep, _Mapping]]] = ...) -> None: ...
 
 class Buckets(_message.Message):
     __slots__ = ("network", "queue", "preprocess", "prefill", "decode", "postprocess", "other")

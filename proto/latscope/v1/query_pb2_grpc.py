@@ -39,6 +39,16 @@ class QueryServiceStub:
                 request_serializer=latscope_dot_v1_dot_query__pb2.GetAttributionRequest.SerializeToString,
                 response_deserializer=latscope_dot_v1_dot_query__pb2.RequestAttribution.FromString,
                 _registered_method=True)
+        self.ListRequests = channel.unary_unary(
+                '/latscope.v1.QueryService/ListRequests',
+                request_serializer=latscope_dot_v1_dot_query__pb2.ListRequestsRequest.SerializeToString,
+                response_deserializer=latscope_dot_v1_dot_query__pb2.ListRequestsResponse.FromString,
+                _registered_method=True)
+        self.GetRun = channel.unary_unary(
+                '/latscope.v1.QueryService/GetRun',
+                request_serializer=latscope_dot_v1_dot_query__pb2.GetRunRequest.SerializeToString,
+                response_deserializer=latscope_dot_v1_dot_query__pb2.Run.FromString,
+                _registered_method=True)
         self.Summary = channel.unary_unary(
                 '/latscope.v1.QueryService/Summary',
                 request_serializer=latscope_dot_v1_dot_query__pb2.SummaryRequest.SerializeToString,
@@ -55,8 +65,26 @@ class QueryServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetAttribution(self, request, context):
-        """Where one request's end-to-end time went. NOT_FOUND for an unknown trace,
-        INVALID_ARGUMENT for a malformed trace id.
+        """Where one request's end-to-end time went (REST: /v1/requests/{request_id}/attribution).
+        NOT_FOUND for an unknown trace or call, INVALID_ARGUMENT for a malformed id,
+        FAILED_PRECONDITION for a trace id of a trace with several calls (the message lists them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRequests(self, request, context):
+        """Every inference call of a trace, by start, each with its buckets (REST:
+        /v1/traces/{trace_id}/requests). NOT_FOUND for an unknown trace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRun(self, request, context):
+        """A trace as one run (REST: /v1/traces/{trace_id}/run): the root's end-to-end time and, along
+        its critical path (the chain of work the root waited on), the time in LLM calls by bucket,
+        in tool calls and in the app's own code, which add up to it. Parallel calls count once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,7 +98,8 @@ class QueryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Watch(self, request, context):
-        """Attributed requests as they complete, filtered by service, model and minimum e2e.
+        """Attributed requests as they complete, filtered by service, model and minimum e2e; every
+        call of a trace comes on its own, named by request_id. (REST clients poll /v1/live.)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -83,6 +112,16 @@ def add_QueryServiceServicer_to_server(servicer, server):
                     servicer.GetAttribution,
                     request_deserializer=latscope_dot_v1_dot_query__pb2.GetAttributionRequest.FromString,
                     response_serializer=latscope_dot_v1_dot_query__pb2.RequestAttribution.SerializeToString,
+            ),
+            'ListRequests': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRequests,
+                    request_deserializer=latscope_dot_v1_dot_query__pb2.ListRequestsRequest.FromString,
+                    response_serializer=latscope_dot_v1_dot_query__pb2.ListRequestsResponse.SerializeToString,
+            ),
+            'GetRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRun,
+                    request_deserializer=latscope_dot_v1_dot_query__pb2.GetRunRequest.FromString,
+                    response_serializer=latscope_dot_v1_dot_query__pb2.Run.SerializeToString,
             ),
             'Summary': grpc.unary_unary_rpc_method_handler(
                     servicer.Summary,
@@ -122,6 +161,60 @@ class QueryService:
             '/latscope.v1.QueryService/GetAttribution',
             latscope_dot_v1_dot_query__pb2.GetAttributionRequest.SerializeToString,
             latscope_dot_v1_dot_query__pb2.RequestAttribution.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRequests(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/latscope.v1.QueryService/ListRequests',
+            latscope_dot_v1_dot_query__pb2.ListRequestsRequest.SerializeToString,
+            latscope_dot_v1_dot_query__pb2.ListRequestsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/latscope.v1.QueryService/GetRun',
+            latscope_dot_v1_dot_query__pb2.GetRunRequest.SerializeToString,
+            latscope_dot_v1_dot_query__pb2.Run.FromString,
             options,
             channel_credentials,
             insecure,

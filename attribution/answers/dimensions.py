@@ -31,16 +31,19 @@ extra.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from latscope.attribution import rollups, timeseries, window
+from latscope.attribution import rollups
+from latscope.attribution.answers import timeseries, window
+from latscope.attribution.answers.common import FILTERS, SETTINGS, ms
+from latscope.attribution.answers.errors import DimensionError
+from latscope.attribution.answers.groups import ATTRIBUTE_KEY
 from latscope.attribution.rollups import KEY_STRIDE, METRICS, ROLLUP_TABLE
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
+from latscope.sqltext import render
 from latscope.storage import SPANS_TABLE, Store
 
 __all__ = [
@@ -55,29 +58,25 @@ __all__ = [
 ]
 
 
-class DimensionError(ValueError):
-    """The question cannot be answered as asked; the message says what to write instead."""
-
-
 #: Built-in dimensions: name -> (SQL per request, SQL turning that into the value's label, on
-#: ``{v}``). Token counts are power-of-two bands ("1024-2047", below 16 one band, unknown apart),
+#: ``$V``). Token counts are power-of-two bands ("1024-2047", below 16 one band, unknown apart),
 #: kept as the band's exponent until the labels are made on a few rows.
 _TOKEN_BAND = (
-    "multiIf(isNull({col}), toUInt8(255), {col} < 16, toUInt8(0), toUInt8(floor(log2({col}))))"
+    "multiIf(isNull($COL), toUInt8(255), $COL < 16, toUInt8(0), toUInt8(floor(log2($COL))))"
 )
 _BAND_LABEL = (
-    "multiIf({v} = 255, 'unknown', {v} = 0, '0-15', concat(toString(bitShiftLeft(toUInt64(1), "
-    "{v})), '-', toString(bitShiftLeft(toUInt64(1), {v} + 1) - 1)))"
+    "multiIf($V = 255, 'unknown', $V = 0, '0-15', concat(toString(bitShiftLeft(toUInt64(1), "
+    "$V)), '-', toString(bitShiftLeft(toUInt64(1), $V + 1) - 1)))"
 )
 DIMENSIONS: dict[str, tuple[str, str]] = {
-    "service": ("ServiceName", "toString({v})"),
-    "model": ("Model", "toString({v})"),
-    "route": ("Route", "toString({v})"),
-    "operation": ("Operation", "toString({v})"),
-    "status": ("StatusCode", "toString({v})"),
-    "attempts": ("least(Attempts, 3)", "if({v} >= 3, '3+', toString({v}))"),
-    "input_tokens": (_TOKEN_BAND.replace("{col}", "InputTokens"), _BAND_LABEL),
-    "output_tokens": (_TOKEN_BAND.replace("{col}", "OutputTokens"), _BAND_LABEL),
+    "service": ("ServiceName", "toString($V)"),
+    "model": ("Model", "toString($V)"),
+    "route": ("Route", "toString($V)"),
+    "operation": ("Operation", "toString($V)"),
+    "status": ("StatusCode", "toString($V)"),
+    "attempts": ("least(Attempts, 3)", "if($V >= 3, '3+', toString($V))"),
+    "input_tokens": (render(_TOKEN_BAND, {"COL": "InputTokens"}), _BAND_LABEL),
+    "output_tokens": (render(_TOKEN_BAND, {"COL": "OutputTokens"}), _BAND_LABEL),
 }
 #: Resource attributes ranked by default (``resource.<key>``): where a request ran.
 DEFAULT_RESOURCE_KEYS = (
@@ -89,8 +88,6 @@ DEFAULT_RESOURCE_KEYS = (
     "cloud.region",
     "service.version",
 )
-#: Attribute keys a caller may name: OpenTelemetry-style names, bound as parameters.
-_KEY = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
 MAX_EXTRA_DIMENSIONS = 16
 
 #: Figures a selection can be made on: name -> SQL (network null without a client span, TTFT
@@ -99,12 +96,10 @@ SELECT_METRICS: dict[str, str] = {name: METRICS[name] for name in ("e2e", *BUCKE
 SELECTION_KINDS = ("percentile", "region", "slo", "before")
 
 #: A value's share of the selection from which ``since`` is read: the first step holding at
-#: least this fraction of the busiest step's selected requests with that value.
+#: least this fraction of the busiest step's selected requests with that value. A quarter of the
+#: peak marks where the rise began, past the stray selected requests a value has before it.
 SINCE_FRACTION = 0.25
 
-_SETTINGS = "\nSETTINGS do_not_merge_across_partitions_select_final = 1"
-_FILTERS = """({service:String} = '' OR ServiceName = {service:String})
-    AND ({model:String} = '' OR Model = {model:String})"""
 #: Columns every read of requests takes (the figures, and what selections are made on).
 _BASE_COLUMNS = (
     "Timestamp, E2eNs, NetworkNs, QueueNs, PreprocessNs, PrefillNs, DecodeNs, PostprocessNs, "
@@ -118,7 +113,7 @@ class Selection:
     """Which requests of the window are "inside".
 
     * ``percentile``: ``metric`` at or above its ``percentile`` (the lower edge of the 1 % bin
-      holding that request, as ``aggregates.tail`` draws it);
+      holding that request, as ``tail`` draws it);
     * ``region``: started in ``[since_ns, until_ns)`` (default: the whole window) with ``metric``
       in ``[min_ms, max_ms)`` (a rectangle of the heatmap);
     * ``slo``: ``metric`` above ``threshold_ms`` (an objective's bad requests);
@@ -166,7 +161,7 @@ class Selection:
 class _Query:
     """The SQL pieces of one question: the population (its time range ``lo_ns``..``hi_ns`` in
     ``params`` and the other conditions in ``where``), the selection (``sel``), the dimensions
-    (name, SQL per request, label SQL on ``{v}``) and the span-attribute join."""
+    (name, SQL per request, label SQL on ``$V``) and the span-attribute join."""
 
     params: dict[str, Any]
     where: str
@@ -195,17 +190,18 @@ class _Query:
 #: the rest, for the percentile a selection starts at.
 _THRESHOLD_SQL = (
     """
-SELECT bin, sum(c) AS c FROM ({sources}) GROUP BY bin ORDER BY bin"""
-    + _SETTINGS
+SELECT bin, sum(c) AS c FROM ($SOURCES) GROUP BY bin ORDER BY bin"""
+    + SETTINGS
 )
 _THRESHOLD_ROLLUP = (
     f"SELECT key % {KEY_STRIDE} AS bin, c FROM {ROLLUP_TABLE} "
     "ARRAY JOIN HistKeys AS key, HistCounts AS c "
-    f"WHERE {{rollup_where}} AND intDiv(key, {KEY_STRIDE}) = {{metric_index:UInt16}}"
+    f"WHERE $ROLLUP_WHERE AND intDiv(key, {KEY_STRIDE}) = {{metric_index:UInt16}}"
 )
+#: ``$VALUE``: the figure's expression (``SELECT_METRICS``), ``$BIN`` its bin.
 _THRESHOLD_RAW = (
-    "SELECT {bin} AS bin, count() AS c FROM {from} "
-    "WHERE {ranges} AND " + _FILTERS + " AND {value} IS NOT NULL GROUP BY bin"
+    "SELECT $BIN AS bin, count() AS c FROM $FROM "
+    "WHERE $RANGES AND " + FILTERS + " AND $VALUE IS NOT NULL GROUP BY bin"
 )
 
 
@@ -232,11 +228,9 @@ def _threshold_ns(
     )
     expr = METRICS[metric]
     read.params["metric_index"] = list(METRICS).index(metric)
-    raw = _THRESHOLD_RAW.replace("{bin}", rollups.bin_sql(f"assumeNotNull({expr})")).replace(
-        "{value}", expr
-    )
-    sources = window.sources(read, _THRESHOLD_ROLLUP, raw)
-    rows = store.query_rows(_THRESHOLD_SQL.replace("{sources}", sources), read.params)
+    metric_sql = {"BIN": rollups.bin_sql(f"assumeNotNull({expr})"), "VALUE": expr}
+    sources = window.sources(read, _THRESHOLD_ROLLUP, _THRESHOLD_RAW, fragments=metric_sql)
+    rows = store.query_rows(render(_THRESHOLD_SQL, {"SOURCES": sources}), read.params)
     bins, counts = [int(r[0]) for r in rows], [int(r[1]) for r in rows]
     if not counts or not sum(counts):
         return None
@@ -260,7 +254,7 @@ def _selection_query(
         "model": model or "",
     }
     value = SELECT_METRICS[selection.metric]
-    population = _FILTERS
+    population = FILTERS
     kind = selection.kind
     if kind == "percentile":
         q = selection.percentile / 100
@@ -343,7 +337,7 @@ def _dimensions(
 ) -> None:
     """Fill ``q.dims`` (name, SQL) and the span-attribute join."""
     for key in (*resources, *attributes):
-        if not _KEY.match(key):
+        if not ATTRIBUTE_KEY.fullmatch(key):
             raise DimensionError(
                 f"attribute key {key!r}: letters, digits and . _ - / only, at most 128"
             )
@@ -357,7 +351,7 @@ def _dimensions(
     keys = list(dict.fromkeys([*(DEFAULT_RESOURCE_KEYS if dimensions is None else ()), *resources]))
     for i, key in enumerate(keys):
         q.params[f"rk{i}"] = key
-        q.dims.append((f"resource.{key}", f"ResourceAttributes[{{rk{i}:String}}]", "{v}"))
+        q.dims.append((f"resource.{key}", f"ResourceAttributes[{{rk{i}:String}}]", "$V"))
     q.resources = bool(keys)
     attrs = list(dict.fromkeys(attributes))
     if not attrs:
@@ -372,7 +366,7 @@ def _dimensions(
             f"anyIf(SpanAttributes[{{ak{i}:String}}], SpanAttributes[{{ak{i}:String}}] != '') "
             f"AS a{i}"
         )
-        q.dims.append((f"attribute.{key}", f"sa.a{i}", "{v}"))
+        q.dims.append((f"attribute.{key}", f"sa.a{i}", "$V"))
     has = " OR ".join(f"mapContains(SpanAttributes, {{ak{i}:String}})" for i in range(len(attrs)))
     q.join = f"""
 LEFT JOIN (
@@ -410,21 +404,21 @@ SELECT d, v, sumIf(n, sel) AS n_in, sumIf(n, NOT sel) AS n_out,
     + ",\n    ".join(f"sumIf({f}, sel) AS {f}_in, sumIf({f}, NOT sel) AS {f}_out" for f in _FIGURES)
     + """
 FROM (
-    SELECT sel, cityHash64({dim_names}) AS combo, any(tuple({dim_names})) AS vals, count() AS n,
+    SELECT sel, cityHash64($DIM_NAMES) AS combo, any(tuple($DIM_NAMES)) AS vals, count() AS n,
         """
     + _SUMS
     + """
     FROM (
-        SELECT {sel} AS sel, {dims}, E2eNs, NetworkNs, """
+        SELECT $SEL AS sel, $DIMS, E2eNs, NetworkNs, """
     + ", ".join(c for c in BUCKET_COLUMNS.values() if c != "NetworkNs")
     + """
-        FROM ({rows}) AS a{join}
+        FROM ($ROWS) AS a$JOIN
     )
     GROUP BY sel, combo
 )
-ARRAY JOIN [{labels}] AS v, range({dim_count}) AS d
+ARRAY JOIN [$LABELS] AS v, range($DIM_COUNT) AS d
 GROUP BY d, v"""
-    + _SETTINGS
+    + SETTINGS
     + ", join_use_nulls = 0"
 )
 
@@ -432,11 +426,11 @@ GROUP BY d, v"""
 SINCE_SQL = (
     """
 SELECT intDiv(toUnixTimestamp(Timestamp), {step_s:UInt32}) AS step, count() AS n
-FROM ({rows}) AS a{join}
-WHERE {sel} AND {label} = {value:String}
+FROM ($ROWS) AS a$JOIN
+WHERE $SEL AND $LABEL = {value:String}
 GROUP BY step
 ORDER BY step"""
-    + _SETTINGS
+    + SETTINGS
     + ", join_use_nulls = 0"
 )
 
@@ -445,27 +439,25 @@ EXAMPLES_SQL = (
     """
 SELECT TraceId AS trace_id, toUnixTimestamp64Nano(Timestamp) AS start_ns,
        ServiceName AS service, Model AS model, E2eNs AS e2e
-FROM ({rows})
-WHERE {sel}
+FROM ($ROWS)
+WHERE $SEL
 ORDER BY E2eNs DESC, TraceId
 LIMIT {examples:UInt32}"""
-    + _SETTINGS
+    + SETTINGS
 )
 
 
-def _ms(ns: float | None) -> float | None:
-    if ns is None:
-        return None
-    value = float(ns)
-    return None if math.isnan(value) else value / 1e6
+def _label(label_sql: str, value_sql: str) -> str:
+    """A dimension's label SQL (on ``$V``) applied to ``value_sql``."""
+    return render(label_sql, {"V": value_sql})
 
 
 def _side(n: int, sums: Mapping[str, float]) -> dict[str, Any]:
     """Count and means (ms) of one side (selection or baseline)."""
     return {
         "count": n,
-        "e2e_mean_ms": _ms(sums["e2e"] / n) if n else None,
-        "buckets_ms": {b: (_ms(sums[b] / n) if n else None) for b in BUCKETS},
+        "e2e_mean_ms": ms(sums["e2e"] / n) if n else None,
+        "buckets_ms": {b: (ms(sums[b] / n) if n else None) for b in BUCKETS},
     }
 
 
@@ -532,19 +524,17 @@ def why(
     _dimensions(q, resources, attributes, dimensions)
     names = [f"d{i}" for i in range(len(q.dims))]
     trace = ", TraceId" if q.join else ""
-    sql = (
-        WHY_SQL.replace(
-            "{dims}", ", ".join(f"{d[1]} AS {n}" for d, n in zip(q.dims, names, strict=True))
-        )
-        .replace("{dim_names}", ", ".join(names))
-        .replace(
-            "{labels}",
-            ", ".join(d[2].replace("{v}", f"vals.{i + 1}") for i, d in enumerate(q.dims)),
-        )
-        .replace("{dim_count}", str(len(names)))
-        .replace("{join}", q.join)
-        .replace("{rows}", q.rows(store, trace))
-        .replace("{sel}", q.sel)
+    sql = render(
+        WHY_SQL,
+        {
+            "DIMS": ", ".join(f"{d[1]} AS {n}" for d, n in zip(q.dims, names, strict=True)),
+            "DIM_NAMES": ", ".join(names),
+            "LABELS": ", ".join(_label(d[2], f"vals.{i + 1}") for i, d in enumerate(q.dims)),
+            "DIM_COUNT": str(len(names)),
+            "JOIN": q.join,
+            "ROWS": q.rows(store, trace),
+            "SEL": q.sel,
+        },
     )
     rows = store.query_arrow(sql, q.params).to_pylist()
     per_dim: dict[int, list[dict[str, Any]]] = {}
@@ -584,18 +574,18 @@ def why(
             "out_share": top["out_share"],
             "extra_ms": top["extra_ms"],
             "dominant": top["dominant"],
-            "since_ns": _since(store, q, dim[2].replace("{v}", dim[1]), top["value"], step),
+            "since_ns": _since(store, q, _label(dim[2], dim[1]), top["value"], step),
         }
     if examples > 0:
         params = q.params | {"examples": int(examples)}
-        sql = EXAMPLES_SQL.replace("{rows}", q.rows(store, ", TraceId")).replace("{sel}", q.sel)
+        sql = render(EXAMPLES_SQL, {"ROWS": q.rows(store, ", TraceId"), "SEL": q.sel})
         out["examples"] = [
             {
                 "trace_id": r["trace_id"],
                 "start_ns": int(r["start_ns"]),
                 "service": r["service"],
                 "model": r["model"],
-                "e2e_ms": _ms(r["e2e"]),
+                "e2e_ms": ms(r["e2e"]),
             }
             for r in store.query_arrow(sql, params).to_pylist()
         ]
@@ -646,8 +636,8 @@ def _rank(
                 "in_share": in_share,
                 "out_share": out_share,
                 "difference": diff,
-                "in_e2e_mean_ms": _ms(r["e2e_in"] / vin) if vin else None,
-                "out_e2e_mean_ms": _ms(r["e2e_out"] / vout) if vout else None,
+                "in_e2e_mean_ms": ms(r["e2e_in"] / vin) if vin else None,
+                "out_e2e_mean_ms": ms(r["e2e_out"] / vout) if vout else None,
                 "extra_ms": value_extra,
                 "buckets_ms": buckets,
                 "dominant": _dominant(buckets),
@@ -662,11 +652,9 @@ def _since(store: Store, q: _Query, label_sql: str, value: str, step: int) -> in
     least SINCE_FRACTION of the busiest step's."""
     params = q.params | {"value": value, "step_s": step}
     trace = ", TraceId" if q.join else ""
-    sql = (
-        SINCE_SQL.replace("{join}", q.join)
-        .replace("{rows}", q.rows(store, trace))
-        .replace("{sel}", q.sel)
-        .replace("{label}", label_sql)
+    sql = render(
+        SINCE_SQL,
+        {"JOIN": q.join, "ROWS": q.rows(store, trace), "SEL": q.sel, "LABEL": label_sql},
     )
     rows = [(int(s), int(n)) for s, n in store.query_rows(sql, params)]
     if not rows:
@@ -692,13 +680,13 @@ FROM (
         for b, col in BUCKET_COLUMNS.items()
     )
     + """
-    FROM (SELECT *, {value} AS v FROM ({rows}))
+    FROM (SELECT *, $VALUE AS v FROM ($ROWS))
     WHERE v IS NOT NULL
 )
 ARRAY JOIN arrayFilter(i -> Timestamp >= fromUnixTimestamp64Nano({starts:Array(Int64)}[i + 1]),
                        range(length({starts:Array(Int64)}))) AS w
 GROUP BY w"""
-    + _SETTINGS
+    + SETTINGS
 )
 
 
@@ -725,8 +713,8 @@ def slo_buckets(
         "starts": [int(windows[n]) for n in names],
     }
     split = window.raw_ranges(store, [(params["lo_ns"], params["hi_ns"])])
-    source = window.raw_rows(split, params, _BASE_COLUMNS, _FILTERS)
-    sql = SLO_BUDGET_SQL.replace("{value}", value_sql).replace("{rows}", source)
+    source = window.raw_rows(split, params, _BASE_COLUMNS, FILTERS)
+    sql = render(SLO_BUDGET_SQL, {"VALUE": value_sql, "ROWS": source})
     rows = {int(r["w"]): r for r in store.query_arrow(sql, params).to_pylist()}
     out = {}
     for i, name in enumerate(names):
@@ -752,7 +740,8 @@ def slo_buckets(
 #: by at least this much (25 points: e.g. 1 pod of 8, 12 % of the traffic, holding 37 % or more
 #: of the slowest requests).
 CONCENTRATION_MIN = 0.25
-#: The selection a verdict's bucket is examined on: its slowest 5 %.
+#: The selection a verdict's bucket is examined on: its slowest 5 %, the requests the problem
+#: shows in, yet enough of them (one in twenty) for the shares to mean something.
 CONCENTRATION_PERCENTILE = 95.0
 
 

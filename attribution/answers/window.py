@@ -1,8 +1,10 @@
-"""How the answers over time and across dimensions read a window of attribution rows.
+"""How the answers read a window of attribution rows: the hours wholly inside it (or inside a
+step) from the hourly rollup where it is up to date (``rollups.plan``), the rest from
+``latscope_attribution``.
 
-Like ``aggregates``, they take the hours wholly inside a step from the hourly rollup where it is
-up to date (``rollups.plan``) and read the rest from ``latscope_attribution``. What they read
-raw is split once more, by hour:
+``summary``, ``tail`` and ``compare`` read the rest with ``FINAL`` (``plan_windows`` and
+``planned_sources``, several windows in one query). The answers over time and across dimensions
+split what they read raw once more, by hour (``prepare`` and ``sources``):
 
 * **clean hours** are read without ``FINAL``. An hour is clean when its rollup is up to date and
   the rows stored for it (old versions and tombstones included; the ``hours_written``
@@ -14,21 +16,37 @@ raw is split once more, by hour:
 * every other hour (recent, not built, written to since its build, or holding versions not yet
   merged) is read with ``FINAL``, as every raw read is.
 
+Templates given to ``sources`` and ``planned_sources`` name their variable parts as ``$NAME``
+fragments (``latscope.sqltext``): ``$ROLLUP_WHERE`` (the rollup rows of the plan's hours),
+``$RANGES`` (the raw ranges' condition), ``$FROM`` (the table, with ``FINAL`` or not) and
+``$GROUP`` (the group expression).
+
 >>> read = prepare(store, t0, t1, step_s=3600)  # doctest: +SKIP
 >>> sources(read, ROLLUP_SQL, RAW_SQL)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from latscope.attribution import rollups
 from latscope.attribution.rollups import HOUR_NS, HOUR_S, ROLLUP_TABLE, Plan
+from latscope.sqltext import render
 from latscope.storage import ATTRIBUTION_TABLE, Store
 
-__all__ = ["RawRanges", "WindowRead", "prepare", "raw_ranges", "raw_rows", "sources"]
+__all__ = [
+    "PlannedWindow",
+    "RawRanges",
+    "WindowRead",
+    "plan_windows",
+    "planned_sources",
+    "prepare",
+    "raw_ranges",
+    "raw_rows",
+    "sources",
+]
 
 #: Rows stored per hour, versions and tombstones included (the hours_written projection).
 STORED_SQL = f"""
@@ -161,20 +179,76 @@ def prepare(
     return WindowRead(plan, dims if plan.hours else None, split, group, params)
 
 
-def sources(read: WindowRead, rollup_sql: str, raw_sql: str, prefix: str = "") -> str:
+def sources(
+    read: WindowRead,
+    rollup_sql: str,
+    raw_sql: str,
+    prefix: str = "",
+    fragments: Mapping[str, str] | None = None,
+) -> str:
     """UNION ALL of the rollup rows of the plan's hours and raw reads of the rest: ``raw_sql``
-    once for the clean ranges and once for the others, ``{from}`` the table (with FINAL for
-    those) and ``{ranges}`` their condition. Parameter names start with ``prefix``, so one
-    query can hold several reads."""
+    once for the clean ranges and once for the others, ``$FROM`` the table (with FINAL for
+    those) and ``$RANGES`` their condition; ``$GROUP`` is the read's group in both, and
+    ``fragments`` fill any other names the templates use. Parameter names start with
+    ``prefix``, so one query can hold several reads."""
+    common = {**(fragments or {}), "GROUP": read.group}
     parts = []
     if read.plan.hours and read.dims is not None:
         where = rollups.rollup_where(read.plan, read.dims, read.params, prefix)
-        parts.append(rollup_sql.replace("{rollup_where}", where))
+        parts.append(render(rollup_sql, {**common, "ROLLUP_WHERE": where}))
     for kind, ranges, table in (
         ("c_", read.raw.clean, ATTRIBUTION_TABLE),
         ("f_", read.raw.final, f"{ATTRIBUTION_TABLE} FINAL"),
     ):
         if ranges:
             cond = rollups.raw_where(ranges, read.params, prefix + kind)
-            parts.append(raw_sql.replace("{ranges}", cond).replace("{from}", table))
-    return "\n    UNION ALL\n    ".join(parts).replace("{group}", read.group)
+            parts.append(render(raw_sql, {**common, "RANGES": cond, "FROM": table}))
+    return "\n    UNION ALL\n    ".join(parts)
+
+
+# -- several windows, raw reads with FINAL (summary, tail, compare) -------------------------------
+
+
+@dataclass(frozen=True)
+class PlannedWindow:
+    """A window to read: its plan and its bounds (ns)."""
+
+    plan: Plan
+    since_ns: int
+    until_ns: int
+
+
+def plan_windows(
+    store: Store, bounds: Sequence[tuple[int, int]], use_rollups: bool
+) -> list[PlannedWindow]:
+    """The windows to read, each with its plan (all raw when ``use_rollups`` is False)."""
+    found = rollups.plans(store, bounds) if use_rollups else [Plan([], [b]) for b in bounds]
+    return [PlannedWindow(p, lo, hi) for p, (lo, hi) in zip(found, bounds, strict=True)]
+
+
+def planned_sources(
+    windows: Sequence[PlannedWindow],
+    dims: int | None,
+    params: dict[str, Any],
+    group: str,
+    rollup_sql: str,
+    raw_sql: Mapping[bool, str],
+) -> str:
+    """UNION ALL of each window's rollup rows (its usable hours at level ``dims``) and raw reads
+    of the rest with FINAL (all of it when ``dims`` is None: no level has what the query
+    needs). ``rollup_sql`` has ``$ROLLUP_WHERE`` and ``$GROUP``; ``raw_sql`` (by whether the
+    group is a literal) ``$RANGES`` and ``$GROUP``. With several windows, ``grp`` is the
+    window's index instead of ``group``."""
+    parts = []
+    for i, w in enumerate(windows):
+        tag = group if len(windows) == 1 else f"'{i}'"
+        rollup = bool(w.plan.hours) and dims is not None
+        ranges = w.plan.raw if rollup else [(w.since_ns, w.until_ns)]
+        if rollup:
+            where = rollups.rollup_where(w.plan, int(dims or 0), params, f"w{i}_")
+            parts.append(render(rollup_sql, {"ROLLUP_WHERE": where, "GROUP": tag}))
+        if ranges:
+            where = rollups.raw_where(ranges, params, f"w{i}_")
+            raw = raw_sql[tag.startswith("'")]
+            parts.append(render(raw, {"RANGES": where, "GROUP": tag}))
+    return "\n    UNION ALL\n    ".join(parts)

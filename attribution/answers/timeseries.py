@@ -9,7 +9,7 @@ of ten) for e2e or any bucket, TTFT or TPOT; a rectangle of it is a selection fo
 
 Both read the hourly rollup where a step holds whole hours (steps that are whole hours; windows of
 a day or more get them by default) and the attribution table for the rest (``window``), as
-``aggregates.summary`` does; percentiles then come from the same 1 %-wide bins, within 0.5 % of
+``summary`` does; percentiles then come from the same 1 %-wide bins, within 0.5 % of
 the exact ones, read off the bins inside ClickHouse. A window read wholly raw (shorter steps) of
 at most ``EXACT_MAX_REQUESTS`` gets exact percentiles instead: keeping its values costs less than
 binning them.
@@ -25,10 +25,16 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from latscope.attribution import rollups, window
+from latscope.attribution import rollups
+from latscope.attribution.answers import window
+from latscope.attribution.answers.common import FILTERS, ms
+from latscope.attribution.answers.errors import TimeseriesError
+from latscope.attribution.answers.figures import BUCKET_LEVELS, E2E_LEVELS, STREAM_LEVELS
+from latscope.attribution.answers.groups import group_expr
+from latscope.attribution.answers.window import WindowRead
 from latscope.attribution.rollups import KEY_STRIDE, METRICS, ROLLUP_TABLE
-from latscope.attribution.window import WindowRead
 from latscope.semconv import BUCKETS
+from latscope.sqltext import render
 from latscope.storage import Store
 
 __all__ = [
@@ -39,10 +45,6 @@ __all__ = [
     "heatmap",
     "timeseries",
 ]
-
-
-class TimeseriesError(ValueError):
-    """The question cannot be answered as asked (bad step, metric or group); says what to do."""
 
 
 #: Steps a window is cut into, shortest first; every one divides a day, so steps line up with
@@ -56,10 +58,6 @@ HOURLY_FROM_S = 86_400
 MAX_POINTS = 2000
 MIN_STEP_S = 1
 
-#: Percentile levels per figure (the REST keys), as in ``aggregates``.
-E2E_LEVELS = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99))
-BUCKET_LEVELS = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
-STREAM_LEVELS = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 _METRIC_INDEX = {name: i for i, name in enumerate(METRICS)}
 #: Figures with percentiles per step, and their levels.
 _SERIES_METRICS: dict[str, tuple[tuple[str, float], ...]] = {
@@ -71,20 +69,12 @@ _SERIES_METRICS: dict[str, tuple[tuple[str, float], ...]] = {
 #: Metrics the heatmap can count: e2e, a bucket, TTFT (client, else server) or TPOT.
 HEATMAP_METRICS = tuple(_SERIES_METRICS)
 
-_GROUPS = {
-    "service": "ServiceName",
-    "model": "Model",
-    "route": "Route",
-    "operation": "Operation",
-    "status": "StatusCode",
-}
 _SETTINGS = (
     "\nSETTINGS do_not_merge_across_partitions_select_final = 1, "
     "force_grouping_standard_compatibility = 1, group_by_use_nulls = 0"
 )
-_FILTERS = """
-    AND ({service:String} = '' OR ServiceName = {service:String})
-    AND ({model:String} = '' OR Model = {model:String})"""
+_FILTERS = f"""
+    AND {FILTERS}"""
 _STEP_RAW = "intDiv(toUnixTimestamp(Timestamp), {step_s:UInt32})"
 _STEP_ROLLUP = "intDiv(toUInt32(toUnixTimestamp(Timestamp)), {step_s:UInt32})"
 
@@ -127,20 +117,6 @@ def quantiles_sql(levels: Sequence[float]) -> str:
     )
 
 
-def _group_expr(group_by: str | None, params: dict[str, Any]) -> str:
-    if not group_by:
-        return "''"
-    if group_by in _GROUPS:
-        return _GROUPS[group_by]
-    key = group_by.removeprefix("resource.")
-    if group_by.startswith("resource.") and key:
-        params["group_key"] = key
-        return "ResourceAttributes[{group_key:String}]"
-    raise TimeseriesError(
-        f"group_by {group_by!r}: use one of {', '.join(_GROUPS)} or resource.<attribute>"
-    )
-
-
 def _prepare(
     store: Store,
     since_ns: int,
@@ -152,7 +128,8 @@ def _prepare(
     use_rollups: bool,
 ) -> WindowRead:
     params: dict[str, Any] = {"step_s": int(step_s), "service": service or "", "model": model or ""}
-    group = _group_expr(group_by, params)
+    # The whole window's series is the literal group ''.
+    group = group_expr(group_by, params) if group_by else "''"
     wanted = [name for name, v in (("service", service), ("model", model)) if v]
     if group_by:
         wanted.append(group_by)
@@ -189,24 +166,24 @@ def _check_window(since_ns: int, until_ns: int, step_s: int | None) -> int:
 _SCALARS = ", ".join(rollups.SCALAR_COLUMNS)
 _TS_FIGURES_SQL = (
     """
-SELECT step, grp, {total} AS total, sum(Requests) AS n, sum(E2eSum) AS e2e_sum,
+SELECT step, grp, $TOTAL AS total, sum(Requests) AS n, sum(E2eSum) AS e2e_sum,
     sum(NetworkSum) AS network_sum, sum(NetworkCount) AS network_n,
 """
     + "".join(f"    sum({b.capitalize()}Sum) AS {b}_sum,\n" for b in BUCKETS if b != "network")
     + """    sum(TtftSum) AS ttft_sum, sum(TtftCount) AS ttft_n,
     sum(TpotSum) AS tpot_sum, sum(TpotCount) AS tpot_n
-FROM ({sources})
-GROUP BY {sets}
+FROM ($SOURCES)
+GROUP BY $SETS
 ORDER BY total, grp, step"""
     + _SETTINGS
 )
 _TS_ROLLUP_FIGURES = (
-    f"SELECT {_STEP_ROLLUP} AS step, {{group}} AS grp, {_SCALARS} "
-    f"FROM {ROLLUP_TABLE} WHERE {{rollup_where}}"
+    f"SELECT {_STEP_ROLLUP} AS step, $GROUP AS grp, {_SCALARS} "
+    f"FROM {ROLLUP_TABLE} WHERE $ROLLUP_WHERE"
 )
 _TS_RAW_FIGURES = (
-    f"SELECT {_STEP_RAW} AS step, {{group}} AS grp, {rollups.SCALARS_SQL} "
-    f"FROM {{from}} WHERE {{ranges}}{_FILTERS} GROUP BY step, grp"
+    f"SELECT {_STEP_RAW} AS step, $GROUP AS grp, {rollups.SCALARS_SQL} "
+    f"FROM $FROM WHERE $RANGES{_FILTERS} GROUP BY step, grp"
 )
 
 #: Histogram keys of the figures with percentiles per step (a subset of rollups.METRICS).
@@ -220,9 +197,10 @@ _TS_KEYS_SQL = (
 #: Groups' series carry percentiles of e2e, TTFT and TPOT only (and every bucket's mean and
 #: share): a third of the histogram rows to merge, and the figures a per-group chart shows.
 _GROUP_KEYS = [_METRIC_INDEX[m] for m in ("e2e", "ttft", "tpot")]
-_KEEP = "intDiv(k, {KEY_STRIDE}) IN ({keys})"
+#: ``$KEYS``: the histogram keys kept (``_hist_sources``).
+_KEEP = f"intDiv(k, {KEY_STRIDE}) IN ($KEYS)"
 #: Per step and group, each figure's histogram (rollup rows' and raw rows' bins merged), read as
-#: percentiles inside ClickHouse; ``{sources}`` gives (step, grp, total, key, c) rows already
+#: percentiles inside ClickHouse; ``$SOURCES`` gives (step, grp, total, key, c) rows already
 #: summed per key.
 _TS_HIST_SQL = (
     f"""
@@ -231,34 +209,33 @@ FROM (
     SELECT step, grp, total, intDiv(key, {KEY_STRIDE}) AS metric,
            arraySort(groupArray((key % {KEY_STRIDE}, c))) AS h,
            arrayMap(x -> x.1, h) AS bins, arrayCumSum(arrayMap(x -> x.2, h)) AS cum
-    FROM ({{sources}})
+    FROM ($SOURCES)
     GROUP BY step, grp, total, metric
 )"""
     + _SETTINGS
 )
-#: One level's histograms per (step, grp, key): ``{total}`` 1 for the whole window's series.
-_TS_HIST_PART = """SELECT step, grp, {total} AS total, key, sum(c) AS c
-        FROM ({sources})
-        GROUP BY step, grp, key{having}"""
+#: One level's histograms per (step, grp, key): ``$TOTAL`` 1 for the whole window's series.
+_TS_HIST_PART = """SELECT step, grp, $TOTAL AS total, key, sum(c) AS c
+        FROM ($SOURCES)
+        GROUP BY step, grp, key$HAVING"""
+#: Only the groups answered (the ``limit_groups`` largest).
+_HAVING_GROUPS = "\n        HAVING grp IN {groups:Array(String)}"
 _TS_ROLLUP_HIST = (
-    f"SELECT {_STEP_ROLLUP} AS step, {{group}} AS grp, key, c FROM {ROLLUP_TABLE} "
+    f"SELECT {_STEP_ROLLUP} AS step, $GROUP AS grp, key, c FROM {ROLLUP_TABLE} "
     f"ARRAY JOIN arrayFilter(k -> {_KEEP}, HistKeys) AS key, "
-    f"arrayFilter((c, k) -> {_KEEP}, HistCounts, HistKeys) AS c WHERE {{rollup_where}}"
+    f"arrayFilter((c, k) -> {_KEEP}, HistCounts, HistKeys) AS c WHERE $ROLLUP_WHERE"
 )
 _TS_RAW_HIST = (
-    f"SELECT step, grp, key, count() AS c FROM (SELECT {_STEP_RAW} AS step, {{group}} AS grp, "
-    f"arrayFilter(k -> {_KEEP}, {_TS_KEYS_SQL}) AS keys FROM {{from}} "
-    f"WHERE {{ranges}}{_FILTERS}) ARRAY JOIN keys AS key GROUP BY step, grp, key"
+    f"SELECT step, grp, key, count() AS c FROM (SELECT {_STEP_RAW} AS step, $GROUP AS grp, "
+    f"arrayFilter(k -> {_KEEP}, {_TS_KEYS_SQL}) AS keys FROM $FROM "
+    f"WHERE $RANGES{_FILTERS}) ARRAY JOIN keys AS key GROUP BY step, grp, key"
 )
 
 
 def _hist_sources(read: WindowRead, keys: Sequence[int], prefix: str) -> str:
     """The histogram rows of ``read`` restricted to the figures ``keys``."""
-    kept = {"{KEY_STRIDE}": str(KEY_STRIDE), "{keys}": ", ".join(map(str, keys))}
-    rollup_sql, raw_sql = _TS_ROLLUP_HIST, _TS_RAW_HIST
-    for name, value in kept.items():
-        rollup_sql, raw_sql = rollup_sql.replace(name, value), raw_sql.replace(name, value)
-    return window.sources(read, rollup_sql, raw_sql, prefix)
+    kept = {"KEYS": ", ".join(map(str, keys))}
+    return window.sources(read, _TS_ROLLUP_HIST, _TS_RAW_HIST, prefix, kept)
 
 
 #: Positions of the levels in the quantile arrays above.
@@ -293,11 +270,7 @@ def timeseries(
     flag = "grouping(grp)" if grouped else "1"
     sets = "GROUPING SETS ((step, grp), (step))" if grouped else "step, grp"
     sources = window.sources(read, _TS_ROLLUP_FIGURES, _TS_RAW_FIGURES)
-    sql = (
-        _TS_FIGURES_SQL.replace("{sources}", sources)
-        .replace("{total}", flag)
-        .replace("{sets}", sets)
-    )
+    sql = render(_TS_FIGURES_SQL, {"SOURCES": sources, "TOTAL": flag, "SETS": sets})
     figures = store.query_arrow(sql, read.params).to_pylist()
     counts: dict[str, int] = {}
     for row in figures:
@@ -365,12 +338,17 @@ def _binned_quantiles(
     having = ""
     if grouped and len(keys) < groups_seen:
         read.params["groups"] = keys
-        having = "\n        HAVING grp IN {groups:Array(String)}"
+        having = _HAVING_GROUPS
     # The whole window's series from its own (cheaper) rollup level, the groups' from theirs.
     parts = [
-        _TS_HIST_PART.replace("{total}", "1" if not grouped else "0")
-        .replace("{having}", having)
-        .replace("{sources}", _hist_sources(read, _GROUP_KEYS if grouped else _KEYS, "g_"))
+        render(
+            _TS_HIST_PART,
+            {
+                "TOTAL": "1" if not grouped else "0",
+                "HAVING": having,
+                "SOURCES": _hist_sources(read, _GROUP_KEYS if grouped else _KEYS, "g_"),
+            },
+        )
     ]
     if grouped:
         since_ns, until_ns, step = window
@@ -378,12 +356,13 @@ def _binned_quantiles(
         whole = _prepare(store, since_ns, until_ns, step, service, model, None, use_rollups)
         whole.params.update(read.params)
         parts.append(
-            _TS_HIST_PART.replace("{total}", "1")
-            .replace("{having}", "")
-            .replace("{sources}", _hist_sources(whole, _KEYS, "t_"))
+            render(
+                _TS_HIST_PART,
+                {"TOTAL": "1", "HAVING": "", "SOURCES": _hist_sources(whole, _KEYS, "t_")},
+            )
         )
         read = whole
-    return _TS_HIST_SQL.replace("{sources}", "\n    UNION ALL\n    ".join(parts)), read
+    return render(_TS_HIST_SQL, {"SOURCES": "\n    UNION ALL\n    ".join(parts)}), read
 
 
 #: Windows read wholly raw with at most this many requests get exact percentiles per step
@@ -397,14 +376,14 @@ _EXACT_COLUMNS = (
 )
 _TS_EXACT_SQL = (
     """
-SELECT step, grp, {total} AS total, count() AS n, """
+SELECT step, grp, $TOTAL AS total, count() AS n, """
     + ", ".join(
         f"quantilesExactInclusive(0.5, 0.9, 0.95, 0.99)({METRICS[m]}) AS q{_METRIC_INDEX[m]}"
         for m in _SERIES_METRICS
     )
     + f"""
-FROM (SELECT {_STEP_RAW} AS step, {{group}} AS grp, * FROM ({{rows}}))
-GROUP BY {{sets}}"""
+FROM (SELECT {_STEP_RAW} AS step, $GROUP AS grp, * FROM ($ROWS))
+GROUP BY $SETS"""
     + _SETTINGS
 )
 
@@ -412,13 +391,8 @@ GROUP BY {{sets}}"""
 def _exact_quantiles(read: WindowRead, flag: str, sets: str) -> str:
     """Exact percentiles per step (and group) from the raw rows of a window read wholly raw."""
     columns = _EXACT_COLUMNS + (", ResourceAttributes" if "Resource" in read.group else "")
-    rows = window.raw_rows(read.raw, read.params, columns, _FILTERS.removeprefix("\n    AND "))
-    sql = (
-        _TS_EXACT_SQL.replace("{rows}", rows)
-        .replace("{group}", read.group)
-        .replace("{total}", flag)
-        .replace("{sets}", sets)
-    )
+    rows = window.raw_rows(read.raw, read.params, columns, FILTERS)
+    sql = render(_TS_EXACT_SQL, {"ROWS": rows, "GROUP": read.group, "TOTAL": flag, "SETS": sets})
     # The same rows as the binned query gives: one per (step, grp, total, metric).
     unpivot = ", ".join(f"({i}, q{i})" for i in _KEYS)
     return (
@@ -436,19 +410,13 @@ def _source(read: WindowRead) -> dict[str, Any]:
     }
 
 
-def _ms(ns: float | None) -> float | None:
-    if ns is None or (isinstance(ns, float) and math.isnan(ns)):
-        return None
-    return float(ns) / 1e6
-
-
 def _levels(
     found: tuple[int, list[float]] | None, levels: Sequence[tuple[str, float]]
 ) -> dict[str, float | None]:
     if not found or not found[0]:
         return {name: None for name, _ in levels}
     values = found[1]
-    return {name: _ms(values[_LEVEL_AT[q]]) for name, q in levels}
+    return {name: ms(values[_LEVEL_AT[q]]) for name, q in levels}
 
 
 def _point(
@@ -474,23 +442,23 @@ def _point(
 
     e2e_sum = float(row["e2e_sum"] or 0) if row else 0.0
     e2e = q("e2e")
-    e2e["mean"] = _ms(e2e_sum / n) if n else None
+    e2e["mean"] = ms(e2e_sum / n) if n else None
     buckets = {}
     for bucket in BUCKETS:
         figures = q(bucket)
         total_b = float(row[f"{bucket}_sum"] or 0) if row else 0.0
         if bucket == "network":
             known = int(row["network_n"] or 0) if row else 0
-            figures["mean"] = _ms(total_b / known) if known else None
+            figures["mean"] = ms(total_b / known) if known else None
         else:
-            figures["mean"] = _ms(total_b / n) if n else None
+            figures["mean"] = ms(total_b / n) if n else None
         figures["share"] = (total_b / e2e_sum) if e2e_sum else None
         buckets[bucket] = figures
     ttft, tpot = q("ttft"), q("tpot")
     ttft_n = int(row["ttft_n"] or 0) if row else 0
     tpot_n = int(row["tpot_n"] or 0) if row else 0
-    ttft["mean"] = _ms(float(row["ttft_sum"]) / ttft_n) if row and ttft_n else None
-    tpot["mean"] = _ms(float(row["tpot_sum"]) / tpot_n) if row and tpot_n else None
+    ttft["mean"] = ms(float(row["ttft_sum"]) / ttft_n) if row and ttft_n else None
+    tpot["mean"] = ms(float(row["tpot_sum"]) / tpot_n) if row and tpot_n else None
     return {
         "start_ns": start,
         "end_ns": end,
@@ -511,7 +479,7 @@ BINS_PER_DECADE = (5, 10, 20, 46)
 _HEAT_SQL = (
     """
 SELECT step, if(bin = 0, -1, intDiv(bin - 1, {width:UInt16})) AS row, sum(c) AS n
-FROM ({sources})
+FROM ($SOURCES)
 GROUP BY step, row
 ORDER BY step, row"""
     + _SETTINGS
@@ -519,11 +487,12 @@ ORDER BY step, row"""
 _HEAT_ROLLUP = (
     f"SELECT {_STEP_ROLLUP} AS step, key % {KEY_STRIDE} AS bin, c FROM {ROLLUP_TABLE} "
     "ARRAY JOIN HistKeys AS key, HistCounts AS c "
-    f"WHERE {{rollup_where}} AND intDiv(key, {KEY_STRIDE}) = {{metric_index:UInt16}}"
+    f"WHERE $ROLLUP_WHERE AND intDiv(key, {KEY_STRIDE}) = {{metric_index:UInt16}}"
 )
+#: ``$VALUE``: the metric's expression (``rollups.METRICS``), ``$BIN`` its bin.
 _HEAT_RAW = (
-    f"SELECT {_STEP_RAW} AS step, {{bin}} AS bin, count() AS c FROM {{from}} "
-    f"WHERE {{ranges}}{_FILTERS} AND {{value}} IS NOT NULL GROUP BY step, bin"
+    f"SELECT {_STEP_RAW} AS step, $BIN AS bin, count() AS c FROM $FROM "
+    f"WHERE $RANGES{_FILTERS} AND $VALUE IS NOT NULL GROUP BY step, bin"
 )
 
 
@@ -559,10 +528,9 @@ def heatmap(
     width = round(FINE_PER_DECADE / bins_per_decade)
     expr = METRICS[metric]
     read.params.update(width=width, metric_index=_METRIC_INDEX[metric])
-    raw = _HEAT_RAW.replace("{bin}", rollups.bin_sql(f"assumeNotNull({expr})")).replace(
-        "{value}", expr
-    )
-    sql = _HEAT_SQL.replace("{sources}", window.sources(read, _HEAT_ROLLUP, raw))
+    metric_sql = {"BIN": rollups.bin_sql(f"assumeNotNull({expr})"), "VALUE": expr}
+    sources = window.sources(read, _HEAT_ROLLUP, _HEAT_RAW, fragments=metric_sql)
+    sql = render(_HEAT_SQL, {"SOURCES": sources})
     rows = store.query_rows(sql, read.params)
     first = since_ns // (step * 10**9)
     last = (until_ns - 1) // (step * 10**9)

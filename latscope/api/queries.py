@@ -1,6 +1,7 @@
-"""Answers about many requests, shaped for the API: parameters as the REST API and the CLI take
-them (time ranges as RFC 3339 or ``15m``), validated, then handed to
-``latscope.attribution.aggregates``, which runs the SQL.
+"""The queries about many requests as the REST API, gRPC and the CLI take them: parameters as
+text (time ranges as RFC 3339 or ``15m``, steps as ``5m``, objectives as ``ttft:500:0.99:30``)
+parsed and checked, then handed to ``latscope.attribution.aggregates``, which runs the SQL. A
+bad parameter is an ``InvalidParameter`` (a 400 with a message saying what to write).
 
 Each function returns the JSON the matching ``/v1`` route serves, with the window it covered
 (``{"since", "until"}`` in RFC 3339 plus ns since the epoch).
@@ -15,9 +16,6 @@ from typing import Any
 from latscope.api.errors import InvalidParameter
 from latscope.api.timerange import TimeRange, TimeRangeError, parse_instant, parse_range
 from latscope.attribution import aggregates as agg
-from latscope.attribution import coldstart as cs
-from latscope.attribution import dimensions as dm
-from latscope.attribution import timeseries as ts
 from latscope.storage import Store
 
 #: Objectives used when none is given: typical interactive-chat targets over 30 days.
@@ -25,9 +23,6 @@ DEFAULT_OBJECTIVES = ("ttft:500:0.99:30", "tpot:50:0.99:30", "e2e:10000:0.99:30"
 MAX_OBJECTIVES = 20
 MAX_GROUPS = 500
 MAX_SLOWEST = 1000
-_GROUP_BY = re.compile(
-    r"^(service|model|route|operation|status|resource\.[A-Za-z0-9_.\-/]{1,128})$"
-)
 _OBJECTIVE = re.compile(
     r"^(?P<metric>e2e|ttft|tpot):(?P<threshold>\d+(\.\d+)?):(?P<target>0?\.\d+)"
     r"(:(?P<days>\d+(\.\d+)?))?$"
@@ -48,8 +43,18 @@ def _window(r: TimeRange) -> dict[str, Any]:
 def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
-    except (agg.AggregateError, ts.TimeseriesError, dm.DimensionError, cs.ColdStartError) as exc:
+    except agg.GroupByError as exc:
+        raise InvalidParameter("invalid_group_by", str(exc)) from None
+    except agg.AnswerError as exc:
         raise InvalidParameter("invalid_parameter", str(exc)) from None
+
+
+def _group_by(group_by: str | None) -> str | None:
+    """``group_by`` checked by the domain's one rule (``aggregates.check_group_by``), before
+    anything else is read."""
+    if group_by:
+        _call(agg.check_group_by, group_by)
+    return group_by
 
 
 def summary(
@@ -67,11 +72,7 @@ def summary(
 
     Percentiles are within 0.5 % (logarithmic histograms, merged from hourly rollups where the
     window covers whole settled hours) unless ``exact``."""
-    if group_by and not _GROUP_BY.match(group_by):
-        raise InvalidParameter(
-            "invalid_group_by",
-            "group_by must be service, model, route, operation, status or resource.<attribute>",
-        )
+    _group_by(group_by)
     r = _range(since, until)
     out = _call(
         agg.summary,
@@ -173,7 +174,9 @@ def diagnose(
         service=service,
         model=model,
         percentile=float(percentile),
-        warmup=_call(cs.WarmupRule, warmup_requests=int(warmup_requests), warmup_s=float(warmup_s)),
+        warmup=_call(
+            agg.WarmupRule, warmup_requests=int(warmup_requests), warmup_s=float(warmup_s)
+        ),
     )
     out["window"] = _window(r)
     return out
@@ -312,14 +315,10 @@ def timeseries(
     limit_groups: int = 10,
 ) -> dict[str, Any]:
     """Every figure of the summary per time step, for the window and per group."""
-    if group_by and not _GROUP_BY.match(group_by):
-        raise InvalidParameter(
-            "invalid_group_by",
-            "group_by must be service, model, route, operation, status or resource.<attribute>",
-        )
+    _group_by(group_by)
     r = _range(since, until)
     out = _call(
-        ts.timeseries,
+        agg.timeseries,
         store,
         since_ns=r.since_ns,
         until_ns=r.until_ns,
@@ -347,7 +346,7 @@ def heatmap(
     """Requests per time step and log-scaled latency bin."""
     r = _range(since, until)
     out = _call(
-        ts.heatmap,
+        agg.heatmap,
         store,
         since_ns=r.since_ns,
         until_ns=r.until_ns,
@@ -408,11 +407,11 @@ def why(
         return [value] if isinstance(value, str) else list(value or ())
 
     out = _call(
-        dm.why,
+        agg.why,
         store,
         since_ns=r.since_ns,
         until_ns=r.until_ns,
-        selection=dm.Selection(**chosen),
+        selection=agg.Selection(**chosen),
         service=service,
         model=model,
         resources=keys(resource),
@@ -437,11 +436,11 @@ def coldstart(
 ) -> dict[str, Any]:
     """Replicas that appeared, their warm-up requests, and warm-up against warm by bucket."""
     r = _range(since, until)
-    rule = cs.WarmupRule(
+    rule = agg.WarmupRule(
         warmup_requests=int(warmup_requests), warmup_s=float(warmup_s), lookback_s=lookback_s
     )
     out = _call(
-        cs.coldstart,
+        agg.coldstart,
         store,
         since_ns=r.since_ns,
         until_ns=r.until_ns,

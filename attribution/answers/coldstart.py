@@ -23,40 +23,48 @@ Replicas appearing within ``SCALE_UP_GAP_S`` of each other make one scale-up.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from latscope.attribution import window
+from latscope.attribution.answers import window
+from latscope.attribution.answers.common import FILTERS, ms
+from latscope.attribution.answers.errors import ColdStartError
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
+from latscope.sqltext import render
 from latscope.storage import Store
 
 __all__ = [
     "COLD_START_CAUSE",
+    "LOOKBACK_GRACE_S",
     "REPLICA_KEYS",
+    "SCALE_UP_GAP_S",
+    "VERDICT_MIN_FACTOR",
+    "VERDICT_MIN_REQUESTS",
     "ColdStartError",
     "WarmupRule",
     "coldstart",
     "verdict",
 ]
 
-
-class ColdStartError(ValueError):
-    """The rule or window cannot be used; the message says what to write instead."""
-
-
-#: Resource attributes naming a replica, in order of preference.
+#: Resource attributes naming a replica, in order of preference: the OpenTelemetry instance id
+#: is meant for exactly this; a pod or host name is what Kubernetes or a VM gives otherwise.
 REPLICA_KEYS = ("service.instance.id", "k8s.pod.name", "host.name")
-#: A replica first seen this soon after the lookback starts was running before it.
+#: A replica first seen this soon after the lookback starts was running before it: a replica in
+#: service rarely goes five minutes without a request, so one first seen that early in the
+#: lookback was most likely already serving.
 LOOKBACK_GRACE_S = 300
-#: Replicas appearing this close to each other are one scale-up.
+#: Replicas appearing this close to each other are one scale-up: an autoscaler adds replicas in
+#: steps over a few minutes, while scale-ups for separate load peaks are further apart.
 SCALE_UP_GAP_S = 300
 #: Replicas listed at most (the newest first); the figures cover every replica.
 MAX_REPLICAS = 200
 #: At most this many first requests per replica are tracked (the largest ``warmup_requests``).
 MAX_WARMUP_REQUESTS = 10_000
+#: The longest ``warmup_s`` (a day) and ``lookback_s`` (a week) a rule may set.
+MAX_WARMUP_S = 86_400
+MAX_LOOKBACK_S = 7 * 86_400
 
 _REPLICA = (
     "coalesce("
@@ -64,8 +72,6 @@ _REPLICA = (
     + ", '')"
 )
 _SETTINGS = "\nSETTINGS do_not_merge_across_partitions_select_final = 1, join_use_nulls = 0"
-_FILTERS = """({service:String} = '' OR ServiceName = {service:String})
-      AND ({model:String} = '' OR Model = {model:String})"""
 _COLUMNS = "ServiceName, Timestamp, ResourceAttributes"
 _FIGURE_COLUMNS = ", E2eNs, " + ", ".join(BUCKET_COLUMNS.values())
 
@@ -77,19 +83,27 @@ class WarmupRule:
     >>> WarmupRule(warmup_requests=10, warmup_s=60).validate()
     """
 
+    #: A new replica's first ten requests: where its first-use costs land (kernels compiled and
+    #: CUDA graphs captured on first use, an empty prefix cache).
     warmup_requests: int = 10
+    #: And its first minute: weights still paging in, the scale-up's other replicas still
+    #: starting.
     warmup_s: float = 60.0
+    #: Replicas are looked for an hour before the window, so one that appeared just before it
+    #: still has its warm-up flagged.
     lookback_s: float = 3600.0
 
     def validate(self) -> None:
         if not 0 <= self.warmup_requests <= MAX_WARMUP_REQUESTS:
             raise ColdStartError(f"warmup_requests must be in 0..{MAX_WARMUP_REQUESTS}")
-        if not 0 <= self.warmup_s <= 86_400:
-            raise ColdStartError("warmup_s must be in 0..86400 seconds")
+        if not 0 <= self.warmup_s <= MAX_WARMUP_S:
+            raise ColdStartError(f"warmup_s must be in 0..{MAX_WARMUP_S} seconds")
         if self.warmup_requests == 0 and self.warmup_s == 0:
             raise ColdStartError("warmup_requests and warmup_s are both 0: nothing is warm-up")
-        if not LOOKBACK_GRACE_S < self.lookback_s <= 7 * 86_400:
-            raise ColdStartError(f"lookback_s must be in {LOOKBACK_GRACE_S}..{7 * 86_400} seconds")
+        if not LOOKBACK_GRACE_S < self.lookback_s <= MAX_LOOKBACK_S:
+            raise ColdStartError(
+                f"lookback_s must be in {LOOKBACK_GRACE_S}..{MAX_LOOKBACK_S} seconds"
+            )
 
 
 #: Every replica of the window and its lookback: first request, count, its first requests' times.
@@ -98,7 +112,7 @@ SELECT ServiceName AS service, replica, toUnixTimestamp64Nano(min(Timestamp)) AS
        count() AS n,
        arrayMap(t -> toUnixTimestamp64Nano(t), groupArraySorted({{n_first:UInt32}})(Timestamp))
            AS firsts
-FROM (SELECT ServiceName, Timestamp, {_REPLICA} AS replica FROM ({{rows}}))
+FROM (SELECT ServiceName, Timestamp, {_REPLICA} AS replica FROM ($ROWS))
 WHERE replica != ''
 GROUP BY service, replica{_SETTINGS}
 """
@@ -119,7 +133,7 @@ SELECT r.service AS service, r.replica AS replica, r.ts < c.cut AS warming, coun
 FROM (
     SELECT ServiceName AS service, {_REPLICA} AS replica, toUnixTimestamp64Nano(Timestamp) AS ts,
            E2eNs, {", ".join(BUCKET_COLUMNS.values())}
-    FROM ({{rows}})
+    FROM ($ROWS)
 ) AS r
 LEFT JOIN (
     SELECT t.1 AS service, t.2 AS replica, t.3 AS cut
@@ -129,17 +143,11 @@ GROUP BY service, replica, warming{_SETTINGS}
 """
 
 
-def _ms(ns: float | None) -> float | None:
-    if ns is None or (isinstance(ns, float) and math.isnan(ns)):
-        return None
-    return float(ns) / 1e6
-
-
 def _side(n: int, sums: Mapping[str, float]) -> dict[str, Any]:
     return {
         "count": n,
-        "e2e_mean_ms": _ms(sums["e2e"] / n) if n else None,
-        "buckets_ms": {b: (_ms(sums[b] / n) if n else None) for b in BUCKETS},
+        "e2e_mean_ms": ms(sums["e2e"] / n) if n else None,
+        "buckets_ms": {b: (ms(sums[b] / n) if n else None) for b in BUCKETS},
     }
 
 
@@ -177,8 +185,8 @@ def coldstart(
     cuts = []
     # Reads skip FINAL where the hour is known clean (``window.raw_ranges``).
     looked = window.raw_ranges(store, [(lookback_ns, int(until_ns))])
-    rows = window.raw_rows(looked, params, _COLUMNS, _FILTERS, prefix="l")
-    for row in store.query_arrow(REPLICAS_SQL.replace("{rows}", rows), params).to_pylist():
+    rows = window.raw_rows(looked, params, _COLUMNS, FILTERS, prefix="l")
+    for row in store.query_arrow(render(REPLICAS_SQL, {"ROWS": rows}), params).to_pylist():
         first = int(row["first_ns"])
         appeared = first >= grace_ns
         cut = 0
@@ -212,8 +220,8 @@ def coldstart(
     counts = {True: 0, False: 0}
     unidentified = 0
     split = window.raw_ranges(store, [(int(since_ns), int(until_ns))])
-    rows = window.raw_rows(split, params, _COLUMNS + _FIGURE_COLUMNS, _FILTERS)
-    for row in store.query_arrow(SPLIT_SQL.replace("{rows}", rows), params).to_pylist():
+    rows = window.raw_rows(split, params, _COLUMNS + _FIGURE_COLUMNS, FILTERS)
+    for row in store.query_arrow(render(SPLIT_SQL, {"ROWS": rows}), params).to_pylist():
         n = int(row["n"])
         if not row["replica"]:
             unidentified += n
@@ -226,7 +234,7 @@ def coldstart(
         if entry is None:
             continue
         entry["requests"] += n
-        mean = _ms(float(row["e2e"]) / n) if n else None
+        mean = ms(float(row["e2e"]) / n) if n else None
         if warming:
             entry["warmup_requests"] += n
             entry["warmup_e2e_mean_ms"] = mean
@@ -296,9 +304,11 @@ def _scale_ups(appeared: list[dict[str, Any]], since_ns: int) -> list[dict[str, 
     return out
 
 
-#: A cold-start verdict needs this many warm-up requests...
+#: A cold-start verdict needs this many warm-up requests (fewer are an anecdote: one slow first
+#: request after a deploy is normal and not worth a verdict)...
 VERDICT_MIN_REQUESTS = 5
-#: ...taking at least this much longer than warm requests, on the mean.
+#: ...taking at least a quarter longer than warm requests, on the mean: smaller differences are
+#: within what load alone moves a mean between two sets of requests.
 VERDICT_MIN_FACTOR = 1.25
 
 #: The diagnosis' cold-start verdict: cause, bucket (filled in from the numbers), first fixes.

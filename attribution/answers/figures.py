@@ -1,0 +1,154 @@
+"""The figures of a set of requests, as the summary and compare report them: percentiles, means
+and shares of e2e and of each bucket, and the streaming figures; the SQL that computes them
+from raw rows and the JSON shape of one row of them.
+
+Times are milliseconds (floats; ``None`` where there is no data).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from latscope.attribution.answers.common import ms
+from latscope.attribution.table import BUCKET_COLUMNS
+from latscope.semconv import BUCKETS
+
+__all__ = [
+    "BUCKET_LEVELS",
+    "E2E_LEVELS",
+    "EXACT_QUANTILES",
+    "METRIC_LEVELS",
+    "STREAM_LEVELS",
+    "levels_json",
+    "stat_columns",
+    "stats_json",
+    "stats_or_empty",
+]
+
+#: Quantile levels of the e2e figure and of each bucket (the REST contract's keys).
+E2E_LEVELS = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99))
+BUCKET_LEVELS = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+STREAM_LEVELS = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+
+#: Quantile levels per histogram metric (the row keys are ``<metric>_q``).
+METRIC_LEVELS = {
+    "e2e": E2E_LEVELS,
+    **dict.fromkeys(BUCKET_COLUMNS, BUCKET_LEVELS),
+    **dict.fromkeys(("ttft", "ttft_server", "tpot", "itl_p50", "itl_p99"), STREAM_LEVELS),
+}
+
+#: Percentiles. ``exact=True``: linear interpolation between order statistics (numpy's and polars'
+#: "linear", Excel's PERCENTILE.INC), from every value (each column is sorted: seconds over
+#: millions of rows, always read raw). ``exact=False`` (the default): the same interpolation over
+#: histograms with bins 1 % wide (``rollups.quantiles``), within 0.5 % of the exact value; the
+#: histograms of settled hours come from the rollup. Counts, means and shares are exact either way.
+#: docs/benchmarks.md has the figures.
+EXACT_QUANTILES = "quantilesExactInclusive"
+
+
+def _levels(levels: Sequence[tuple[str, float]]) -> str:
+    return ", ".join(repr(q) for _, q in levels)
+
+
+def stat_columns() -> str:
+    """The columns of one stats row over raw requests (``exact=True``), as ``stats_json`` reads
+    them."""
+    fn = EXACT_QUANTILES
+    parts = [
+        "count() AS n",
+        f"{fn}({_levels(E2E_LEVELS)})(E2eNs) AS e2e_q",
+        "avg(E2eNs) AS e2e_mean",
+        "sum(E2eNs) AS e2e_sum",
+    ]
+    for bucket, col in BUCKET_COLUMNS.items():
+        parts += [
+            f"{fn}({_levels(BUCKET_LEVELS)})({col}) AS {bucket}_q",
+            f"avg({col}) AS {bucket}_mean",
+            f"sum({col}) AS {bucket}_sum",
+        ]
+    parts += [
+        f"{fn}({_levels(STREAM_LEVELS)})(coalesce(TtftClientNs, TtftServerNs)) AS ttft_q",
+        "avg(coalesce(TtftClientNs, TtftServerNs)) AS ttft_mean",
+        f"{fn}({_levels(STREAM_LEVELS)})(TtftServerNs) AS ttft_server_q",
+        f"{fn}({_levels(STREAM_LEVELS)})(TpotNs) AS tpot_q",
+        "avg(TpotNs) AS tpot_mean",
+        f"{fn}({_levels(STREAM_LEVELS)})(ItlP50Ns) AS itl_p50_q",
+        f"{fn}({_levels(STREAM_LEVELS)})(ItlP99Ns) AS itl_p99_q",
+        "max(ItlMaxNs) AS itl_max",
+        "sum(Stalls) AS stalls",
+        "countIf(Stalls > 0) AS stalled_requests",
+        "countIf(HasClient) AS with_client",
+    ]
+    return ",\n    ".join(parts)
+
+
+def levels_json(
+    values: Sequence[float] | None, levels: Sequence[tuple[str, float]], n: int
+) -> dict[str, float | None]:
+    """Quantile values (ns, in ``levels``' order) -> ``{"p50": ms, ...}``; None without data."""
+    if not values or n == 0:
+        return {name: None for name, _ in levels}
+    return {name: ms(v) for (name, _), v in zip(levels, values, strict=True)}
+
+
+def stats_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One stats row (the columns of ``stat_columns``) -> the REST shape."""
+    n = int(row["n"] or 0)
+    e2e_sum = float(row["e2e_sum"] or 0)
+    e2e: dict[str, Any] = levels_json(row["e2e_q"], E2E_LEVELS, n)
+    e2e["mean"] = ms(row["e2e_mean"]) if n else None
+    buckets = {}
+    for bucket in BUCKETS:
+        figures: dict[str, Any] = levels_json(row[f"{bucket}_q"], BUCKET_LEVELS, n)
+        figures["mean"] = ms(row[f"{bucket}_mean"]) if n else None
+        total = row[f"{bucket}_sum"]
+        figures["share"] = (float(total or 0) / e2e_sum) if e2e_sum else None
+        buckets[bucket] = figures
+    ttft: dict[str, Any] = levels_json(row["ttft_q"], STREAM_LEVELS, n)
+    ttft["mean"] = ms(row["ttft_mean"])
+    tpot: dict[str, Any] = levels_json(row["tpot_q"], STREAM_LEVELS, n)
+    tpot["mean"] = ms(row["tpot_mean"])
+    return {
+        "count": n,
+        "with_client": int(row["with_client"] or 0),
+        "e2e_ms": e2e,
+        "buckets_ms": buckets,
+        "streaming": {
+            "ttft_ms": ttft,
+            "ttft_server_ms": levels_json(row["ttft_server_q"], STREAM_LEVELS, n),
+            "tpot_ms": tpot,
+            "itl_p50_ms": levels_json(row["itl_p50_q"], STREAM_LEVELS, n),
+            "itl_p99_ms": levels_json(row["itl_p99_q"], STREAM_LEVELS, n),
+            "itl_max_ms": ms(row["itl_max"]),
+            "stalls": int(row["stalls"] or 0),
+            "stalled_requests": int(row["stalled_requests"] or 0),
+        },
+    }
+
+
+#: A stats row of no requests.
+_EMPTY_ROW: dict[str, Any] = {
+    key: None
+    for key in [
+        "e2e_q",
+        "e2e_mean",
+        "e2e_sum",
+        "ttft_q",
+        "ttft_mean",
+        "ttft_server_q",
+        "tpot_q",
+        "tpot_mean",
+        "itl_p50_q",
+        "itl_p99_q",
+        "itl_max",
+        "stalls",
+        "stalled_requests",
+        "with_client",
+    ]
+} | {f"{b}_{s}": None for b in BUCKETS for s in ("q", "mean", "sum")}
+
+
+def stats_or_empty(row: dict[str, Any] | None) -> dict[str, Any]:
+    """``stats_json`` of ``row``, or of no requests when it is None."""
+    return stats_json(row) if row else stats_json({"n": 0} | _EMPTY_ROW)

@@ -1,0 +1,70 @@
+"""The collector's memory limit, in bytes: what Exports hold while they are received, decoded and
+waiting for ClickHouse.
+
+The anchor is the OpenTelemetry Collector's ``memory_limiter`` processor, which refuses data
+while the process's heap is above a limit, so that receivers push back (``RESOURCE_EXHAUSTED``,
+HTTP 429) and senders retry, instead of the process growing until the kernel kills it. Sampling
+the heap suits Go; here the memory that grows with load is known exactly, so it is counted:
+
+* an Export's bytes, from the moment its handler runs until it is answered (gRPC and HTTP bodies
+  alike; an HTTP body whose ``Content-Length`` does not fit is refused before it is read);
+* while it is parsed in Python (OTLP/JSON, or protobuf without the C decoder), an estimate of
+  the objects parsing creates;
+* its decoded columns, from decoding until they are inserted into ClickHouse, or dropped from
+  memory because ClickHouse is failing (they wait in the spool then, not in memory).
+
+An Export that does not fit is refused before it is decoded where its size tells (the bytes
+alone do not fit), else as soon as decoding passes what is left (the C decoder stops there).
+Memory that is not counted is bounded elsewhere: one insert at a time, in slices of a bounded
+size, and the process's fixed footprint (``docs/deploy.md`` gives the bound with the defaults).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from latscope.collector import telemetry
+
+
+class MemoryLimit:
+    """A byte budget shared by every receiver and writer of one collector.
+
+    >>> limit = MemoryLimit(100)
+    >>> limit.reserve(60), limit.reserve(60), limit.available
+    (True, False, 40)
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = limit_bytes
+        self._held = 0
+        self._lock = threading.Lock()
+        telemetry.MEMORY_LIMIT.set(limit_bytes)
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    @property
+    def available(self) -> int:
+        return max(0, self.limit - self._held)
+
+    def reserve(self, nbytes: int) -> bool:
+        """Count ``nbytes`` as held, if they fit; all or nothing."""
+        if nbytes <= 0:
+            return True
+        with self._lock:
+            if self._held + nbytes > self.limit:
+                return False
+            self._held += nbytes
+            telemetry.MEMORY_HELD.set(self._held)
+        return True
+
+    def release(self, nbytes: int) -> None:
+        if nbytes <= 0:
+            return
+        with self._lock:
+            self._held -= nbytes
+            telemetry.MEMORY_HELD.set(self._held)
+
+
+__all__ = ["MemoryLimit"]

@@ -1,0 +1,184 @@
+"""``latscope explain`` and ``latscope top`` on traces with several inference calls, against a real
+``latscope serve``: a multi-call trace id shows the run (critical path budget, the calls, the
+waterfall with the calls marked), a request id or a single-call trace id shows the request, and
+``top`` asks the REST API named by ``--url`` / ``LATSCOPE_URL`` and lists request ids that
+``explain`` takes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from latscope.cli import main
+from tests.agent_surfaces import PARALLEL_SEEDS, SINGLE_CALL_SEED, export, recent_run, send_runs
+from tests.agent_traces import AgentRun
+from tests.conftest import Server, start_serve
+from tests.surfaces import FAST_ATTRIBUTION
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[AgentRun]]]:
+    server = start_serve(Path(tmp_path_factory.mktemp("cli-traces")) / "store", *FAST_ATTRIBUTION)
+    try:
+        yield server, send_runs(server, (PARALLEL_SEEDS[1], SINGLE_CALL_SEED))
+    finally:
+        server.stop()
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def api(server: Server, path: str) -> dict:
+    return httpx.get(server.url(path), timeout=30).json()
+
+
+def test_explain_a_multi_call_trace_shows_its_run(served, capsys) -> None:
+    server, runs = served
+    agent = runs[0]
+    code, out, err = run(capsys, "explain", agent.trace_id, "--url", server.http)
+    assert code == 0, err
+    body = api(server, f"/v1/traces/{agent.trace_id}/run")
+    budget = body["critical_path_ms"]
+    assert f"trace {agent.trace_id}" in out
+    assert f"{len(agent.requests)} inference call(s)" in out
+    assert "critical path" in out
+    lines = out.splitlines()
+
+    def row(label: str) -> str:
+        return next(line for line in lines if line.strip().startswith(label))
+
+    assert f"{budget['llm']:.1f} ms" in row("LLM calls")
+    assert f"{budget['tool']:.1f} ms" in row("tool calls")
+    assert f"{budget['app']:.1f} ms" in row("app (orchestration)")
+    assert f"{budget['llm_buckets']['decode']:.1f} ms" in row("LLM decode")
+    # Every call with its time on the path and its dominant bucket, its whole request id (what
+    # explain takes), and its span marked in the waterfall.
+    for n, call in enumerate(body["calls"], 1):
+        figures, ids, marked = [x for x in lines if x.startswith(f"call {n} ")]
+        buckets = call["attribution"]["buckets_ms"]
+        top = max((b for b in buckets if buckets[b]), key=lambda b: buckets[b])
+        assert figures.split()[-1] == top
+        if call["on_critical_path_ms"]:
+            assert f"{call['on_critical_path_ms']:.1f} ms" in figures
+        else:
+            assert "—" in figures
+        assert ids.split() == ["call", str(n), call["request_id"]]
+        assert "▇" in marked
+    for t in body["tools"]:
+        assert t["name"] in out
+
+
+def test_explain_json_is_the_api_answer(served, capsys) -> None:
+    server, runs = served
+    agent, single = runs
+    code, out, _ = run(capsys, "explain", agent.trace_id, "--url", server.http, "--json")
+    assert code == 0 and json.loads(out) == api(server, f"/v1/traces/{agent.trace_id}")
+    rid = agent.requests[3].request_id
+    code, out, _ = run(capsys, "explain", rid, "--url", server.http, "--json")
+    assert code == 0 and json.loads(out) == api(server, f"/v1/requests/{rid}")
+    code, out, _ = run(capsys, "explain", single.trace_id, "--url", server.http, "--json")
+    assert code == 0 and json.loads(out) == api(server, f"/v1/requests/{single.trace_id}")
+
+
+def test_explain_a_request_of_the_trace_shows_that_call(served, capsys) -> None:
+    server, runs = served
+    agent = runs[0]
+    truth = agent.requests[2]
+    code, out, err = run(capsys, "explain", truth.request_id, "--url", server.http)
+    assert code == 0, err
+    assert f"request {truth.request_id}" in out
+    for bucket, ns in truth.buckets.items():
+        line = next(x for x in out.splitlines() if x.startswith(f"{bucket} "))
+        assert f"{ns / 1e6:.1f} ms" in line, (bucket, line)
+    assert f"its trace holds {len(agent.requests)} calls" in out
+    # A single-call trace's id still names its request.
+    single = runs[1]
+    code, out, _ = run(capsys, "explain", single.trace_id, "--url", server.http)
+    assert code == 0 and f"request {single.requests[0].request_id}" in out
+
+
+def test_explain_an_unknown_call_names_the_calls(served, capsys) -> None:
+    server, runs = served
+    agent = runs[0]
+    code, out, err = run(capsys, "explain", f"{agent.trace_id}-{'0' * 16}", "--url", server.http)
+    assert code == 2 and out == ""
+    assert "request_not_found" in err and agent.requests[0].request_id in err
+
+
+def _top(server: Server, *argv: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "latscope.cli", "top", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+
+
+def test_top_follows_latscope_url_and_lists_request_ids_explain_takes(served, capsys) -> None:
+    server, _ = served
+    run_ = recent_run(1, ago_s=5)
+    want = {t.request_id for t in run_.requests}
+    # No --url: LATSCOPE_URL names the API (and no gRPC address is given anywhere).
+    top = _top(
+        server, "--json", "--count", str(len(want)), "--duration", "60",
+        env={"LATSCOPE_URL": server.http, "LATSCOPE_OTLP_GRPC": "127.0.0.1:9"},
+    )  # fmt: skip
+    time.sleep(2.0)  # top has taken its cursor: what comes next is news
+    export(server.grpc, run_)
+    out, err = top.communicate(timeout=90)
+    assert top.returncode == 0, err
+    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert {r["request_id"] for r in rows} == want
+    for rid in sorted(want)[:2]:
+        code, text, _ = run(capsys, "explain", rid, "--url", server.http)
+        assert code == 0 and f"request {rid}" in text
+
+
+def test_top_screen_shows_whole_request_ids(served, capsys) -> None:
+    server, _ = served
+    run_ = recent_run(2, ago_s=5)
+    want = {t.request_id for t in run_.requests}
+    top = _top(
+        server, "--url", server.http, "--count", str(len(want)), "--duration", "60",
+        env={"COLUMNS": "100"},
+    )  # fmt: skip
+    time.sleep(2.0)
+    export(server.grpc, run_)
+    out, err = top.communicate(timeout=90)
+    assert top.returncode == 0, err
+    assert f"{len(want)} requests seen" in out
+    for rid in want:
+        assert rid in out, out
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--url", "http://127.0.0.1:9"], {}, "no API at http://127.0.0.1:9"),
+        ([], {"LATSCOPE_URL": "http://127.0.0.1:9"}, "no API at http://127.0.0.1:9"),
+        (["--grpc", "127.0.0.1:9"], {}, "no latscope gRPC at 127.0.0.1:9"),
+    ],
+)
+def test_top_without_a_server_says_so_and_draws_nothing(argv, env, message) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "latscope.cli", "top", *argv, "--duration", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+    assert proc.returncode == 1
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""  # no empty table with the error glued under it

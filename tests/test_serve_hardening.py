@@ -1,0 +1,358 @@
+"""Hardening of a running latscope process, through the real servers: exclusive ports reported
+before anything is created, query streams that cannot starve ingest, UNAVAILABLE (not CANCELLED)
+at shutdown, no secret in logs or answers, 4xx for bad input, no litter left behind."""
+
+from __future__ import annotations
+
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+import uvicorn
+
+from bench.ingest.traces import make_batch
+from latscope.api import create_app
+from latscope.collector.command import DeferredStore
+from latscope.config import Settings
+from latscope.serve import bind_http
+from latscope.storage import Store, StoreError
+from latscope.v1 import query_pb2, query_pb2_grpc
+from tests.collector_harness import (
+    Collector,
+    collector_fixture,  # noqa: F401 (fixture)
+    start_collector,
+    store_fixture,  # noqa: F401 (fixture)
+)
+from tests.conftest import Server, start_serve
+
+T0 = 1_763_000_000_000_000_000
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def _export_bytes(seed: int, requests: int = 8) -> bytes:
+    return make_batch(random.Random(seed), T0 + seed * 10**9, requests).SerializeToString()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One ``latscope serve`` with few ingest threads, so a handful of streams could fill them."""
+    store_dir = tmp_path_factory.mktemp("first") / "store"
+    server = start_serve(store_dir, "--grpc-workers", "4", "--attributor", "off")
+    try:
+        yield server
+    finally:
+        server.stop()
+    # A clean stop leaves no empty spool folder beside the store.
+    assert not Path(f"{store_dir}-spool").exists()
+
+
+def _second(
+    tmp_path: Path, grpc_addr: str, http_addr: str
+) -> tuple[subprocess.CompletedProcess, Path]:
+    store_dir = tmp_path / "second"
+    proc = subprocess.run(
+        [sys.executable, "-m", "latscope.cli", "serve", "--store", f"chdb://{store_dir}",
+         "--otlp-grpc", grpc_addr, "--http", http_addr],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return proc, store_dir
+
+
+def test_a_busy_grpc_port_stops_a_second_serve_before_it_creates_anything(
+    first: Server, tmp_path: Path
+) -> None:
+    # gRPC's SO_REUSEPORT would let the second process share the port and take part of the
+    # traffic into its own store; it must refuse to start instead, saying which address.
+    proc, store_dir = _second(tmp_path, first.grpc, f"127.0.0.1:{_free_port()}")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"cannot listen for OTLP/gRPC on {first.grpc}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not store_dir.exists() and not Path(f"{store_dir}-spool").exists()
+
+
+def test_a_busy_http_port_is_reported_with_its_address(first: Server, tmp_path: Path) -> None:
+    http = first.http.removeprefix("http://")
+    proc, store_dir = _second(tmp_path, f"127.0.0.1:{_free_port()}", http)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"cannot listen for HTTP on {http}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not store_dir.exists() and not Path(f"{store_dir}-spool").exists()
+
+
+def test_idle_watch_streams_do_not_starve_ingest(first: Server) -> None:
+    # Twice as many open Watch streams as the server has ingest threads (4 here, 32 by default).
+    channel = grpc.insecure_channel(first.grpc)
+    stub = query_pb2_grpc.QueryServiceStub(channel)
+    streams = [stub.Watch(query_pb2.WatchRequest(service="nobody")) for _ in range(8)]
+    try:
+        time.sleep(1.0)  # every stream is being served (and idle) by now
+        export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+        started = time.monotonic()
+        export(_export_bytes(1), timeout=10)
+        assert time.monotonic() - started < 5
+        assert all(s.running() for s in streams)  # the streams are still open, not refused
+    finally:
+        for s in streams:
+            s.cancel()
+        channel.close()
+
+
+def test_exports_in_flight_at_sigterm_get_unavailable_not_cancelled(tmp_path: Path) -> None:
+    # Few handler threads and a short grace: at SIGTERM many Exports are still waiting for a
+    # thread. Each must be answered UNAVAILABLE ("shutting down", which exporters retry
+    # elsewhere), never CANCELLED, and none acknowledged may be lost.
+    server = start_serve(
+        tmp_path / "store", "--grpc-workers", "2", "--shutdown-grace-s", "0.3",
+        "--attributor", "off",
+    )  # fmt: skip
+    payloads = [_export_bytes(seed, requests=400) for seed in range(16)]
+    codes: Counter[str] = Counter()
+    lock = threading.Lock()
+    halt = threading.Event()
+
+    def sender(i: int) -> None:
+        with grpc.insecure_channel(server.grpc) as channel:
+            call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            n = 0
+            while not halt.is_set():
+                try:
+                    call(payloads[(i + n) % len(payloads)], timeout=30)
+                    code = "OK"
+                except grpc.RpcError as exc:
+                    code = exc.code().name
+                with lock:
+                    codes[code] += 1
+                n += 1
+                if code not in ("OK", "RESOURCE_EXHAUSTED"):
+                    return  # the server is going away
+
+    threads = [threading.Thread(target=sender, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    time.sleep(3)
+    assert server.stop(signal.SIGTERM) == 0
+    halt.set()
+    for t in threads:
+        t.join(60)
+    assert codes["OK"] > 0, codes
+    assert codes["CANCELLED"] == 0, codes
+    assert set(codes) <= {"OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}, codes
+
+
+def test_the_store_password_never_appears_in_the_collectors_log_or_answers(
+    tmp_path: Path,
+) -> None:
+    secret = f"pw-{uuid.uuid4().hex}"
+    dsn = f"http://latscope:{secret}@127.0.0.1:{_free_port()}/latscope?password={secret}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "latscope.cli", "collector", "--store", dsn,
+         "--otlp-grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--attributor", "off",
+         "--spool-dir", str(tmp_path / "spool"), "--store-retry-s", "0.2",
+         "--log-level", "debug"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+    grpc_addr = http_addr = ""
+    while not (grpc_addr and http_addr):
+        line = proc.stdout.readline()
+        assert line, "\n".join(lines)
+        lines.append(line)
+        if "OTLP/gRPC" in line:
+            grpc_addr = line.split()[-1]
+        if "HTTP" in line and "://" in line:
+            http_addr = line.split()[-1]
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        with grpc.insecure_channel(grpc_addr) as channel:
+            call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            for seed in range(5):
+                call(_export_bytes(seed), timeout=10)  # acknowledged from the spool
+                time.sleep(0.3)  # each retry of the store logs its failure
+        metrics = httpx.get(f"{http_addr}/metrics", timeout=10).text
+        assert secret not in metrics
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        reader.join(5)
+        proc.stdout.close()
+    text = "".join(lines)
+    assert "unreachable" in text and "latscope:***@" in text
+    assert secret not in text
+
+
+def _serve_app(app: object) -> tuple[uvicorn.Server, threading.Thread, str]:
+    sock, addr = bind_http(Settings(http="127.0.0.1:0"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.01)
+    return server, thread, f"http://{addr}"
+
+
+def test_readyz_names_the_store_without_its_password() -> None:
+    secret = f"pw-{uuid.uuid4().hex}"
+    store = DeferredStore(f"http://latscope:{secret}@127.0.0.1:{_free_port()}/latscope", 60)
+    server, thread, url = _serve_app(create_app(store, Settings()))
+    try:
+        r = httpx.get(f"{url}/readyz", timeout=10)
+        assert r.status_code == 503
+        assert secret not in r.text and "latscope:***@127.0.0.1" in r.json()["detail"]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_a_wrong_method_gets_405_with_allow(store: Store) -> None:
+    server, thread, url = _serve_app(create_app(store, Settings()))
+    try:
+        r = httpx.post(f"{url}/v1/attribution/summary", timeout=10)
+        assert r.status_code == 405 and r.headers["allow"] == "GET"
+        assert r.json()["error"] == "http_error"
+        r = httpx.delete(f"{url}/healthz", timeout=10)
+        assert r.status_code == 405 and r.headers["allow"] == "GET"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_deeply_nested_otlp_json_is_a_400_with_a_message(collector: Collector) -> None:
+    deep = (
+        '{"resourceSpans": [{"resource": {"attributes": [{"key": "k", "value": '
+        + ('{"arrayValue": {"values": [' * 5000)
+        + "]}}" * 5000
+        + "}]}}]}"
+    )
+    for path in ("/v1/traces", "/v1/metrics"):
+        r = httpx.post(
+            f"{collector.http}{path}", content=deep,
+            headers={"content-type": "application/json"}, timeout=30,
+        )  # fmt: skip
+        assert r.status_code == 400, (path, r.status_code, r.text[:200])
+        assert "nested too deeply" in r.json()["message"]
+
+
+def test_a_clean_stop_leaves_no_spool_folder(store: Store, tmp_path: Path) -> None:
+    c = start_collector(store, tmp_path / "spool")
+    with grpc.insecure_channel(c.grpc) as channel:
+        call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+        call(_export_bytes(7), timeout=10)
+    c.wait_stored()
+    c.stop()
+    assert not (tmp_path / "spool").exists()
+
+
+def test_a_failing_spool_disk_logs_a_few_lines_not_one_per_export(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from latscope.collector import spool as spool_module
+
+    def full(self: object, records: list[bytes], rows: int) -> bool:
+        raise OSError(28, "No space left on device")
+
+    c = start_collector(store, tmp_path / "spool")
+    monkeypatch.setattr(spool_module.Segment, "append", full)
+    refused = 0
+    try:
+        with grpc.insecure_channel(c.grpc) as channel:
+            call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            for seed in range(40):
+                try:
+                    call(_export_bytes(seed, requests=1), timeout=10)
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    refused += 1
+    finally:
+        monkeypatch.undo()
+        c.stop()
+    assert refused == 40
+    lines = [r for r in caplog.records if "cannot write the journal" in r.getMessage()]
+    assert 1 <= len(lines) <= 2, len(lines)
+
+
+def test_every_query_runs_under_the_time_limit(store: Store) -> None:
+    limited = Store(store.client, store.dsn, query_timeout_s=1)
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="TIMEOUT_EXCEEDED"):
+        limited.query_rows("SELECT count() FROM numbers(1000000000000)")
+    assert time.monotonic() - started < 10
+    assert Settings.from_env({"LATSCOPE_QUERY_TIMEOUT_S": "7"}).query_timeout_s == 7
+
+
+def test_an_insert_completes_while_a_long_query_runs(store: Store) -> None:
+    # No process-wide lock: a slow query on one thread (a rollup build, a wide API query) does
+    # not hold up a span insert on another. With one chDB client the driver serialised them.
+    import pyarrow as pa
+
+    assert not store.locked
+    store.command("CREATE TABLE IF NOT EXISTS lock_probe (i UInt64) ENGINE = MergeTree ORDER BY i")
+    slow_done = threading.Event()
+    errors: list[BaseException] = []
+
+    def slow() -> None:
+        try:  # runs 4 s, then returns what it has (break, not an error)
+            store.query_rows(
+                "SELECT count() FROM numbers(100000000000) WHERE sipHash64(number) = 0 "
+                "SETTINGS max_execution_time = 4, timeout_overflow_mode = 'break'"
+            )
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            slow_done.set()
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        assert not slow_done.is_set(), "the slow query ended too soon to tell anything"
+        store.insert_arrow("lock_probe", pa.table({"i": pa.array([1, 2, 3], pa.uint64())}))
+        inserted_first = not slow_done.is_set()
+        assert store.query_rows("SELECT count() FROM lock_probe")[0][0] >= 3
+    finally:
+        thread.join(60)
+    assert not errors, errors
+    assert inserted_first, "the insert waited for the slow query"
+
+
+def test_a_request_id_and_a_trace_id_fit_the_published_patterns(first: Server) -> None:
+    import re
+
+    spec = httpx.get(first.url("/openapi.json"), timeout=10).json()
+    params = {
+        (path, p["name"]): p["schema"]
+        for path, ops in spec["paths"].items()
+        for p in ops.get("get", {}).get("parameters", [])
+    }
+    tid = "4bf92f3577b34da6a3ce929d0e0e4736"
+    request = re.compile(params[("/v1/requests/{trace_id}/attribution", "trace_id")]["pattern"])
+    assert request.match(tid) and request.match(f"{tid}-00f067aa0ba902b7")
+    assert not request.match("not-a-trace") and not request.match(f"{tid}-xyz")
+    trace = re.compile(params[("/v1/traces/{trace_id}/spans", "trace_id")]["pattern"])
+    assert trace.match(tid) and not trace.match(f"{tid}-00f067aa0ba902b7")
+    since = re.compile(params[("/v1/attribution/summary", "since")]["pattern"])
+    assert since.match("15m") and since.match("2026-01-02T15:04:05Z")
+    assert not since.match("yesterday") and not since.match("2026-01-02")
+    objective = re.compile(params[("/v1/slo", "objective")]["items"]["pattern"])
+    assert objective.match("ttft:500:0.99:30") and not objective.match("ttft:fast")
+    # What fits the pattern but not the server is still a 4xx with a message.
+    r = httpx.get(first.url("/v1/attribution/summary"), params={"since": "2026-13-01T00:00:00Z"})
+    assert r.status_code == 400 and r.json()["detail"]
