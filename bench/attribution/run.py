@@ -184,6 +184,7 @@ class ServeRun:
     done_s: float  # first send -> every span stored (off) / every request attributed (on)
     cpu_s: float  # serve's CPU over done_s
     store_dir: Path
+    passes: int  # attributor passes that wrote rows (seen as steps of its counter)
 
 
 def serve_run(
@@ -198,9 +199,14 @@ def serve_run(
         sender.start()
         stored_s = None
         deadline = started + args.timeout_s
+        passes, attributed = 0, 0.0
         while True:
             m = serve.metrics()
             now = time.perf_counter()
+            # A pass writes all its rows in one statement: each step of the counter is one pass
+            # (polled every 50 ms, shorter than any pass).
+            passes += m.get(_ATTRIBUTED, 0) > attributed
+            attributed = m.get(_ATTRIBUTED, 0)
             if stored_s is None and m.get(_STORED, 0) >= spans and m.get(_QUEUED, 1) == 0:
                 stored_s = now - started
             if stored_s is not None and (attributor == "off" or m.get(_ATTRIBUTED, 0) >= requests):
@@ -213,7 +219,7 @@ def serve_run(
         sender.join()
     finally:
         serve.stop()
-    return ServeRun(attributor, spans, stored_s, done_s, cpu, serve.store_dir)
+    return ServeRun(attributor, spans, stored_s, done_s, cpu, serve.store_dir, passes)
 
 
 # -- the attributor and the rollups alone, in this process ---------------------------------------
@@ -403,7 +409,7 @@ def main() -> None:
     )
     print(
         f"  attributed after the last span was stored: {on.done_s - on.stored_s:.1f} s "
-        f"(settle window {args.settle_s} s)"
+        f"(settle window {args.settle_s} s); {on.passes} attributor passes with work"
     )
     print(
         f"checks: {attributed:,} requests attributed, each once (of {requests:,}); "
