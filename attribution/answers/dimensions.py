@@ -41,7 +41,7 @@ from latscope.attribution.answers.common import FILTERS, SETTINGS, ms
 from latscope.attribution.answers.errors import DimensionError
 from latscope.attribution.answers.groups import ATTRIBUTE_KEY
 from latscope.attribution.rollups import KEY_STRIDE, METRICS, ROLLUP_TABLE
-from latscope.attribution.table import BUCKET_COLUMNS
+from latscope.attribution.table import BUCKET_COLUMN_LIST, BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
 from latscope.sqltext import render
 from latscope.storage import SPANS_TABLE, Store
@@ -102,8 +102,8 @@ SINCE_FRACTION = 0.25
 
 #: Columns every read of requests takes (the figures, and what selections are made on).
 _BASE_COLUMNS = (
-    "Timestamp, E2eNs, NetworkNs, QueueNs, PreprocessNs, PrefillNs, DecodeNs, PostprocessNs, "
-    "OtherNs, TtftClientNs, TtftServerNs, TpotNs, ServiceName, Model, Route, Operation, "
+    f"Timestamp, E2eNs, {BUCKET_COLUMN_LIST}, TtftClientNs, TtftServerNs, TpotNs, "
+    "ServiceName, Model, Route, Operation, "
     "StatusCode, Attempts, InputTokens, OutputTokens"
 )
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.metrics import REGISTRY
 from latscope.semconv import BUCKETS
 from latscope.storage import ATTRIBUTION_TABLE, Store, StoreError
@@ -82,16 +83,6 @@ LABELS_OVERFLOW = Counter(
     registry=REGISTRY,
 )
 
-_COLUMN_BUCKETS = {
-    "network": "NetworkNs",
-    "queue": "QueueNs",
-    "preprocess": "PreprocessNs",
-    "prefill": "PrefillNs",
-    "decode": "DecodeNs",
-    "postprocess": "PostprocessNs",
-    "other": "OtherNs",
-}
-
 
 def _ms(v: Any) -> float | None:
     return None if v is None else float(v) / 1e6
@@ -116,7 +107,7 @@ def row_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "model": row.get("Model", ""),
         "start_unix_nano": start_ns,
         "e2e_ms": _ms(row.get("E2eNs")) or 0.0,
-        "buckets_ms": {b: _ms(row.get(col)) for b, col in _COLUMN_BUCKETS.items()},
+        "buckets_ms": {b: _ms(row.get(col)) for b, col in BUCKET_COLUMNS.items()},
         "ttft_ms": _ms(ttft),
         "ttft_server_ms": _ms(row.get("TtftServerNs")),
         "tpot_ms": _ms(row.get("TpotNs")),
@@ -153,7 +144,7 @@ def _rows(batch: Any) -> list[dict[str, Any]]:
                     "Model": item.model,
                     "Timestamp": item.start_ns,
                     "E2eNs": item.e2e_ns,
-                    **{col: b.get(name) for name, col in _COLUMN_BUCKETS.items()},
+                    **{col: b.get(name) for name, col in BUCKET_COLUMNS.items()},
                     "TtftClientNs": item.ttft_client_ns,
                     "TtftServerNs": item.ttft_server_ns,
                     "TpotNs": item.tpot_ns,
