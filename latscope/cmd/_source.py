@@ -13,11 +13,11 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
 
+from latscope.auth import TokenFileError, read_token_file
 from latscope.storage import Store, StoreError
 
 #: query name -> (REST path, "module:function" answering it over a store).
@@ -98,12 +98,9 @@ def _token(args: argparse.Namespace) -> str:
     path = getattr(args, "token_file", None)
     if path:
         try:
-            token = Path(path).read_text().strip()
-        except OSError as exc:
-            raise SourceError(f"--token-file: cannot read {path}: {exc.strerror}") from None
-        if not token:
-            raise SourceError(f"--token-file: {path} is empty")
-        return token
+            return read_token_file(path)
+        except TokenFileError as exc:
+            raise SourceError(str(exc)) from None
     return os.environ.get("LATSCOPE_TOKEN", "")
 
 
