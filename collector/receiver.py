@@ -265,7 +265,7 @@ def _check(ingest: Ingest, context: grpc.ServicerContext) -> None:
 
 def _abort(context: grpc.ServicerContext, error: Refused) -> None:
     code, trailers = retry_status(error)
-    context.set_trailing_metadata(trailers)
+    context.set_trailing_metadata(tuple(trailers))
     context.abort(code, str(error))
 
 
@@ -302,7 +302,9 @@ class TraceReceiver:
 
     def register(self, server: grpc.Server) -> None:
         """Add the Export method to ``server`` with no request parse and no response encoding."""
-        handlers = {"Export": grpc.unary_unary_rpc_method_handler(self.Export)}
+        handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
+            "Export": grpc.unary_unary_rpc_method_handler(self.Export)
+        }
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(TRACE_SERVICE, handlers),)
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -149,7 +150,7 @@ class Settings:
         return "LATSCOPE_" + name.upper()
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Defaults, then ``LATSCOPE_*`` from ``env``, then non-None ``overrides`` (flags)."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}

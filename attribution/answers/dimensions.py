@@ -467,8 +467,10 @@ def _extra(
     """Mean extra e2e (ms) of the inside over the outside, and per bucket (they add up)."""
     if not n_in or not n_out:
         return None, dict.fromkeys(BUCKETS)
-    buckets = {b: (in_sums[b] / n_in - out_sums[b] / n_out) / 1e6 for b in BUCKETS}
-    return sum(buckets.values()), buckets
+    buckets: dict[str, float | None] = {
+        b: (in_sums[b] / n_in - out_sums[b] / n_out) / 1e6 for b in BUCKETS
+    }
+    return sum(v for v in buckets.values() if v is not None), buckets
 
 
 def why(
@@ -704,7 +706,7 @@ def slo_buckets(
     ``until_ns``): the requests that missed it against those that met it, each bucket's mean
     extra time (ms; they add up to ``extra_e2e_ms``), and the ``dominant`` bucket."""
     names = list(windows)
-    params = {
+    params: dict[str, Any] = {
         "lo_ns": int(min(windows.values())),
         "hi_ns": int(until_ns),
         "service": service or "",

@@ -299,14 +299,17 @@ def timeseries(
     wanted = {(True, "")} | {(False, k) for k in keys}
     by_series: dict[tuple[bool, str], dict[int, dict[str, Any]]] = {}
     for row in figures:
-        key = (bool(row["total"]), "" if row["total"] else row["grp"])
-        if key in wanted:
-            by_series.setdefault(key, {})[int(row["step"])] = row
+        series_key = (bool(row["total"]), "" if row["total"] else row["grp"])
+        if series_key in wanted:
+            by_series.setdefault(series_key, {})[int(row["step"])] = row
     quantiles: dict[tuple[bool, str, int, int], tuple[int, list[float]]] = {}
     for row in hists:
-        key = (bool(row["total"]), "" if row["total"] else row["grp"])
-        if key in wanted:
-            quantiles[(*key, int(row["step"]), int(row["metric"]))] = (int(row["n"]), row["q"])
+        series_key = (bool(row["total"]), "" if row["total"] else row["grp"])
+        if series_key in wanted:
+            quantiles[(*series_key, int(row["step"]), int(row["metric"]))] = (
+                int(row["n"]),
+                row["q"],
+            )
     series = []
     for total, key in [(True, ""), *((False, k) for k in keys)]:
         rows = by_series.get((total, key), {})

@@ -25,6 +25,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import Counter, Histogram
@@ -98,7 +99,7 @@ def row_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
         phase, _, name = str(key).partition(".")
         gpu.setdefault(phase, {})[name or phase] = float(value)
     start = row.get("Timestamp")
-    start_ns = int(start.timestamp() * 1e9) if hasattr(start, "timestamp") else int(start or 0)
+    start_ns = int(start.timestamp() * 1e9) if isinstance(start, datetime) else int(start or 0)
     trace_id = row.get("TraceId", "")
     return {
         "trace_id": trace_id,
