@@ -24,6 +24,7 @@ V1_ROUTES = [
     f"/v1/requests/{TRACE}",
     f"/v1/requests/{TRACE}/tokens",
     f"/v1/traces/{TRACE}/spans",
+    "/v1/export/requests",
     f"/v1/traces/{TRACE}/requests",
     f"/v1/traces/{TRACE}/run",
     f"/v1/traces/{TRACE}",

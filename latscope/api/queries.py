@@ -450,3 +450,40 @@ def coldstart(
     )
     out["window"] = _window(r)
     return out
+
+
+# -- export ----------------------------------------------------------------------------------
+
+#: Most requests one REST export answers with: the Parquet file is built in the API's memory
+#: (about 300 bytes a request compressed, several times that while polars builds it), so a
+#: bigger export goes through the CLI on the store itself or several windows.
+MAX_EXPORT = 200_000
+
+
+def export_requests(
+    store: Store,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+    limit: int = MAX_EXPORT,
+) -> tuple[bytes, int]:
+    """The window's attributed requests as a Parquet file (``frames.requests``' columns, oldest
+    first), and how many rows it holds."""
+    import io
+
+    from latscope.attribution import frames
+
+    r = _range(since, until)
+    frame = frames.requests(
+        store,
+        since_ns=r.since_ns,
+        until_ns=r.until_ns,
+        service=service,
+        model=model,
+        limit=max(1, min(int(limit), MAX_EXPORT)),
+    )
+    out = io.BytesIO()
+    frame.write_parquet(out, compression="zstd")
+    return out.getvalue(), frame.height

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 
 from latscope.api import live as live_feed
 from latscope.api import queries as aggregates
@@ -140,6 +140,8 @@ _KEYS_PATTERN = r"^[A-Za-z0-9_.\-/]{1,128}$"
 _ONE = error_responses(400, 401, 404, 422, 503)
 _REQUEST = error_responses(400, 401, 404, 409, 422, 503)
 _MANY = error_responses(400, 401, 422, 503)
+#: Parquet's media type (registered with IANA in 2024).
+PARQUET = "application/vnd.apache.parquet"
 
 
 def v1_router(store: Store, settings: Settings) -> APIRouter:
@@ -595,6 +597,44 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
     def services(since: Since = None, until: Until = None) -> dict[str, Any]:
         """The services and models seen in the window, with request counts."""
         return aggregates.services(store, since=since, until=until)
+
+    @router.get(
+        "/export/requests",
+        tags=["aggregates"],
+        response_class=Response,
+        responses={
+            **_MANY,
+            200: {
+                "description": "a Parquet file, one row per attributed request (the "
+                "attribution table's columns); `X-Latscope-Rows` says how many, "
+                "`X-Latscope-Truncated: true` that the limit cut the window short",
+                "content": {PARQUET: {"schema": {"type": "string", "format": "binary"}}},
+            },
+        },
+    )
+    def export_requests(
+        since: Since = None,
+        until: Until = None,
+        service: Service = None,
+        model: Model = None,
+        limit: Annotated[
+            int,
+            Query(
+                description="most requests, oldest first",
+                ge=1,
+                le=aggregates.MAX_EXPORT,
+            ),
+        ] = aggregates.MAX_EXPORT,
+    ) -> Response:
+        """The window's attributed requests as Parquet, for offline analysis (polars, pandas,
+        DuckDB); ``latscope export --parquet FILE`` writes the same file."""
+        body, rows = aggregates.export_requests(
+            store, since=since, until=until, service=service, model=model, limit=limit
+        )
+        headers = {"X-Latscope-Rows": str(rows)}
+        if rows >= limit:
+            headers["X-Latscope-Truncated"] = "true"
+        return Response(body, media_type=PARQUET, headers=headers)
 
     @router.get("/requests", tags=["aggregates"], response_model=Slowest, responses=_MANY)
     def slowest(

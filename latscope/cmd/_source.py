@@ -135,8 +135,13 @@ class HttpSource(Source):
 
     def get(self, path: str, **params: Any) -> dict[str, Any]:
         """``GET path`` with the non-empty ``params``; the JSON answer or SourceError."""
+        return decode(self.fetch(path, **params), self.url)
+
+    def fetch(self, path: str, **params: Any) -> httpx.Response:
+        """``GET path`` with the non-empty ``params``; the response, whatever its status, or
+        SourceError when there is none."""
         try:
-            response = self.client.get(path, params=_clean(params))
+            return self.client.get(path, params=_clean(params))
         except httpx.ConnectError:
             raise SourceError(
                 f"no API at {self.url} — start it with `latscope serve` (or `latscope api`), "
@@ -146,13 +151,12 @@ class HttpSource(Source):
             raise SourceError(f"the API at {self.url} did not answer in time (--timeout)") from None
         except httpx.HTTPError as exc:
             raise SourceError(f"talking to {self.url} failed: {exc}") from None
-        return _decode(response, self.url)
 
     def close(self) -> None:
         self.client.close()
 
 
-def _decode(response: httpx.Response, url: str) -> dict[str, Any]:
+def decode(response: httpx.Response, url: str) -> dict[str, Any]:
     try:
         body = response.json()
     except ValueError:
