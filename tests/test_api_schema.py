@@ -18,6 +18,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from latscope.api import schemas
 from tests.conftest import Server, start_serve
 from tests.surfaces import dataset_store
 
@@ -120,6 +121,48 @@ def test_openapi_is_complete(served: Server) -> None:
         assert param["schema"]["pattern"] == "^[0-9a-fA-F]{32}(-[0-9a-fA-F]{16})?$"
         conflict = operation["responses"]["409"]["content"]["application/json"]["example"]
         assert conflict["error"] == "several_requests"
-    # The answers about traces are closed: the spec forbids keys they do not document.
-    for name in ("TraceRequests", "Run", "RunCall", "TraceExplain", "Live"):
-        assert spec["components"]["schemas"][name]["additionalProperties"] is False, name
+
+
+def _answer_schemas(spec: dict, schema: dict, seen: set[str]) -> None:
+    """Every component schema ``schema`` names, directly or inside arrays, maps and unions."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        if name not in seen:
+            seen.add(name)
+            _answer_schemas(spec, spec["components"]["schemas"][name], seen)
+        return
+    for value in schema.values():
+        if isinstance(value, dict):
+            _answer_schemas(spec, value, seen)
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, dict):
+                    _answer_schemas(spec, item, seen)
+
+
+def test_every_answer_is_closed_and_lists_what_it_always_has(served: Server) -> None:
+    """Each answer and each part of one: no undocumented keys (additionalProperties false), and
+    every key listed as required (the answers always carry every key; null where its type
+    says it can be)."""
+    spec = httpx.get(served.url("/openapi.json"), timeout=10).json()
+    names: set[str] = set()
+    for path, item in spec["paths"].items():
+        if path.startswith("/v1/") and "get" in item:
+            ok = item["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+            _answer_schemas(spec, ok, names)
+    assert {"Attribution", "Summary", "Streaming", "Run", "Why", "ColdStart", "Verdict"} <= names
+    for name in sorted(names):
+        schema = spec["components"]["schemas"][name]
+        assert schema.get("additionalProperties") is False, name
+        assert sorted(schema.get("required", [])) == sorted(schema["properties"]), name
+
+
+def test_every_example_is_a_valid_answer() -> None:
+    """The examples the OpenAPI document shows validate against their own models."""
+    checked = 0
+    for model in vars(schemas).values():
+        if isinstance(model, type) and issubclass(model, schemas.Answer):
+            for example in (model.model_config.get("json_schema_extra") or {}).get("examples", []):
+                model.model_validate(example)
+                checked += 1
+    assert checked >= 20

@@ -30,6 +30,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from latscope.api.schemas import Live
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.metrics import REGISTRY
 from latscope.parts import Poller
@@ -122,6 +123,9 @@ def row_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "output_tokens": row.get("OutputTokens"),
         "clock_skew_ms": _ms(row.get("ClockSkewNs")) or 0.0,
         "attempts": int(row.get("Attempts") or 1),
+        # The attribution table has no column for it: live rows say false, the request's own
+        # answer (/v1/requests/{id}/attribution) knows.
+        "client_headers_only": False,
         "gpu": gpu,
     }
 
@@ -298,7 +302,7 @@ def since(
     min_e2e_ms: float = 0.0,
     limit: int = 500,
     hub: LiveHub = HUB,
-) -> dict[str, Any]:
+) -> Live:
     """``GET /v1/live``: requests attributed since the cursor ``after`` of an earlier answer
     (of the same ``epoch``; another epoch starts over from the oldest kept)."""
     if after is not None and epoch is not None and epoch != hub.epoch:
@@ -306,7 +310,9 @@ def since(
     requests, cursor, missed = hub.since(
         after, WatchFilter(service, model, min_e2e_ms), max(1, min(limit, MAX_LIVE))
     )
-    return {"epoch": hub.epoch, "cursor": cursor, "missed": missed, "requests": requests}
+    return Live.model_validate(
+        {"epoch": hub.epoch, "cursor": cursor, "missed": missed, "requests": requests}
+    )
 
 
 _label_sets: set[tuple[str, str]] = set()

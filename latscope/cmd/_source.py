@@ -1,7 +1,9 @@
 """Where a query command gets its answers: a running API (``--url``) or the store itself.
 
-Both return the same JSON: the API serves the functions that direct mode calls. Errors become
-:class:`SourceError` with a sentence the user can act on.
+Both return the same JSON: direct mode calls the functions the API serves, and both modes pass
+the answer through its model (``latscope.api.schemas``, named in ``ANSWERS``), so a command
+renders the same keys either way. Errors become :class:`SourceError` with a sentence the user
+can act on.
 """
 
 from __future__ import annotations
@@ -43,6 +45,28 @@ QUERIES: dict[str, tuple[str, str]] = {
     "heatmap": ("/v1/attribution/heatmap", "latscope.api.queries:heatmap"),
     "why": ("/v1/attribution/why", "latscope.api.queries:why"),
     "coldstart": ("/v1/attribution/coldstart", "latscope.api.queries:coldstart"),
+}
+
+#: query name -> the model of its answer in ``latscope.api.schemas``.
+ANSWERS: dict[str, str] = {
+    "attribution": "Attribution",
+    "explain": "Explain",
+    "trace": "TraceExplain",
+    "trace_requests": "TraceRequests",
+    "run": "Run",
+    "spans": "TraceSpans",
+    "summary": "Summary",
+    "tail": "Tail",
+    "compare": "Compare",
+    "diagnose": "Diagnosis",
+    "slo": "Slo",
+    "gpu": "Gpu",
+    "services": "Services",
+    "requests": "Slowest",
+    "timeseries": "Timeseries",
+    "heatmap": "Heatmap",
+    "why": "Why",
+    "coldstart": "ColdStart",
 }
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -104,6 +128,25 @@ def _token(args: argparse.Namespace) -> str:
     return os.environ.get("LATSCOPE_TOKEN", "")
 
 
+def _answer(name: str, body: Any) -> dict[str, Any]:
+    """``body`` (an answer's model, or its JSON from the API) through the model of query
+    ``name``, as the JSON the API serves."""
+    from pydantic import ValidationError
+
+    from latscope.api import schemas
+
+    model = getattr(schemas, ANSWERS[name])
+    if isinstance(body, model):
+        return body.json_dict()
+    try:
+        return model.model_validate(body).json_dict()
+    except ValidationError as exc:
+        raise SourceError(
+            f"the API answered {name} in a shape this latscope does not know (another "
+            f"version?): {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
+        ) from None
+
+
 def _clean(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None and v != ""}
 
@@ -131,7 +174,9 @@ class HttpSource(Source):
         template, _ = QUERIES[name]
         path_keys = {k for k in params if "{" + k + "}" in template}
         path = template.format(**{k: params[k] for k in path_keys})
-        return self.get(path, **{k: v for k, v in params.items() if k not in path_keys})
+        return _answer(
+            name, self.get(path, **{k: v for k, v in params.items() if k not in path_keys})
+        )
 
     def get(self, path: str, **params: Any) -> dict[str, Any]:
         """``GET path`` with the non-empty ``params``; the JSON answer or SourceError."""
@@ -193,9 +238,9 @@ class StoreSource(Source):
 
         _, target = QUERIES[name]
         module, _, attr = target.partition(":")
-        fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module), attr)
+        fn: Callable[..., Any] = getattr(importlib.import_module(module), attr)
         try:
-            return fn(self.store, **_clean(params))
+            return _answer(name, fn(self.store, **_clean(params)))
         except QueryError as exc:
             detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
             raise SourceError(f"{detail} ({exc.error})", exit_code=2, error=exc.error) from None
