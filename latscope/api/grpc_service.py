@@ -9,7 +9,6 @@ not answer UNAVAILABLE.
 from __future__ import annotations
 
 import functools
-import hmac
 import logging
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -29,6 +28,7 @@ from latscope.api.live import (
     iter_subscription,
 )
 from latscope.api.schemas import Attribution, LiveRequest, Run, Summary, TraceRequests
+from latscope.auth import UNAUTHORIZED, bearer_ok, metadata_authorization
 from latscope.config import Settings
 from latscope.parts import Parts
 from latscope.storage import Store, StoreError, StoreUnavailable
@@ -205,16 +205,10 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _authorize(self, context: grpc.ServicerContext) -> None:
-        if not self.settings.token:
-            return
-        metadata = dict(context.invocation_metadata() or ())
-        scheme, _, given = str(metadata.get("authorization", "")).partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), self.settings.token.encode()
+        if not bearer_ok(
+            metadata_authorization(context.invocation_metadata()), self.settings.token
         ):
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED, "send metadata 'authorization: Bearer <token>'"
-            )
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
 
     def _answer(self, context: grpc.ServicerContext, fn: Any, *args: Any) -> Any:
         self._authorize(context)

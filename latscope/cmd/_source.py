@@ -15,11 +15,11 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
 
+from latscope.auth import TokenFileError, read_token_file
 from latscope.storage import Store, StoreError
 
 #: query name -> (REST path, "module:function" answering it over a store).
@@ -122,12 +122,9 @@ def _token(args: argparse.Namespace) -> str:
     path = getattr(args, "token_file", None)
     if path:
         try:
-            token = Path(path).read_text().strip()
-        except OSError as exc:
-            raise SourceError(f"--token-file: cannot read {path}: {exc.strerror}") from None
-        if not token:
-            raise SourceError(f"--token-file: {path} is empty")
-        return token
+            return read_token_file(path)
+        except TokenFileError as exc:
+            raise SourceError(str(exc)) from None
     return os.environ.get("LATSCOPE_TOKEN", "")
 
 
@@ -292,6 +289,43 @@ def run_command(args: argparse.Namespace, body: Callable[[Source], int]) -> int:
     except SourceError as exc:
         print(f"latscope: {exc}", file=sys.stderr)
         return exc.exit_code
+
+
+def run_query(
+    args: argparse.Namespace,
+    doing: str,
+    ask: Callable[[Source], dict[str, Any]],
+    render: Callable[[dict[str, Any]], None],
+) -> int:
+    """A query command's whole ``main``: open the source the flags name (``--store`` or the API),
+    ``ask`` it under a spinner saying ``doing``, print the answer as JSON (``--json``) or
+    ``render`` it; a SourceError becomes one line on stderr and its exit code (1, or 2 for a
+    request the API refused as unusable).
+
+    >>> run_query(args, "diagnosing", lambda s: s.query("diagnose", **filters(args)), render)
+    ... # doctest: +SKIP
+    """
+    from latscope.cmd import _render as r
+
+    def body(source: Source) -> int:
+        with r.progress(doing):
+            answer = ask(source)
+        if args.json:
+            r.print_json(answer)
+        else:
+            render(answer)
+        return 0
+
+    return run_command(args, body)
+
+
+#: The flags ``add_filter_arguments`` adds, named as the query parameters they fill.
+FILTER_FLAGS = ("since", "until", "service", "model")
+
+
+def filters(args: argparse.Namespace) -> dict[str, Any]:
+    """The values of the flags ``add_filter_arguments`` added, as query parameters."""
+    return {name: getattr(args, name) for name in FILTER_FLAGS if hasattr(args, name)}
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser, *, window: bool = True) -> None:

@@ -20,6 +20,7 @@ from latscope.cmd._source import (
     add_filter_arguments,
     add_source_arguments,
     decode,
+    filters,
     run_command,
 )
 
@@ -66,14 +67,7 @@ def _from_store(source: StoreSource, args: argparse.Namespace, path: Path) -> in
 
 
 def _from_api(source: HttpSource, args: argparse.Namespace, path: Path) -> tuple[int, bool]:
-    response = source.fetch(
-        EXPORT_PATH,
-        since=args.since,
-        until=args.until,
-        service=args.service,
-        model=args.model,
-        limit=args.limit,
-    )
+    response = source.fetch(EXPORT_PATH, **filters(args), limit=args.limit)
     if response.status_code != 200:
         decode(response, source.url)  # raises SourceError with the API's message
         raise SourceError(f"the API at {source.url} answered {response.status_code}")

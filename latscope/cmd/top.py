@@ -236,7 +236,7 @@ class StoreFeed(Feed):
         )
         assert sub is not None  # a private hub has room
         self.sub = sub
-        self.poller = TablePoller(self.store, interval_s=0.5, hub=self.hub)
+        self.poller = TablePoller(self.store, poll_s=0.5, hub=self.hub)
         self.poller.start()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
