@@ -56,6 +56,9 @@ class Served:
     stub: query_pb2_grpc.QueryServiceStub
     runs: list[AgentRun]
     specs: list[RequestSpec]
+    #: Once everything sent was attributed: the summaries' windows end there (absolute
+    #: instants, so that both calls of a comparison cover the same window).
+    now: datetime
 
     def rest(self, path: str, **params: Any) -> dict[str, Any]:
         r = httpx.get(self.server.url(path), params=params, timeout=60)
@@ -82,7 +85,13 @@ def served() -> Iterator[Served]:
             runs = send_runs(server, RUN_SEEDS)
             everything = dataset(time.time_ns())
             specs = send(server.grpc, [everything[i] for i in SPEC_INDEXES])
-            out = Served(server, query_pb2_grpc.QueryServiceStub(channel), runs, specs)
+            out = Served(
+                server,
+                query_pb2_grpc.QueryServiceStub(channel),
+                runs,
+                specs,
+                datetime.now(UTC),  # set again once everything is attributed
+            )
             for spec in specs:
                 _wait_spans(out, spec)
             # Every call attributed before any answer is compared: a row landing between the
@@ -91,6 +100,7 @@ def served() -> Iterator[Served]:
                 len(out.rest(f"/v1/traces/{r.trace_id}/requests")["requests"]) for r in runs
             )
             wait_attributed(server, PLANTED + len(specs) + calls)
+            out.now = datetime.now(UTC)
             yield out
     finally:
         server.stop()
@@ -244,28 +254,28 @@ def test_list_requests_and_get_run_agree(served: Served) -> None:
     assert tools
 
 
-def _at(ago: timedelta) -> str:
+def _at(now: datetime, ago: timedelta) -> str:
     """An absolute instant, so both calls cover the same window."""
-    return (NOW - ago).isoformat().replace("+00:00", "Z")
+    return (now - ago).isoformat().replace("+00:00", "Z")
 
 
-NOW = datetime.now(UTC)
 H = timedelta(hours=1)
 
 
 @pytest.mark.parametrize(
-    "params",
+    "window",
     [
-        {"since": _at(4 * H), "until": _at(0 * H)},
-        {"since": _at(4 * H), "until": _at(0 * H), "group_by": "service"},
-        {"since": _at(4 * H), "until": _at(0 * H), "group_by": "resource.k8s.pod.name",
-         "exact": True},
-        {"since": _at(H / 2), "until": _at(0 * H), "service": "chat", "model": "llama-3-8b"},
-        {"since": _at(30 * 24 * H), "until": _at(20 * 24 * H), "group_by": "model"},  # none
+        {"since": 4 * H, "until": 0 * H},
+        {"since": 4 * H, "until": 0 * H, "group_by": "service"},
+        {"since": 4 * H, "until": 0 * H, "group_by": "resource.k8s.pod.name", "exact": True},
+        {"since": H / 2, "until": 0 * H, "service": "chat", "model": "llama-3-8b"},
+        {"since": 30 * 24 * H, "until": 20 * 24 * H, "group_by": "model"},  # none
     ],
     ids=["window", "by-service", "by-pod-exact", "filtered", "empty"],
-)  # fmt: skip
-def test_summary_agrees(served: Served, params: dict[str, Any]) -> None:
+)
+def test_summary_agrees(served: Served, window: dict[str, Any]) -> None:
+    # Windows end when the fixture had everything attributed (not when tests were collected).
+    params = {k: _at(served.now, v) if isinstance(v, timedelta) else v for k, v in window.items()}
     rest = served.rest("/v1/attribution/summary", **params)
     message = served.stub.Summary(query_pb2.SummaryRequest(**params), timeout=60)
     # The proto carries the window as since and until at the top.
@@ -273,7 +283,7 @@ def test_summary_agrees(served: Served, params: dict[str, Any]) -> None:
     assert _same(message, rest_mapped, rest_only=SUMMARY_REST_ONLY) == []
     if params.get("group_by") in ("service", "resource.k8s.pod.name"):
         assert len(rest["groups"]) >= 3
-    if params["since"] == _at(4 * H):
+    if window["since"] == 4 * H:
         assert rest["count"] > PLANTED
 
 
