@@ -21,6 +21,11 @@ survives ``FINAL``. Re-running a slice writes the same rows with the same Versio
 Each row records in SpansIngestedAt the watermark its pass brought the attributor to; after a
 restart the watermark resumes from the largest one (work after it is redone, harmlessly).
 
+Cadence. A pass with work costs ClickHouse's analysis of its statements (~1 s of CPU whatever the
+slice's size) on top of the work itself, so under load the attributor waits longer between
+passes and each takes a bigger slice: after a pass that wrote rows it waits ``BUSY_PAUSE`` times
+that pass's duration (at least ``poll_s``, at most ``settle_s``); after an idle one, ``poll_s``.
+
 Scale-out: ``shard=(i, n)`` takes only the traces with ``cityHash64(TraceId) % n = i``, so ``n``
 attributors split a store's traces with none done twice and none missed; on a cluster (spans and
 attribution rows sharded by the same hash) attributor ``i`` runs against shard ``i``'s local
@@ -30,6 +35,7 @@ tables (``tables="local"``) and every read and write stays on that shard (docs/d
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -53,6 +59,11 @@ SPAN_REACH_NS = 24 * _HOUR_NS
 
 #: Table names on a cluster node, for an attributor that works on its shard alone.
 LOCAL_SUFFIX = "_local"
+
+#: After a pass that wrote rows, the wait before the next one, in units of that pass's duration
+#: (capped by the settle window): under load, passes and their fixed cost come at most every
+#: 1 + BUSY_PAUSE pass durations, so most of the attributor's CPU goes to requests.
+BUSY_PAUSE = 4.0
 
 
 class Attributor(Poller):
@@ -79,6 +90,8 @@ class Attributor(Poller):
         self.settle_us = int(settle_s * 1e6)
         self.step_us = max(1, int(step_s * 1e6))
         super().__init__(poll_s)
+        self.idle_poll_s = poll_s
+        self.busy_poll_max_s = max(poll_s, settle_s)
         self.batch_traces = batch_traces
         self.stall_threshold_ns = stall_threshold_ns
         index, count = shard
@@ -109,6 +122,7 @@ class Attributor(Poller):
 
     def run_until_idle(self, *, max_batches: int = 1000) -> int:
         """Attribute every settled trace up to now (bounded batches); returns requests written."""
+        started = time.monotonic()
         if self.watermark_us is None:
             self.watermark_us = self._resume()
         upto = self._now_us() - self.settle_us
@@ -149,6 +163,14 @@ class Attributor(Poller):
                 log.exception("attribution of the slice up to %d failed; skipped", through)
             self.watermark_us = through
         LAG.set(max(0.0, (self._now_us() - self.watermark_us) / 1e6))
+        # The wait before the next pass (Poller reads poll_s after each pass): longer after a
+        # pass with work, so the next one takes a bigger slice for the same fixed cost.
+        busy_s = BUSY_PAUSE * (time.monotonic() - started)
+        self.poll_s = (
+            min(max(self.idle_poll_s, busy_s), self.busy_poll_max_s)
+            if written
+            else self.idle_poll_s
+        )
         return written
 
     def attribute_slice(

@@ -24,14 +24,17 @@ from latscope.storage import ATTRIBUTION_TABLE, Store
 #: Most rows one call returns unless told otherwise (a frame is held in memory).
 DEFAULT_LIMIT = 5_000_000
 
-#: Columns read as ns integers (ClickHouse DateTime64 -> Python datetime would drop the ns).
+#: Columns read as ns integers (ClickHouse DateTime64 -> Python datetime would drop the ns),
+#: under another name: an alias named as its column would replace the column in ``WHERE``
+#: (ClickHouse resolves aliases first) and compare ns integers with times.
 _TIMES = {"Timestamp": "toUnixTimestamp64Nano(Timestamp)"}
+_RENAMED = {name: f"{name}_ns" for name in _TIMES}
 _SKIP = {"SpansIngestedAt", "Version", "IsDeleted"}
 
 REQUESTS_SQL = (
     "SELECT "
     + ", ".join(
-        f"{_TIMES.get(name, name)} AS {name}"
+        f"{_TIMES[name]} AS {_RENAMED[name]}" if name in _TIMES else name
         for name in ATTRIBUTION_SCHEMA.names
         if name not in _SKIP
     )
@@ -71,7 +74,7 @@ def requests(
     )
     frame = pl.from_arrow(table)
     assert isinstance(frame, pl.DataFrame)
-    return frame
+    return frame.rename({v: k for k, v in _RENAMED.items()})
 
 
 def to_table(frame: pl.DataFrame) -> pa.Table:

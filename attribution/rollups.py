@@ -36,7 +36,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from latscope.attribution.table import BUCKET_COLUMNS
+from latscope.attribution.table import BUCKET_COLUMN_LIST, BUCKET_COLUMNS
 from latscope.metrics import REGISTRY
 from latscope.parts import Poller
 from latscope.storage import ATTRIBUTION_TABLE, Store
@@ -189,34 +189,40 @@ def _sets(extra: str, count: int = len(_SETS)) -> str:
 #: The attribution rows of the hours being built, deduplicated like every raw read.
 _BUILD_ROWS = f"""(
         SELECT toStartOfHour(Timestamp) AS hour, ServiceName, Model, Route, Operation, StatusCode,
-               HasClient, E2eNs, {", ".join(BUCKET_COLUMNS.values())}, TtftClientNs,
+               HasClient, E2eNs, {BUCKET_COLUMN_LIST}, TtftClientNs,
                TtftServerNs, TpotNs, ItlP50Ns, ItlP99Ns, ItlMaxNs, Stalls
         FROM {ATTRIBUTION_TABLE} FINAL
         WHERE Timestamp >= fromUnixTimestamp64Nano({{lo_ns:Int64}})
           AND Timestamp < fromUnixTimestamp64Nano({{hi_ns:Int64}})
     )"""
 
+#: bucket -> the rollup column holding its sum (``"prefill"`` -> ``"PrefillSum"``).
+BUCKET_SUMS: dict[str, str] = {bucket: f"{bucket.capitalize()}Sum" for bucket in BUCKET_COLUMNS}
+
 #: Per-group figures: aggregates over attribution rows named as the rollup's columns, so raw
-#: reads and rollup rows union.
-SCALARS_SQL = """
+#: reads and rollup rows union. Network is unknown (NULL) without a client span: its sum counts
+#: 0 for those and ``NetworkCount`` says how many knew it.
+SCALARS_SQL = (
+    """
     count() AS Requests,
     countIf(HasClient) AS WithClient,
     sum(E2eNs) AS E2eSum,
     ifNull(sum(NetworkNs), 0) AS NetworkSum,
     count(NetworkNs) AS NetworkCount,
-    sum(QueueNs) AS QueueSum,
-    sum(PreprocessNs) AS PreprocessSum,
-    sum(PrefillNs) AS PrefillSum,
-    sum(DecodeNs) AS DecodeSum,
-    sum(PostprocessNs) AS PostprocessSum,
-    sum(OtherNs) AS OtherSum,
-    ifNull(sum(coalesce(TtftClientNs, TtftServerNs)), 0) AS TtftSum,
+"""
+    + "".join(
+        f"    sum({column}) AS {BUCKET_SUMS[bucket]},\n"
+        for bucket, column in BUCKET_COLUMNS.items()
+        if bucket != "network"
+    )
+    + """    ifNull(sum(coalesce(TtftClientNs, TtftServerNs)), 0) AS TtftSum,
     count(coalesce(TtftClientNs, TtftServerNs)) AS TtftCount,
     ifNull(sum(TpotNs), 0) AS TpotSum,
     count(TpotNs) AS TpotCount,
     max(ItlMaxNs) AS ItlMax,
     sum(Stalls) AS StallsSum,
     countIf(Stalls > 0) AS StalledRequests"""
+)
 SCALAR_COLUMNS = [
     line.strip().rstrip(",").rsplit(" AS ", 1)[1] for line in SCALARS_SQL.strip().splitlines()
 ]

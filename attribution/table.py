@@ -9,20 +9,16 @@ from typing import Any
 import pyarrow as pa
 
 from latscope.attribution.model import RequestAttribution
+from latscope.semconv import BUCKETS
 
 _MAP_F = pa.map_(pa.string(), pa.float64())
 _MAP_S = pa.map_(pa.string(), pa.string())
 
-#: bucket -> column.
-BUCKET_COLUMNS: dict[str, str] = {
-    "network": "NetworkNs",
-    "queue": "QueueNs",
-    "preprocess": "PreprocessNs",
-    "prefill": "PrefillNs",
-    "decode": "DecodeNs",
-    "postprocess": "PostprocessNs",
-    "other": "OtherNs",
-}
+#: bucket -> its column (``"prefill"`` -> ``"PrefillNs"``), in ``BUCKETS`` order: the one map from
+#: the REST/CLI bucket names to the table's columns; every reader and writer of the table uses it.
+BUCKET_COLUMNS: dict[str, str] = {bucket: f"{bucket.capitalize()}Ns" for bucket in BUCKETS}
+#: The bucket columns as a SELECT list, in ``BUCKETS`` order.
+BUCKET_COLUMN_LIST = ", ".join(BUCKET_COLUMNS.values())
 
 ATTRIBUTION_SCHEMA = pa.schema(
     [
@@ -39,13 +35,7 @@ ATTRIBUTION_SCHEMA = pa.schema(
         ("HasClient", pa.bool_()),
         ("Attempts", pa.uint16()),
         ("E2eNs", pa.uint64()),
-        ("NetworkNs", pa.uint64()),
-        ("QueueNs", pa.uint64()),
-        ("PreprocessNs", pa.uint64()),
-        ("PrefillNs", pa.uint64()),
-        ("DecodeNs", pa.uint64()),
-        ("PostprocessNs", pa.uint64()),
-        ("OtherNs", pa.uint64()),
+        *((column, pa.uint64()) for column in BUCKET_COLUMNS.values()),
         ("TtftClientNs", pa.int64()),
         ("TtftServerNs", pa.int64()),
         ("TpotNs", pa.float64()),

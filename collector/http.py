@@ -24,6 +24,7 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
+from latscope.auth import UNAUTHORIZED
 from latscope.collector.mapping import MalformedExport
 from latscope.collector.receiver import PARSE_EXPANSION, Ingest, Outcome, trace_response
 from latscope.collector.writer import Refused
@@ -132,7 +133,7 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
         json_body = content_type == JSON
         if not ingest.authorized(headers.get("authorization")):
             return _status_response(
-                401, "send 'Authorization: Bearer <token>'", json_body,
+                401, UNAUTHORIZED, json_body,
                 **{"WWW-Authenticate": "Bearer"},
             )  # fmt: skip
         if content_type not in (JSON, PROTOBUF):

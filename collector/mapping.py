@@ -492,8 +492,8 @@ class SpanColumns:
             self.ev_name.append(name)
             self.ev_attrs.add(*_dedup(k, v))
         self.ev_offsets.append(len(self.ev_time))
-        for t, s, st, k, v in ln_rows:
-            self.ln_trace.append(t)
+        for trace, s, st, k, v in ln_rows:
+            self.ln_trace.append(trace)
             self.ln_span.append(s)
             self.ln_state.append(st)
             self.ln_attrs.add(*_dedup(k, v))

@@ -14,7 +14,6 @@ gRPC's own parse would have refused them.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import threading
 from collections.abc import Iterator, Mapping
@@ -28,6 +27,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
+from latscope.auth import UNAUTHORIZED, bearer_ok, metadata_authorization
 from latscope.collector import telemetry
 from latscope.collector.mapping import (
     MAX_DECODED_BYTES,
@@ -92,12 +92,7 @@ class Ingest:
 
     def authorized(self, header: str | None) -> bool:
         """Whether an ``authorization`` value carries the bearer token (always, without one)."""
-        if not self.token:
-            return True
-        scheme, _, given = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            given.strip().encode(), self.token.encode()
-        )
+        return bearer_ok(header, self.token)
 
     @contextlib.contextmanager
     def holding(self, nbytes: int, signal: str = "traces") -> Iterator[None]:
@@ -264,14 +259,13 @@ def retry_status(error: Refused) -> tuple[grpc.StatusCode, list[tuple[str, bytes
 
 
 def _check(ingest: Ingest, context: grpc.ServicerContext) -> None:
-    header = dict(context.invocation_metadata()).get("authorization")
-    if not ingest.authorized(header if isinstance(header, str) else None):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, "send 'authorization: Bearer <token>'")
+    if not ingest.authorized(metadata_authorization(context.invocation_metadata())):
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
 
 
 def _abort(context: grpc.ServicerContext, error: Refused) -> None:
     code, trailers = retry_status(error)
-    context.set_trailing_metadata(trailers)
+    context.set_trailing_metadata(tuple(trailers))
     context.abort(code, str(error))
 
 
@@ -308,7 +302,9 @@ class TraceReceiver:
 
     def register(self, server: grpc.Server) -> None:
         """Add the Export method to ``server`` with no request parse and no response encoding."""
-        handlers = {"Export": grpc.unary_unary_rpc_method_handler(self.Export)}
+        handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
+            "Export": grpc.unary_unary_rpc_method_handler(self.Export)
+        }
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(TRACE_SERVICE, handlers),)
         )

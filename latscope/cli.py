@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "why": "latscope.cmd.why",
     "timeline": "latscope.cmd.timeline",
     "explain": "latscope.cmd.explain",
+    "export": "latscope.cmd.export",
     "slo": "latscope.cmd.slo",
     "top": "latscope.cmd.top",
     "demo": "latscope.demo.command",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from latscope.auth import TokenFileError, read_token_file
 from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE
 
 
@@ -148,7 +150,7 @@ class Settings:
         return "LATSCOPE_" + name.upper()
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Defaults, then ``LATSCOPE_*`` from ``env``, then non-None ``overrides`` (flags)."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}
@@ -165,13 +167,10 @@ class Settings:
         parse_hostport(self.otlp_grpc, name="--otlp-grpc")
         parse_hostport(self.http, name="--http")
         if self.token_file:
-            path = Path(self.token_file)
             try:
-                self.token = path.read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"--token-file: cannot read {path}: {exc.strerror}") from None
-            if not self.token:
-                raise ConfigError(f"--token-file: {path} is empty")
+                self.token = read_token_file(self.token_file)
+            except TokenFileError as exc:
+                raise ConfigError(str(exc)) from None
         if self.grpc_max_message_bytes < 1024:
             raise ConfigError("--grpc-max-message-bytes must be at least 1024")
         if self.attribution_settle_s < 0 or self.attribution_poll_s <= 0:

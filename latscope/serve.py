@@ -18,9 +18,11 @@ from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import uvicorn
+from fastapi import FastAPI
 
 from latscope.api import create_app
 from latscope.config import Settings, parse_hostport
@@ -213,7 +215,7 @@ def run(
     *,
     command: str = "serve",
     make_parts: Callable[[Settings, Store], Parts] = serve_parts,
-    make_app: Callable[..., object] = create_app,
+    make_app: Callable[..., FastAPI] = create_app,
     open_store: Callable[[Settings], tuple[Store, int | None]] = open_store,
     grpc_label: str = "OTLP/gRPC",
 ) -> int:
@@ -249,7 +251,7 @@ def run(
         component.start()
     serve_grpc(grpc_server, parts)
     app = make_app(store, settings, routers=parts.http_routers)
-    tls = {}
+    tls: dict[str, Any] = {}
     if settings.tls_cert:
         tls = {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key}
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", **tls)

@@ -72,13 +72,14 @@ class GpuMonitor:
     # lifecycle --------------------------------------------------------------------------------
     @classmethod
     def start(cls, opts: Options, resource: Any, metric_exporter: Any) -> GpuMonitor | None:
-        nvml = opts.gpu.nvml
+        nvml: Any = opts.gpu.nvml
         if nvml is None:
             try:
-                import pynvml as nvml
+                import pynvml
             except ImportError:
                 logger.info("latscope GPU figures off: pynvml (nvidia-ml-py) is not installed")
                 return None
+            nvml = pynvml
         try:
             nvml.nvmlInit()
         except Exception as exc:
@@ -221,9 +222,9 @@ class GpuMonitor:
                     return []
                 f = scale.get(field, 1)
                 return [
-                    Observation(r[field] * f, labels[i])
+                    Observation(value * f, labels[i])
                     for i, r in enumerate(readings)
-                    if r[field] is not None
+                    if (value := r[field]) is not None
                 ]
 
             return callback
@@ -253,7 +254,7 @@ def aggregate(readings: list[list[Reading]], uuids: tuple[str, ...]) -> dict[str
     power_w = 0.0
     have_power = False
     for g in range(len(uuids)):
-        p = [rs[g][2] for rs in readings if rs[g][2] is not None]
+        p = [mw for rs in readings if (mw := rs[g][2]) is not None]
         if p:
             have_power = True
             power_w += sum(p) / len(p) / 1000

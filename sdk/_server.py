@@ -373,7 +373,7 @@ class phase:
                     async for item in fn(*args, **kwargs):  # type: ignore[attr-defined]
                         yield item
 
-            return agen_wrapper  # type: ignore[return-value]
+            return agen_wrapper
         if kind == _GEN:
 
             @functools.wraps(fn)
@@ -381,7 +381,7 @@ class phase:
                 with phase(name):
                     return (yield from fn(*args, **kwargs))  # type: ignore[misc]
 
-            return gen_wrapper  # type: ignore[return-value]
+            return gen_wrapper
         if kind == _ASYNC:
 
             @functools.wraps(fn)
@@ -396,7 +396,7 @@ class phase:
             with phase(name):
                 return fn(*args, **kwargs)
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
 
 _SYNC, _ASYNC, _GEN, _AGEN = "sync", "async", "generator", "async generator"

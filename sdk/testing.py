@@ -86,7 +86,8 @@ class FakeNvml:
 
     def _gpu(self, handle: Any) -> FakeGpu:
         self.calls += 1
-        return self.gpus[handle]
+        gpu: FakeGpu = self.gpus[handle]
+        return gpu
 
     def nvmlInit(self) -> None:
         if self.init_error is not None:

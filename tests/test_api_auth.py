@@ -10,7 +10,10 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from latscope.auth import UNAUTHORIZED
 from latscope.v1 import query_pb2, query_pb2_grpc
 from tests.serve_support import Server, start_serve
 
@@ -23,6 +26,7 @@ V1_ROUTES = [
     f"/v1/requests/{TRACE}",
     f"/v1/requests/{TRACE}/tokens",
     f"/v1/traces/{TRACE}/spans",
+    "/v1/export/requests",
     f"/v1/traces/{TRACE}/requests",
     f"/v1/traces/{TRACE}/run",
     f"/v1/traces/{TRACE}",
@@ -144,3 +148,31 @@ def test_cli_says_how_to_pass_the_token(guarded: Server, tmp_path: Path) -> None
     )  # fmt: skip
     assert allowed.returncode == 0, allowed.stderr
     assert '"count": 0' in allowed.stdout
+
+
+def test_every_transport_refuses_with_the_same_sentence(guarded: Server) -> None:
+    """REST, the gRPC query service, OTLP/gRPC and OTLP/HTTP ingest share one check: each keeps
+    its own status and says the same thing."""
+    rest = httpx.get(guarded.url("/v1/services"), headers={"Authorization": "Bearer x"}, timeout=30)
+    assert (rest.status_code, rest.json()["detail"]) == (401, UNAUTHORIZED)
+    ingest_http = httpx.post(
+        guarded.url("/v1/traces"), content=b"", headers={"Content-Type": "application/x-protobuf"},
+        timeout=30,
+    )  # fmt: skip
+    assert ingest_http.status_code == 401
+    assert status_pb2.Status.FromString(ingest_http.content).message == UNAUTHORIZED
+    with grpc.insecure_channel(guarded.grpc) as channel:
+        query = query_pb2_grpc.QueryServiceStub(channel)
+        ingest = trace_service_pb2_grpc.TraceServiceStub(channel)
+        for call, message in (
+            (query.Summary, query_pb2.SummaryRequest()),
+            (ingest.Export, trace_service_pb2.ExportTraceServiceRequest()),
+        ):
+            with pytest.raises(grpc.RpcError) as info:
+                call(message, timeout=10, metadata=[("authorization", "Bearer wrong")])
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert info.value.details() == UNAUTHORIZED
+        ingest.Export(
+            trace_service_pb2.ExportTraceServiceRequest(), timeout=10,
+            metadata=[("authorization", f"Bearer {TOKEN}")],
+        )  # fmt: skip

@@ -16,6 +16,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from latscope.api import schemas
 from tests.hypothesis_support import examples
 from tests.serve_support import Server
 
@@ -84,6 +85,7 @@ def test_openapi_is_complete(served: tuple[Server, list]) -> None:
         "/v1/gpu",
         "/v1/services",
         "/v1/requests",
+        "/v1/export/requests",
     }
     for path in ("/v1/traces", "/v1/metrics"):
         operation = spec["paths"][path]["post"]
@@ -94,11 +96,15 @@ def test_openapi_is_complete(served: tuple[Server, list]) -> None:
         for status in ("400", "401", "422"):
             example = operation["responses"][status]["content"]["application/json"]["example"]
             assert set(example) == {"error", "detail"}, (path, status)
+        for param in operation.get("parameters", []):
+            assert param.get("description"), (path, param["name"])
+        if path == "/v1/export/requests":  # a file, not a JSON answer
+            ok = operation["responses"]["200"]["content"]["application/vnd.apache.parquet"]
+            assert ok["schema"] == {"type": "string", "format": "binary"}
+            continue
         ok = operation["responses"]["200"]["content"]["application/json"]["schema"]
         name = ok["$ref"].rsplit("/", 1)[-1]
         assert spec["components"]["schemas"][name].get("examples"), (path, name)
-        for param in operation.get("parameters", []):
-            assert param.get("description"), (path, param["name"])
     # A request is named by its request id or a single-call trace id; a trace id of a trace
     # with several calls is a documented 409.
     for path in ("/v1/requests/{request_id}", "/v1/requests/{request_id}/attribution"):
@@ -107,6 +113,50 @@ def test_openapi_is_complete(served: tuple[Server, list]) -> None:
         assert param["schema"]["pattern"] == "^[0-9a-fA-F]{32}(-[0-9a-fA-F]{16})?$"
         conflict = operation["responses"]["409"]["content"]["application/json"]["example"]
         assert conflict["error"] == "several_requests"
-    # The answers about traces are closed: the spec forbids keys they do not document.
-    for name in ("TraceRequests", "Run", "RunCall", "TraceExplain", "Live"):
-        assert spec["components"]["schemas"][name]["additionalProperties"] is False, name
+
+
+def _answer_schemas(spec: dict, schema: dict, seen: set[str]) -> None:
+    """Every component schema ``schema`` names, directly or inside arrays, maps and unions."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        if name not in seen:
+            seen.add(name)
+            _answer_schemas(spec, spec["components"]["schemas"][name], seen)
+        return
+    for value in schema.values():
+        if isinstance(value, dict):
+            _answer_schemas(spec, value, seen)
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, dict):
+                    _answer_schemas(spec, item, seen)
+
+
+def test_every_answer_is_closed_and_lists_what_it_always_has(served: tuple[Server, list]) -> None:
+    """Each answer and each part of one: no undocumented keys (additionalProperties false), and
+    every key listed as required (the answers always carry every key; null where its type
+    says it can be)."""
+    server, _ = served
+    spec = httpx.get(server.url("/openapi.json"), timeout=10).json()
+    names: set[str] = set()
+    for path, item in spec["paths"].items():
+        content = item.get("get", {}).get("responses", {}).get("200", {}).get("content", {})
+        if path.startswith("/v1/") and "application/json" in content:  # not the Parquet export
+            ok = content["application/json"]["schema"]
+            _answer_schemas(spec, ok, names)
+    assert {"Attribution", "Summary", "Streaming", "Run", "Why", "ColdStart", "Verdict"} <= names
+    for name in sorted(names):
+        schema = spec["components"]["schemas"][name]
+        assert schema.get("additionalProperties") is False, name
+        assert sorted(schema.get("required", [])) == sorted(schema["properties"]), name
+
+
+def test_every_example_is_a_valid_answer() -> None:
+    """The examples the OpenAPI document shows validate against their own models."""
+    checked = 0
+    for model in vars(schemas).values():
+        if isinstance(model, type) and issubclass(model, schemas.Answer):
+            for example in (model.model_config.get("json_schema_extra") or {}).get("examples", []):
+                model.model_validate(example)
+                checked += 1
+    assert checked >= 20

@@ -318,3 +318,29 @@ def test_bad_attribute_values_do_not_break_the_request() -> None:
     a = both("t", tb.spans)
     assert a.input_tokens is None and a.output_tokens is None and a.ttft_server_ns is None
     assert a.buckets_ns["decode"] == 80 * MS
+
+
+def test_two_decode_phases_one_timed_give_the_same_tokens_everywhere() -> None:
+    """Issue 17: the token timeline once read another decode span than attribution. With two
+    decode phases and only the first carrying token times, attribution (Python and SQL), the
+    token timeline and ``timed_decode`` all take the first one's tokens."""
+    from latscope.api.trace import _select, _timeline
+    from latscope.attribution.engine import attribute_request, timed_decode
+
+    tb = TraceBuilder()
+    s = tb.server(0, 1000)
+    tb.phase("prefill", 10, 100, parent=s)
+    offsets_us = [0, 10_000, 400_000]  # one 390 ms gap
+    timed = tb.phase(
+        "decode", 100, 600, parent=s,
+        attrs={LatscopeAttributes.TOKEN_OFFSETS_US: str(offsets_us).replace(" ", "")},
+    )  # fmt: skip
+    tb.phase("decode", 600, 900, parent=s)  # a second decode phase without token times
+    a = both("t", tb.spans, stall_threshold_ns=250 * MS)
+    assert (a.output_tokens, a.stalls) == (3, 1)
+    request = _select("t", None, tb.spans)
+    found = timed_decode(request)
+    assert found is not None and found[0].span_id == timed
+    result = attribute_request("t", request, stall_threshold_ns=250 * MS)
+    timeline = _timeline(request, result, 250.0)
+    assert (timeline["count"], len(timeline["stalls"])) == (a.output_tokens, a.stalls)

@@ -352,7 +352,7 @@ def test_a_request_id_and_a_trace_id_fit_the_published_patterns(first: Server) -
         for p in ops.get("get", {}).get("parameters", [])
     }
     tid = "4bf92f3577b34da6a3ce929d0e0e4736"
-    request = re.compile(params[("/v1/requests/{trace_id}/attribution", "trace_id")]["pattern"])
+    request = re.compile(params[("/v1/requests/{request_id}/attribution", "request_id")]["pattern"])
     assert request.match(tid) and request.match(f"{tid}-00f067aa0ba902b7")
     assert not request.match("not-a-trace") and not request.match(f"{tid}-xyz")
     trace = re.compile(params[("/v1/traces/{trace_id}/spans", "trace_id")]["pattern"])

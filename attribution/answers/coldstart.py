@@ -254,7 +254,7 @@ def coldstart(
     if dominant is not None and known[dominant] <= 0:
         dominant = None
     seen = [r for r in replicas.values() if r["requests"] or r["appeared"]]
-    appeared = sorted(
+    new_replicas = sorted(
         (r for r in seen if r["appeared"] and r["first_seen_ns"] < until_ns),
         key=lambda r: r["first_seen_ns"],
     )
@@ -264,14 +264,14 @@ def coldstart(
         "rule": asdict(rule) | {"replica_keys": list(REPLICA_KEYS)},
         "replicas": listed[:MAX_REPLICAS],
         "replica_count": len(seen),
-        "appeared": len([r for r in appeared if r["first_seen_ns"] >= since_ns]),
+        "appeared": len([r for r in new_replicas if r["first_seen_ns"] >= since_ns]),
         "warmup": warmup,
         "warm": warm,
         "unidentified": unidentified,
         "extra_e2e_ms": extra,
         "extra_buckets_ms": extra_buckets,
         "dominant": dominant,
-        "scale_ups": _scale_ups(appeared, since_ns),
+        "scale_ups": _scale_ups(new_replicas, since_ns),
     }
 
 

@@ -37,9 +37,12 @@ def compare(
     movers explain the e2e change); ``e2e_ms`` carries the same figures for the whole request.
     """
     if exact:
-        common = {"service": service, "model": model, "exact": True}
-        a = summary(store, since_ns=before[0], until_ns=before[1], **common)
-        b = summary(store, since_ns=after[0], until_ns=after[1], **common)
+        a = summary(
+            store, since_ns=before[0], until_ns=before[1], service=service, model=model, exact=True
+        )
+        b = summary(
+            store, since_ns=after[0], until_ns=after[1], service=service, model=model, exact=True
+        )
     else:
         # Both windows in one pass: their hours looked up once, one figures query and one
         # histogram query over both.

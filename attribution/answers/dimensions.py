@@ -41,7 +41,7 @@ from latscope.attribution.answers.common import FILTERS, SETTINGS, ms
 from latscope.attribution.answers.errors import DimensionError
 from latscope.attribution.answers.groups import ATTRIBUTE_KEY
 from latscope.attribution.rollups import KEY_STRIDE, METRICS, ROLLUP_TABLE
-from latscope.attribution.table import BUCKET_COLUMNS
+from latscope.attribution.table import BUCKET_COLUMN_LIST, BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
 from latscope.sqltext import render
 from latscope.storage import SPANS_TABLE, Store
@@ -102,8 +102,8 @@ SINCE_FRACTION = 0.25
 
 #: Columns every read of requests takes (the figures, and what selections are made on).
 _BASE_COLUMNS = (
-    "Timestamp, E2eNs, NetworkNs, QueueNs, PreprocessNs, PrefillNs, DecodeNs, PostprocessNs, "
-    "OtherNs, TtftClientNs, TtftServerNs, TpotNs, ServiceName, Model, Route, Operation, "
+    f"Timestamp, E2eNs, {BUCKET_COLUMN_LIST}, TtftClientNs, TtftServerNs, TpotNs, "
+    "ServiceName, Model, Route, Operation, "
     "StatusCode, Attempts, InputTokens, OutputTokens"
 )
 
@@ -467,8 +467,10 @@ def _extra(
     """Mean extra e2e (ms) of the inside over the outside, and per bucket (they add up)."""
     if not n_in or not n_out:
         return None, dict.fromkeys(BUCKETS)
-    buckets = {b: (in_sums[b] / n_in - out_sums[b] / n_out) / 1e6 for b in BUCKETS}
-    return sum(buckets.values()), buckets
+    buckets: dict[str, float | None] = {
+        b: (in_sums[b] / n_in - out_sums[b] / n_out) / 1e6 for b in BUCKETS
+    }
+    return sum(v for v in buckets.values() if v is not None), buckets
 
 
 def why(
@@ -704,7 +706,7 @@ def slo_buckets(
     ``until_ns``): the requests that missed it against those that met it, each bucket's mean
     extra time (ms; they add up to ``extra_e2e_ms``), and the ``dominant`` bucket."""
     names = list(windows)
-    params = {
+    params: dict[str, Any] = {
         "lo_ns": int(min(windows.values())),
         "hi_ns": int(until_ns),
         "service": service or "",

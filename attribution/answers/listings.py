@@ -17,7 +17,7 @@ from latscope.attribution.answers.common import (
     query_dicts,
     window_params,
 )
-from latscope.attribution.table import BUCKET_COLUMNS
+from latscope.attribution.table import BUCKET_COLUMN_LIST, BUCKET_COLUMNS
 from latscope.storage import Store
 
 __all__ = ["gpu_by_phase", "services", "slowest"]
@@ -25,7 +25,7 @@ __all__ = ["gpu_by_phase", "services", "slowest"]
 SLOWEST_SQL = f"""
 SELECT TraceId AS trace_id, toUnixTimestamp64Nano(Timestamp) AS start_ns,
        ServiceName AS service, Model AS model, Route AS route, StatusCode AS status,
-       E2eNs, NetworkNs, QueueNs, PreprocessNs, PrefillNs, DecodeNs, PostprocessNs, OtherNs,
+       E2eNs, {BUCKET_COLUMN_LIST},
        coalesce(TtftClientNs, TtftServerNs) AS ttft, TpotNs AS tpot,
        InputTokens AS input_tokens, OutputTokens AS output_tokens, Stalls AS stalls,
        Attempts AS attempts

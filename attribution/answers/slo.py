@@ -138,8 +138,8 @@ def slo(
         if explain:
             # One read gives both: each window's bad and good requests are the burn rates'
             # counts, and their buckets say where the budget went.
-            starts = {"window": params["window_start"]} | {
-                w: params[f"s{w}"] for w in BURN_WINDOWS_S
+            starts = {"window": int(now_ns) - window_ns} | {
+                w: int(now_ns) - s * 10**9 for w, s in BURN_WINDOWS_S.items()
             }
             spent = dimensions.slo_buckets(
                 store, value_sql=SLO_METRICS[obj.metric], threshold_ms=obj.threshold_ms,

@@ -63,7 +63,7 @@ SELECT grp, $TOTAL AS total,
     sum(NetworkSum) AS network_sum, network_sum / sum(NetworkCount) AS network_mean,
 """
     + "".join(
-        f"    sum({b.capitalize()}Sum) AS {b}_sum, {b}_sum / n AS {b}_mean,\n"
+        f"    sum({rollups.BUCKET_SUMS[b]}) AS {b}_sum, {b}_sum / n AS {b}_mean,\n"
         for b in BUCKET_COLUMNS
         if b != "network"
     )

@@ -32,7 +32,8 @@ from latscope.attribution.answers.errors import TimeseriesError
 from latscope.attribution.answers.figures import BUCKET_LEVELS, E2E_LEVELS, STREAM_LEVELS
 from latscope.attribution.answers.groups import group_expr
 from latscope.attribution.answers.window import WindowRead
-from latscope.attribution.rollups import KEY_STRIDE, METRICS, ROLLUP_TABLE
+from latscope.attribution.rollups import BUCKET_SUMS, KEY_STRIDE, METRICS, ROLLUP_TABLE
+from latscope.attribution.table import BUCKET_COLUMN_LIST
 from latscope.semconv import BUCKETS
 from latscope.sqltext import render
 from latscope.storage import Store
@@ -169,7 +170,7 @@ _TS_FIGURES_SQL = (
 SELECT step, grp, $TOTAL AS total, sum(Requests) AS n, sum(E2eSum) AS e2e_sum,
     sum(NetworkSum) AS network_sum, sum(NetworkCount) AS network_n,
 """
-    + "".join(f"    sum({b.capitalize()}Sum) AS {b}_sum,\n" for b in BUCKETS if b != "network")
+    + "".join(f"    sum({BUCKET_SUMS[b]}) AS {b}_sum,\n" for b in BUCKETS if b != "network")
     + """    sum(TtftSum) AS ttft_sum, sum(TtftCount) AS ttft_n,
     sum(TpotSum) AS tpot_sum, sum(TpotCount) AS tpot_n
 FROM ($SOURCES)
@@ -298,14 +299,17 @@ def timeseries(
     wanted = {(True, "")} | {(False, k) for k in keys}
     by_series: dict[tuple[bool, str], dict[int, dict[str, Any]]] = {}
     for row in figures:
-        key = (bool(row["total"]), "" if row["total"] else row["grp"])
-        if key in wanted:
-            by_series.setdefault(key, {})[int(row["step"])] = row
+        series_key = (bool(row["total"]), "" if row["total"] else row["grp"])
+        if series_key in wanted:
+            by_series.setdefault(series_key, {})[int(row["step"])] = row
     quantiles: dict[tuple[bool, str, int, int], tuple[int, list[float]]] = {}
     for row in hists:
-        key = (bool(row["total"]), "" if row["total"] else row["grp"])
-        if key in wanted:
-            quantiles[(*key, int(row["step"]), int(row["metric"]))] = (int(row["n"]), row["q"])
+        series_key = (bool(row["total"]), "" if row["total"] else row["grp"])
+        if series_key in wanted:
+            quantiles[(*series_key, int(row["step"]), int(row["metric"]))] = (
+                int(row["n"]),
+                row["q"],
+            )
     series = []
     for total, key in [(True, ""), *((False, k) for k in keys)]:
         rows = by_series.get((total, key), {})
@@ -370,8 +374,8 @@ def _binned_quantiles(
 #: costs less than binning each request's figures; bigger ones are binned.
 EXACT_MAX_REQUESTS = 2_000_000
 _EXACT_COLUMNS = (
-    "Timestamp, E2eNs, NetworkNs, QueueNs, PreprocessNs, PrefillNs, DecodeNs, PostprocessNs, "
-    "OtherNs, TtftClientNs, TtftServerNs, TpotNs, ServiceName, Model, Route, Operation, "
+    f"Timestamp, E2eNs, {BUCKET_COLUMN_LIST}, TtftClientNs, TtftServerNs, TpotNs, "
+    "ServiceName, Model, Route, Operation, "
     "StatusCode"
 )
 _TS_EXACT_SQL = (

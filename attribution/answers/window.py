@@ -84,7 +84,7 @@ def clean_hours(store: Store, h0: int, h1: int) -> set[int]:
     if h1 <= h0:
         return set()
     states = rollups.hour_states(store, h0, h1)
-    usable = {h: s.built_us for h, s in states.items() if s.usable}
+    usable = {h: s.built_us for h, s in states.items() if s.usable and s.built_us is not None}
     if not usable:
         return set()
     window = {"h0": min(usable), "h1": max(usable) + HOUR_S}

@@ -1,48 +1,79 @@
--- Stage 1: the spans of the batch's traces, one row each, with what every span needs for the
--- rules: its kind, times and phase bucket, and three small maps of the attributes the rules read
--- (non-empty ones only: empty counts as absent, as in the reference engine): `attrs` the strings,
--- `nums` the decimal numbers and `ints` the integers among them, each parsed once here exactly as
--- attribution/model.py parses them ($NUM a decimal number, $INT an integer read exactly, else a
--- truncated number; a value that does not parse is left out). Span kinds and status codes in
--- older exporters' spellings read as the current ones.
-spans AS (
+-- Stage 1: the batch's spans, one row each, reduced to what the rules read: times, kind, phase
+-- bucket, a set of flags ($F_*), and the raw values of the attributes a later stage may read.
+--
+-- Attribute keys become small codes ($K_*, 0: a key the rules never read). The keys are
+-- LowCardinality, so the code is computed once per distinct key of a block, and every lookup
+-- below compares small integers instead of strings (~10x cheaper than looking each key up).
+-- Values are parsed here only where a flag needs it (a latency or GPU figure that is a number, a
+-- valid token offsets list); the rest is parsed in stage 5, and only for the few spans a request
+-- picks. `payload` keeps, per span, just the values a span of its kind can contribute (merged
+-- attributes and latency figures of a server-like span, client-side figures of a CLIENT span,
+-- token offsets of a decode span, GPU figures of a prefill or decode span), non-empty ones only:
+-- empty counts as absent, as in the reference engine. Span kinds and status codes in older
+-- exporters' spellings read as the current ones.
+span_rows AS (
     SELECT
         TraceId AS trace_id,
         SpanId AS span_id,
         ParentSpanId AS parent_id,
-        $KIND AS kind,
         ServiceName AS service,
-        $STATUS AS status,
         toUnixTimestamp64Nano(Timestamp) AS start_ns,
         start_ns + toInt64(Duration) AS end_ns,
+        $KIND_CODE AS kind,
+        $STATUS AS status,
         ResourceAttributes AS resource,
-        -- Lookups in a map cast to plain String keys are ~2.4x cheaper than in
-        -- Map(LowCardinality(String), String).
-        CAST(SpanAttributes, 'Map(String, String)') AS raw,
-        mapFilter((k, v) -> k IN $STRING_KEYS AND v != '', raw) AS attrs,
-        -- Parsing only the keys a span has (usually none or two) is ~8x cheaper than looking up
-        -- every key.
-        mapFilter((k, v) -> v IS NOT NULL, mapApply((k, v) -> (k, $NUM(v)),
-            mapFilter((k, v) -> k IN $FLOAT_KEYS, raw))) AS nums,
-        mapFilter((k, v) -> v IS NOT NULL, mapApply((k, v) -> (k, $INT(v)),
-            mapFilter((k, v) -> k IN $INT_KEYS, raw))) AS ints,
-        raw[$PHASE_KEY] AS phase_attr,
-        -- The bucket this span stands for, if it is a phase: latscope.phase, else an SGLang stage
-        -- slice by name (which only counts under an SGLang request root: stage 2 checks).
-        if(phase_attr IN $PHASES, phase_attr, $STAGE_BUCKET) AS bucket,
-        phase_attr IN $PHASES AS latscope_phase,
-        arrayExists(k -> mapContains(nums, k), $LATENCY_KEYS) AS has_latency,
-        kind = $SERVER OR has_latency AS server_like,
-        raw[$OPERATION_KEY] = $EXECUTE_TOOL AS is_tool,
-        -- A decode span with token offsets (a JSON array of integers, not empty), and a prefill
-        -- or decode span with GPU figures: flags, so later stages look at those spans only.
-        bucket = $DECODE AND match(raw[$OFFSETS_KEY], $INT_ARRAY)
-            AND match(raw[$OFFSETS_KEY], '[0-9]') AS timed,
-        bucket IN $GPU_PHASES AND arrayExists(k -> mapContains(nums, k), $GPU_KEYS) AS has_gpu,
-        if(has(Events.Name, $FIRST_TOKEN_EVENT),
-            arrayMin(arrayMap(t -> toUnixTimestamp64Nano(t),
-                arrayFilter((t, n) -> n = $FIRST_TOKEN_EVENT, Events.Timestamp, Events.Name))),
-            NULL) AS first_token_event
+        SpanName AS name,
+        arrayMap(k -> $KEY_CODE(k), SpanAttributes.keys) AS codes,
+        SpanAttributes.values AS vals,
+        Events.Name AS event_names,
+        Events.Timestamp AS event_times
     FROM $SPANS_TABLE
     WHERE TraceId IN (SELECT trace_id FROM batch) AND $SPAN_BOUNDS
+),
+span_facts AS (
+    SELECT
+        trace_id, span_id, parent_id, service, start_ns, end_ns, kind, status, resource, codes,
+        vals, event_names, event_times,
+        vals[indexOf(codes, $K_PHASE)] IN $PHASES AS latscope_phase,
+        -- The bucket this span stands for, if it is a phase (its rank + 1; 0: none):
+        -- latscope.phase, else an SGLang stage slice by name (which only counts under an SGLang
+        -- request root: stage 2 checks).
+        if(latscope_phase, $PHASE_BUCKET(vals[indexOf(codes, $K_PHASE)]), $STAGE_BUCKET(name))
+            AS bucket,
+        arrayExists((c, v) -> bitTest($LATENCY_MASK, c) AND $IS_NUMBER(v), codes, vals)
+            AS has_latency,
+        kind = $SERVER OR has_latency AS server_like,
+        vals[indexOf(codes, $K_OPERATION)] = $EXECUTE_TOOL AS is_tool,
+        -- A decode span with token offsets (a JSON array of integers, not empty), and a prefill
+        -- or decode span with GPU figures.
+        bucket = $DECODE_BUCKET AND $IS_INT_ARRAY(vals[indexOf(codes, $K_OFFSETS)])
+            AS timed,
+        bucket IN $GPU_BUCKETS
+            AND arrayExists((c, v) -> bitTest($GPU_MASK, c) AND $IS_NUMBER(v), codes, vals)
+            AS has_gpu,
+        -- latscope's first-token event on a client span, as a value of its payload.
+        if(kind = $CLIENT AND has(event_names, $FIRST_TOKEN_EVENT),
+            toString(arrayMin(arrayMap(t -> toUnixTimestamp64Nano(t),
+                arrayFilter((t, n) -> n = $FIRST_TOKEN_EVENT, event_times, event_names)))),
+            '') AS first_token_event
+    FROM span_rows
+),
+spans AS (
+    SELECT
+        trace_id, span_id, parent_id, service, start_ns, end_ns,
+        toUInt16(kind + $F_LATSCOPE_PHASE * latscope_phase + $F_LATENCY * has_latency
+            + $F_SERVER_LIKE * server_like + $F_TOOL * is_tool + $F_TIMED * timed
+            + $F_GPU * has_gpu + $F_BUCKET * bucket) AS flags,
+        if(server_like OR kind = $CLIENT OR timed OR has_gpu,
+            mapFilter((c, v) -> v != '' AND bitTest(
+                    bitOr(bitOr(if(server_like, $ATTEMPT_MASK, 0), if(kind = $CLIENT, $CLIENT_MASK, 0)),
+                          bitOr(if(timed, $DECODE_MASK, 0), if(has_gpu, $GPU_MASK, 0))), c),
+                mapFromArrays(arrayConcat(codes, [$K_STATUS, $K_FIRST_TOKEN_EVENT]),
+                              arrayConcat(vals, [status, first_token_event]))),
+            map()) AS payload,
+        -- Resource attributes are read from the request's last attempt only.
+        if(server_like, resource, map()) AS resource
+    FROM span_facts
+    -- A span stored twice (an exporter that retried an Export that had arrived) counts once.
+    LIMIT 1 BY trace_id, span_id
 )

@@ -3,7 +3,7 @@
 -- offset, the window, and whether the client span ended at the response headers.
 request_spans AS (
     SELECT
-        * EXCEPT (is_inference, request_key, client_of),
+        * EXCEPT (is_inference, request_key, client_of, clients),
         ids[req] AS request_span_id,
         -- Attempts: the inference spans under this key, oldest first (start, then span id).
         arraySort(i -> span_rank[i],
@@ -14,36 +14,33 @@ request_spans AS (
 ),
 request_fields AS (
     SELECT
-        * EXCEPT (kinds, services, statuses, resources),
+        * EXCEPT (services, resources, req),
+        toUInt32(length(ids)) AS n,
         length(attempts) AS n_attempts,
         attempts[-1] AS last,
         services[attempts[-1]] AS service,
-        statuses[attempts[-1]] AS status,
         resources[attempts[-1]] AS resource,
         arrayMap(a -> starts[a], attempts) AS a_starts,
         arrayMap(a -> ends[a], attempts) AS a_ends,
-        arrayMap(a -> numbers[a], attempts) AS a_nums,
-        arrayMap(a -> integers[a], attempts) AS a_ints,
-        attributes[attempts[-1]] AS last_attrs,
-        integers[attempts[-1]] AS last_ints
+        -- The payloads stage 5 reads: the attempts', and the client chain's (the client span
+        -- and the CLIENT spans directly above it, nearest first; 0 and an empty map: none).
+        arrayMap(a -> payloads[a], attempts) AS a_payloads,
+        client_parent[client] AS client1,
+        client_parent[client_parent[client]] AS client2,
+        payloads[client] AS pl_client,
+        payloads[client_parent[client]] AS pl_client1,
+        payloads[client_parent[client_parent[client]]] AS pl_client2
     FROM request_spans
 ),
 request_clients AS (
     SELECT
-        *,
-        -- The client span and the CLIENT spans directly above it (client-side attributes).
-        client_parent[client] AS client1,
-        client_parent[client_parent[client]] AS client2,
-        attributes[client] AS client_attrs,
-        attributes[client_parent[client]] AS client1_attrs,
-        attributes[client_parent[client_parent[client]]] AS client2_attrs,
-        integers[client] AS client_ints,
+        * EXCEPT (client_parent),
         starts[client] AS c_lo,
         ends[client] - starts[client] AS c_dur,
         arrayMin(a_starts) AS hull_lo,
         arrayMax(a_ends) AS hull_hi,
         -- latscope's client records when it read the last byte: its span is the whole response.
-        client != 0 AND mapContains(integers[client], $LAST_BYTE_KEY) AS whole_response,
+        client != 0 AND $INT(pl_client[$K_LAST_BYTE]) IS NOT NULL AS whole_response,
         -- Tries: attempts that overlap in time are one (vLLM's n > 1 samples); a retry starts
         -- when every earlier attempt has ended.
         arrayMap(k -> k = 1 OR a_starts[k] >= arrayMax(arraySlice(a_ends, 1, k - 1)),

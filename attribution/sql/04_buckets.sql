@@ -5,17 +5,16 @@
 -- interval end; each piece goes to the lowest rank covering it, or to network where none does.
 latency_s AS (
     SELECT
-        * EXCEPT (new_try, hull_lo, hull_hi, whole_response, c_dur, a_nums, try_of),
+        * EXCEPT (new_try, hull_lo, hull_hi, whole_response, c_dur, try_of),
         arrayMap(t -> arraySort(k -> (a_ends[k], a_starts[k], k),
             arrayFilter(k -> try_of[k] = t, range(1, n_attempts + 1)))[-1],
             range(1, tries + 1)) AS critical,
         -- Each attempt's gen_ai.latency.* figures (seconds), aligned with `attempts`.
-        arrayMap(m -> if(mapContains(m, $Q_KEY), m[$Q_KEY], NULL), a_nums) AS l_queue,
-        arrayMap(m -> if(mapContains(m, $TTFT_KEY), m[$TTFT_KEY], NULL), a_nums) AS l_ttft,
-        arrayMap(m -> if(mapContains(m, $PREFILL_KEY), m[$PREFILL_KEY], NULL), a_nums)
-            AS l_prefill,
-        arrayMap(m -> if(mapContains(m, $DECODE_KEY), m[$DECODE_KEY], NULL), a_nums) AS l_decode,
-        arrayMap(m -> if(mapContains(m, $E2E_KEY), m[$E2E_KEY], NULL), a_nums) AS l_e2e
+        arrayMap(m -> $NUM_AT(m, $K_QUEUE), a_payloads) AS l_queue,
+        arrayMap(m -> $NUM_AT(m, $K_TTFT), a_payloads) AS l_ttft,
+        arrayMap(m -> $NUM_AT(m, $K_PREFILL), a_payloads) AS l_prefill,
+        arrayMap(m -> $NUM_AT(m, $K_DECODE), a_payloads) AS l_decode,
+        arrayMap(m -> $NUM_AT(m, $K_E2E), a_payloads) AS l_e2e
     FROM requests
 ),
 latency_ns AS (
@@ -51,7 +50,7 @@ intervals AS (
             arrayMap(p -> (p.1, greatest(p.2 + offset, greatest(a_starts[k] + offset, lo)),
                                least(p.3 + offset, least(a_ends[k] + offset, hi))),
                 if(has(owner, attempts[k]),
-                    arrayMap(j -> (toUInt8($RANK(buckets[j])), starts[j], ends[j]),
+                    arrayMap(j -> (toUInt8(buckets[j] - 1), starts[j], ends[j]),
                         arrayFilter(j -> owner[j] = attempts[k], idx)),
                     if(latency[attempts[k]], $SYNTHETIC(k), [])))),
             critical))) AS ivs

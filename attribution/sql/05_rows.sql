@@ -2,18 +2,17 @@
 -- (the last attempt's, then the client chain's, nearest first), tokens (the last try's output
 -- summed over its parallel samples, else the client side's), the streaming figures of its last
 -- timed decode span (engine.timed_decode), else of the last try's gen_ai.latency.* figures, the
--- client's TTFT, and the GPU figures of its last prefill and decode phase spans.
+-- client's TTFT, and the GPU figures of its last prefill and decode phase spans. Attribute values
+-- are parsed here, from the payloads of those few spans only, one layer before the expressions
+-- that read them.
 picked AS (
     SELECT
-        * EXCEPT (segments, parent_idx, client_parent, n_attempts, req),
+        * EXCEPT (segments, n_attempts),
         $BUCKET_SUMS,
-        -- The span each merged attribute comes from: the first of the last attempt, the client,
-        -- client1 and client2 where it is not empty (s_<name>), and its value (m_<name>).
-        $PICKED_SPANS,
-        -- Phases of this request, its last decode span with token offsets, and its last prefill
-        -- and decode spans with GPU figures.
+        a_payloads[-1] AS pl_last,
+        -- Phases of this request, and its last try's attempts.
         arrayFilter(j -> owner[j] != 0 AND has(attempts, owner[j]), idx) AS my_phases,
-        arraySlice(a_ints, last_try_at) AS try_ints,
+        arraySlice(a_payloads, last_try_at) AS try_payloads,
         -- Without token times: the earliest first token of the last try (vLLM's n > 1 samples
         -- start together), and the last attempt's figures for TPOT.
         arrayFilter(x -> x IS NOT NULL, arraySlice(ttft_ns, last_try_at)) AS try_ttfts,
@@ -23,10 +22,21 @@ picked AS (
 ),
 chosen AS (
     SELECT
-        * EXCEPT (ttft_ns, decode_ns, last_try_at, a_ints),
+        * EXCEPT (ttft_ns, decode_ns, last_try_at, a_payloads, try_payloads, timed_decodes,
+                  gpu_phases, idx, attempts),
+        -- Merged attributes (m_<name>): the first of the last attempt, the client, client1 and
+        -- client2 that has the attribute; c_<name>: the client chain's alone.
         $MERGED_VALUES,
-        -- Output counts of the last try's attempts (engine._tokens over each one's attributes).
-        arrayMap(m -> $TOKENS(m, $OUTPUT_KEY, $COMPLETION_KEY), try_ints) AS try_outputs,
+        -- Output counts (output, completion) of the last try's attempts and of the last
+        -- attempt, and the client's first-token figures.
+        arrayMap(m -> ($INT_AT(m, $K_OUTPUT), $INT_AT(m, $K_COMPLETION)), try_payloads)
+            AS try_counts,
+        ($INT_AT(pl_last, $K_OUTPUT), $INT_AT(pl_last, $K_COMPLETION)) AS last_counts,
+        $INT_AT(pl_client, $K_FIRST_TOKEN_NS) AS first_token_attr,
+        ($NUM_AT(pl_client, $K_FIRST_CHUNK), $NUM_AT(pl_client1, $K_FIRST_CHUNK),
+            $NUM_AT(pl_client2, $K_FIRST_CHUNK)) AS first_chunks,
+        -- Its last decode phase span with token offsets, and its last prefill and decode phase
+        -- spans with GPU figures (0: none).
         arrayLast(j -> 1, arraySort(j -> span_rank[j],
             arrayFilter(j -> timed_decodes[j], my_phases))) AS decode_span,
         $GPU_SPANS
@@ -34,28 +44,42 @@ chosen AS (
 ),
 parsed AS (
     SELECT
-        * EXCEPT (ids, buckets, timed_decodes, gpu_phases, idx, owner, try_ints, my_phases,
-                  attempts, s_model, s_response_model, s_provider, s_system, s_operation,
-                  s_route, s_input, s_prompt, s_client_output, s_client_completion, m_model,
-                  m_response_model, m_provider, m_system),
-        if(arrayExists(x -> x IS NOT NULL, try_outputs),
-            least(arraySum(arrayMap(x -> ifNull(x, 0), try_outputs)), $MAX_TOKENS),
-            client_output) AS output0,
-        $TOKENS(last_ints, $OUTPUT_KEY, $COMPLETION_KEY) AS last_output,
+        * EXCEPT (buckets, span_rank, my_phases, owner, try_counts, last_counts, first_token_attr,
+                  first_chunks, m_model, m_response_model, m_provider, m_system),
+        pl_last[$K_STATUS] AS status,
+        if(m_model != '', m_model, m_response_model) AS model,
+        if(m_provider != '', m_provider, m_system) AS provider,
+        ($INT(m_input), $INT(m_prompt)) AS input_counts,
+        ($INT(c_output), $INT(c_completion)) AS client_counts,
+        arrayMap(c -> $TOKENS(c.1, c.2), try_counts) AS try_outputs,
+        $TOKENS(last_counts.1, last_counts.2) AS last_output,
         if(decode_span = 0, [],
             arrayMap(o -> starts[decode_span] + o * 1000,
-                JSONExtract(attributes[decode_span][$OFFSETS_KEY], 'Array(Int64)'))) AS tokens,
-        integers[decode_span][$TOKEN_COUNT_KEY] AS token_count,
-        mapContains(integers[decode_span], $TOKEN_COUNT_KEY) AS has_token_count,
+                $INT_LIST(payloads[decode_span][$K_OFFSETS]))) AS tokens,
+        $INT_AT(payloads[decode_span], $K_TOKEN_COUNT) AS token_count,
         starts[owner[decode_span]] AS decode_attempt_start,
         $GPU_MAP AS gpu,
-        $CLIENT_TTFT AS ttft_client
+        -- engine._client_ttft: latscope's first-token attribute or event on the client span,
+        -- else a time_to_first_chunk on the client chain, from the span that carries it.
+        multiIf(client = 0, NULL,
+            first_token_attr IS NOT NULL, first_token_attr - c_lo,
+            mapContains(pl_client, $K_FIRST_TOKEN_EVENT),
+                toInt64(pl_client[$K_FIRST_TOKEN_EVENT]) - c_lo,
+            first_chunks.1 IS NOT NULL, starts[client] + $S2NS(first_chunks.1) - c_lo,
+            first_chunks.2 IS NOT NULL, starts[client1] + $S2NS(first_chunks.2) - c_lo,
+            first_chunks.3 IS NOT NULL, starts[client2] + $S2NS(first_chunks.3) - c_lo,
+            NULL) AS ttft_client
     FROM chosen
 ),
 streaming AS (
     SELECT
-        * EXCEPT (attributes, numbers, integers, starts, ends, first_token_events, try_outputs,
-                  client_output, gpu_prefill, gpu_decode, client1, client2),
+        * EXCEPT (payloads, starts, ends, input_counts, client_counts, try_outputs, gpu_prefill,
+                  gpu_decode, client1, client2, pl_client, pl_client1, pl_client2, pl_last,
+                  m_input, m_prompt, c_output, c_completion),
+        $TOKENS(input_counts.1, input_counts.2) AS input_tokens,
+        if(arrayExists(x -> x IS NOT NULL, try_outputs),
+            least(arraySum(arrayMap(x -> ifNull(x, 0), try_outputs)), $MAX_TOKENS),
+            $TOKENS(client_counts.1, client_counts.2)) AS output0,
         arrayPopFront(arrayDifference(tokens)) AS gaps,
         arraySort(gaps) AS sorted_gaps,
         length(gaps) AS n_gaps
@@ -76,8 +100,7 @@ rows AS (
         if(n_gaps > 0, toFloat64(arrayMax(gaps)), NULL) AS itl_max,
         toUInt32(arrayCount(g -> g > {stall_ns:Int64}, gaps)) AS stalls,
         if(output0 IS NULL AND decode_span != 0,
-            if(has_token_count AND token_count BETWEEN 1 AND $MAX_TOKENS, token_count,
-                length(tokens)),
+            if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, length(tokens)),
             output0) AS output_tokens
     FROM streaming
 )

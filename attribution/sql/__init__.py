@@ -2,18 +2,20 @@
 ``INSERT ... SELECT`` from the spans table into the attribution table, so spans never leave the
 store and attribution runs where the data is (shard-local on a cluster).
 
-The statement is built from one ``.sql`` file per stage (a common table expression each, read in
-order): ``01_spans`` parses the attributes the rules read, ``02_traces`` groups each trace's spans
-into arrays and finds its requests, ``03_requests`` gives one row per request with its attempts,
-client and timeline, ``04_buckets`` runs the priority sweep, ``05_rows`` the streaming figures,
-tokens and GPU figures, ``06_insert`` names the table's columns. docs/attribution.md ("The SQL
-attributor") walks through a worked example.
+The statement is built from one ``.sql`` file per stage (common table expressions, read in
+order): ``01_spans`` reduces each span to its times, kind, flags and the raw values of the
+attributes a later stage may read, ``02_traces`` groups each trace's spans into arrays and finds
+its requests, ``03_requests`` gives one row per request with its attempts, client and timeline,
+``04_buckets`` runs the priority sweep, ``05_rows`` parses the attributes of the spans each request
+picks and computes the streaming figures, tokens and GPU figures, ``06_insert`` names the table's
+columns. docs/attribution.md ("The SQL attributor") walks through a worked example and gives the
+cost of each stage.
 
 The stage files hold ``$NAME`` placeholders for values that come from the Python rules (attribute
-keys, priorities, regular expressions), and ``$NAME(a, b)`` for small repeated expressions; both
-are rendered here from named constants and nothing else: an unknown name is an error, and no
-value from a request or a span is ever rendered into the text (those are ClickHouse parameters,
-``{name:Type}``, bound at run time).
+keys and their codes, flags, priorities, regular expressions), and ``$NAME(a, b)`` for small
+repeated expressions; both are rendered here from named constants and nothing else: an unknown
+name is an error, and no value from a request or a span is ever rendered into the text (those
+are ClickHouse parameters, ``{name:Type}``, bound at run time).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from latscope import sqltext
 from latscope.attribution.engine import (
     GPU_KEYS,
     GPU_PHASES,
+    LATENCY_KEYS,
     MAX_ANCESTRY,
     MAX_PHASE_DEPTH,
     MAX_TOKENS,
@@ -57,50 +60,70 @@ STAGES = (
 )
 FINAL = "06_insert.sql"
 
-#: GenAI / HTTP attributes merged per request (m_<name>): name -> attribute key.
-ATTRIBUTES: dict[str, str] = {
-    "model": GenAIAttributes.REQUEST_MODEL,
-    "response_model": GenAIAttributes.RESPONSE_MODEL,
-    "provider": GenAIAttributes.PROVIDER_NAME,
-    "system": GenAIAttributes.SYSTEM,
-    "operation": GenAIAttributes.OPERATION_NAME,
-    "route": HttpAttributes.ROUTE,
-    "input": GenAIAttributes.USAGE_INPUT_TOKENS,
-    "prompt": GenAIAttributes.USAGE_PROMPT_TOKENS,
+#: Attributes merged per request (the last attempt's, else the client chain's; m_<name>).
+MERGED: dict[str, str] = {
+    "MODEL": GenAIAttributes.REQUEST_MODEL,
+    "RESPONSE_MODEL": GenAIAttributes.RESPONSE_MODEL,
+    "PROVIDER": GenAIAttributes.PROVIDER_NAME,
+    "SYSTEM": GenAIAttributes.SYSTEM,
+    "OPERATION": GenAIAttributes.OPERATION_NAME,
+    "ROUTE": HttpAttributes.ROUTE,
+    "INPUT": GenAIAttributes.USAGE_INPUT_TOKENS,
+    "PROMPT": GenAIAttributes.USAGE_PROMPT_TOKENS,
+    "OUTPUT": GenAIAttributes.USAGE_OUTPUT_TOKENS,
+    "COMPLETION": GenAIAttributes.USAGE_COMPLETION_TOKENS,
 }
-OUTPUT = GenAIAttributes.USAGE_OUTPUT_TOKENS
-COMPLETION = GenAIAttributes.USAGE_COMPLETION_TOKENS
-LATENCY_KEYS = (
-    VllmAttributes.TIME_IN_QUEUE,
-    VllmAttributes.TIME_TO_FIRST_TOKEN,
-    VllmAttributes.TIME_IN_MODEL_PREFILL,
-    VllmAttributes.TIME_IN_MODEL_DECODE,
-    VllmAttributes.E2E,
+#: Latency figures of vLLM / SGLang (seconds) by their code name; engine.LATENCY_KEYS in order.
+LATENCY: dict[str, str] = dict(
+    zip(("QUEUE", "TTFT", "PREFILL", "DECODE", "E2E"), LATENCY_KEYS, strict=True)
 )
-#: Attributes kept as strings per span (stage 1's `attrs`): what is merged or read as text, and
-#: the token counts, whose first non-empty value decides which span a count comes from.
-STRING_KEYS: tuple[str, ...] = (
-    *ATTRIBUTES.values(),
-    OUTPUT,
-    COMPLETION,
-    LatscopeAttributes.TOKEN_OFFSETS_US,
-)
-#: Attributes parsed as decimal numbers per span (`nums`).
-FLOAT_KEYS: tuple[str, ...] = (
-    *LATENCY_KEYS,
-    GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK,
-    *GPU_KEYS,
-)
-#: Attributes parsed as integers per span (`ints`).
-INT_KEYS: tuple[str, ...] = (
-    LatscopeAttributes.FIRST_TOKEN_NS,
-    ClientAttributes.LAST_BYTE_NS,
-    LatscopeAttributes.TOKEN_COUNT,
-    GenAIAttributes.USAGE_INPUT_TOKENS,
-    GenAIAttributes.USAGE_PROMPT_TOKENS,
-    OUTPUT,
-    COMPLETION,
-)
+assert LATENCY["TTFT"] == VllmAttributes.TIME_TO_FIRST_TOKEN
+GPU: dict[str, str] = {f"GPU_{i}": key for i, key in enumerate(GPU_KEYS, 1)}
+#: Every attribute key the rules read, by the name of its code (``$K_<NAME>``); stage 1 turns each
+#: key of a span into its code (1, 2, ... in this order; 0: any other key).
+KEYS: dict[str, str] = {
+    **MERGED,
+    "OFFSETS": LatscopeAttributes.TOKEN_OFFSETS_US,
+    "TOKEN_COUNT": LatscopeAttributes.TOKEN_COUNT,
+    "FIRST_TOKEN_NS": LatscopeAttributes.FIRST_TOKEN_NS,
+    "LAST_BYTE": ClientAttributes.LAST_BYTE_NS,
+    "FIRST_CHUNK": GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK,
+    **LATENCY,
+    **GPU,
+    "PHASE": LatscopeAttributes.PHASE,
+}
+#: Codes of payload values that are not attributes: the span's status, and the time of
+#: latscope's first-token event.
+EXTRA_CODES = ("STATUS", "FIRST_TOKEN_EVENT")
+CODES: dict[str, int] = {name: code for code, name in enumerate([*KEYS, *EXTRA_CODES], 1)}
+assert max(CODES.values()) < 64  # a set of codes is a UInt64 bit mask
+
+#: What each kind of span keeps in its payload (stage 1): a server-like span (a possible attempt)
+#: its merged attributes, latency figures and status; a CLIENT span (a possible link of a client
+#: chain) its merged attributes and first-token figures; a decode span with token offsets those
+#: and its token count; a prefill or decode span with GPU figures those.
+PAYLOAD: dict[str, tuple[str, ...]] = {
+    "ATTEMPT": (*MERGED, *LATENCY, "STATUS"),
+    "CLIENT": (*MERGED, "FIRST_TOKEN_NS", "LAST_BYTE", "FIRST_CHUNK", "FIRST_TOKEN_EVENT"),
+    "DECODE": ("OFFSETS", "TOKEN_COUNT"),
+    "GPU": tuple(GPU),
+}
+
+#: Per-span flags (stage 1 packs them into one UInt16, stage 2 unpacks them into arrays): the
+#: kind (SERVER, CLIENT), latscope.phase set, gen_ai.latency.* figures, server-like, a tool call,
+#: a decode span with token offsets, a phase span with GPU figures; the phase bucket (rank + 1)
+#: is stored above them, times BUCKET.
+FLAGS: dict[str, int] = {
+    "SERVER": 1,
+    "CLIENT": 2,
+    "LATSCOPE_PHASE": 4,
+    "LATENCY": 8,
+    "SERVER_LIKE": 16,
+    "TOOL": 32,
+    "TIMED": 64,
+    "GPU": 128,
+    "BUCKET": 256,
+}
 
 
 def literal(value: str) -> str:
@@ -110,6 +133,15 @@ def literal(value: str) -> str:
 
 def _array(values: list[str]) -> str:
     return "[" + ", ".join(literal(v) for v in values) + "]"
+
+
+def _mask(names: tuple[str, ...]) -> str:
+    return f"toUInt64({sum(1 << CODES[n] for n in names)})"
+
+
+def _bucket(name: str) -> int:
+    """A phase bucket's code: its rank + 1 (0: not a phase)."""
+    return RANK[name] + 1
 
 
 # -- small expressions used in several places ----------------------------------------------------
@@ -122,19 +154,40 @@ def num(expr: str) -> str:
 
 def integer(expr: str) -> str:
     """model.parse_int: an integer read exactly, else a number truncated toward zero, else
-    NULL (also outside Int64)."""
-    as_float = f"toFloat64OrZero({expr})"
-    return (
-        f"if(match({expr}, {literal(INTEGER.pattern)}) AND toInt64OrNull({expr}) IS NOT NULL, "
-        f"toInt64OrNull({expr}), if(match({expr}, {literal(NUMBER.pattern)}) "
-        f"AND {as_float} >= -9.223372036854775808e18 AND {as_float} < 9.223372036854775808e18, "
-        f"toInt64(trunc({as_float})), NULL))"
+    NULL (also outside Int64).
+
+    The value is bound once by a lambda, and accurateCastOrNull does the Int64 range check:
+    the statement has a dozen of these, and spelled out with the value in every branch and
+    the range as two float comparisons they were 0.4-0.5 s of ClickHouse's analysis of it,
+    for every pass."""
+    exact = "toInt64OrNull(raw)"
+    parse = (
+        f"if(match(raw, {literal(INTEGER.pattern)}) AND {exact} IS NOT NULL, {exact}, "
+        f"if(match(raw, {literal(NUMBER.pattern)}), "
+        "accurateCastOrNull(trunc(toFloat64OrNull(raw)), 'Int64'), NULL))"
     )
+    return f"arrayMap(raw -> {parse}, [{expr}])[1]"
 
 
-def nullable_array(expr: str) -> str:
-    """groupArray keeping NULLs (groupArray itself skips them, which would misalign arrays)."""
-    return f"arrayMap(t -> t.1, groupArray(tuple({expr})))"
+def num_at(payload: str, code: str) -> str:
+    """The decimal number at ``code`` of a payload, else NULL (parsed only where present)."""
+    return f"if(mapContains({payload}, {code}), {num(f'{payload}[{code}]')}, NULL)"
+
+
+def int_at(payload: str, code: str) -> str:
+    """The integer at ``code`` of a payload, else NULL (parsed only where present)."""
+    return f"if(mapContains({payload}, {code}), {integer(f'{payload}[{code}]')}, NULL)"
+
+
+def is_int_array(expr: str) -> str:
+    """model.parse_int_list gives a non-empty list."""
+    return f"(match({expr}, {literal(INT_ARRAY.pattern)}) AND match({expr}, '[0-9]'))"
+
+
+def int_list(expr: str) -> str:
+    """model.parse_int_list of a value ``is_int_array`` accepted: its integers, in order (the
+    numbers of a valid list are exactly its runs of an optional minus and digits)."""
+    return f"arrayMap(x -> toInt64(x), extractAll({expr}, '-?[0-9]+'))"
 
 
 def s2ns(expr: str) -> str:
@@ -142,15 +195,15 @@ def s2ns(expr: str) -> str:
     return f"toInt64(floor({expr} * 1e9 + 0.5))"
 
 
-def tokens(map_a: str, key_a: str, map_b: str, key_b: str) -> str:
-    """engine._tokens: ``key_a`` in ``map_a`` if it parsed (an integers map), else ``key_b`` in
-    ``map_b``; either only within [0, MAX_TOKENS]."""
+def tokens(first: str, second: str) -> str:
+    """engine._tokens over two parsed counts: the first that parsed, if within
+    [0, MAX_TOKENS]."""
 
-    def one(m: str, k: str, otherwise: str) -> str:
-        in_range = f"if({m}[{k}] BETWEEN 0 AND {MAX_TOKENS}, {m}[{k}], NULL)"
-        return f"if(mapContains({m}, {k}), {in_range}, {otherwise})"
+    def one(value: str, otherwise: str) -> str:
+        in_range = f"if({value} BETWEEN 0 AND {MAX_TOKENS}, {value}, NULL)"
+        return f"if({value} IS NOT NULL, {in_range}, {otherwise})"
 
-    return one(map_a, key_a, one(map_b, key_b, "NULL"))
+    return one(first, one(second, "NULL"))
 
 
 def quantile(sorted_values: str, n: str, q: str) -> str:
@@ -164,9 +217,9 @@ def quantile(sorted_values: str, n: str, q: str) -> str:
     )
 
 
-def rank(bucket: str) -> str:
-    names = list(RANK)
-    return f"transform({bucket}, {_array(names)}, {[RANK[n] for n in names]}, {NETWORK_RANK})"
+def flag(flags: str, name: str) -> str:
+    """Whether a span's packed flags have ``FLAGS[name]``."""
+    return f"(bitAnd({flags}, {FLAGS[name]}) != 0)"
 
 
 def _synthetic(k: str) -> str:
@@ -220,94 +273,37 @@ def _ancestry() -> str:
     )
 
 
-#: The spans attributes are merged from, nearest first, and their attribute maps (columns of
-#: one request's row, so each map is taken out of its trace's array once).
-_MERGED = (
-    ("last", "last_attrs"),
-    ("client", "client_attrs"),
-    ("client1", "client1_attrs"),
-    ("client2", "client2_attrs"),
-)
+#: The spans attributes are merged from, nearest first: their payloads (columns of a request's
+#: row, so each map is taken out of its trace's array once).
+_CHAIN = ("pl_client", "pl_client1", "pl_client2")
 
 
-def _first_with(key: str, spans: tuple[tuple[str, str], ...]) -> str:
-    """The first of ``spans`` (index, attribute map) whose map has ``key``, else 0."""
-    k = literal(key)
+def _first_of(code: str, payloads: tuple[str, ...]) -> str:
+    """The value at ``code`` of the first of ``payloads`` that has it, else ''."""
     branches = []
-    for span, attrs in spans:
-        branches += [f"{attrs}[{k}] != ''", span]
-    return "multiIf(" + ", ".join(branches) + ", 0)"
-
-
-def _picked_spans() -> str:
-    cols = [f"{_first_with(key, _MERGED)} AS s_{name}" for name, key in ATTRIBUTES.items()]
-    cols += [
-        f"{_first_with(key, _MERGED[1:])} AS s_client_{name}"
-        for name, key in (("output", OUTPUT), ("completion", COMPLETION))
-    ]
-    return ",\n        ".join(cols)
+    for p in payloads:
+        branches += [f"mapContains({p}, {code})", f"{p}[{code}]"]
+    return "multiIf(" + ", ".join(branches) + ", '')"
 
 
 def _merged_values() -> str:
-    """m_<name>: the merged attribute's value, from the map of the span it was picked from."""
-    cols = []
-    for name, key in ATTRIBUTES.items():
-        if name in ("input", "prompt"):
-            continue
-        k = literal(key)
-        branches = [f"s_{name} = {span}, {attrs}[{k}]" for span, attrs in _MERGED]
-        cols.append(f"multiIf(s_{name} = 0, '', {', '.join(branches)}, '') AS m_{name}")
-    cols.append("if(m_model != '', m_model, m_response_model) AS model")
-    cols.append("if(m_provider != '', m_provider, m_system) AS provider")
-    cols.append(
-        tokens(
-            "integers[s_input]",
-            literal(GenAIAttributes.USAGE_INPUT_TOKENS),
-            "integers[s_prompt]",
-            literal(GenAIAttributes.USAGE_PROMPT_TOKENS),
-        )
-        + " AS input_tokens"
-    )
-    cols.append(
-        tokens(
-            "integers[s_client_output]",
-            literal(OUTPUT),
-            "integers[s_client_completion]",
-            literal(COMPLETION),
-        )
-        + " AS client_output"
-    )
+    cols = [
+        f"{_first_of(str(CODES[name]), ('pl_last', *_CHAIN))} AS m_{name.lower()}"
+        for name in MERGED
+        if name not in ("OUTPUT", "COMPLETION")
+    ]
+    cols += [
+        f"{_first_of(str(CODES[name]), _CHAIN)} AS c_{name.lower()}"
+        for name in ("OUTPUT", "COMPLETION")
+    ]
     return ",\n        ".join(cols)
 
 
-def _client_ttft() -> str:
-    """engine._client_ttft: latscope's first-token attribute or event on the client span, else a
-    time_to_first_chunk on the client chain, from the span that carries it."""
-    first, chunk = (
-        literal(LatscopeAttributes.FIRST_TOKEN_NS),
-        literal(GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK),
-    )
-    branches = [
-        "client = 0",
-        "NULL",
-        f"mapContains(client_ints, {first})",
-        f"client_ints[{first}] - c_lo",
-        "first_token_events[client] IS NOT NULL",
-        "first_token_events[client] - c_lo",
-    ]
-    for span in ("client", "client1", "client2"):
-        branches += [
-            f"{span} != 0 AND mapContains(numbers[{span}], {chunk})",
-            f"starts[{span}] + {s2ns(f'numbers[{span}][{chunk}]')} - c_lo",
-        ]
-    return "multiIf(" + ", ".join(branches) + ", NULL)"
-
-
 def _gpu_spans() -> str:
-    """gpu_<phase>: the request's last phase span of that bucket with a GPU figure (0: none)."""
+    """gpu_<phase>: the request's last phase span of that bucket with GPU figures (0: none)."""
     return ",\n        ".join(
         f"arrayLast(j -> 1, arraySort(j -> span_rank[j], arrayFilter(j -> "
-        f"gpu_phases[j] AND buckets[j] = {literal(phase)}, my_phases))) AS gpu_{phase}"
+        f"gpu_phases[j] AND buckets[j] = {_bucket(phase)}, my_phases))) AS gpu_{phase}"
         for phase in GPU_PHASES
     )
 
@@ -316,12 +312,9 @@ def _gpu_map() -> str:
     """The Gpu column: '<phase>.<figure>' -> value for the figures those spans have."""
     names, values = [], []
     for phase in GPU_PHASES:
-        for key, name in GPU_KEYS.items():
-            k = literal(key)
-            names.append(literal(f"{phase}.{name}"))
-            values.append(
-                f"if(mapContains(numbers[gpu_{phase}], {k}), numbers[gpu_{phase}][{k}], NULL)"
-            )
+        for code_name, key in GPU.items():
+            names.append(literal(f"{phase}.{GPU_KEYS[key]}"))
+            values.append(num_at(f"payloads[gpu_{phase}]", str(CODES[code_name])))
     return (
         f"mapFilter((k, v) -> v IS NOT NULL, "
         f"mapFromArrays([{', '.join(names)}], [{', '.join(values)}]))"
@@ -353,77 +346,57 @@ def _bucket_columns() -> str:
 SPAN_ARRAYS = (
     "ids",
     "parents",
-    "kinds",
     "services",
-    "statuses",
     "starts",
     "ends",
+    "flags",
+    "payloads",
     "resources",
-    "attributes",
-    "buckets",
-    "latscope_phases",
-    "latency",
-    "serverlike",
-    "tools",
-    "timed_decodes",
-    "gpu_phases",
-    "first_token_events",
 )
 
 
 def _dedup_columns() -> str:
-    keep = "arrayMap((s, i) -> indexOf(ids, s) = i, ids, arrayEnumerate(ids))"
-    return ", ".join(
-        f"if(repeated, arrayFilter((x, k) -> k, {a}, {keep}), {a}) AS {a}" for a in SPAN_ARRAYS
+    return ",\n        ".join(
+        f"if(empty(keep), all_{a}, arrayFilter((x, k) -> k, all_{a}, keep)) AS {a}"
+        for a in SPAN_ARRAYS
     )
 
 
-def _keys(keys: tuple[str, ...]) -> str:
-    return "[" + ", ".join(literal(k) for k in keys) + "]"
-
-
 def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
-    return {
+    kinds = {
+        SpanKind.SERVER: FLAGS["SERVER"],
+        SpanKind.CLIENT: FLAGS["CLIENT"],
+        **{
+            legacy: FLAGS[current.upper()]
+            for legacy, current in SpanKind.LEGACY.items()
+            if current in (SpanKind.SERVER, SpanKind.CLIENT)
+        },
+    }
+    stage_buckets = {name: _bucket(bucket) for name, bucket in SGLANG_STAGES.items()}
+    values = {
         "SPANS_TABLE": spans_table,
         "SPAN_BOUNDS": span_bounds,
         "DEDUP_COLUMNS": _dedup_columns(),
-        "STRING_KEYS": "(" + ", ".join(literal(k) for k in STRING_KEYS) + ")",
-        "FLOAT_KEYS": "(" + ", ".join(literal(k) for k in FLOAT_KEYS) + ")",
-        "INT_KEYS": "(" + ", ".join(literal(k) for k in INT_KEYS) + ")",
-        "LATENCY_KEYS": _keys(LATENCY_KEYS),
-        "GPU_KEYS": _keys(tuple(GPU_KEYS)),
-        "KIND": (
-            f"transform(SpanKind, {_array(list(SpanKind.LEGACY))}, "
-            f"{_array(list(SpanKind.LEGACY.values()))}, SpanKind)"
+        "KIND_CODE": (
+            # CAST: a function of a LowCardinality column is LowCardinality too.
+            f"CAST(transform(SpanKind, {_array(list(kinds))}, {list(kinds.values())}, 0), 'UInt16')"
         ),
         "STATUS": (
             f"transform(StatusCode, {_array(list(StatusCode.LEGACY))}, "
             f"{_array(list(StatusCode.LEGACY.values()))}, StatusCode)"
         ),
-        "SERVER": literal(SpanKind.SERVER),
-        "CLIENT": literal(SpanKind.CLIENT),
-        "DECODE": literal(Phase.DECODE),
-        "EXECUTE_TOOL": literal(GenAIOperation.EXECUTE_TOOL),
-        "PHASE_KEY": literal(LatscopeAttributes.PHASE),
+        "SERVER": str(FLAGS["SERVER"]),
+        "CLIENT": str(FLAGS["CLIENT"]),
         "PHASES": "(" + ", ".join(literal(p) for p in Phase.ALL) + ")",
-        "STAGE_BUCKET": (
-            f"transform(SpanName, {_array(list(SGLANG_STAGES))}, "
-            f"{_array(list(SGLANG_STAGES.values()))}, '')"
-        ),
-        "GPU_PHASES": "(" + ", ".join(literal(p) for p in GPU_PHASES) + ")",
-        "Q_KEY": literal(VllmAttributes.TIME_IN_QUEUE),
-        "TTFT_KEY": literal(VllmAttributes.TIME_TO_FIRST_TOKEN),
-        "PREFILL_KEY": literal(VllmAttributes.TIME_IN_MODEL_PREFILL),
-        "DECODE_KEY": literal(VllmAttributes.TIME_IN_MODEL_DECODE),
-        "E2E_KEY": literal(VllmAttributes.E2E),
-        "OPERATION_KEY": literal(GenAIAttributes.OPERATION_NAME),
-        "OUTPUT_KEY": literal(OUTPUT),
-        "COMPLETION_KEY": literal(COMPLETION),
+        "DECODE_BUCKET": str(_bucket(Phase.DECODE)),
+        "GPU_BUCKETS": "(" + ", ".join(str(_bucket(p)) for p in GPU_PHASES) + ")",
+        "EXECUTE_TOOL": literal(GenAIOperation.EXECUTE_TOOL),
         "FIRST_TOKEN_EVENT": literal(LatscopeAttributes.FIRST_TOKEN_EVENT),
-        "LAST_BYTE_KEY": literal(ClientAttributes.LAST_BYTE_NS),
-        "OFFSETS_KEY": literal(LatscopeAttributes.TOKEN_OFFSETS_US),
-        "TOKEN_COUNT_KEY": literal(LatscopeAttributes.TOKEN_COUNT),
-        "INT_ARRAY": literal(INT_ARRAY.pattern),
+        "LATENCY_MASK": _mask(tuple(LATENCY)),
+        **{f"{kind}_MASK": _mask(names) for kind, names in PAYLOAD.items()},
+        **{f"K_{name}": str(code) for name, code in CODES.items()},
+        **{f"F_{name}": str(value) for name, value in FLAGS.items()},
+        "STAGE_NAMES": _array(list(stage_buckets)),
         "MAX_ANCESTRY": str(MAX_ANCESTRY),
         "MAX_PHASE_DEPTH": str(MAX_PHASE_DEPTH),
         "ANCESTRY": _ancestry(),
@@ -432,24 +405,45 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
         "NETWORK_RANK": str(NETWORK_RANK),
         "BUCKET_SUMS": _bucket_sums(),
         "BUCKET_COLUMNS": _bucket_columns(),
-        "PICKED_SPANS": _picked_spans(),
         "MERGED_VALUES": _merged_values(),
-        "CLIENT_TTFT": _client_ttft(),
         "MAX_TOKENS": str(MAX_TOKENS),
         "GPU_MAP": _gpu_map(),
         "GPU_SPANS": _gpu_spans(),
     }
+    return values
+
+
+def _key_code(key: str) -> str:
+    return f"transform({key}, {_array(list(KEYS.values()))}, {list(range(1, len(KEYS) + 1))}, 0)"
+
+
+def _phase_bucket(expr: str) -> str:
+    names = list(Phase.ALL)
+    return f"toUInt8(transform({expr}, {_array(names)}, {[_bucket(n) for n in names]}, 0))"
+
+
+def _stage_bucket(expr: str) -> str:
+    names = list(SGLANG_STAGES)
+    codes = [_bucket(SGLANG_STAGES[n]) for n in names]
+    return f"toUInt8(transform({expr}, {_array(names)}, {codes}, 0))"
 
 
 _MACROS: dict[str, Callable[..., str]] = {
     "NUM": num,
     "INT": integer,
+    "NUM_AT": num_at,
+    "INT_AT": int_at,
+    "IS_NUMBER": lambda v: f"match({v}, {literal(NUMBER.pattern)})",
+    "IS_INT_ARRAY": is_int_array,
+    "INT_LIST": int_list,
     "S2NS": s2ns,
-    "RANK": rank,
+    "TOKENS": tokens,
     "QUANTILE": quantile,
-    "TOKENS": lambda m, a, b: tokens(m, a, m, b),
     "SYNTHETIC": _synthetic,
-    "NULLABLE_ARRAY": nullable_array,
+    "FLAG": flag,
+    "KEY_CODE": _key_code,
+    "PHASE_BUCKET": _phase_bucket,
+    "STAGE_BUCKET": _stage_bucket,
 }
 
 

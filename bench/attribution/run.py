@@ -1,211 +1,437 @@
-"""Attribution throughput: requests per second per core, batch engine vs the per-request engine.
+"""Attribution benchmark: `latscope serve` with the attributor off, then on, and the SQL
+attributor and the rollup builder alone.
 
-    POLARS_MAX_THREADS=1 .venv/bin/python -m bench.attribution.run [--requests 200000]
+    .venv/bin/python -m bench.attribution.run [--requests 200000] [--quick]
 
-Each request is a client span, a server span and five phase spans (decode with 64 token offsets),
-with random durations and a server clock skewed on some. Polars is pinned to one thread and the
-figures are requests per CPU-second of the whole process (the wall-clock rate is printed beside
-it; on a shared machine it swings with the load). The baseline is the per-request engine on the
-same requests, in the same run. Last, the continuous attributor end to end: the same kind of
-traces stored in an embedded ClickHouse by the collector's mapping, then found, loaded,
-attributed and written back as attribution rows.
+1. **serve, off then on.** The same unique LLM request traces (7 spans each, from
+   bench/attribution/traces.py, 64 requests per Export) sent from 4 threads on loopback to a
+   `latscope serve` started for the run, each run into a fresh embedded store. Printed: spans/s
+   from the first send until every span is stored (attributor off) or every request attributed
+   (on), serve's CPU seconds over that time (from /proc: every thread, chDB's included), and the
+   ratios. "Until attributed" includes the settle window (`--settle-s`, serve's own default), a
+   wait every trace makes by design; the rate up to the last span stored is printed beside it.
+2. **The attributor alone**, in this process (chDB runs in-process, so `time.process_time()` is
+   its CPU): the "off" run's store, filled once, then `Attributor.run_until_idle()` from the stored
+   spans to attribution rows: requests per CPU second. Then the statement's costs: ClickHouse's
+   analysis of it (`EXPLAIN QUERY TREE`), one trace (the fixed cost of a pass with work) and the
+   marginal cost per request (a batch of N traces minus one trace, over N - 1).
+3. **Checks**: every request attributed (in both stores), and for a sample the rows equal what the
+   reference engine (`attribute_requests`) gives for the stored spans.
+4. **The rollup builder**: every hour of those rows built (`Rollups.run_until_idle()`), CPU seconds
+   per hour built and beside serve's CPU for the same requests.
+
+Everything the run creates is removed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
 import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-os.environ.setdefault("POLARS_MAX_THREADS", "1")
+import grpc
 
-import numpy as np
-import polars as pl
+from bench.attribution.traces import SPANS, Traces
 
-from latscope.attribution.batch import SPAN_COLUMNS, attribute_frame, finish_rows, to_arrow
-from latscope.attribution.engine import attribute_trace
-from latscope.attribution.model import SpanRecord
-
-MS = 1_000_000
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+#: Requests start here (a fixed past time, so every run stores the same rows) and are spread
+#: over HOURS hours, as traffic would be (the rollup builder builds those hours).
 T0 = 1_763_000_000_000_000_000
-PHASES = ("queue", "preprocess", "prefill", "decode", "postprocess")
-TOKENS = 64
+HOURS = 4
+HOUR_NS = 3600 * 10**9
+PER_EXPORT = 64
+SENDERS = 4
+#: Traces whose rows are compared with the reference engine's.
+SAMPLE = 300
+#: Traces of the batch the marginal cost is measured on.
+MARGINAL_TRACES = 5000
+_METRIC = re.compile(r"^(latscope_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 
 
-def make_spans(n: int, seed: int = 7) -> pl.DataFrame:
-    """``n`` requests, 7 spans each, in the batch engine's input columns."""
-    rng = np.random.default_rng(seed)
-    tid = np.array([f"{i:032x}" for i in range(n)], dtype=object)
-    durs = {p: rng.integers(1, 300, n) * MS for p in PHASES}
-    net = rng.integers(2, 50, n) * MS
-    skew = np.where(rng.random(n) < 0.1, rng.integers(-5000, 5000, n) * MS, 0)
-    start_c = T0 + np.arange(n, dtype=np.int64) * 10 * MS
-    start_s = start_c + net // 2 + skew
-    server_dur = sum(durs.values()) + 2 * MS
-    rows = []
-    base = {
-        "trace_id": tid,
-        "service": np.full(n, "llm-server", dtype=object),
-        "status": np.full(n, "Ok", dtype=object),
-    }
-    rows.append(
-        {
-            **base,
-            "span_id": np.full(n, "00000000000000c1", dtype=object),
-            "parent_id": np.full(n, "", dtype=object),
-            "kind": np.full(n, "Client", dtype=object),
-            "start": start_c,
-            "dur": server_dur + net,
-            "model": np.full(n, "", dtype=object),
-        }
-    )
-    rows.append(
-        {
-            **base,
-            "span_id": np.full(n, "00000000000000a1", dtype=object),
-            "parent_id": np.full(n, "00000000000000c1", dtype=object),
-            "kind": np.full(n, "Server", dtype=object),
-            "start": start_s,
-            "dur": server_dur,
-            "model": np.full(n, "llama-3-8b", dtype=object),
-            "input_tokens": rng.integers(10, 4000, n).astype(str).astype(object),
-        }
-    )
-    t = start_s + MS
-    offsets = ",".join(str(i * 15_000) for i in range(TOKENS))
-    for i, p in enumerate(PHASES):
-        rows.append(
-            {
-                **base,
-                "span_id": np.full(n, f"{i + 1:016x}", dtype=object),
-                "parent_id": np.full(n, "00000000000000a1", dtype=object),
-                "kind": np.full(n, "Internal", dtype=object),
-                "start": t,
-                "dur": durs[p],
-                "phase": np.full(n, p, dtype=object),
-                "token_offsets": np.full(n, f"[{offsets}]" if p == "decode" else "", dtype=object),
-            }
+# -- the load ------------------------------------------------------------------------------------
+
+
+def build_exports(requests: int, seed: int = 1) -> list[bytes]:
+    traces = Traces(seed)
+    spacing = HOURS * HOUR_NS // requests
+    return [
+        traces.export(T0 + i * spacing, min(PER_EXPORT, requests - i), spacing)
+        for i in range(0, requests, PER_EXPORT)
+    ]
+
+
+def send_all(addr: str, exports: list[bytes], senders: int) -> None:
+    """Each Export once, from ``senders`` threads; a refused one (memory bound) is sent again."""
+    channel = grpc.insecure_channel(addr)
+    call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+    it = iter(exports)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            while True:
+                with lock:
+                    payload = next(it, None)
+                if payload is None:
+                    return
+                while True:
+                    try:
+                        call(payload, timeout=60)
+                        break
+                    except grpc.RpcError as exc:
+                        if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                            raise
+                        time.sleep(0.05)
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(senders)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    channel.close()
+    if errors:
+        raise errors[0]
+
+
+# -- serve ---------------------------------------------------------------------------------------
+
+
+class Serve:
+    """``latscope serve`` on loopback ports over a fresh store in ``workdir``."""
+
+    def __init__(self, workdir: Path, *args: str) -> None:
+        self.store_dir = workdir / "store"
+        cmd = [
+            sys.executable, "-m", "latscope.cli", "serve",
+            "--store", f"chdb://{self.store_dir}",
+            "--otlp-grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
+            "--spool-dir", str(workdir / "spool"),
+            *args,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        t = t + durs[p]
-    frames = [pl.DataFrame({k: pl.Series(k, v) for k, v in r.items()}) for r in rows]
-    df = pl.concat(frames, how="diagonal_relaxed")
-    df = df.with_columns(
-        [pl.lit(None, dtype=d).alias(c) for c, d in SPAN_COLUMNS.items() if c not in df.columns]
-    ).select(list(SPAN_COLUMNS))
-    # A trace's spans together, as the store returns a batch of trace ids.
-    return df.sort("trace_id", maintain_order=True)
+        assert self.proc.stdout is not None
+        self.lines: list[str] = []
+        grpc_addr = http_addr = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (grpc_addr and http_addr):
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line.rstrip())
+            if m := re.search(r"OTLP/gRPC\s+(\S+)", line):
+                grpc_addr = m.group(1)
+            if m := re.search(r"HTTP\s+(http://\S+)", line):
+                http_addr = m.group(1)
+        if not (grpc_addr and http_addr):
+            self.stop()
+            raise RuntimeError("latscope serve did not start:\n" + "\n".join(self.lines))
+        self.grpc, self.http = grpc_addr, http_addr
+        # Keep draining its output so a chatty server never blocks on a full pipe.
+        threading.Thread(
+            target=lambda: self.lines.extend(x.rstrip() for x in self.proc.stdout or ()),
+            daemon=True,
+        ).start()
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the whole process (every thread, ended ones too)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"{self.http}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        return {m.group(1) + (m.group(2) or ""): float(m.group(3)) for m in _METRIC.finditer(text)}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
-def records(df: pl.DataFrame) -> dict[str, list[SpanRecord]]:
-    from latscope.attribution.batch import ATTRIBUTE_COLUMNS
-
-    out: dict[str, list[SpanRecord]] = {}
-    for r in df.iter_rows(named=True):
-        out.setdefault(r["trace_id"], []).append(
-            SpanRecord(
-                span_id=r["span_id"],
-                parent_span_id=r["parent_id"],
-                name="",
-                kind=r["kind"],
-                service=r["service"],
-                start_ns=r["start"],
-                duration_ns=r["dur"],
-                attributes={k: r[c] for c, k in ATTRIBUTE_COLUMNS.items() if r[c]},
-                status=r["status"],
-            )
-        )
-    return out
+_STORED = 'latscope_collector_accepted_total{signal="traces"}'
+_QUEUED = 'latscope_collector_queue_depth{signal="traces"}'
+_ATTRIBUTED = "latscope_attributed_requests_total"
 
 
-def _clocks() -> tuple[float, float]:
-    """(wall, CPU of this process: every thread, polars' and chDB's included)."""
-    return time.perf_counter(), time.process_time()
+@dataclass
+class ServeRun:
+    attributor: str
+    spans: int
+    stored_s: float  # first send -> every span stored
+    done_s: float  # first send -> every span stored (off) / every request attributed (on)
+    cpu_s: float  # serve's CPU over done_s
+    store_dir: Path
+    passes: int  # attributor passes that wrote rows (seen as steps of its counter)
 
 
-def _rate(n: int, since: tuple[float, float]) -> tuple[float, float]:
-    """Requests per wall second and per CPU second since ``since``."""
-    wall, cpu = _clocks()
-    return n / (wall - since[0]), n / max(cpu - since[1], 1e-9)
-
-
-def attributor_end_to_end(requests: int, batch: int) -> tuple[int, float, float]:
-    """The continuous attributor's whole cycle over spans already in an embedded store: find
-    settled traces, load their spans, attribute, check for moved keys, write the rows."""
-    import random
-    import shutil
-    import tempfile
-
-    from bench.ingest.traces import make_batch
-    from latscope.attribution.attributor import Attributor
-    from latscope.collector.mapping import spans_table
-    from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
-
-    workdir = tempfile.mkdtemp(prefix="latscope-attrbench-")
+def serve_run(
+    attributor: str, exports: list[bytes], requests: int, args: argparse.Namespace, workdir: Path
+) -> ServeRun:
+    serve = Serve(workdir, "--attributor", attributor, "--attribution-settle-s", str(args.settle_s))
+    spans = requests * SPANS
     try:
-        store = Store.open(f"chdb://{workdir}")
-        store.apply_schema()
-        rng = random.Random(3)
-        per_export = 64
-        for i in range(0, requests, per_export):
-            export = make_batch(rng, T0 + i * 10 * MS, min(per_export, requests - i))
-            store.insert_arrow(SPANS_TABLE, spans_table(export.resource_spans))
-        attributor = Attributor(store, settle_s=0.0, batch_traces=batch, step_s=3600.0)
-        since = _clocks()
-        written = attributor.run_until_idle(max_batches=10**6)
-        wall_rps, cpu_rps = _rate(written, since)
-        rows = store.query_rows(f"SELECT count() FROM {ATTRIBUTION_TABLE} FINAL")[0][0]
-        assert rows == requests, (rows, requests)
-        store.close()
-        return written, wall_rps, cpu_rps
+        cpu0 = serve.cpu_s()
+        started = time.perf_counter()
+        sender = threading.Thread(target=send_all, args=(serve.grpc, exports, args.senders))
+        sender.start()
+        stored_s = None
+        deadline = started + args.timeout_s
+        passes, attributed = 0, 0.0
+        while True:
+            m = serve.metrics()
+            now = time.perf_counter()
+            # A pass writes all its rows in one statement: each step of the counter is one pass
+            # (polled every 50 ms, shorter than any pass).
+            passes += m.get(_ATTRIBUTED, 0) > attributed
+            attributed = m.get(_ATTRIBUTED, 0)
+            if stored_s is None and m.get(_STORED, 0) >= spans and m.get(_QUEUED, 1) == 0:
+                stored_s = now - started
+            if stored_s is not None and (attributor == "off" or m.get(_ATTRIBUTED, 0) >= requests):
+                break
+            if now > deadline:
+                raise RuntimeError(f"serve ({attributor}) not done after {args.timeout_s} s: {m}")
+            time.sleep(0.05)
+        done_s = now - started
+        cpu = serve.cpu_s() - cpu0
+        sender.join()
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        serve.stop()
+    return ServeRun(attributor, spans, stored_s, done_s, cpu, serve.store_dir, passes)
+
+
+# -- the attributor and the rollups alone, in this process ---------------------------------------
+
+
+def _cpu_of(fn: Any) -> tuple[float, Any]:
+    cpu0 = time.process_time()
+    out = fn()
+    return time.process_time() - cpu0, out
+
+
+def statement_costs(store: Any) -> dict[str, float]:
+    """CPU seconds of the attribution SELECT: its analysis alone, one trace, and per request
+    beyond one (best of 3 each)."""
+    from latscope.attribution.engine import DEFAULT_STALL_NS
+    from latscope.attribution.sql import attribution_select
+    from latscope.storage import SPANS_TABLE
+
+    by_ids = "SELECT arrayJoin({trace_ids:Array(String)}) AS trace_id"
+    sql = attribution_select(by_ids, SPANS_TABLE, "1")
+    ids = [
+        r[0]
+        for r in store.query_rows(
+            f"SELECT DISTINCT TraceId FROM {SPANS_TABLE} ORDER BY TraceId LIMIT {MARGINAL_TRACES}"
+        )
+    ]
+
+    def run(trace_ids: list[str]) -> Any:
+        params = {"trace_ids": trace_ids, "stall_ns": DEFAULT_STALL_NS, "through_us": 0}
+        return store.query_arrow(sql, params)
+
+    def best(fn: Any) -> float:
+        return min(_cpu_of(fn)[0] for _ in range(3))
+
+    run(ids[:1])  # warm-up
+    params = {"trace_ids": ids[:1], "stall_ns": DEFAULT_STALL_NS, "through_us": 0}
+    analysis = best(lambda: store.query_rows("EXPLAIN QUERY TREE " + sql, params))
+    one = best(lambda: run(ids[:1]))
+    many = best(lambda: run(ids))
+    return {
+        "analysis": analysis,
+        "one": one,
+        "marginal": (many - one) / (len(ids) - 1),
+        "traces": len(ids),
+    }
+
+
+def check_rows(store: Any, requests: int, seed: int = 5) -> tuple[int, int]:
+    """(requests attributed, sample compared): every request has one live row, and for a sample
+    of traces the rows equal the reference engine's over the stored spans."""
+    from latscope.attribution.engine import attribute_requests
+    from latscope.attribution.spans import load_trace
+    from latscope.attribution.table import ATTRIBUTION_SCHEMA, attribution_row
+    from latscope.storage import ATTRIBUTION_TABLE
+
+    live = store.query_rows(
+        f"SELECT count(), uniqExact(TraceId, RequestSpanId) FROM {ATTRIBUTION_TABLE} FINAL "
+        "WHERE IsDeleted = 0"
+    )[0]
+    assert live[0] == live[1] == requests, (live, requests)
+    traces = [r[0] for r in store.query_rows(f"SELECT DISTINCT TraceId FROM {ATTRIBUTION_TABLE}")]
+    sample = random.Random(seed).sample(traces, min(SAMPLE, len(traces)))
+    columns = ", ".join(ATTRIBUTION_SCHEMA.names)
+    got = store.query_arrow(
+        f"SELECT {columns} FROM {ATTRIBUTION_TABLE} FINAL "
+        "WHERE TraceId IN {ids:Array(String)} AND IsDeleted = 0",
+        {"ids": sample},
+    )
+    ts = got.schema.get_field_index("Timestamp")
+    got = got.set_column(ts, "Timestamp", got.column(ts).cast("int64")).to_pylist()
+    by_key = {(r["TraceId"], r["RequestSpanId"]): r for r in got}
+    compared = 0
+    for trace_id in sample:
+        spans = load_trace(store, trace_id)
+        for a in attribute_requests(trace_id, spans):
+            want = attribution_row(a, span_count=len(spans), ingested_us=0)
+            row = by_key[(trace_id, a.request_span_id)]
+            for key, w in want.items():
+                if key == "SpansIngestedAt":  # the pass's watermark
+                    continue
+                g = row[key]
+                if key in ("Gpu", "ResourceAttributes"):
+                    w, g = dict(w), dict(g or [])
+                assert _same(w, g), (trace_id, key, w, g)
+            compared += 1
+    return int(live[0]), compared
+
+
+def _same(w: Any, g: Any) -> bool:
+    if isinstance(w, dict):
+        return w.keys() == g.keys() and all(_same(w[k], g[k]) for k in w)
+    if w is None or g is None:
+        return w is None and g is None
+    if isinstance(w, float) or isinstance(g, float):
+        return math.isclose(float(w), float(g), rel_tol=1e-9, abs_tol=1e-6)
+    return w == g
+
+
+@dataclass
+class Alone:
+    written: int
+    attributor_cpu: float
+    passes: int
+    costs: dict[str, float]
+    hours: int
+    rollup_cpu: float
+
+
+def alone(store_dir: Path, requests: int) -> Alone:
+    from latscope.attribution.attributor import Attributor
+    from latscope.attribution.rollups import Rollups
+    from latscope.storage import Store
+
+    store = Store.open(f"chdb://{store_dir}")
+    try:
+        attributor = Attributor(store, settle_s=0.0)
+        passes = [0]
+        slice_ = attributor.attribute_slice
+
+        def counted(*a: Any, **kw: Any) -> int:
+            passes[0] += 1
+            return slice_(*a, **kw)
+
+        attributor.attribute_slice = counted  # type: ignore[method-assign]
+        cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=10**6))
+        assert written == requests, (written, requests)
+        rollups = Rollups(store, settle_s=0.0, margin_s=0.0)
+        rollup_cpu, hours = _cpu_of(rollups.run_until_idle)
+        costs = statement_costs(store)
+        return Alone(written, cpu, passes[0], costs, hours, rollup_cpu)
+    finally:
+        store.close()
+
+
+def check_store(store_dir: Path, requests: int) -> tuple[int, int]:
+    from latscope.storage import Store
+
+    store = Store.open(f"chdb://{store_dir}")
+    try:
+        return check_rows(store, requests)
+    finally:
+        store.close()
+
+
+# -- the run -------------------------------------------------------------------------------------
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=200_000)
-    parser.add_argument("--batch", type=int, default=50_000, help="traces per batch")
-    parser.add_argument("--baseline", type=int, default=5_000, help="requests for the baseline")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--store-requests",
-        type=int,
-        default=50_000,
-        help="requests for the end-to-end attributor over the embedded store (0: skip)",
+        "--requests", type=int, default=200_000, help="unique requests (x7 spans) per serve run"
     )
+    parser.add_argument("--quick", action="store_true", help="50,000 requests")
+    parser.add_argument("--senders", type=int, default=SENDERS)
+    parser.add_argument(
+        "--settle-s", type=float, default=5.0, help="serve's --attribution-settle-s (its default)"
+    )
+    parser.add_argument("--timeout-s", type=float, default=600.0)
     args = parser.parse_args()
-    df = make_spans(args.requests)
-    print(f"polars threads: {pl.thread_pool_size()}; {args.requests} requests, {df.height} spans")
+    requests = 50_000 if args.quick else args.requests
 
-    attribute_frame(df.head(7 * 1000))  # warm-up
-    batches = [df.slice(i * 7, args.batch * 7) for i in range(0, args.requests, args.batch)]
-    since = _clocks()
-    n = 0
-    for b in batches:
-        n += attribute_frame(b).height
-    batch = _rate(n, since)
-    since = _clocks()
-    for b in batches:
-        to_arrow(finish_rows(attribute_frame(b)))
-    with_arrow = _rate(n, since)
+    t = time.perf_counter()
+    exports = build_exports(requests)
+    print(f"{requests:,} requests ({requests * SPANS:,} spans) in {len(exports)} Exports over "
+          f"{HOURS} h of timestamps, built in {time.perf_counter() - t:.1f} s; "
+          f"{args.senders} senders; settle window {args.settle_s} s")  # fmt: skip
+    workdir = Path(tempfile.mkdtemp(prefix="latscope-attrbench-"))
+    try:
+        off = serve_run("off", exports, requests, args, workdir / "off")
+        on = serve_run("on", exports, requests, args, workdir / "on")
+        load1 = os.getloadavg()[0]
+        attributed, compared = check_store(on.store_dir, requests)
+        solo = alone(off.store_dir, requests)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
-    recs = records(df.head(7 * args.baseline))
-    since = _clocks()
-    for trace_id, spans in recs.items():
-        attribute_trace(trace_id, spans)
-    oracle = _rate(len(recs), since)
+    print(f"\nlatscope serve, {requests * SPANS:,} spans (load average {load1:.2f}):")
+    print(f"{'':20s}{'spans/s to done':>17s}{'to stored':>12s}{'serve CPU s':>13s}"
+          f"{'spans per CPU s':>17s}")  # fmt: skip
+    for run in (off, on):
+        label = "attributor off" if run.attributor == "off" else "attributor on"
+        print(f"{label:20s}{run.spans / run.done_s:>17,.0f}{run.spans / run.stored_s:>12,.0f}"
+              f"{run.cpu_s:>13.1f}{run.spans / run.cpu_s:>17,.0f}")  # fmt: skip
+    print(
+        f"ratio on / off: spans/s to done {off.done_s / on.done_s:.2f} (target >= 0.75), "
+        f"to stored {off.stored_s / on.stored_s:.2f}; CPU {on.cpu_s / off.cpu_s:.2f}x"
+    )
+    print(
+        f"  attributed after the last span was stored: {on.done_s - on.stored_s:.1f} s "
+        f"(settle window {args.settle_s} s); {on.passes} attributor passes with work"
+    )
+    print(
+        f"checks: {attributed:,} requests attributed, each once (of {requests:,}); "
+        f"{compared} requests of {SAMPLE} traces equal to the reference engine's"
+    )
 
-    print(f"{'requests/s':<34}{'per CPU-second':>16}{'wall clock':>14}")
-    for label, (wall_rps, cpu_rps) in (
-        ("batch engine", batch),
-        ("batch engine + Arrow rows", with_arrow),
-        ("per-request engine (baseline)", oracle),
-    ):
-        print(f"{label:<34}{cpu_rps:>16,.0f}{wall_rps:>14,.0f}")
-    if args.store_requests:
-        written, wall_rps, cpu_rps = attributor_end_to_end(args.store_requests, args.batch // 10)
-        label = f"attributor, store to store ({written:,})"
-        print(f"{label:<34}{cpu_rps:>16,.0f}{wall_rps:>14,.0f}")
-    print(f"ratio batch / baseline (CPU):     {batch[1] / oracle[1]:>10.1f}x")
+    c = solo.costs
+    print(f"\nthe attributor alone, stored spans -> attribution rows ({solo.passes} passes):")
+    print(
+        f"  {solo.written:,} requests in {solo.attributor_cpu:.2f} CPU s: "
+        f"{solo.written / solo.attributor_cpu:,.0f} requests per CPU s (target >= 50,000)"
+    )
+    print(
+        f"  the SELECT's analysis (EXPLAIN QUERY TREE): {c['analysis'] * 1e3:.0f} ms CPU; "
+        f"one trace: {c['one'] * 1e3:.0f} ms CPU; marginal: {c['marginal'] * 1e6:.1f} us CPU "
+        f"per request (batch of {c['traces']:,})"
+    )
+    print(
+        f"rollup builder: {solo.hours} hours of {requests // HOURS:,} requests in "
+        f"{solo.rollup_cpu:.2f} CPU s: {solo.rollup_cpu / max(solo.hours, 1):.2f} CPU s per hour "
+        f"built; {solo.rollup_cpu / on.cpu_s:.1%} of serve's CPU (on) for the same requests"
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ and sends it with its API calls).
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +22,7 @@ from latscope import __version__
 from latscope.api.errors import ApiError, QueryError, error_responses
 from latscope.api.routes import v1_router
 from latscope.api.schemas import Health
+from latscope.auth import UNAUTHORIZED, bearer_ok
 from latscope.config import Settings
 from latscope.metrics import REGISTRY
 from latscope.storage import Store, StoreError, StoreUnavailable
@@ -89,14 +89,8 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
     _add_docs(app)
 
     def require_token(request: Request) -> None:
-        if not settings.token:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), settings.token.encode()
-        ):
-            raise ApiError(401, "unauthorized", "send 'Authorization: Bearer <token>'")
+        if not bearer_ok(request.headers.get("authorization"), settings.token):
+            raise ApiError(401, "unauthorized", UNAUTHORIZED)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:

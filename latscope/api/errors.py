@@ -17,6 +17,8 @@ from typing import Any
 
 from fastapi import HTTPException
 
+from latscope.auth import UNAUTHORIZED
+
 
 class QueryError(Exception):
     """A question latscope cannot answer as asked; REST, gRPC and the CLI each translate it.
@@ -64,7 +66,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI descriptions of the error statuses a route can answer with."""
     texts = {
         400: ("invalid_time", "since must be RFC 3339 or a relative span like 15m, 2h, 7d"),
-        401: ("unauthorized", "send 'Authorization: Bearer <token>'"),
+        401: ("unauthorized", UNAUTHORIZED),
         404: ("trace_not_found", "no spans stored for trace 4bf92f3577b34da6a3ce929d0e0e4736"),
         409: (
             "several_requests",

@@ -9,7 +9,6 @@ not answer UNAVAILABLE.
 from __future__ import annotations
 
 import functools
-import hmac
 import logging
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -28,6 +27,8 @@ from latscope.api.live import (
     WatchFilter,
     iter_subscription,
 )
+from latscope.api.schemas import Attribution, LiveRequest, Run, Summary, TraceRequests
+from latscope.auth import UNAUTHORIZED, bearer_ok, metadata_authorization
 from latscope.config import Settings
 from latscope.parts import Parts
 from latscope.storage import Store, StoreError, StoreUnavailable
@@ -62,38 +63,70 @@ def _in_pool(method: Callable[..., Any], pool: futures.ThreadPoolExecutor) -> Ca
     return run
 
 
+def _without_nulls(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without its null values: an unset optional field in the message."""
+    return {k: v for k, v in data.items() if v is not None}
+
+
 def _attribution_data(body: dict[str, Any]) -> dict[str, Any]:
-    """The REST attribution JSON in the message's JSON mapping (nulls stay unset)."""
-    data = {k: v for k, v in body.items() if v is not None}
-    data["gpu"] = {phase: {"figures": figs} for phase, figs in (body.get("gpu") or {}).items()}
-    data["buckets_ms"] = {k: v for k, v in body["buckets_ms"].items() if v is not None}
-    data["itl_ms"] = {k: v for k, v in body["itl_ms"].items() if v is not None}
+    """An attribution's JSON in the message's JSON mapping (nulls stay unset)."""
+    data = _without_nulls(body)
+    data["gpu"] = {phase: {"figures": figs} for phase, figs in body["gpu"].items()}
+    data["buckets_ms"] = _without_nulls(body["buckets_ms"])
+    data["itl_ms"] = _without_nulls(body["itl_ms"])
     return data
 
 
-def attribution_message(body: dict[str, Any]) -> query_pb2.RequestAttribution:
-    """The REST attribution JSON as a ``RequestAttribution`` message (nulls stay unset)."""
+# Every conversion parses strictly (no ignore_unknown_fields): a key of the answer that the
+# message does not have is a mismatch between REST and gRPC, and fails here rather than
+# vanishing from the gRPC answer.
+
+
+def attribution_message(answer: Attribution) -> query_pb2.RequestAttribution:
+    """An attribution (a ``LiveRequest`` for Watch) as a ``RequestAttribution``."""
     return json_format.ParseDict(
-        _attribution_data(body), query_pb2.RequestAttribution(), ignore_unknown_fields=True
+        _attribution_data(answer.json_dict()), query_pb2.RequestAttribution()
     )
 
 
-def requests_message(body: dict[str, Any]) -> query_pb2.ListRequestsResponse:
-    """``/v1/traces/{trace_id}/requests``'s JSON as a ``ListRequestsResponse``."""
+def requests_message(answer: TraceRequests) -> query_pb2.ListRequestsResponse:
+    """``/v1/traces/{trace_id}/requests``'s answer as a ``ListRequestsResponse``."""
     return query_pb2.ListRequestsResponse(
-        trace_id=body["trace_id"], requests=[attribution_message(r) for r in body["requests"]]
+        trace_id=answer.trace_id, requests=[attribution_message(r) for r in answer.requests]
     )
 
 
-def run_message(body: dict[str, Any]) -> query_pb2.Run:
-    """``/v1/traces/{trace_id}/run``'s JSON as a ``Run`` (nulls stay unset)."""
+def run_message(answer: Run) -> query_pb2.Run:
+    """``/v1/traces/{trace_id}/run``'s answer as a ``Run`` (nulls stay unset)."""
+    body = answer.json_dict()
     data = {
         **body,
         "calls": [{**c, "attribution": _attribution_data(c["attribution"])} for c in body["calls"]],
-        "path": [{k: v for k, v in step.items() if v is not None} for step in body["path"]],
+        "path": [_without_nulls(step) for step in body["path"]],
     }
-    # Strict: a key the proto does not know is a mismatch between the two answers, not noise.
     return json_format.ParseDict(data, query_pb2.Run())
+
+
+#: What ``/v1/attribution/summary`` answers beside the ``SummaryResponse``'s fields: the
+#: streaming figures, the client-span count, the grouping and the window in ns. Named here so
+#: that a key added to the answer fails the conversion until the message or this list has it.
+SUMMARY_REST_ONLY = ("with_client", "streaming", "group_by", "window")
+
+
+def summary_message(answer: Summary) -> query_pb2.SummaryResponse:
+    """The summary as a ``SummaryResponse`` (nulls stay unset)."""
+    body = answer.json_dict()
+
+    def section(d: dict[str, Any]) -> dict[str, Any]:
+        data = {k: v for k, v in d.items() if k not in SUMMARY_REST_ONLY}
+        data["e2e_ms"] = _without_nulls(d["e2e_ms"])
+        data["buckets_ms"] = {b: _without_nulls(v) for b, v in d["buckets_ms"].items()}
+        return data
+
+    data = section(body)
+    data["groups"] = [section(g) for g in body["groups"]]
+    data["since"], data["until"] = body["window"]["since"], body["window"]["until"]
+    return json_format.ParseDict(data, query_pb2.SummaryResponse())
 
 
 def run_dict(message: query_pb2.Run) -> dict[str, Any]:
@@ -172,16 +205,10 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _authorize(self, context: grpc.ServicerContext) -> None:
-        if not self.settings.token:
-            return
-        metadata = dict(context.invocation_metadata() or ())
-        scheme, _, given = str(metadata.get("authorization", "")).partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), self.settings.token.encode()
+        if not bearer_ok(
+            metadata_authorization(context.invocation_metadata()), self.settings.token
         ):
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED, "send metadata 'authorization: Bearer <token>'"
-            )
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
 
     def _answer(self, context: grpc.ServicerContext, fn: Any, *args: Any) -> Any:
         self._authorize(context)
@@ -260,32 +287,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many Watch streams open")
         context.add_callback(sub.close)
         for body in iter_subscription(sub, alive=context.is_active):
-            yield attribution_message(body)
-
-
-def summary_message(body: dict[str, Any]) -> query_pb2.SummaryResponse:
-    """The REST summary JSON as a ``SummaryResponse``."""
-
-    def stats(d: dict[str, Any] | None, keys: tuple[str, ...]) -> dict[str, float]:
-        return {k: d[k] for k in keys if d and d.get(k) is not None}
-
-    pct = ("p50", "p90", "p95", "p99", "mean")
-    bstat = ("p50", "p95", "p99", "mean", "share")
-
-    def section(d: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "count": int(d.get("count") or 0),
-            "e2e_ms": stats(d.get("e2e_ms"), pct),
-            "buckets_ms": {b: stats(v, bstat) for b, v in (d.get("buckets_ms") or {}).items()},
-        }
-
-    data = section(body)
-    data["groups"] = [
-        {"key": str(g.get("key", "")), **section(g)} for g in body.get("groups") or ()
-    ]
-    window = body.get("window") or {}
-    data["since"], data["until"] = window.get("since", ""), window.get("until", "")
-    return json_format.ParseDict(data, query_pb2.SummaryResponse(), ignore_unknown_fields=True)
+            yield attribution_message(LiveRequest.model_validate(body))
 
 
 def query_parts(settings: Settings, store: Store, *, poll_table: bool = True) -> Parts:

@@ -21,16 +21,19 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from latscope.api.schemas import Live
+from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.metrics import REGISTRY
+from latscope.parts import Poller
 from latscope.semconv import BUCKETS
 from latscope.storage import ATTRIBUTION_TABLE, Store, StoreError
 
@@ -82,16 +85,6 @@ LABELS_OVERFLOW = Counter(
     registry=REGISTRY,
 )
 
-_COLUMN_BUCKETS = {
-    "network": "NetworkNs",
-    "queue": "QueueNs",
-    "preprocess": "PreprocessNs",
-    "prefill": "PrefillNs",
-    "decode": "DecodeNs",
-    "postprocess": "PostprocessNs",
-    "other": "OtherNs",
-}
-
 
 def _ms(v: Any) -> float | None:
     return None if v is None else float(v) / 1e6
@@ -107,7 +100,7 @@ def row_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
         phase, _, name = str(key).partition(".")
         gpu.setdefault(phase, {})[name or phase] = float(value)
     start = row.get("Timestamp")
-    start_ns = int(start.timestamp() * 1e9) if hasattr(start, "timestamp") else int(start or 0)
+    start_ns = int(start.timestamp() * 1e9) if isinstance(start, datetime) else int(start or 0)
     trace_id = row.get("TraceId", "")
     return {
         "trace_id": trace_id,
@@ -116,7 +109,7 @@ def row_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "model": row.get("Model", ""),
         "start_unix_nano": start_ns,
         "e2e_ms": _ms(row.get("E2eNs")) or 0.0,
-        "buckets_ms": {b: _ms(row.get(col)) for b, col in _COLUMN_BUCKETS.items()},
+        "buckets_ms": {b: _ms(row.get(col)) for b, col in BUCKET_COLUMNS.items()},
         "ttft_ms": _ms(ttft),
         "ttft_server_ms": _ms(row.get("TtftServerNs")),
         "tpot_ms": _ms(row.get("TpotNs")),
@@ -130,6 +123,9 @@ def row_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "output_tokens": row.get("OutputTokens"),
         "clock_skew_ms": _ms(row.get("ClockSkewNs")) or 0.0,
         "attempts": int(row.get("Attempts") or 1),
+        # The attribution table has no column for it: live rows say false, the request's own
+        # answer (/v1/requests/{id}/attribution) knows.
+        "client_headers_only": False,
         "gpu": gpu,
     }
 
@@ -153,7 +149,7 @@ def _rows(batch: Any) -> list[dict[str, Any]]:
                     "Model": item.model,
                     "Timestamp": item.start_ns,
                     "E2eNs": item.e2e_ns,
-                    **{col: b.get(name) for name, col in _COLUMN_BUCKETS.items()},
+                    **{col: b.get(name) for name, col in BUCKET_COLUMNS.items()},
                     "TtftClientNs": item.ttft_client_ns,
                     "TtftServerNs": item.ttft_server_ns,
                     "TpotNs": item.tpot_ns,
@@ -306,7 +302,7 @@ def since(
     min_e2e_ms: float = 0.0,
     limit: int = 500,
     hub: LiveHub = HUB,
-) -> dict[str, Any]:
+) -> Live:
     """``GET /v1/live``: requests attributed since the cursor ``after`` of an earlier answer
     (of the same ``epoch``; another epoch starts over from the oldest kept)."""
     if after is not None and epoch is not None and epoch != hub.epoch:
@@ -314,7 +310,9 @@ def since(
     requests, cursor, missed = hub.since(
         after, WatchFilter(service, model, min_e2e_ms), max(1, min(limit, MAX_LIVE))
     )
-    return {"epoch": hub.epoch, "cursor": cursor, "missed": missed, "requests": requests}
+    return Live.model_validate(
+        {"epoch": hub.epoch, "cursor": cursor, "missed": missed, "requests": requests}
+    )
 
 
 _label_sets: set[tuple[str, str]] = set()
@@ -389,10 +387,10 @@ POLL_LAG_US = 120 * 1_000_000
 LIVE_HORIZON_H = 24
 
 
-class TablePoller:
+class TablePoller(Poller):
     """Feeds ``observe`` from the attribution table: newly attributed requests, once each.
 
-    A background component polling every ``interval_s``; it works the same whether the attributor
+    A background ``Poller`` (every ``poll_s``); it works the same whether the attributor
     runs in this process (``latscope serve``) or in another (``latscope api`` beside collectors).
     A request re-attributed later (late spans) is not fed again: the histograms count it once.
     Memory is bounded by the requests written within ``POLL_LAG_US``, capped at ``max_seen``.
@@ -404,20 +402,18 @@ class TablePoller:
         self,
         store: Store,
         *,
-        interval_s: float = 1.0,
+        poll_s: float = 1.0,
         batch: int = 20_000,
         max_seen: int = 1_000_000,
         hub: LiveHub = HUB,
         from_start: bool = False,
     ) -> None:
+        super().__init__(poll_s)
         self.store = store
-        self.interval_s = interval_s
         self.batch = batch
         self.max_seen = max_seen
         self.hub = hub
         self.from_start = from_start
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._high_us = 0  # newest SpansIngestedAt seen
         self._seen: dict[str, int] = {}  # request id -> its SpansIngestedAt (us)
 
@@ -428,10 +424,18 @@ class TablePoller:
                 self._after_us = self._high_us + 1
             except StoreError as exc:
                 log.warning("attribution poller: %s; starting from the beginning", exc)
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+        super().start()
 
     _after_us = 0
+
+    def run_until_idle(self) -> int:
+        """Poll until a read comes back short of a full page; returns how many were new."""
+        fed = 0
+        while True:
+            new = self.poll_once()
+            fed += new
+            if new < self.batch:
+                return fed
 
     def poll_once(self) -> int:
         """Read and feed what is new; returns how many requests were new."""
@@ -472,21 +476,6 @@ class TablePoller:
             self._seen = {t: at for t, at in self._seen.items() if at >= horizon}
             while len(self._seen) > self.max_seen:  # insertion order: oldest first
                 self._seen.pop(next(iter(self._seen)))
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                while self.poll_once() >= self.batch:
-                    pass
-            except StoreError as exc:
-                log.warning("attribution poller: %s", exc)
-            except Exception:  # keep polling: one bad batch must not end the live feed
-                log.exception("attribution poller failed")
-
-    def stop(self, deadline: float) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def iter_subscription(sub: Subscription, *, alive: Any, poll_s: float = 0.5) -> Iterator[dict]:

@@ -3,8 +3,9 @@ text (time ranges as RFC 3339 or ``15m``, steps as ``5m``, objectives as ``ttft:
 parsed and checked, then handed to ``latscope.attribution.aggregates``, which runs the SQL. A
 bad parameter is an ``InvalidParameter`` (a 400 with a message saying what to write).
 
-Each function returns the JSON the matching ``/v1`` route serves, with the window it covered
-(``{"since", "until"}`` in RFC 3339 plus ns since the epoch).
+Each function returns the answer's model (``latscope.api.schemas``) that the matching ``/v1``
+route serves, with the window it covered (``{"since", "until"}`` in RFC 3339 plus ns since the
+epoch); the gRPC service converts the same model and the CLI renders it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from latscope.api.errors import InvalidParameter
+from latscope.api.schemas import (
+    ColdStart,
+    Compare,
+    Diagnosis,
+    Gpu,
+    Heatmap,
+    Services,
+    Slo,
+    Slowest,
+    Summary,
+    Tail,
+    Timeseries,
+    Why,
+)
 from latscope.api.timerange import TimeRange, TimeRangeError, parse_instant, parse_range
 from latscope.attribution import aggregates as agg
 from latscope.storage import Store
@@ -67,7 +82,7 @@ def summary(
     group_by: str | None = None,
     limit_groups: int = 100,
     exact: bool = False,
-) -> dict[str, Any]:
+) -> Summary:
     """Count, percentiles of e2e and of each bucket, and each bucket's share of the time.
 
     Percentiles are within 0.5 % (logarithmic histograms, merged from hourly rollups where the
@@ -86,7 +101,7 @@ def summary(
         exact=bool(exact),
     )
     out["window"] = _window(r)
-    return out
+    return Summary.model_validate(out)
 
 
 def tail(
@@ -98,7 +113,7 @@ def tail(
     model: str | None = None,
     percentile: float = 99,
     exact: bool = False,
-) -> dict[str, Any]:
+) -> Tail:
     """Which bucket the requests above the ``percentile`` spend their extra time in."""
     r = _range(since, until)
     out = _call(
@@ -112,7 +127,7 @@ def tail(
         exact=bool(exact),
     )
     out["window"] = _window(r)
-    return out
+    return Tail.model_validate(out)
 
 
 def compare(
@@ -125,7 +140,7 @@ def compare(
     service: str | None = None,
     model: str | None = None,
     exact: bool = False,
-) -> dict[str, Any]:
+) -> Compare:
     """Two windows bucket by bucket. ``after`` defaults to the last hour, ``before`` to the
     window of the same length just before ``after``."""
     after = _range(after_since, after_until, prefix="after_")
@@ -149,7 +164,7 @@ def compare(
     )
     out["before"].update(before.to_json())
     out["after"].update(after.to_json())
-    return out
+    return Compare.model_validate(out)
 
 
 def diagnose(
@@ -162,7 +177,7 @@ def diagnose(
     percentile: float = 99,
     warmup_requests: int = 10,
     warmup_s: float = 60.0,
-) -> dict[str, Any]:
+) -> Diagnosis:
     """The usual cause of what the window shows, its first fixes and the numbers behind it
     (``warmup_*``: the cold-start rule, see ``coldstart``)."""
     r = _range(since, until)
@@ -179,7 +194,7 @@ def diagnose(
         ),
     )
     out["window"] = _window(r)
-    return out
+    return Diagnosis.model_validate(out)
 
 
 def parse_objective(text: str) -> agg.Objective:
@@ -209,7 +224,7 @@ def slo(
     at: str | None = None,
     service: str | None = None,
     model: str | None = None,
-) -> dict[str, Any]:
+) -> Slo:
     """Error budget left and burn rates (5m, 30m, 1h, 6h) of each objective, as of ``at``."""
     texts = [objective] if isinstance(objective, str) else list(objective or DEFAULT_OBJECTIVES)
     if len(texts) > MAX_OBJECTIVES:
@@ -229,7 +244,7 @@ def slo(
         agg.slo, store, objectives=objectives, now_ns=r.until_ns, service=service, model=model
     )
     out["at"] = r.to_json()["until"]
-    return out
+    return Slo.model_validate(out)
 
 
 def gpu(
@@ -239,7 +254,7 @@ def gpu(
     until: str | None = None,
     service: str | None = None,
     model: str | None = None,
-) -> dict[str, Any]:
+) -> Gpu:
     """GPU figures per phase (utilization, memory, power, SM clock, energy)."""
     r = _range(since, until)
     out = _call(
@@ -251,14 +266,14 @@ def gpu(
         model=model,
     )
     out["window"] = _window(r)
-    return out
+    return Gpu.model_validate(out)
 
 
-def services(store: Store, *, since: str | None = None, until: str | None = None) -> dict[str, Any]:
+def services(store: Store, *, since: str | None = None, until: str | None = None) -> Services:
     """The services seen in the window, each with its models and request counts."""
     r = _range(since, until)
     rows = _call(agg.services, store, since_ns=r.since_ns, until_ns=r.until_ns)
-    return {"window": _window(r), "services": rows}
+    return Services.model_validate({"window": _window(r), "services": rows})
 
 
 def slowest(
@@ -269,7 +284,7 @@ def slowest(
     service: str | None = None,
     model: str | None = None,
     limit: int = 20,
-) -> dict[str, Any]:
+) -> Slowest:
     """The slowest requests of the window, slowest first, each with its buckets."""
     r = _range(since, until)
     rows = _call(
@@ -281,7 +296,7 @@ def slowest(
         model=model,
         limit=max(1, min(int(limit), MAX_SLOWEST)),
     )
-    return {"window": _window(r), "requests": rows}
+    return Slowest.model_validate({"window": _window(r), "requests": rows})
 
 
 # -- over time, what is different, cold starts -------------------------------------------------
@@ -313,7 +328,7 @@ def timeseries(
     step: str | None = None,
     group_by: str | None = None,
     limit_groups: int = 10,
-) -> dict[str, Any]:
+) -> Timeseries:
     """Every figure of the summary per time step, for the window and per group."""
     _group_by(group_by)
     r = _range(since, until)
@@ -329,7 +344,7 @@ def timeseries(
         limit_groups=max(1, min(int(limit_groups), 50)),
     )
     out["window"] = _window(r)
-    return out
+    return Timeseries.model_validate(out)
 
 
 def heatmap(
@@ -342,7 +357,7 @@ def heatmap(
     step: str | None = None,
     metric: str = "e2e",
     bins_per_decade: int = 10,
-) -> dict[str, Any]:
+) -> Heatmap:
     """Requests per time step and log-scaled latency bin."""
     r = _range(since, until)
     out = _call(
@@ -357,7 +372,7 @@ def heatmap(
         bins_per_decade=int(bins_per_decade),
     )
     out["window"] = _window(r)
-    return out
+    return Heatmap.model_validate(out)
 
 
 def why(
@@ -379,7 +394,7 @@ def why(
     attribute: list[str] | tuple[str, ...] | str | None = None,
     limit_values: int = 5,
     examples: int = 5,
-) -> dict[str, Any]:
+) -> Why:
     """What is different about the selected requests, dimension by dimension, and the extra
     time each top value carries, by bucket."""
     r = _range(since, until)
@@ -420,7 +435,7 @@ def why(
         examples=max(0, min(int(examples), 100)),
     )
     out["window"] = _window(r)
-    return out
+    return Why.model_validate(out)
 
 
 def coldstart(
@@ -433,7 +448,7 @@ def coldstart(
     warmup_requests: int = 10,
     warmup_s: float = 60.0,
     lookback_s: float = 3600.0,
-) -> dict[str, Any]:
+) -> ColdStart:
     """Replicas that appeared, their warm-up requests, and warm-up against warm by bucket."""
     r = _range(since, until)
     rule = agg.WarmupRule(
@@ -449,4 +464,41 @@ def coldstart(
         rule=rule,
     )
     out["window"] = _window(r)
-    return out
+    return ColdStart.model_validate(out)
+
+
+# -- export ----------------------------------------------------------------------------------
+
+#: Most requests one REST export answers with: the Parquet file is built in the API's memory
+#: (about 300 bytes a request compressed, several times that while polars builds it), so a
+#: bigger export goes through the CLI on the store itself or several windows.
+MAX_EXPORT = 200_000
+
+
+def export_requests(
+    store: Store,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    service: str | None = None,
+    model: str | None = None,
+    limit: int = MAX_EXPORT,
+) -> tuple[bytes, int]:
+    """The window's attributed requests as a Parquet file (``frames.requests``' columns, oldest
+    first), and how many rows it holds."""
+    import io
+
+    from latscope.attribution import frames
+
+    r = _range(since, until)
+    frame = frames.requests(
+        store,
+        since_ns=r.since_ns,
+        until_ns=r.until_ns,
+        service=service,
+        model=model,
+        limit=max(1, min(int(limit), MAX_EXPORT)),
+    )
+    out = io.BytesIO()
+    frame.write_parquet(out, compression="zstd")
+    return out.getvalue(), frame.height

@@ -1,6 +1,7 @@
 """The ``/v1`` routes. Each route validates its parameters, then calls the function that
-answers the question (``latscope.api.trace`` for one request, ``latscope.api.queries`` for many);
-those functions are shared with the gRPC service and the CLI's direct mode."""
+answers the question (``latscope.api.trace`` for one request, ``latscope.api.queries`` for many)
+and serves the answer's model; those functions are shared with the gRPC service and the CLI's
+direct mode."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
+from fastapi.responses import JSONResponse, Response
 
 from latscope.api import live as live_feed
 from latscope.api import queries as aggregates
@@ -16,6 +18,7 @@ from latscope.api.errors import InvalidParameter, error_responses
 from latscope.api.schemas import (
     REQUEST_ID_EXAMPLE,
     TRACE_ID_EXAMPLE,
+    Answer,
     Attribution,
     ColdStart,
     Compare,
@@ -137,9 +140,18 @@ Metric = Annotated[
 ]
 _KEYS_PATTERN = r"^[A-Za-z0-9_.\-/]{1,128}$"
 
+
+def _served(answer: Answer) -> Response:
+    """The answer's JSON. The answering function built and checked the model; ``response_model``
+    documents it (returning the model itself would have FastAPI validate it a second time)."""
+    return JSONResponse(answer.json_dict())
+
+
 _ONE = error_responses(400, 401, 404, 422, 503)
 _REQUEST = error_responses(400, 401, 404, 409, 422, 503)
 _MANY = error_responses(400, 401, 422, 503)
+#: Parquet's media type (registered with IANA in 2024).
+PARQUET = "application/vnd.apache.parquet"
 
 
 def v1_router(store: Store, settings: Settings) -> APIRouter:
@@ -153,22 +165,22 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         response_model=Attribution,
         responses=_REQUEST,
     )
-    def request_attribution(request_id: RequestId) -> dict[str, Any]:
+    def request_attribution(request_id: RequestId) -> Response:
         """Where one request's end-to-end time went, bucket by bucket (milliseconds).
 
         A request is one inference call. Name it by its request id, or by its trace id when the
         trace holds one call (409 ``several_requests`` when it holds several: the answer lists
         their ids; ``/v1/traces/{trace_id}/requests`` gives them all with their buckets)."""
-        return trace.request_attribution(store, request_id, stall_threshold_ms=stall)
+        return _served(trace.request_attribution(store, request_id, stall_threshold_ms=stall))
 
     @router.get(
         "/requests/{request_id}", tags=["requests"], response_model=Explain, responses=_REQUEST
     )
-    def request_explain(request_id: RequestId, stall_ms: StallMs = None) -> dict[str, Any]:
+    def request_explain(request_id: RequestId, stall_ms: StallMs = None) -> Response:
         """One request at once: its buckets, its trace's spans as a waterfall (on this
         request's clock, from its start) and its token timeline. Named as for
         ``/attribution``."""
-        return trace.explain(store, request_id, stall_ms, stall_threshold_ms=stall)
+        return _served(trace.explain(store, request_id, stall_ms, stall_threshold_ms=stall))
 
     @router.get(
         "/requests/{request_id}/tokens",
@@ -176,17 +188,17 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         response_model=RequestTokens,
         responses=_REQUEST,
     )
-    def request_tokens(request_id: RequestId, stall_ms: StallMs = None) -> dict[str, Any]:
+    def request_tokens(request_id: RequestId, stall_ms: StallMs = None) -> Response:
         """When each token reached the client's clock, and the inter-token stalls. Named as
         for ``/attribution``."""
-        return trace.token_timeline(store, request_id, stall_ms, stall_threshold_ms=stall)
+        return _served(trace.token_timeline(store, request_id, stall_ms, stall_threshold_ms=stall))
 
     @router.get(
         "/traces/{trace_id}/spans", tags=["traces"], response_model=TraceSpans, responses=_ONE
     )
-    def trace_spans(trace_id: TraceId) -> dict[str, Any]:
+    def trace_spans(trace_id: TraceId) -> Response:
         """Every span of a trace, server spans moved onto the client's clock, oldest first."""
-        return trace.trace_spans(store, trace_id)
+        return _served(trace.trace_spans(store, trace_id))
 
     @router.get(
         "/traces/{trace_id}/requests",
@@ -194,23 +206,23 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         response_model=TraceRequests,
         responses=_ONE,
     )
-    def trace_requests(trace_id: TraceId) -> dict[str, Any]:
+    def trace_requests(trace_id: TraceId) -> Response:
         """Every inference call of a trace (an agent run, a RAG pipeline, a gateway fan-out),
         by start, each with its buckets; an empty list when the trace holds none."""
-        return trace.trace_requests(store, trace_id, stall_threshold_ms=stall)
+        return _served(trace.trace_requests(store, trace_id, stall_threshold_ms=stall))
 
     @router.get("/traces/{trace_id}/run", tags=["traces"], response_model=Run, responses=_ONE)
-    def trace_run(trace_id: TraceId) -> dict[str, Any]:
+    def trace_run(trace_id: TraceId) -> Response:
         """The trace as one run: the root's end-to-end time and, along its critical path (the
         chain of work the root waited on), the time in LLM calls by bucket, in tool calls and in
         the app's own code; these add up to the root's duration. Parallel calls count once."""
-        return trace.trace_run(store, trace_id, stall_threshold_ms=stall)
+        return _served(trace.trace_run(store, trace_id, stall_threshold_ms=stall))
 
     @router.get("/traces/{trace_id}", tags=["traces"], response_model=TraceExplain, responses=_ONE)
-    def trace_explain(trace_id: TraceId) -> dict[str, Any]:
+    def trace_explain(trace_id: TraceId) -> Response:
         """A trace at once: its run (as ``/run``) and its spans as a waterfall from the root's
         start, each call's client span marked with its request id."""
-        return trace.trace_explain(store, trace_id, stall_threshold_ms=stall)
+        return _served(trace.trace_explain(store, trace_id, stall_threshold_ms=stall))
 
     @router.get("/live", tags=["requests"], response_model=Live, responses=_MANY)
     def live(
@@ -239,17 +251,19 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         limit: Annotated[
             int, Query(description="at most this many, oldest first", ge=1, le=live_feed.MAX_LIVE)
         ] = 500,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Requests as they are attributed, for polling (what ``latscope top --url`` shows):
         pass back ``cursor`` and ``epoch`` as ``after`` and ``epoch``. The gRPC Watch stream
         on the OTLP/gRPC port gives the same rows pushed."""
-        return live_feed.since(
-            after=after,
-            epoch=epoch,
-            service=service or "",
-            model=model or "",
-            min_e2e_ms=min_e2e_ms,
-            limit=limit,
+        return _served(
+            live_feed.since(
+                after=after,
+                epoch=epoch,
+                service=service or "",
+                model=model or "",
+                min_e2e_ms=min_e2e_ms,
+                limit=limit,
+            )
         )
 
     @router.get(
@@ -273,17 +287,19 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
             int, Query(description="at most this many groups, largest first", ge=1, le=500)
         ] = 100,
         exact: Exact = False,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Count, percentiles of e2e and of each bucket, and each bucket's share of the time."""
-        return aggregates.summary(
-            store,
-            since=since,
-            until=until,
-            service=service,
-            model=model,
-            group_by=group_by,
-            limit_groups=limit_groups,
-            exact=exact,
+        return _served(
+            aggregates.summary(
+                store,
+                since=since,
+                until=until,
+                service=service,
+                model=model,
+                group_by=group_by,
+                limit_groups=limit_groups,
+                exact=exact,
+            )
         )
 
     @router.get("/attribution/tail", tags=["aggregates"], response_model=Tail, responses=_MANY)
@@ -294,16 +310,18 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         model: Model = None,
         percentile: Percentile = 99,
         exact: Exact = False,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Which bucket the slowest requests spend their extra time in, against the median."""
-        return aggregates.tail(
-            store,
-            since=since,
-            until=until,
-            service=service,
-            model=model,
-            percentile=percentile,
-            exact=exact,
+        return _served(
+            aggregates.tail(
+                store,
+                since=since,
+                until=until,
+                service=service,
+                model=model,
+                percentile=percentile,
+                exact=exact,
+            )
         )
 
     @router.get(
@@ -324,17 +342,19 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         service: Service = None,
         model: Model = None,
         exact: Exact = False,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Two windows (e.g. before and after a deploy) bucket by bucket; the biggest mover."""
-        return aggregates.compare(
-            store,
-            before_since=before_since,
-            before_until=before_until,
-            after_since=after_since,
-            after_until=after_until,
-            service=service,
-            model=model,
-            exact=exact,
+        return _served(
+            aggregates.compare(
+                store,
+                before_since=before_since,
+                before_until=before_until,
+                after_since=after_since,
+                after_until=after_until,
+                service=service,
+                model=model,
+                exact=exact,
+            )
         )
 
     @router.get(
@@ -346,17 +366,19 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         service: Service = None,
         model: Model = None,
         percentile: Percentile = 99,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """The dominant bucket, the usual cause and first fixes, with the numbers behind each."""
-        return aggregates.diagnose(
-            store,
-            since=since,
-            until=until,
-            service=service,
-            model=model,
-            percentile=percentile,
-            warmup_requests=settings.warmup_requests,
-            warmup_s=settings.warmup_s,
+        return _served(
+            aggregates.diagnose(
+                store,
+                since=since,
+                until=until,
+                service=service,
+                model=model,
+                percentile=percentile,
+                warmup_requests=settings.warmup_requests,
+                warmup_s=settings.warmup_s,
+            )
         )
 
     @router.get("/slo", tags=["aggregates"], response_model=Slo, responses=_MANY)
@@ -378,10 +400,12 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         ] = None,
         service: Service = None,
         model: Model = None,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Error budget left and burn rates (5m, 30m, 1h, 6h) per objective, with the
         fast-burn (14.4x) and slow-burn (6x) alerts of the SRE workbook."""
-        return aggregates.slo(store, objective=objective, at=at, service=service, model=model)
+        return _served(
+            aggregates.slo(store, objective=objective, at=at, service=service, model=model)
+        )
 
     @router.get(
         "/attribution/timeseries", tags=["aggregates"], response_model=Timeseries, responses=_MANY
@@ -404,17 +428,19 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         limit_groups: Annotated[
             int, Query(description="at most this many groups, largest first", ge=1, le=50)
         ] = 10,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Since when: percentiles, means and shares of every bucket, TTFT and TPOT per step."""
-        return aggregates.timeseries(
-            store,
-            since=since,
-            until=until,
-            service=service,
-            model=model,
-            step=step,
-            group_by=group_by,
-            limit_groups=limit_groups,
+        return _served(
+            aggregates.timeseries(
+                store,
+                since=since,
+                until=until,
+                service=service,
+                model=model,
+                step=step,
+                group_by=group_by,
+                limit_groups=limit_groups,
+            )
         )
 
     @router.get(
@@ -431,17 +457,19 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
             int,
             Query(description="latency bins per factor of ten: 5, 10, 20 or 46", examples=[10]),
         ] = 10,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Requests per time step and log-scaled latency bin of e2e (or a bucket, TTFT, TPOT)."""
-        return aggregates.heatmap(
-            store,
-            since=since,
-            until=until,
-            service=service,
-            model=model,
-            step=step,
-            metric=metric,
-            bins_per_decade=bins_per_decade,
+        return _served(
+            aggregates.heatmap(
+                store,
+                since=since,
+                until=until,
+                service=service,
+                model=model,
+                step=step,
+                metric=metric,
+                bins_per_decade=bins_per_decade,
+            )
         )
 
     @router.get("/attribution/why", tags=["aggregates"], response_model=Why, responses=_MANY)
@@ -509,7 +537,7 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         examples: Annotated[
             int, Query(description="slowest selected requests listed", ge=0, le=100)
         ] = 5,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """What is different about these requests: every dimension ranked by how differently
         its values are spread inside the selection and outside, and each top value's extra
         time split into the seven buckets (they add up)."""
@@ -519,24 +547,26 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
                     "invalid_parameter",
                     f"attribute key {key!r}: letters, digits and . _ - / only, at most 128",
                 )
-        return aggregates.why(
-            store,
-            since=since,
-            until=until,
-            service=service,
-            model=model,
-            selection=selection,
-            metric=metric,
-            percentile=percentile,
-            objective=objective,
-            sel_since=sel_since,
-            sel_until=sel_until,
-            min_ms=min_ms,
-            max_ms=max_ms,
-            resource=resource,
-            attribute=attribute,
-            limit_values=limit_values,
-            examples=examples,
+        return _served(
+            aggregates.why(
+                store,
+                since=since,
+                until=until,
+                service=service,
+                model=model,
+                selection=selection,
+                metric=metric,
+                percentile=percentile,
+                objective=objective,
+                sel_since=sel_since,
+                sel_until=sel_until,
+                min_ms=min_ms,
+                max_ms=max_ms,
+                resource=resource,
+                attribute=attribute,
+                limit_values=limit_values,
+                examples=examples,
+            )
         )
 
     @router.get(
@@ -568,33 +598,75 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
             float,
             Query(description="look for replicas this long before the window", gt=300, le=604_800),
         ] = 3600,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Cold starts and scale-up lag: replicas that appeared, their warm-up requests, and
         warm-up against warm latency bucket by bucket."""
-        return aggregates.coldstart(
-            store,
-            since=since,
-            until=until,
-            service=service,
-            model=model,
-            warmup_requests=settings.warmup_requests
-            if warmup_requests is None
-            else warmup_requests,
-            warmup_s=settings.warmup_s if warmup_s is None else warmup_s,
-            lookback_s=lookback_s,
+        return _served(
+            aggregates.coldstart(
+                store,
+                since=since,
+                until=until,
+                service=service,
+                model=model,
+                warmup_requests=settings.warmup_requests
+                if warmup_requests is None
+                else warmup_requests,
+                warmup_s=settings.warmup_s if warmup_s is None else warmup_s,
+                lookback_s=lookback_s,
+            )
         )
 
     @router.get("/gpu", tags=["aggregates"], response_model=Gpu, responses=_MANY)
     def gpu(
         since: Since = None, until: Until = None, service: Service = None, model: Model = None
-    ) -> dict[str, Any]:
+    ) -> Response:
         """GPU figures per phase over the window (from the NVML samples on phase spans)."""
-        return aggregates.gpu(store, since=since, until=until, service=service, model=model)
+        return _served(
+            aggregates.gpu(store, since=since, until=until, service=service, model=model)
+        )
 
     @router.get("/services", tags=["aggregates"], response_model=Services, responses=_MANY)
-    def services(since: Since = None, until: Until = None) -> dict[str, Any]:
+    def services(since: Since = None, until: Until = None) -> Response:
         """The services and models seen in the window, with request counts."""
-        return aggregates.services(store, since=since, until=until)
+        return _served(aggregates.services(store, since=since, until=until))
+
+    @router.get(
+        "/export/requests",
+        tags=["aggregates"],
+        response_class=Response,
+        responses={
+            **_MANY,
+            200: {
+                "description": "a Parquet file, one row per attributed request (the "
+                "attribution table's columns); `X-Latscope-Rows` says how many, "
+                "`X-Latscope-Truncated: true` that the limit cut the window short",
+                "content": {PARQUET: {"schema": {"type": "string", "format": "binary"}}},
+            },
+        },
+    )
+    def export_requests(
+        since: Since = None,
+        until: Until = None,
+        service: Service = None,
+        model: Model = None,
+        limit: Annotated[
+            int,
+            Query(
+                description="most requests, oldest first",
+                ge=1,
+                le=aggregates.MAX_EXPORT,
+            ),
+        ] = aggregates.MAX_EXPORT,
+    ) -> Response:
+        """The window's attributed requests as Parquet, for offline analysis (polars, pandas,
+        DuckDB); ``latscope export --parquet FILE`` writes the same file."""
+        body, rows = aggregates.export_requests(
+            store, since=since, until=until, service=service, model=model, limit=limit
+        )
+        headers = {"X-Latscope-Rows": str(rows)}
+        if rows >= limit:
+            headers["X-Latscope-Truncated"] = "true"
+        return Response(body, media_type=PARQUET, headers=headers)
 
     @router.get("/requests", tags=["aggregates"], response_model=Slowest, responses=_MANY)
     def slowest(
@@ -603,10 +675,12 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         service: Service = None,
         model: Model = None,
         limit: Annotated[int, Query(description="how many, slowest first", ge=1, le=1000)] = 20,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """The slowest requests of the window, slowest first, each with its buckets."""
-        return aggregates.slowest(
-            store, since=since, until=until, service=service, model=model, limit=limit
+        return _served(
+            aggregates.slowest(
+                store, since=since, until=until, service=service, model=model, limit=limit
+            )
         )
 
     return router

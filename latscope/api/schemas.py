@@ -18,7 +18,30 @@ def _example(value: dict[str, Any]) -> ConfigDict:
     return ConfigDict(json_schema_extra={"examples": [value]})
 
 
-class Buckets(BaseModel):
+def _means(**given: float) -> dict[str, float]:
+    """Per-bucket figures for an example: ``given``, the other buckets a few ms."""
+    small = {"network": 2.0, "queue": 3.0, "preprocess": 1.0, "prefill": 20.0, "decode": 5.0,
+             "postprocess": 1.0, "other": 1.0}  # fmt: skip
+    return small | given
+
+
+class Answer(BaseModel):
+    """The base of every answer and of every part of one.
+
+    Closed: a key the model does not name is an error where the answer is built, not a silent
+    extra (a renamed key fails there, and again in gRPC's strict ``ParseDict``). Every field is
+    in every answer, null where ``| None`` says it can be; the OpenAPI document lists them all
+    as ``required`` (a default only fills a key the domain leaves out, the JSON always has it).
+    """
+
+    model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
+
+    def json_dict(self) -> dict[str, Any]:
+        """The answer as the REST API serves it (the CLI renders this, in both modes)."""
+        return self.model_dump(mode="json")
+
+
+class Buckets(Answer):
     """The seven buckets in ms, summing to ``e2e_ms``; ``network`` is null without a client span."""
 
     network: float | None
@@ -30,7 +53,7 @@ class Buckets(BaseModel):
     other: float | None
 
 
-class Itl(BaseModel):
+class Itl(Answer):
     p50: float | None
     p99: float | None
     max: float | None
@@ -65,7 +88,7 @@ ATTRIBUTION_EXAMPLE = {
 }
 
 
-class Attribution(BaseModel):
+class Attribution(Answer):
     """Where one request's end-to-end time went."""
 
     model_config = _example(ATTRIBUTION_EXAMPLE)
@@ -80,16 +103,15 @@ class Attribution(BaseModel):
     e2e_ms: float
     buckets_ms: Buckets
     ttft_ms: float | None
-    ttft_server_ms: float | None = None
+    ttft_server_ms: float | None
     tpot_ms: float | None
     itl_ms: Itl
-    stalls: int = 0
+    stalls: int
     input_tokens: int | None
     output_tokens: int | None
     clock_skew_ms: float = Field(description="how far the server clock runs ahead of the client's")
-    attempts: int = 1
+    attempts: int
     client_headers_only: bool = Field(
-        default=False,
         description="the client span ended at the response headers (upstream HTTP "
         "instrumentation of a stream): the call was extended to the server's end plus the "
         "estimated return leg",
@@ -97,12 +119,12 @@ class Attribution(BaseModel):
     gpu: dict[str, dict[str, float]] = Field(description="per phase: NVML figures")
 
 
-class SpanEvent(BaseModel):
+class SpanEvent(Answer):
     name: str
     at_ms: float
 
 
-class Span(BaseModel):
+class Span(Answer):
     span_id: str
     parent_span_id: str
     name: str
@@ -110,7 +132,7 @@ class Span(BaseModel):
     service: str
     phase: str | None
     request_id: str | None = Field(
-        default=None, description="the call this span is the client (or lone server) span of"
+        description="the call this span is the client (or lone server) span of"
     )
     start_ms: float = Field(
         description="offset from the request's start (a trace's: its root's), on the caller's clock"
@@ -133,12 +155,13 @@ SPAN_EXAMPLE = {
     "duration_ms": 200.0,
     "depth": 2,
     "status": "Unset",
+    "request_id": None,
     "attributes": {"latscope.phase": "prefill"},
     "events": [],
 }
 
 
-class TraceSpans(BaseModel):
+class TraceSpans(Answer):
     """Every span of a trace, server spans moved onto the client's clock, oldest first."""
 
     model_config = _example(
@@ -156,13 +179,13 @@ class TraceSpans(BaseModel):
     spans: list[Span]
 
 
-class Stall(BaseModel):
+class Stall(Answer):
     index: int = Field(description="the token that came late (0 is the first token)")
     at_ms: float
     gap_ms: float
 
 
-class TokenTimeline(BaseModel):
+class TokenTimeline(Answer):
     count: int
     times_ms: list[float] = Field(description="each token's arrival, from the request's start")
     first_token_ms: float | None
@@ -189,7 +212,7 @@ class RequestTokens(TokenTimeline):
     request_id: str
 
 
-class Explain(BaseModel):
+class Explain(Answer):
     """One request: its buckets, its waterfall and its token timeline."""
 
     model_config = _example(
@@ -202,18 +225,12 @@ class Explain(BaseModel):
 
 
 # -- a trace with several calls (an agent run) ---------------------------------------------------
-# Closed: a key these answers do not document is an error, not a silent extra.
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TraceRequests(_Strict):
+class TraceRequests(Answer):
     """Every inference call of a trace, by start, each with its seven buckets."""
 
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={"examples": [{"trace_id": TRACE_ID_EXAMPLE,
                                          "requests": [ATTRIBUTION_EXAMPLE]}]},
     )  # fmt: skip
@@ -224,7 +241,7 @@ class TraceRequests(_Strict):
     )
 
 
-class PathBuckets(_Strict):
+class PathBuckets(Answer):
     """LLM time on the critical path, in the seven buckets (ms)."""
 
     network: float
@@ -236,7 +253,7 @@ class PathBuckets(_Strict):
     other: float
 
 
-class RunBudget(_Strict):
+class RunBudget(Answer):
     """The run's end-to-end time along its critical path: ``llm + tool + app = e2e_ms``."""
 
     llm: float = Field(description="in LLM calls (the sum of llm_buckets)")
@@ -245,14 +262,14 @@ class RunBudget(_Strict):
     app: float = Field(description="the app's own time: orchestration, other services")
 
 
-class RunRoot(_Strict):
+class RunRoot(Answer):
     span_id: str
     name: str
     service: str
     kind: str
 
 
-class RunCall(_Strict):
+class RunCall(Answer):
     request_id: str
     start_ms: float = Field(description="from the root's start")
     e2e_ms: float
@@ -261,7 +278,7 @@ class RunCall(_Strict):
     attribution: Attribution
 
 
-class RunTool(_Strict):
+class RunTool(Answer):
     span_id: str
     name: str
     tool: str = Field(description="gen_ai.tool.name")
@@ -270,7 +287,7 @@ class RunTool(_Strict):
     on_critical_path_ms: float
 
 
-class PathStep(_Strict):
+class PathStep(Answer):
     """One piece of the critical path, in time order."""
 
     span_id: str
@@ -309,12 +326,12 @@ RUN_EXAMPLE = {
 }  # fmt: skip
 
 
-class Run(_Strict):
+class Run(Answer):
     """A trace explained as one run: the root's end-to-end time, and along its critical path
     (the chain of work the root waited on) the time in LLM calls by bucket, in tools and in
     the app. Parallel calls count once: only what the root waited for is on the path."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [RUN_EXAMPLE]})
+    model_config = _example(RUN_EXAMPLE)
 
     trace_id: str
     root: RunRoot
@@ -325,12 +342,11 @@ class Run(_Strict):
     path: list[PathStep]
 
 
-class TraceExplain(_Strict):
+class TraceExplain(Answer):
     """A trace at once: its run and its waterfall, each call's spans on its caller's clock
     (``request_id`` marks each call's client span, else its server span)."""
 
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={"examples": [{"trace_id": TRACE_ID_EXAMPLE, "run": RUN_EXAMPLE,
                                          "spans": [SPAN_EXAMPLE]}]},
     )  # fmt: skip
@@ -341,14 +357,15 @@ class TraceExplain(_Strict):
 
 
 class LiveRequest(Attribution):
+    model_config = _example({**ATTRIBUTION_EXAMPLE, "start_unix_nano": 1767365000000000000})
+
     start_unix_nano: int = Field(description="when the request started (client clock if known)")
 
 
-class Live(_Strict):
+class Live(Answer):
     """Requests attributed since the cursor of an earlier answer, oldest first."""
 
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={
             "examples": [
                 {
@@ -369,21 +386,16 @@ class Live(_Strict):
     requests: list[LiveRequest]
 
 
-class Health(BaseModel):
+class Health(Answer):
     model_config = _example({"status": "ok"})
 
     status: str
 
 
 # -- aggregates ----------------------------------------------------------------------------------
-# Loose on purpose where the attribution engine adds figures: extra keys pass through.
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class Window(_Open):
+class Window(Answer):
     since: str
     until: str
     since_ns: int
@@ -398,20 +410,43 @@ WINDOW_EXAMPLE = {
 }
 
 
-class Percentiles(_Open):
-    p50: float | None = None
-    p90: float | None = None
-    p95: float | None = None
-    p99: float | None = None
-    mean: float | None = None
+class Percentiles(Answer):
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+    mean: float | None
 
 
-class BucketStats(_Open):
-    p50: float | None = None
-    p95: float | None = None
-    p99: float | None = None
-    mean: float | None = None
-    share: float | None = Field(None, description="the bucket's fraction of all time")
+class BucketStats(Answer):
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    mean: float | None
+    share: float | None = Field(description="the bucket's fraction of all time")
+
+
+class StreamPercentiles(Answer):
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+class StreamStats(StreamPercentiles):
+    mean: float | None
+
+
+class Streaming(Answer):
+    """Time to first token, time per output token and inter-token latency over the requests."""
+
+    ttft_ms: StreamStats
+    ttft_server_ms: StreamPercentiles
+    tpot_ms: StreamStats
+    itl_p50_ms: StreamPercentiles = Field(description="percentiles of the requests' ITL p50")
+    itl_p99_ms: StreamPercentiles = Field(description="percentiles of the requests' ITL p99")
+    itl_max_ms: float | None = Field(description="the longest gap between two tokens")
+    stalls: int
+    stalled_requests: int
 
 
 _BUCKET_STATS_EXAMPLE = {
@@ -424,34 +459,48 @@ _BUCKET_STATS_EXAMPLE = {
     "other": {"p50": 8.0, "p95": 20.0, "p99": 31.0, "mean": 10.0, "share": 0.01},
 }
 _E2E_EXAMPLE = {"p50": 940.0, "p90": 1800.0, "p95": 2300.0, "p99": 3900.0, "mean": 1063.0}
+_STREAMING_EXAMPLE = {
+    "ttft_ms": {"p50": 290.0, "p95": 700.0, "p99": 1100.0, "mean": 330.0},
+    "ttft_server_ms": {"p50": 250.0, "p95": 660.0, "p99": 1050.0},
+    "tpot_ms": {"p50": 21.0, "p95": 30.0, "p99": 44.0, "mean": 22.0},
+    "itl_p50_ms": {"p50": 20.0, "p95": 24.0, "p99": 25.0},
+    "itl_p99_ms": {"p50": 30.0, "p95": 41.0, "p99": 60.0},
+    "itl_max_ms": 420.0,
+    "stalls": 3,
+    "stalled_requests": 2,
+}
 
 
-class SummaryGroup(_Open):
+class SummaryGroup(Answer):
     key: str
     count: int
+    with_client: int = Field(description="requests with a client span (network known)")
     e2e_ms: Percentiles
     buckets_ms: dict[str, BucketStats]
+    streaming: Streaming
 
 
-class Summary(_Open):
+class Summary(Answer):
     """Percentiles of e2e and of each bucket over the window, and each bucket's share."""
 
     model_config = ConfigDict(
-        extra="allow",
         json_schema_extra={
             "examples": [
                 {
                     "count": 1200,
+                    "with_client": 1100,
                     "e2e_ms": _E2E_EXAMPLE,
                     "buckets_ms": _BUCKET_STATS_EXAMPLE,
-                    "streaming": {"ttft_ms": {"p50": 290.0, "p95": 700.0, "p99": 1100.0}},
+                    "streaming": _STREAMING_EXAMPLE,
                     "group_by": "model",
                     "groups": [
                         {
                             "key": "llama-3-8b",
                             "count": 700,
+                            "with_client": 650,
                             "e2e_ms": _E2E_EXAMPLE,
                             "buckets_ms": _BUCKET_STATS_EXAMPLE,
+                            "streaming": _STREAMING_EXAMPLE,
                         }
                     ],
                     "window": WINDOW_EXAMPLE,
@@ -461,26 +510,26 @@ class Summary(_Open):
     )
 
     count: int
+    with_client: int = Field(description="requests with a client span (network known)")
     e2e_ms: Percentiles
     buckets_ms: dict[str, BucketStats]
-    streaming: dict[str, Any] | None = None
-    group_by: str | None = None
+    streaming: Streaming
+    group_by: str | None
     groups: list[SummaryGroup]
     window: Window
 
 
-class TailBucket(_Open):
-    tail_mean: float | None = None
-    median_mean: float | None = None
-    extra: float | None = None
-    extra_share: float | None = None
+class TailBucket(Answer):
+    tail_mean: float | None
+    median_mean: float | None
+    extra: float | None
+    extra_share: float | None
 
 
-class Tail(_Open):
+class Tail(Answer):
     """Where requests above the percentile spend their extra time, against the median."""
 
     model_config = ConfigDict(
-        extra="allow",
         json_schema_extra={
             "examples": [
                 {
@@ -518,13 +567,13 @@ class Tail(_Open):
     window: Window
 
 
-class Delta(_Open):
-    before: float | None = None
-    after: float | None = None
-    delta: float | None = None
+class Delta(Answer):
+    before: float | None
+    after: float | None
+    delta: float | None
 
 
-class CompareWindow(_Open):
+class CompareWindow(Answer):
     since: str
     until: str
     since_ns: int
@@ -532,11 +581,10 @@ class CompareWindow(_Open):
     count: int
 
 
-class Compare(_Open):
+class Compare(Answer):
     """Two windows bucket by bucket: before, after and the change; the biggest mover named."""
 
     model_config = ConfigDict(
-        extra="allow",
         json_schema_extra={
             "examples": [
                 {
@@ -560,26 +608,38 @@ class Compare(_Open):
     buckets_ms: dict[str, dict[str, Delta]]
     mover: str | None
     mover_delta_ms: float | None
-    p99_mover: str | None = None
+    p99_mover: str | None
 
 
-class Verdict(_Open):
+class VerdictWhere(Answer):
+    """The dimension value most over-represented among the requests with the most time in the
+    verdict's bucket."""
+
+    dimension: str
+    value: str
+    selection: str = Field(description="the requests it was found among")
+    in_share: float
+    out_share: float
+    extra_ms: float | None
+    since_ns: int | None = Field(description="when those requests began")
+
+
+class Verdict(Answer):
     id: str
     cause: str
     bucket: str
     fixes: list[str]
-    score: float | None = None
-    evidence: dict[str, Any]
-    where: dict[str, Any] | None = Field(
-        None, description="the dimension value that concentrates the problem, and since when"
+    score: float | None
+    evidence: dict[str, Any] = Field(description="the numbers behind the verdict, by name")
+    where: VerdictWhere | None = Field(
+        description="the dimension value that concentrates the problem, and since when"
     )
 
 
-class Diagnosis(_Open):
+class Diagnosis(Answer):
     """The dominant bucket, the usual cause and first fix, with the numbers behind each."""
 
     model_config = ConfigDict(
-        extra="allow",
         json_schema_extra={
             "examples": [
                 {
@@ -595,6 +655,15 @@ class Diagnosis(_Open):
                             "fixes": ["cap the queue depth and shed or reject early"],
                             "score": 0.71,
                             "evidence": {"queue_extra_ms": 2520.0, "queue_extra_share": 0.71},
+                            "where": {
+                                "dimension": "resource.k8s.pod.name",
+                                "value": "llm-7",
+                                "selection": "queue at or above p95 (900.0 ms)",
+                                "in_share": 0.81,
+                                "out_share": 0.1,
+                                "extra_ms": 2300.0,
+                                "since_ns": 1767363900000000000,
+                            },
                         }
                     ],
                     "window": WINDOW_EXAMPLE,
@@ -606,11 +675,15 @@ class Diagnosis(_Open):
     count: int
     dominant: str | None
     tail_dominant: str | None
+    shares: dict[str, float] | None = Field(
+        default=None,
+        description="each bucket's fraction of all time in the window; null without requests",
+    )
     verdicts: list[Verdict]
     window: Window
 
 
-class ObjectiveStatus(_Open):
+class ObjectiveStatus(Answer):
     name: str
     metric: str
     threshold_ms: float
@@ -630,11 +703,10 @@ class ObjectiveStatus(_Open):
     )
 
 
-class Slo(_Open):
+class Slo(Answer):
     """Per objective: compliance, error budget left, burn rates and the fast/slow-burn alerts."""
 
     model_config = ConfigDict(
-        extra="allow",
         json_schema_extra={
             "examples": [
                 {
@@ -667,18 +739,17 @@ class Slo(_Open):
     objectives: list[ObjectiveStatus]
 
 
-class GpuFigure(_Open):
-    mean: float | None = None
-    max: float | None = None
-    total: float | None = None
+class GpuFigure(Answer):
+    mean: float | None
+    max: float | None
+    total: float | None
     n: int
 
 
-class Gpu(_Open):
+class Gpu(Answer):
     """GPU figures per phase: utilization (%), memory (bytes), power (W), energy (mJ)."""
 
     model_config = ConfigDict(
-        extra="allow",
         json_schema_extra={
             "examples": [
                 {
@@ -702,23 +773,22 @@ class Gpu(_Open):
     window: Window
 
 
-class ModelCount(_Open):
+class ModelCount(Answer):
     model: str
     count: int
 
 
-class ServiceSeen(_Open):
+class ServiceSeen(Answer):
     service: str
     count: int
     last_ns: int
     models: list[ModelCount]
 
 
-class Services(_Open):
+class Services(Answer):
     """Services seen in the window, with their models and request counts."""
 
     model_config = ConfigDict(
-        extra="allow",
         json_schema_extra={
             "examples": [
                 {
@@ -740,22 +810,27 @@ class Services(_Open):
     services: list[ServiceSeen]
 
 
-class SlowRequest(_Open):
+class SlowRequest(Answer):
     trace_id: str
     start_ns: int
     service: str
     model: str
     e2e_ms: float | None
     buckets_ms: Buckets
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    route: str
+    status: str
+    input_tokens: int | None
+    output_tokens: int | None
+    stalls: int
+    attempts: int
 
 
-class Slowest(_Open):
+class Slowest(Answer):
     """The slowest requests of the window, slowest first, each with its buckets."""
 
     model_config = ConfigDict(
-        extra="allow",
         json_schema_extra={
             "examples": [
                 {
@@ -788,14 +863,9 @@ class Slowest(_Open):
 
 
 # -- over time, the heatmap, what is different, cold starts ---------------------------------------
-# Closed models: a key the answer does not document is an error, not a silent extra.
 
 
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StepPercentiles(_Closed):
+class StepPercentiles(Answer):
     p50: float | None = None
     p90: float | None = None
     p95: float | None = None
@@ -803,7 +873,7 @@ class StepPercentiles(_Closed):
     mean: float | None = None
 
 
-class StepBucket(_Closed):
+class StepBucket(Answer):
     p50: float | None = None
     p95: float | None = None
     p99: float | None = None
@@ -811,7 +881,7 @@ class StepBucket(_Closed):
     share: float | None = Field(None, description="the bucket's fraction of the step's e2e time")
 
 
-class StepPoint(_Closed):
+class StepPoint(Answer):
     start_ns: int
     end_ns: int
     count: int
@@ -821,13 +891,13 @@ class StepPoint(_Closed):
     tpot_ms: StepPercentiles
 
 
-class Series(_Closed):
+class Series(Answer):
     key: str = Field(description='the group ("" for the whole window)')
     count: int
     points: list[StepPoint]
 
 
-class ReadSource(_Closed):
+class ReadSource(Answer):
     rollup_hours: int = Field(description="hours read from the hourly rollup")
     raw_ranges: int = Field(description="time ranges read from the attribution table")
     raw_final_ranges: int = Field(description="of those, ranges read with FINAL")
@@ -847,11 +917,10 @@ _POINT_EXAMPLE = {
 }
 
 
-class Timeseries(_Closed):
+class Timeseries(Answer):
     """Every figure of the summary per time step, for the window and per group."""
 
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={
             "examples": [
                 {
@@ -872,17 +941,16 @@ class Timeseries(_Closed):
     source: ReadSource
 
 
-class HeatBin(_Closed):
+class HeatBin(Answer):
     row: int
     lo_ms: float
     hi_ms: float
 
 
-class Heatmap(_Closed):
+class Heatmap(Answer):
     """Requests per time step (columns) and log-scaled latency bin (rows)."""
 
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={
             "examples": [
                 {
@@ -918,17 +986,17 @@ class Heatmap(_Closed):
     source: ReadSource
 
 
-class BucketMeans(_Closed):
-    network: float | None = None
-    queue: float | None = None
-    preprocess: float | None = None
-    prefill: float | None = None
-    decode: float | None = None
-    postprocess: float | None = None
-    other: float | None = None
+class BucketMeans(Answer):
+    network: float | None
+    queue: float | None
+    preprocess: float | None
+    prefill: float | None
+    decode: float | None
+    postprocess: float | None
+    other: float | None
 
 
-class WhySide(_Closed):
+class WhySide(Answer):
     count: int
     e2e_mean_ms: float | None
     buckets_ms: BucketMeans
@@ -945,7 +1013,7 @@ class WhyBaseline(WhySide):
     description: str
 
 
-class WhyValue(_Closed):
+class WhyValue(Answer):
     value: str
     in_count: int
     out_count: int
@@ -964,14 +1032,14 @@ class WhyValue(_Closed):
     )
 
 
-class WhyDimension(_Closed):
+class WhyDimension(Answer):
     dimension: str
     score: float = Field(description="the largest difference of one value (BubbleUp's order)")
     values_seen: int
     values: list[WhyValue]
 
 
-class WhyTop(_Closed):
+class WhyTop(Answer):
     dimension: str
     value: str
     score: float
@@ -982,7 +1050,7 @@ class WhyTop(_Closed):
     since_ns: int | None = Field(description="when the selected requests with it began")
 
 
-class WhyExample(_Closed):
+class WhyExample(Answer):
     trace_id: str
     start_ns: int
     service: str
@@ -1007,11 +1075,10 @@ _WHY_VALUE_EXAMPLE = {
 }  # fmt: skip
 
 
-class Why(_Closed):
+class Why(Answer):
     """What is different about the selected requests: dimensions ranked, extra time by bucket."""
 
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={
             "examples": [
                 {
@@ -1023,16 +1090,16 @@ class Why(_Closed):
                         "threshold_ms": 3900.0,
                         "count": 12,
                         "e2e_mean_ms": 4500.0,
-                        "buckets_ms": {"queue": 3400.0},
+                        "buckets_ms": _means(queue=3400.0, decode=1000.0),
                     },
                     "baseline": {
                         "description": "the window's other requests (below 3900.0 ms)",
                         "count": 1188,
                         "e2e_mean_ms": 1030.0,
-                        "buckets_ms": {"queue": 80.0},
+                        "buckets_ms": _means(queue=80.0, decode=900.0),
                     },
                     "extra_e2e_ms": 3470.0,
-                    "extra_buckets_ms": {"queue": 3320.0},
+                    "extra_buckets_ms": _means(queue=3320.0, prefill=120.0, decode=14.0),
                     "dominant": "queue",
                     "dimensions": [
                         {
@@ -1077,14 +1144,14 @@ class Why(_Closed):
     examples: list[WhyExample] = Field(description="the slowest selected requests")
 
 
-class WarmupRuleModel(_Closed):
+class WarmupRuleModel(Answer):
     warmup_requests: int
     warmup_s: float
     lookback_s: float
     replica_keys: list[str]
 
 
-class Replica(_Closed):
+class Replica(Answer):
     service: str
     replica: str
     first_seen_ns: int
@@ -1096,7 +1163,7 @@ class Replica(_Closed):
     warm_e2e_mean_ms: float | None
 
 
-class ScaleUp(_Closed):
+class ScaleUp(Answer):
     at_ns: int
     replicas: list[str]
     count: int
@@ -1104,11 +1171,10 @@ class ScaleUp(_Closed):
     warmup_s: float = Field(description="from the first appearing to the last warm")
 
 
-class ColdStart(_Closed):
+class ColdStart(Answer):
     """Replicas that appeared, their warm-up requests, warm-up against warm by bucket."""
 
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={
             "examples": [
                 {
@@ -1134,11 +1200,19 @@ class ColdStart(_Closed):
                     ],
                     "replica_count": 4,
                     "appeared": 1,
-                    "warmup": {"count": 23, "e2e_mean_ms": 2400.0, "buckets_ms": {}},
-                    "warm": {"count": 1800, "e2e_mean_ms": 950.0, "buckets_ms": {}},
+                    "warmup": {
+                        "count": 23,
+                        "e2e_mean_ms": 2400.0,
+                        "buckets_ms": _means(prefill=1600.0, decode=770.0),
+                    },
+                    "warm": {
+                        "count": 1800,
+                        "e2e_mean_ms": 950.0,
+                        "buckets_ms": _means(prefill=210.0, decode=707.0),
+                    },
                     "unidentified": 0,
                     "extra_e2e_ms": 1450.0,
-                    "extra_buckets_ms": {"prefill": 1390.0},
+                    "extra_buckets_ms": _means(prefill=1390.0, decode=60.0),
                     "dominant": "prefill",
                     "scale_ups": [
                         {
@@ -1168,7 +1242,7 @@ class ColdStart(_Closed):
     scale_ups: list[ScaleUp]
 
 
-class BudgetSplit(_Closed):
+class BudgetSplit(Answer):
     bad: int = Field(description="requests that missed the objective")
     good: int
     extra_e2e_ms: float | None = Field(description="bad requests' mean e2e minus the good ones'")

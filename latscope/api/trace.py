@@ -3,9 +3,9 @@ the critical path of a trace with several inference calls (an agent run).
 
 A request is named by its id, ``<trace id>-<span id>`` (its client span's, else its server
 span's); a trace id names a request too when the trace holds exactly one, so single-call traces
-answer as they always did. Each function reads the spans from the store and returns the JSON shape
-the REST API serves (milliseconds as floats); the CLI's direct mode and the gRPC service call the
-same ones.
+answer as they always did. Each function reads the spans from the store and returns the answer's
+model (``latscope.api.schemas``, milliseconds as floats), which the REST API serves, the gRPC
+service converts and the CLI's direct mode renders.
 """
 
 from __future__ import annotations
@@ -16,6 +16,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from latscope.api.errors import InvalidParameter, NotFound, QueryError
+from latscope.api.schemas import (
+    Attribution,
+    Explain,
+    RequestTokens,
+    Run,
+    TraceExplain,
+    TraceRequests,
+    TraceSpans,
+)
 from latscope.attribution import (
     Request,
     RequestAttribution,
@@ -114,7 +123,7 @@ def _stall_ns(stall_threshold_ms: float) -> int:
 
 def request_attribution(
     store: Store, request_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
-) -> dict[str, Any]:
+) -> Attribution:
     """``GET /v1/requests/{id}/attribution``: the seven buckets of one request.
 
     ``stall_threshold_ms``: the gap between tokens that counts as a stall (the attributor's
@@ -123,25 +132,29 @@ def request_attribution(
     trace_id, span_id = check_request_id(request_id)
     spans = _load(store, trace_id)
     request = _select(trace_id, span_id, spans)
-    return attribute_request(
-        trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms)
-    ).to_json()
+    return Attribution.model_validate(
+        attribute_request(
+            trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms)
+        ).to_json()
+    )
 
 
 def trace_requests(
     store: Store, trace_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
-) -> dict[str, Any]:
+) -> TraceRequests:
     """``GET /v1/traces/{trace_id}/requests``: every inference call of a trace, by start."""
     trace_id = check_trace_id(trace_id)
     spans = _load(store, trace_id)
     stall = _stall_ns(stall_threshold_ms)
-    return {
-        "trace_id": trace_id,
-        "requests": [
-            attribute_request(trace_id, r, stall_threshold_ns=stall).to_json()
-            for r in find_requests(spans)
-        ],
-    }
+    return TraceRequests.model_validate(
+        {
+            "trace_id": trace_id,
+            "requests": [
+                attribute_request(trace_id, r, stall_threshold_ns=stall).to_json()
+                for r in find_requests(spans)
+            ],
+        }
+    )
 
 
 def _skews(spans: Sequence[SpanRecord], results: Sequence[RequestAttribution]) -> dict[str, int]:
@@ -206,7 +219,7 @@ def _all_results(trace_id: str, spans: Sequence[SpanRecord]) -> list[RequestAttr
     return [attribute_request(trace_id, r) for r in find_requests(spans)]
 
 
-def trace_spans(store: Store, trace_id: str) -> dict[str, Any]:
+def trace_spans(store: Store, trace_id: str) -> TraceSpans:
     """``GET /v1/traces/{trace_id}/spans``: every span, placed on one clock, oldest first."""
     trace_id = check_trace_id(trace_id)
     spans = _load(store, trace_id)
@@ -214,12 +227,14 @@ def trace_spans(store: Store, trace_id: str) -> dict[str, Any]:
     origin = min(s.start_ns for s in spans)
     if len(results) == 1:
         origin = results[0].start_ns
-    return {
-        "trace_id": trace_id,
-        "start_unix_ms": origin / 1e6,
-        "clock_skew_ms": (results[0].clock_skew_ns if len(results) == 1 else 0) / 1e6,
-        "spans": _waterfall(spans, origin, results),
-    }
+    return TraceSpans.model_validate(
+        {
+            "trace_id": trace_id,
+            "start_unix_ms": origin / 1e6,
+            "clock_skew_ms": (results[0].clock_skew_ns if len(results) == 1 else 0) / 1e6,
+            "spans": _waterfall(spans, origin, results),
+        }
+    )
 
 
 def _timeline(request: Request, result: RequestAttribution, stall_ms: float) -> dict[str, Any]:
@@ -260,7 +275,7 @@ def token_timeline(
     stall_ms: float | None = None,
     *,
     stall_threshold_ms: float = DEFAULT_STALL_MS,
-) -> dict[str, Any]:
+) -> RequestTokens:
     """``GET /v1/requests/{id}/tokens``: when each token came, and the stalls (gaps over
     ``stall_ms``, by default the attributor's ``stall_threshold_ms``). The tokens are those of
     the request's decode span that attribution reads (``engine.timed_decode``)."""
@@ -268,11 +283,13 @@ def token_timeline(
     spans = _load(store, trace_id)
     request = _select(trace_id, span_id, spans)
     result = attribute_request(trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms))
-    return {
-        "trace_id": trace_id,
-        "request_id": result.request_id,
-        **_timeline(request, result, stall_ms or stall_threshold_ms),
-    }
+    return RequestTokens.model_validate(
+        {
+            "trace_id": trace_id,
+            "request_id": result.request_id,
+            **_timeline(request, result, stall_ms or stall_threshold_ms),
+        }
+    )
 
 
 def explain(
@@ -281,29 +298,31 @@ def explain(
     stall_ms: float | None = None,
     *,
     stall_threshold_ms: float = DEFAULT_STALL_MS,
-) -> dict[str, Any]:
+) -> Explain:
     """``GET /v1/requests/{id}``: attribution, waterfall and token timeline at once."""
     trace_id, span_id = check_request_id(request_id)
     spans = _load(store, trace_id)
     request = _select(trace_id, span_id, spans)
     result = attribute_request(trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms))
     others = [r for r in _all_results(trace_id, spans) if r.request_span_id != request.span_id]
-    return {
-        "attribution": result.to_json(),
-        "spans": _waterfall(spans, result.start_ns, [result, *others]),
-        "tokens": _timeline(request, result, stall_ms or stall_threshold_ms),
-    }
+    return Explain.model_validate(
+        {
+            "attribution": result.to_json(),
+            "spans": _waterfall(spans, result.start_ns, [result, *others]),
+            "tokens": _timeline(request, result, stall_ms or stall_threshold_ms),
+        }
+    )
 
 
-def run_json(run: RunExplanation) -> dict[str, Any]:
-    """A run explanation as the REST shape (ms from the root's start)."""
+def run_answer(run: RunExplanation) -> Run:
+    """A run explanation as its answer (ms from the root's start)."""
     origin = run.root.start_ns
 
     def ms(ns: float) -> float:
         return ns / 1e6
 
     llm_total = sum(run.llm_ns.values())
-    return {
+    return Run.model_validate({
         "trace_id": run.trace_id,
         "root": {
             "span_id": run.root.span_id,
@@ -352,24 +371,22 @@ def run_json(run: RunExplanation) -> dict[str, Any]:
             }
             for p in run.path
         ],
-    }
+    })  # fmt: skip
 
 
-def trace_run(
-    store: Store, trace_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
-) -> dict[str, Any]:
+def trace_run(store: Store, trace_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS) -> Run:
     """``GET /v1/traces/{trace_id}/run``: the trace as one run: its root's end-to-end time and,
     along its critical path, the time in each LLM call's buckets, in tool calls and in the app."""
     trace_id = check_trace_id(trace_id)
     spans = _load(store, trace_id)
     run = explain_run(trace_id, spans, stall_threshold_ns=_stall_ns(stall_threshold_ms))
     assert run is not None  # spans is not empty
-    return run_json(run)
+    return run_answer(run)
 
 
 def trace_explain(
     store: Store, trace_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
-) -> dict[str, Any]:
+) -> TraceExplain:
     """``GET /v1/traces/{trace_id}``: a trace at once: its run, every call, and the waterfall
     with each call's spans on its caller's clock."""
     trace_id = check_trace_id(trace_id)
@@ -377,11 +394,13 @@ def trace_explain(
     run = explain_run(trace_id, spans, stall_threshold_ns=_stall_ns(stall_threshold_ms))
     assert run is not None
     results = [c.attribution for c in run.calls]
-    return {
-        "trace_id": trace_id,
-        "run": run_json(run),
-        "spans": _waterfall(spans, run.root.start_ns, results),
-    }
+    return TraceExplain.model_validate(
+        {
+            "trace_id": trace_id,
+            "run": run_answer(run),
+            "spans": _waterfall(spans, run.root.start_ns, results),
+        }
+    )
 
 
 __all__ = [

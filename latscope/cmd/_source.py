@@ -1,7 +1,9 @@
 """Where a query command gets its answers: a running API (``--url``) or the store itself.
 
-Both return the same JSON: the API serves the functions that direct mode calls. Errors become
-:class:`SourceError` with a sentence the user can act on.
+Both return the same JSON: direct mode calls the functions the API serves, and both modes pass
+the answer through its model (``latscope.api.schemas``, named in ``ANSWERS``), so a command
+renders the same keys either way. Errors become :class:`SourceError` with a sentence the user
+can act on.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
 
+from latscope.auth import TokenFileError, read_token_file
 from latscope.storage import Store, StoreError
 
 #: query name -> (REST path, "module:function" answering it over a store).
@@ -43,6 +45,28 @@ QUERIES: dict[str, tuple[str, str]] = {
     "heatmap": ("/v1/attribution/heatmap", "latscope.api.queries:heatmap"),
     "why": ("/v1/attribution/why", "latscope.api.queries:why"),
     "coldstart": ("/v1/attribution/coldstart", "latscope.api.queries:coldstart"),
+}
+
+#: query name -> the model of its answer in ``latscope.api.schemas``.
+ANSWERS: dict[str, str] = {
+    "attribution": "Attribution",
+    "explain": "Explain",
+    "trace": "TraceExplain",
+    "trace_requests": "TraceRequests",
+    "run": "Run",
+    "spans": "TraceSpans",
+    "summary": "Summary",
+    "tail": "Tail",
+    "compare": "Compare",
+    "diagnose": "Diagnosis",
+    "slo": "Slo",
+    "gpu": "Gpu",
+    "services": "Services",
+    "requests": "Slowest",
+    "timeseries": "Timeseries",
+    "heatmap": "Heatmap",
+    "why": "Why",
+    "coldstart": "ColdStart",
 }
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -98,13 +122,29 @@ def _token(args: argparse.Namespace) -> str:
     path = getattr(args, "token_file", None)
     if path:
         try:
-            token = Path(path).read_text().strip()
-        except OSError as exc:
-            raise SourceError(f"--token-file: cannot read {path}: {exc.strerror}") from None
-        if not token:
-            raise SourceError(f"--token-file: {path} is empty")
-        return token
+            return read_token_file(path)
+        except TokenFileError as exc:
+            raise SourceError(str(exc)) from None
     return os.environ.get("LATSCOPE_TOKEN", "")
+
+
+def _answer(name: str, body: Any) -> dict[str, Any]:
+    """``body`` (an answer's model, or its JSON from the API) through the model of query
+    ``name``, as the JSON the API serves."""
+    from pydantic import ValidationError
+
+    from latscope.api import schemas
+
+    model = getattr(schemas, ANSWERS[name])
+    if isinstance(body, model):
+        return body.json_dict()
+    try:
+        return model.model_validate(body).json_dict()
+    except ValidationError as exc:
+        raise SourceError(
+            f"the API answered {name} in a shape this latscope does not know (another "
+            f"version?): {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
+        ) from None
 
 
 def _clean(params: dict[str, Any]) -> dict[str, Any]:
@@ -134,12 +174,19 @@ class HttpSource(Source):
         template, _ = QUERIES[name]
         path_keys = {k for k in params if "{" + k + "}" in template}
         path = template.format(**{k: params[k] for k in path_keys})
-        return self.get(path, **{k: v for k, v in params.items() if k not in path_keys})
+        return _answer(
+            name, self.get(path, **{k: v for k, v in params.items() if k not in path_keys})
+        )
 
     def get(self, path: str, **params: Any) -> dict[str, Any]:
         """``GET path`` with the non-empty ``params``; the JSON answer or SourceError."""
+        return decode(self.fetch(path, **params), self.url)
+
+    def fetch(self, path: str, **params: Any) -> httpx.Response:
+        """``GET path`` with the non-empty ``params``; the response, whatever its status, or
+        SourceError when there is none."""
         try:
-            response = self.client.get(path, params=_clean(params))
+            return self.client.get(path, params=_clean(params))
         except httpx.ConnectError:
             raise SourceError(
                 f"no API at {self.url} — start it with `latscope serve` (or `latscope api`), "
@@ -149,13 +196,12 @@ class HttpSource(Source):
             raise SourceError(f"the API at {self.url} did not answer in time (--timeout)") from None
         except httpx.HTTPError as exc:
             raise SourceError(f"talking to {self.url} failed: {exc}") from None
-        return _decode(response, self.url)
 
     def close(self) -> None:
         self.client.close()
 
 
-def _decode(response: httpx.Response, url: str) -> dict[str, Any]:
+def decode(response: httpx.Response, url: str) -> dict[str, Any]:
     try:
         body = response.json()
     except ValueError:
@@ -192,9 +238,9 @@ class StoreSource(Source):
 
         _, target = QUERIES[name]
         module, _, attr = target.partition(":")
-        fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module), attr)
+        fn: Callable[..., Any] = getattr(importlib.import_module(module), attr)
         try:
-            return fn(self.store, **_clean(params))
+            return _answer(name, fn(self.store, **_clean(params)))
         except QueryError as exc:
             detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
             raise SourceError(f"{detail} ({exc.error})", exit_code=2, error=exc.error) from None
@@ -243,6 +289,43 @@ def run_command(args: argparse.Namespace, body: Callable[[Source], int]) -> int:
     except SourceError as exc:
         print(f"latscope: {exc}", file=sys.stderr)
         return exc.exit_code
+
+
+def run_query(
+    args: argparse.Namespace,
+    doing: str,
+    ask: Callable[[Source], dict[str, Any]],
+    render: Callable[[dict[str, Any]], None],
+) -> int:
+    """A query command's whole ``main``: open the source the flags name (``--store`` or the API),
+    ``ask`` it under a spinner saying ``doing``, print the answer as JSON (``--json``) or
+    ``render`` it; a SourceError becomes one line on stderr and its exit code (1, or 2 for a
+    request the API refused as unusable).
+
+    >>> run_query(args, "diagnosing", lambda s: s.query("diagnose", **filters(args)), render)
+    ... # doctest: +SKIP
+    """
+    from latscope.cmd import _render as r
+
+    def body(source: Source) -> int:
+        with r.progress(doing):
+            answer = ask(source)
+        if args.json:
+            r.print_json(answer)
+        else:
+            render(answer)
+        return 0
+
+    return run_command(args, body)
+
+
+#: The flags ``add_filter_arguments`` adds, named as the query parameters they fill.
+FILTER_FLAGS = ("since", "until", "service", "model")
+
+
+def filters(args: argparse.Namespace) -> dict[str, Any]:
+    """The values of the flags ``add_filter_arguments`` added, as query parameters."""
+    return {name: getattr(args, name) for name in FILTER_FLAGS if hasattr(args, name)}
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser, *, window: bool = True) -> None:

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from latscope.cmd import _render as r
-from latscope.cmd._source import Source, add_filter_arguments, add_source_arguments, run_command
+from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
 from latscope.semconv import BUCKETS
 
 HELP = "compare two windows bucket by bucket and name the biggest mover"
@@ -85,22 +85,17 @@ def render(body: dict[str, Any]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    def body(source: Source) -> int:
-        with r.progress("comparing windows"):
-            answer = source.query(
-                "compare",
-                after_since=args.after_since,
-                after_until=args.after_until,
-                before_since=args.before_since,
-                before_until=args.before_until,
-                service=args.service,
-                model=args.model,
-                exact=args.exact or None,
-            )
-        if args.json:
-            r.print_json(answer)
-        else:
-            render(answer)
-        return 0
-
-    return run_command(args, body)
+    return run_query(
+        args,
+        "comparing windows",
+        lambda source: source.query(
+            "compare",
+            after_since=args.after_since,
+            after_until=args.after_until,
+            before_since=args.before_since,
+            before_until=args.before_until,
+            **filters(args),
+            exact=args.exact or None,
+        ),
+        render,
+    )

@@ -9,7 +9,7 @@ from typing import Any
 from rich.text import Text
 
 from latscope.cmd import _render as r
-from latscope.cmd._source import Source, add_filter_arguments, add_source_arguments, run_command
+from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
 
 HELP = "name the dominant bucket, its usual cause and first fixes, with the numbers"
 
@@ -78,20 +78,9 @@ def render(body: dict[str, Any]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    def body(source: Source) -> int:
-        with r.progress("diagnosing"):
-            answer = source.query(
-                "diagnose",
-                since=args.since,
-                until=args.until,
-                service=args.service,
-                model=args.model,
-                percentile=args.percentile,
-            )
-        if args.json:
-            r.print_json(answer)
-        else:
-            render(answer)
-        return 0
-
-    return run_command(args, body)
+    return run_query(
+        args,
+        "diagnosing",
+        lambda source: source.query("diagnose", **filters(args), percentile=args.percentile),
+        render,
+    )

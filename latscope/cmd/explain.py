@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from latscope.cmd import _render as r
-from latscope.cmd._source import Source, SourceError, add_source_arguments, run_command
+from latscope.cmd._source import Source, SourceError, add_source_arguments, run_query
 from latscope.semconv import BUCKETS
 
 HELP = "one request (buckets, waterfall, tokens), or a multi-call trace's run (critical path)"
@@ -265,21 +265,17 @@ def render_run(body: dict[str, Any]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    def body(source: Source) -> int:
-        with r.progress(f"explaining {args.id}"):
-            try:
-                answer = source.query("explain", request_id=args.id, stall_ms=args.stall_ms)
-                show = render
-            except SourceError as exc:
-                if exc.error not in _TRACE_ERRORS:
-                    raise
-                # A trace id of a trace with several calls (or none): the trace as a run.
-                answer = source.query("trace", trace_id=args.id)
-                show = render_run
-        if args.json:
-            r.print_json(answer)
-        else:
-            show(answer)
-        return 0
+    show = render
 
-    return run_command(args, body)
+    def ask(source: Source) -> dict[str, Any]:
+        nonlocal show
+        try:
+            return source.query("explain", request_id=args.id, stall_ms=args.stall_ms)
+        except SourceError as exc:
+            if exc.error not in _TRACE_ERRORS:
+                raise
+        # A trace id of a trace with several calls (or none): the trace as a run.
+        show = render_run
+        return source.query("trace", trace_id=args.id)
+
+    return run_query(args, f"explaining {args.id}", ask, lambda answer: show(answer))

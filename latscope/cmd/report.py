@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from latscope.cmd import _render as r
-from latscope.cmd._source import Source, add_filter_arguments, add_source_arguments, run_command
+from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
 from latscope.semconv import BUCKETS
 
 HELP = "the latency budget: percentiles per bucket and a stacked bar per service/model"
@@ -95,22 +95,12 @@ def render(body: dict[str, Any]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    def body(source: Source) -> int:
-        group_by = None if args.group_by in ("", "none") else args.group_by
-        with r.progress("summarising"):
-            answer = source.query(
-                "summary",
-                since=args.since,
-                until=args.until,
-                service=args.service,
-                model=args.model,
-                exact=args.exact or None,
-                group_by=group_by,
-            )
-        if args.json:
-            r.print_json(answer)
-        else:
-            render(answer)
-        return 0
-
-    return run_command(args, body)
+    group_by = None if args.group_by in ("", "none") else args.group_by
+    return run_query(
+        args,
+        "summarising",
+        lambda source: source.query(
+            "summary", **filters(args), exact=args.exact or None, group_by=group_by
+        ),
+        render,
+    )

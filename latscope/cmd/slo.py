@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from latscope.cmd import _render as r
-from latscope.cmd._source import Source, add_filter_arguments, add_source_arguments, run_command
+from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
 
 HELP = "SLOs on TTFT / TPOT / e2e: error budget left and 5m/30m/1h/6h burn rates"
 
@@ -87,15 +87,9 @@ def render(body: dict[str, Any]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    def body(source: Source) -> int:
-        with r.progress("computing burn rates"):
-            answer = source.query(
-                "slo", objective=args.objective, at=args.at, service=args.service, model=args.model
-            )
-        if args.json:
-            r.print_json(answer)
-        else:
-            render(answer)
-        return 0
-
-    return run_command(args, body)
+    return run_query(
+        args,
+        "computing burn rates",
+        lambda source: source.query("slo", objective=args.objective, at=args.at, **filters(args)),
+        render,
+    )

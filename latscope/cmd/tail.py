@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from latscope.cmd import _render as r
-from latscope.cmd._source import Source, add_filter_arguments, add_source_arguments, run_command
+from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
 from latscope.semconv import BUCKETS
 
 HELP = "the tail: where requests above the pXX spend their extra time, against the median"
@@ -72,21 +72,11 @@ def render(body: dict[str, Any]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    def body(source: Source) -> int:
-        with r.progress("looking at the tail"):
-            answer = source.query(
-                "tail",
-                since=args.since,
-                until=args.until,
-                service=args.service,
-                model=args.model,
-                exact=args.exact or None,
-                percentile=args.percentile,
-            )
-        if args.json:
-            r.print_json(answer)
-        else:
-            render(answer)
-        return 0
-
-    return run_command(args, body)
+    return run_query(
+        args,
+        "looking at the tail",
+        lambda source: source.query(
+            "tail", **filters(args), exact=args.exact or None, percentile=args.percentile
+        ),
+        render,
+    )

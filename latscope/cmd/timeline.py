@@ -14,7 +14,7 @@ from rich.text import Text
 from latscope.api.timerange import TimeRangeError, parse_range
 from latscope.attribution.answers.timeseries import STEPS_S, choose_step
 from latscope.cmd import _render as r
-from latscope.cmd._source import Source, add_filter_arguments, add_source_arguments, run_command
+from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
 from latscope.semconv import BUCKETS
 
 HELP = "over time: e2e, each bucket's share, TTFT and TPOT per step, as sparklines"
@@ -132,21 +132,14 @@ def _table(out: Any, points: list[dict[str, Any]]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    def body(source: Source) -> int:
-        with r.progress("reading the window step by step"):
-            answer = source.query(
-                "timeseries",
-                since=args.since,
-                until=args.until,
-                service=args.service,
-                model=args.model,
-                step=step_for(args, r.console().width) if not args.table else args.step,
-                group_by=args.group_by,
-            )
-        if args.json:
-            r.print_json(answer)
-        else:
-            render(answer, table=args.table)
-        return 0
-
-    return run_command(args, body)
+    return run_query(
+        args,
+        "reading the window step by step",
+        lambda source: source.query(
+            "timeseries",
+            **filters(args),
+            step=step_for(args, r.console().width) if not args.table else args.step,
+            group_by=args.group_by,
+        ),
+        lambda answer: render(answer, table=args.table),
+    )

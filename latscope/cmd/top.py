@@ -108,6 +108,14 @@ class Feed:
         return None
 
 
+def _live_request(request: Any) -> dict[str, Any]:
+    """One live request through its model (``schemas.LiveRequest``): every feed renders the
+    same keys, whether it came from /v1/live, Watch or the store."""
+    from latscope.api.schemas import LiveRequest
+
+    return LiveRequest.model_validate(request).json_dict()
+
+
 class RestFeed(Feed):
     """Polls ``GET /v1/live`` with the cursor of each answer."""
 
@@ -131,7 +139,7 @@ class RestFeed(Feed):
         )
         self.cursor, self.epoch = body["cursor"], body["epoch"]
         self.missed += body["missed"]
-        return body["requests"]
+        return [_live_request(r) for r in body["requests"]]
 
     def connect(self) -> None:
         self._ask()  # the cursor to start from: requests attributed from now on
@@ -190,7 +198,7 @@ class GrpcFeed(Feed):
         stream = stub.Watch(request, metadata=self.metadata, timeout=self.args.duration or None)
         try:
             for message in stream:
-                yield attribution_dict(message)
+                yield _live_request(attribution_dict(message))
         except grpc.RpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -228,13 +236,14 @@ class StoreFeed(Feed):
         )
         assert sub is not None  # a private hub has room
         self.sub = sub
-        self.poller = TablePoller(self.store, interval_s=0.5, hub=self.hub)
+        self.poller = TablePoller(self.store, poll_s=0.5, hub=self.hub)
         self.poller.start()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         from latscope.api.live import iter_subscription
 
-        yield from iter_subscription(self.sub, alive=self.alive)
+        for request in iter_subscription(self.sub, alive=self.alive):
+            yield _live_request(request)
 
     def close(self) -> None:
         if self.poller is not None:

@@ -12,11 +12,11 @@ from rich.text import Text
 
 from latscope.cmd import _render as r
 from latscope.cmd._source import (
-    Source,
     SourceError,
     add_filter_arguments,
     add_source_arguments,
-    run_command,
+    filters,
+    run_query,
 )
 
 HELP = "what is different about the slowest requests: dimensions ranked, extra time by bucket"
@@ -168,23 +168,16 @@ def render(body: dict[str, Any]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    def body(source: Source) -> int:
-        with r.progress("comparing the requests"):
-            answer = source.query(
-                "why",
-                since=args.since,
-                until=args.until,
-                service=args.service,
-                model=args.model,
-                attribute=args.attribute,
-                resource=args.resource,
-                limit_values=max(1, args.values),
-                **_selection(args),
-            )
-        if args.json:
-            r.print_json(answer)
-        else:
-            render(answer)
-        return 0
-
-    return run_command(args, body)
+    return run_query(
+        args,
+        "comparing the requests",
+        lambda source: source.query(
+            "why",
+            **filters(args),
+            attribute=args.attribute,
+            resource=args.resource,
+            limit_values=max(1, args.values),
+            **_selection(args),
+        ),
+        render,
+    )

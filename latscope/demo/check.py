@@ -152,7 +152,7 @@ def compare(
         )
     offenders.sort(reverse=True)
     result.worst = [(t, b, tv, lv) for _, t, b, tv, lv in offenders[:5]]
-    skews = [a.get("clock_skew_ms") for _, _, a in pairs if a.get("clock_skew_ms") is not None]
+    skews = [float(a["clock_skew_ms"]) for _, _, a in pairs if a.get("clock_skew_ms") is not None]
     if skews:
         result.skew_estimate_ms = statistics.fmean(skews)
     if proxy_added_ns:
