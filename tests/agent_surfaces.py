@@ -58,3 +58,21 @@ def send_runs(server: Server, seeds: tuple[int, ...]) -> list[AgentRun]:
     for run in runs:
         wait_stored(server, run)
     return runs
+
+
+def wait_live_caught_up(server: Server, quiet_s: float = 1.5, timeout: float = 60.0) -> None:
+    """Until the live feed has shown every request attributed so far: no new request for
+    ``quiet_s`` (its poller reads the attribution table a moment after the attributor writes,
+    so a test that follows the feed from now would otherwise see earlier runs arrive)."""
+    body = httpx.get(server.url("/v1/live"), timeout=10).json()
+    cursor, epoch = body["cursor"], body["epoch"]
+    deadline = time.monotonic() + timeout
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < quiet_s:
+        assert time.monotonic() < deadline, "the live feed kept moving"
+        time.sleep(0.25)
+        params = {"after": cursor, "epoch": epoch, "limit": 1000}
+        body = httpx.get(server.url("/v1/live"), params=params, timeout=10).json()
+        if body["requests"]:
+            quiet_since = time.monotonic()
+        cursor = body["cursor"]

@@ -18,7 +18,14 @@ import httpx
 import pytest
 
 from latscope.cli import main
-from tests.agent_surfaces import PARALLEL_SEEDS, SINGLE_CALL_SEED, export, recent_run, send_runs
+from tests.agent_surfaces import (
+    PARALLEL_SEEDS,
+    SINGLE_CALL_SEED,
+    export,
+    recent_run,
+    send_runs,
+    wait_live_caught_up,
+)
 from tests.agent_traces import AgentRun
 from tests.serve_support import Server, start_serve
 from tests.surfaces import FAST_ATTRIBUTION
@@ -131,6 +138,7 @@ def _top(server: Server, *argv: str, env: dict[str, str]) -> subprocess.Popen[st
 def test_top_follows_latscope_url_and_lists_request_ids_explain_takes(served, capsys) -> None:
     server, _ = served
     run_ = recent_run(1, ago_s=5)
+    wait_live_caught_up(server)  # what top sees next is this run alone
     want = {t.request_id for t in run_.requests}
     # No --url: LATSCOPE_URL names the API (and no gRPC address is given anywhere).
     top = _top(
@@ -151,6 +159,7 @@ def test_top_follows_latscope_url_and_lists_request_ids_explain_takes(served, ca
 def test_top_screen_shows_whole_request_ids(served, capsys) -> None:
     server, _ = served
     run_ = recent_run(2, ago_s=5)
+    wait_live_caught_up(server)  # what top sees next is this run alone
     want = {t.request_id for t in run_.requests}
     top = _top(
         server, "--url", server.http, "--count", str(len(want)), "--duration", "60",
