@@ -17,11 +17,13 @@ OPTIMIZE FINAL.
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -258,6 +260,8 @@ def bench(args: argparse.Namespace) -> None:
 
     # The collector, end to end into the embedded ClickHouse.
     workdir = Path(tempfile.mkdtemp(prefix="latscope-bench-"))
+    # Removed at exit, also when the run fails half-way (the store holds gigabytes).
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     store = Store.open(f"chdb://{workdir / 'store'}")
     store.apply_schema()
     settings = Settings(
