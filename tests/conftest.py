@@ -84,9 +84,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, l
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    """Headless Debian chromium driven by Playwright (no browser download)."""
+    """Headless Debian chromium driven by Playwright (no browser download). One per module,
+    not per session: Playwright's sync API keeps an event loop running in the main thread
+    while it is open, and a later module's ``asyncio.run`` on the same worker would fail."""
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
