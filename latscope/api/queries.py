@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from latscope.api.errors import InvalidParameter
 from latscope.api.schemas import (
@@ -32,6 +34,8 @@ from latscope.api.schemas import (
 from latscope.api.timerange import TimeRange, TimeRangeError, parse_instant, parse_range
 from latscope.attribution import aggregates as agg
 from latscope.storage import Store
+
+_A = TypeVar("_A", bound=BaseModel)
 
 #: Objectives used when none is given: typical interactive-chat targets over 30 days.
 DEFAULT_OBJECTIVES = ("ttft:500:0.99:30", "tpot:50:0.99:30", "e2e:10000:0.99:30")
@@ -64,6 +68,14 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise InvalidParameter("invalid_parameter", str(exc)) from None
 
 
+def _windowed(answer: type[_A], fn: Any, store: Store, r: TimeRange, **params: Any) -> _A:
+    """The domain's answer over the window ``r`` (``fn(store, since_ns=, until_ns=, **params)``,
+    errors as ``_call`` maps them), with the window added, as its typed model."""
+    out = _call(fn, store, since_ns=r.since_ns, until_ns=r.until_ns, **params)
+    out["window"] = _window(r)
+    return answer.model_validate(out)
+
+
 def _group_by(group_by: str | None) -> str | None:
     """``group_by`` checked by the domain's one rule (``aggregates.check_group_by``), before
     anything else is read."""
@@ -89,19 +101,17 @@ def summary(
     window covers whole settled hours) unless ``exact``."""
     _group_by(group_by)
     r = _range(since, until)
-    out = _call(
+    return _windowed(
+        Summary,
         agg.summary,
         store,
-        since_ns=r.since_ns,
-        until_ns=r.until_ns,
+        r,
         service=service,
         model=model,
         group_by=group_by,
         limit_groups=min(int(limit_groups), MAX_GROUPS),
         exact=bool(exact),
     )
-    out["window"] = _window(r)
-    return Summary.model_validate(out)
 
 
 def tail(
@@ -116,18 +126,16 @@ def tail(
 ) -> Tail:
     """Which bucket the requests above the ``percentile`` spend their extra time in."""
     r = _range(since, until)
-    out = _call(
+    return _windowed(
+        Tail,
         agg.tail,
         store,
-        since_ns=r.since_ns,
-        until_ns=r.until_ns,
+        r,
         percentile=float(percentile),
         service=service,
         model=model,
         exact=bool(exact),
     )
-    out["window"] = _window(r)
-    return Tail.model_validate(out)
 
 
 def compare(
@@ -181,11 +189,11 @@ def diagnose(
     """The usual cause of what the window shows, its first fixes and the numbers behind it
     (``warmup_*``: the cold-start rule, see ``coldstart``)."""
     r = _range(since, until)
-    out = _call(
+    return _windowed(
+        Diagnosis,
         agg.diagnose,
         store,
-        since_ns=r.since_ns,
-        until_ns=r.until_ns,
+        r,
         service=service,
         model=model,
         percentile=float(percentile),
@@ -193,8 +201,6 @@ def diagnose(
             agg.WarmupRule, warmup_requests=int(warmup_requests), warmup_s=float(warmup_s)
         ),
     )
-    out["window"] = _window(r)
-    return Diagnosis.model_validate(out)
 
 
 def parse_objective(text: str) -> agg.Objective:
@@ -257,16 +263,14 @@ def gpu(
 ) -> Gpu:
     """GPU figures per phase (utilization, memory, power, SM clock, energy)."""
     r = _range(since, until)
-    out = _call(
+    return _windowed(
+        Gpu,
         agg.gpu_by_phase,
         store,
-        since_ns=r.since_ns,
-        until_ns=r.until_ns,
+        r,
         service=service,
         model=model,
     )
-    out["window"] = _window(r)
-    return Gpu.model_validate(out)
 
 
 def services(store: Store, *, since: str | None = None, until: str | None = None) -> Services:
@@ -332,19 +336,17 @@ def timeseries(
     """Every figure of the summary per time step, for the window and per group."""
     _group_by(group_by)
     r = _range(since, until)
-    out = _call(
+    return _windowed(
+        Timeseries,
         agg.timeseries,
         store,
-        since_ns=r.since_ns,
-        until_ns=r.until_ns,
+        r,
         step_s=parse_step(step),
         service=service,
         model=model,
         group_by=group_by,
         limit_groups=max(1, min(int(limit_groups), 50)),
     )
-    out["window"] = _window(r)
-    return Timeseries.model_validate(out)
 
 
 def heatmap(
@@ -360,19 +362,17 @@ def heatmap(
 ) -> Heatmap:
     """Requests per time step and log-scaled latency bin."""
     r = _range(since, until)
-    out = _call(
+    return _windowed(
+        Heatmap,
         agg.heatmap,
         store,
-        since_ns=r.since_ns,
-        until_ns=r.until_ns,
+        r,
         step_s=parse_step(step),
         metric=metric,
         service=service,
         model=model,
         bins_per_decade=int(bins_per_decade),
     )
-    out["window"] = _window(r)
-    return Heatmap.model_validate(out)
 
 
 def why(
@@ -421,11 +421,11 @@ def why(
     def keys(value: list[str] | tuple[str, ...] | str | None) -> list[str]:
         return [value] if isinstance(value, str) else list(value or ())
 
-    out = _call(
+    return _windowed(
+        Why,
         agg.why,
         store,
-        since_ns=r.since_ns,
-        until_ns=r.until_ns,
+        r,
         selection=agg.Selection(**chosen),
         service=service,
         model=model,
@@ -434,8 +434,6 @@ def why(
         limit_values=max(1, min(int(limit_values), 50)),
         examples=max(0, min(int(examples), 100)),
     )
-    out["window"] = _window(r)
-    return Why.model_validate(out)
 
 
 def coldstart(
@@ -454,17 +452,15 @@ def coldstart(
     rule = agg.WarmupRule(
         warmup_requests=int(warmup_requests), warmup_s=float(warmup_s), lookback_s=lookback_s
     )
-    out = _call(
+    return _windowed(
+        ColdStart,
         agg.coldstart,
         store,
-        since_ns=r.since_ns,
-        until_ns=r.until_ns,
+        r,
         service=service,
         model=model,
         rule=rule,
     )
-    out["window"] = _window(r)
-    return ColdStart.model_validate(out)
 
 
 # -- export ----------------------------------------------------------------------------------
