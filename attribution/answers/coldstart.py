@@ -30,6 +30,7 @@ from typing import Any
 from latscope.attribution.answers import window
 from latscope.attribution.answers.common import FILTERS, ms
 from latscope.attribution.answers.errors import ColdStartError
+from latscope.attribution.answers.figures import side_means
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
 from latscope.sqltext import render
@@ -143,14 +144,6 @@ GROUP BY service, replica, warming{_SETTINGS}
 """
 
 
-def _side(n: int, sums: Mapping[str, float]) -> dict[str, Any]:
-    return {
-        "count": n,
-        "e2e_mean_ms": ms(sums["e2e"] / n) if n else None,
-        "buckets_ms": {b: (ms(sums[b] / n) if n else None) for b in BUCKETS},
-    }
-
-
 def coldstart(
     store: Store,
     *,
@@ -240,7 +233,7 @@ def coldstart(
             entry["warmup_e2e_mean_ms"] = mean
         else:
             entry["warm_e2e_mean_ms"] = mean
-    warmup, warm = _side(counts[True], sides[True]), _side(counts[False], sides[False])
+    warmup, warm = side_means(counts[True], sides[True]), side_means(counts[False], sides[False])
     extra_buckets: dict[str, float | None] = dict.fromkeys(BUCKETS)
     extra = None
     if counts[True] and counts[False]:

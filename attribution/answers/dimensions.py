@@ -39,6 +39,7 @@ from latscope.attribution import rollups
 from latscope.attribution.answers import timeseries, window
 from latscope.attribution.answers.common import FILTERS, SETTINGS, ms
 from latscope.attribution.answers.errors import DimensionError
+from latscope.attribution.answers.figures import side_means
 from latscope.attribution.answers.groups import ATTRIBUTE_KEY
 from latscope.attribution.rollups import KEY_STRIDE, METRICS, ROLLUP_TABLE
 from latscope.attribution.table import BUCKET_COLUMN_LIST, BUCKET_COLUMNS
@@ -452,15 +453,6 @@ def _label(label_sql: str, value_sql: str) -> str:
     return render(label_sql, {"V": value_sql})
 
 
-def _side(n: int, sums: Mapping[str, float]) -> dict[str, Any]:
-    """Count and means (ms) of one side (selection or baseline)."""
-    return {
-        "count": n,
-        "e2e_mean_ms": ms(sums["e2e"] / n) if n else None,
-        "buckets_ms": {b: (ms(sums[b] / n) if n else None) for b in BUCKETS},
-    }
-
-
 def _extra(
     n_in: int, in_sums: Mapping[str, float], n_out: int, out_sums: Mapping[str, float]
 ) -> tuple[float | None, dict[str, float | None]]:
@@ -508,11 +500,11 @@ def why(
             "metric": selection.metric,
             "description": q.description if q else "no requests in the window",
             "threshold_ms": q.threshold_ms if q else None,
-            **_side(0, dict.fromkeys(_FIGURES, 0.0)),
+            **side_means(0, dict.fromkeys(_FIGURES, 0.0)),
         },
         "baseline": {
             "description": q.baseline if q else "",
-            **_side(0, dict.fromkeys(_FIGURES, 0.0)),
+            **side_means(0, dict.fromkeys(_FIGURES, 0.0)),
         },
         "extra_e2e_ms": None,
         "extra_buckets_ms": dict.fromkeys(BUCKETS),
@@ -547,8 +539,8 @@ def why(
     n_out = sum(int(r["n_out"]) for r in first)
     in_sums = {f: float(sum(r[f"{f}_in"] for r in first)) for f in _FIGURES}
     out_sums = {f: float(sum(r[f"{f}_out"] for r in first)) for f in _FIGURES}
-    out["selection"].update(_side(n_in, in_sums))
-    out["baseline"].update(_side(n_out, out_sums))
+    out["selection"].update(side_means(n_in, in_sums))
+    out["baseline"].update(side_means(n_out, out_sums))
     extra, extra_buckets = _extra(n_in, in_sums, n_out, out_sums)
     out["extra_e2e_ms"] = extra
     out["extra_buckets_ms"] = extra_buckets

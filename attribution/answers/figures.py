@@ -152,3 +152,13 @@ _EMPTY_ROW: dict[str, Any] = {
 def stats_or_empty(row: dict[str, Any] | None) -> dict[str, Any]:
     """``stats_json`` of ``row``, or of no requests when it is None."""
     return stats_json(row) if row else stats_json({"n": 0} | _EMPTY_ROW)
+
+
+def side_means(n: int, sums: Mapping[str, float]) -> dict[str, Any]:
+    """Count and means (ms) of one side of a comparison (a selection and its baseline, warm-up
+    and warm requests): e2e and each bucket, None when the side is empty."""
+    return {
+        "count": n,
+        "e2e_mean_ms": ms(sums["e2e"] / n) if n else None,
+        "buckets_ms": {b: (ms(sums[b] / n) if n else None) for b in BUCKETS},
+    }
