@@ -10,6 +10,7 @@ from latscope.attribution import sweep
 from latscope.semconv import ClientAttributes, LatscopeAttributes, SpanKind, VllmAttributes
 from tests.attribution_support import MS, T0, TraceBuilder, both, check_sql_with
 from tests.serve_support import embedded_store
+from tests.skeleton_support import EXPECTED, LAYOUT
 
 
 @pytest.fixture(
@@ -31,33 +32,19 @@ def _sql(
     check_sql_with(None)
 
 
-EXPECTED_MS = {
-    "network": 80,
-    "queue": 100,
-    "preprocess": 30,
-    "prefill": 200,
-    "decode": 520,
-    "postprocess": 50,
-    "other": 20,
-}
-
-
 def _layout(tb: TraceBuilder, skew_ms: float = 0, client: bool = True) -> str:
-    c = tb.client(0, 1000, attrs={"gen_ai.request.model": "from-client"}) if client else ""
+    (cs, ce), (ss, se) = LAYOUT["client"], LAYOUT["server"]
+    c = tb.client(cs, ce, attrs={"gen_ai.request.model": "from-client"}) if client else ""
     s = tb.server(
-        40 + skew_ms,
-        960 + skew_ms,
+        ss + skew_ms,
+        se + skew_ms,
         parent=c,
         attrs={"gen_ai.request.model": "llama-3-8b", "gen_ai.usage.input_tokens": 812},
         resource={"k8s.pod.name": "pod-1"},
     )
-    for name, (ps, pe) in {
-        "queue": (45, 145),
-        "preprocess": (150, 180),
-        "prefill": (180, 380),
-        "decode": (380, 900),
-        "postprocess": (900, 950),
-    }.items():
+    for name, (ps, pe) in LAYOUT.items():
+        if name in ("client", "server"):
+            continue
         tb.phase(name, ps + skew_ms, pe + skew_ms, parent=s)
     return s
 
@@ -70,7 +57,7 @@ def test_client_server_phases() -> None:
     tb = TraceBuilder()
     _layout(tb)
     a = both("t", tb.spans)
-    assert _ms(a) == EXPECTED_MS
+    assert _ms(a) == EXPECTED
     assert a.e2e_ns == 1000 * MS and a.start_ns == T0
     assert a.model == "llama-3-8b"  # the server's attribute wins over the client's
     assert a.input_tokens == 812
@@ -82,7 +69,7 @@ def test_server_only_network_is_unknown() -> None:
     tb = TraceBuilder()
     _layout(tb, client=False)
     a = both("t", tb.spans)
-    assert _ms(a) == {**EXPECTED_MS, "network": None}
+    assert _ms(a) == {**EXPECTED, "network": None}
     assert a.e2e_ns == 920 * MS and not a.has_client
 
 
@@ -91,7 +78,7 @@ def test_clock_skew_is_estimated_and_buckets_stay(skew_ms: int) -> None:
     tb = TraceBuilder()
     _layout(tb, skew_ms=skew_ms)
     a = both("t", tb.spans)
-    assert _ms(a) == EXPECTED_MS
+    assert _ms(a) == EXPECTED
     assert a.clock_skew_ns == skew_ms * MS
 
 
@@ -100,7 +87,7 @@ def test_small_skew_that_still_fits_is_not_adjusted() -> None:
     _layout(tb, skew_ms=30)  # server at 70..990: fits inside 0..1000 as recorded
     a = both("t", tb.spans)
     assert a.clock_skew_ns == 0
-    assert _ms(a) == EXPECTED_MS
+    assert _ms(a) == EXPECTED
 
 
 def test_work_after_the_client_got_its_last_byte_is_not_counted() -> None:
