@@ -32,6 +32,9 @@ from latscope.storage import Store, StoreError, StoreUnavailable, redact_dsn
 log = logging.getLogger("latscope.serve")
 
 HELP = "OTLP receiver + REST API over one store (embedded chDB by default)"
+#: Seconds the gRPC port keeps answering UNAVAILABLE after intake closed on SIGTERM (at most half
+#: the shutdown grace), before gRPC's own shutdown starts.
+INTAKE_CLOSED_S = 0.5
 
 
 class Shutdown:
@@ -283,7 +286,11 @@ def run(
     # once, instead of being cancelled when the grace runs out (CANCELLED is not retried by
     # every exporter). Exports already journaled are still acknowledged.
     close_intake(parts)
-    grpc_server.stop(settings.shutdown_grace_s).wait()
+    # The port stays open a moment after intake closed: Exports arriving now get latscope's own
+    # UNAVAILABLE and their exporters back off, instead of racing gRPC's shutdown, which cancels
+    # calls it received but had not handed to a handler yet (CANCELLED, seen under load).
+    time.sleep(min(INTAKE_CLOSED_S, settings.shutdown_grace_s / 2))
+    grpc_server.stop(max(0.0, deadline - time.monotonic())).wait()
     http_server.should_exit = True
     http_thread.join(max(0.0, deadline - time.monotonic()))
     stop_components(parts, deadline)
