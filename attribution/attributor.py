@@ -188,10 +188,14 @@ class Attributor(Poller):
             stall_ns=self.stall_threshold_ns,
         )
         self.store.command(self._sql.insert, params)
-        written, tombstones = self.store.query_rows(self._sql.count_written, params)[0]
-        if tombstones:
-            self.store.command(self._sql.tombstones, params)
-            TOMBSTONES.inc(int(tombstones))
+        written, older = self.store.query_rows(self._sql.count_written, params)[0]
+        # Only a trace attributed before can have a row whose key moved: most passes have none,
+        # and skip the comparison.
+        if older:
+            tombstones = int(self.store.query_rows(self._sql.count_moved, params)[0][0])
+            if tombstones:
+                self.store.command(self._sql.tombstones, params)
+                TOMBSTONES.inc(tombstones)
         ATTRIBUTED.inc(int(written))
         return int(written)
 
@@ -249,21 +253,22 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
         self.insert = f"INSERT INTO {table} ({columns})\n" + attribution_select(
             batch, spans, bounds
         )
-        # Keys of the batch's traces written before this pass whose newest row is live and that
+        # The rows this pass wrote: the only rows with its SpansIngestedAt (every pass of this
+        # shard records a later one), so they are found without evaluating the batch again.
+        written_now = f"""
+SELECT TraceId, RequestSpanId, ServiceName, Model, toStartOfHour(Timestamp) AS hour, Version
+FROM {table}
+WHERE {bounds} {mine}
+  AND SpansIngestedAt = fromUnixTimestamp64Micro({{through_us:Int64}}) AND IsDeleted = 0"""
+        # Keys of this pass's traces written before this pass whose newest row is live and that
         # this pass did not write again: they moved, and get a tombstone with the trace's new
         # Version (the newest wins under FINAL, the tombstone deletes).
         moved = f"""
-WITH batch AS ({batch}),
-new AS (
-    SELECT TraceId, RequestSpanId, ServiceName, Model, toStartOfHour(Timestamp) AS hour, Version
-    FROM {table}
-    WHERE TraceId IN (SELECT trace_id FROM batch) AND {bounds}
-      AND SpansIngestedAt = fromUnixTimestamp64Micro({{through_us:Int64}}) AND IsDeleted = 0
-),
+WITH new AS ({written_now}),
 old AS (
     SELECT TraceId, RequestSpanId, ServiceName, Model, Timestamp
     FROM {table}
-    WHERE TraceId IN (SELECT trace_id FROM batch) AND {bounds}
+    WHERE TraceId IN (SELECT TraceId FROM new) AND {bounds}
     GROUP BY TraceId, RequestSpanId, ServiceName, Model, Timestamp
     HAVING argMax(IsDeleted, (Version, SpansIngestedAt)) = 0
        AND max(SpansIngestedAt) != fromUnixTimestamp64Micro({{through_us:Int64}})
@@ -274,13 +279,16 @@ INNER JOIN (SELECT TraceId, max(Version) AS Version FROM new GROUP BY TraceId) A
     ON old.TraceId = v.TraceId
 WHERE (old.TraceId, old.RequestSpanId, old.ServiceName, old.Model, toStartOfHour(old.Timestamp))
     NOT IN (SELECT TraceId, RequestSpanId, ServiceName, Model, hour FROM new)"""
+        #: Rows written by this pass, and rows of its traces from earlier passes (none: nothing
+        #: can have moved).
         self.count_written = f"""
-WITH batch AS ({batch})
+WITH new AS ({written_now})
 SELECT
+    (SELECT count() FROM new),
     (SELECT count() FROM {table}
-     WHERE TraceId IN (SELECT trace_id FROM batch) AND {bounds}
-       AND SpansIngestedAt = fromUnixTimestamp64Micro({{through_us:Int64}}) AND IsDeleted = 0),
-    (SELECT count() FROM ({moved}))"""
+     WHERE TraceId IN (SELECT TraceId FROM new) AND {bounds}
+       AND SpansIngestedAt != fromUnixTimestamp64Micro({{through_us:Int64}}))"""
+        self.count_moved = f"SELECT count() FROM ({moved})"
         self.tombstones = (
             f"INSERT INTO {table} (Timestamp, TraceId, RequestSpanId, ServiceName, Model, "
             f"Version, IsDeleted, SpansIngestedAt)\n"
