@@ -24,7 +24,8 @@ restart the watermark resumes from the largest one (work after it is redone, har
 Cadence. A pass with work costs ClickHouse's analysis of its statements (~1 s of CPU whatever the
 slice's size) on top of the work itself, so under load the attributor waits longer between
 passes and each takes a bigger slice: after a pass that wrote rows it waits ``BUSY_PAUSE`` times
-that pass's duration (at least ``poll_s``, at most ``settle_s``); after an idle one, ``poll_s``.
+that pass's duration (at least ``poll_s``, at most ``settle_s``, and no longer than until the
+newest stored span has settled); after an idle one, ``poll_s``.
 
 Scale-out: ``shard=(i, n)`` takes only the traces with ``cityHash64(TraceId) % n = i``, so ``n``
 attributors split a store's traces with none done twice and none missed; on a cluster (spans and
@@ -64,6 +65,9 @@ LOCAL_SUFFIX = "_local"
 #: (capped by the settle window): under load, passes and their fixed cost come at most every
 #: 1 + BUSY_PAUSE pass durations, so most of the attributor's CPU goes to requests.
 BUSY_PAUSE = 4.0
+#: The shortest wait between passes when settled work is already waiting (a slice cut at
+#: ``batch_traces``, or traces that settled while the pass ran).
+MIN_POLL_S = 0.1
 
 
 class Attributor(Poller):
@@ -140,8 +144,8 @@ class Attributor(Poller):
             if not traces:
                 self.watermark_us = hi
                 if hi < upto:  # skip the idle time to the next span, if any
-                    first_us, count = self.store.query_rows(
-                        self._sql.next, self._params(after_us=self.watermark_us)
+                    first_us, _, count = self.store.query_rows(
+                        self._sql.after, self._params(after_us=self.watermark_us)
                     )[0]
                     nxt = int(first_us) - 1 if int(count) else upto
                     self.watermark_us = max(hi, min(nxt, upto))
@@ -162,15 +166,25 @@ class Attributor(Poller):
                 BATCH_ERRORS.labels("skipped").inc()
                 log.exception("attribution of the slice up to %d failed; skipped", through)
             self.watermark_us = through
-        LAG.set(max(0.0, (self._now_us() - self.watermark_us) / 1e6))
+        now_us = self._now_us()
+        LAG.set(max(0.0, (now_us - self.watermark_us) / 1e6))
         # The wait before the next pass (Poller reads poll_s after each pass): longer after a
-        # pass with work, so the next one takes a bigger slice for the same fixed cost.
-        busy_s = BUSY_PAUSE * (time.monotonic() - started)
-        self.poll_s = (
-            min(max(self.idle_poll_s, busy_s), self.busy_poll_max_s)
-            if written
-            else self.idle_poll_s
-        )
+        # pass with work, so the next one takes a bigger slice for the same fixed cost; but no
+        # longer than until the newest span has settled (once traffic stops, waiting longer
+        # would not make the slice bigger, only the last requests later).
+        self.poll_s = self.idle_poll_s
+        if written:
+            busy_s = min(
+                max(self.idle_poll_s, BUSY_PAUSE * (time.monotonic() - started)),
+                self.busy_poll_max_s,
+            )
+            _, newest_us, pending = self.store.query_rows(
+                self._sql.after, self._params(after_us=self.watermark_us)
+            )[0]
+            if int(pending):
+                settled_in_s = (int(newest_us) + self.settle_us - now_us) / 1e6
+                busy_s = min(busy_s, max(MIN_POLL_S, settled_in_s))
+            self.poll_s = busy_s
         return written
 
     def attribute_slice(
@@ -236,9 +250,11 @@ SELECT count(), max(last_us), min(first_ns), max(last_ns) FROM (
     ORDER BY last_us
     LIMIT {{limit:UInt32}} WITH TIES
 )"""
-        #: After an empty slice: where the next span after the watermark is (to skip idle time).
-        self.next = f"""
-SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), count()
+        #: The spans after the watermark: the oldest (after an empty slice, to skip idle time),
+        #: the newest (after a pass with work, when it settles) and how many.
+        self.after = f"""
+SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)),
+       toUnixTimestamp64Micro(max(LatscopeIngestedAt)), count()
 FROM {spans}
 WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}"""
         batch = (

@@ -66,6 +66,28 @@ def test_late_client_span_replaces_the_row_and_reruns_are_idempotent(store: Stor
     assert store.query_rows(FINAL_ROWS, {"t": trace_id}) == before
 
 
+@pytest.mark.slow
+def test_after_a_busy_pass_the_next_waits_only_until_the_newest_span_settles(
+    store: Store,
+) -> None:
+    """Under load a busy pass waits up to the settle window before the next, so slices grow; once
+    traffic stops, the wait ends when the last span settles, not a whole window later."""
+    settle_s, idle_poll_s = 3.0, 2.0
+    first, last = uuid.uuid4().hex, uuid.uuid4().hex
+    att = Attributor(store, settle_s=settle_s, poll_s=idle_poll_s)
+    att.run_until_idle()  # catch up with whatever the module stored before
+    store.insert_arrow(SPANS_TABLE, span_rows(first, server_spans()))
+    time.sleep(settle_s + 0.05)
+    store.insert_arrow(SPANS_TABLE, span_rows(last, server_spans()))
+    time.sleep(settle_s - 1.0)  # `last` settles in about a second
+    assert att.run_until_idle() == 1
+    # A busy pass would wait at least the idle poll (2 s); `last` settles sooner than that.
+    assert 0.1 <= att.poll_s <= 1.05, att.poll_s
+    time.sleep(att.poll_s)
+    assert att.run_until_idle() == 1
+    assert store.query_rows(ALL_ROWS, {"t": last})[0][0] == 1
+
+
 def test_unsettled_trace_waits_for_the_settle_window(store: Store) -> None:
     trace_id = uuid.uuid4().hex
     att = Attributor(store, settle_s=3600)
