@@ -397,40 +397,33 @@ _FIGURES = ("e2e", *BUCKETS)
 #: combinations sharing a hash would be counted as one: for a million distinct combinations the
 #: chance is 3e-8. Stage two spreads each combination over its dimensions (ARRAY JOIN, values
 #: turned into labels on these few rows) and sums per (dimension, value), inside and outside the
-#: selection.
+#: selection. Each (dimension, value) also counts its selected requests per time step
+#: (``since_steps``/``since_counts``, ``{step_s}``), so when the top value's selected requests
+#: began comes from this one read of the window rather than a second one.
 WHY_SQL = (
     """
 SELECT d, v, sumIf(n, sel) AS n_in, sumIf(n, NOT sel) AS n_out,
     """
     + ",\n    ".join(f"sumIf({f}, sel) AS {f}_in, sumIf({f}, NOT sel) AS {f}_out" for f in _FIGURES)
-    + """
+    + """,
+    sumMapIf(steps.1, steps.2, sel) AS since, since.1 AS since_steps, since.2 AS since_counts
 FROM (
     SELECT sel, cityHash64($DIM_NAMES) AS combo, any(tuple($DIM_NAMES)) AS vals, count() AS n,
         """
     + _SUMS
-    + """
+    + """,
+        sumMapIf([step], [toUInt64(1)], sel) AS steps
     FROM (
         SELECT $SEL AS sel, $DIMS, E2eNs, NetworkNs, """
     + ", ".join(c for c in BUCKET_COLUMNS.values() if c != "NetworkNs")
-    + """
+    + """,
+            intDiv(toUnixTimestamp(Timestamp), {step_s:UInt32}) AS step
         FROM ($ROWS) AS a$JOIN
     )
     GROUP BY sel, combo
 )
 ARRAY JOIN [$LABELS] AS v, range($DIM_COUNT) AS d
 GROUP BY d, v"""
-    + SETTINGS
-    + ", join_use_nulls = 0"
-)
-
-#: When the selected requests with one value came: selected requests per step.
-SINCE_SQL = (
-    """
-SELECT intDiv(toUnixTimestamp(Timestamp), {step_s:UInt32}) AS step, count() AS n
-FROM ($ROWS) AS a$JOIN
-WHERE $SEL AND $LABEL = {value:String}
-GROUP BY step
-ORDER BY step"""
     + SETTINGS
     + ", join_use_nulls = 0"
 )
@@ -516,6 +509,8 @@ def why(
     if q is None:
         return out
     _dimensions(q, resources, attributes, dimensions)
+    step = timeseries.choose_step((until_ns - since_ns) / 1e9)
+    q.params["step_s"] = step
     names = [f"d{i}" for i in range(len(q.dims))]
     trace = ", TraceId" if q.join else ""
     sql = render(
@@ -558,8 +553,8 @@ def why(
     if ranked and ranked[0]["values"]:
         head = ranked[0]
         top = head["values"][0]
-        step = timeseries.choose_step((until_ns - since_ns) / 1e9)
-        dim = next(d for d in q.dims if d[0] == head["dimension"])
+        index = next(i for i, d in enumerate(q.dims) if d[0] == head["dimension"])
+        steps = next(r for r in per_dim[index] if str(r["v"]) == top["value"])
         out["top"] = {
             "dimension": head["dimension"],
             "value": top["value"],
@@ -568,7 +563,7 @@ def why(
             "out_share": top["out_share"],
             "extra_ms": top["extra_ms"],
             "dominant": top["dominant"],
-            "since_ns": _since(store, q, _label(dim[2], dim[1]), top["value"], step),
+            "since_ns": _since(q, steps["since_steps"], steps["since_counts"], step),
         }
     if examples > 0:
         params = q.params | {"examples": int(examples)}
@@ -641,16 +636,10 @@ def _rank(
     return {"dimension": name, "score": score, "values_seen": len(values), "values": listed}
 
 
-def _since(store: Store, q: _Query, label_sql: str, value: str, step: int) -> int | None:
-    """When the selected requests with ``value`` began: the start of the first step holding at
-    least SINCE_FRACTION of the busiest step's."""
-    params = q.params | {"value": value, "step_s": step}
-    trace = ", TraceId" if q.join else ""
-    sql = render(
-        SINCE_SQL,
-        {"JOIN": q.join, "ROWS": q.rows(store, trace), "SEL": q.sel, "LABEL": label_sql},
-    )
-    rows = [(int(s), int(n)) for s, n in store.query_rows(sql, params)]
+def _since(q: _Query, steps: Sequence[int], counts: Sequence[int], step: int) -> int | None:
+    """When the selected requests of a value began (its selected requests per step, ascending):
+    the start of the first step holding at least SINCE_FRACTION of the busiest step's."""
+    rows = [(int(s), int(n)) for s, n in zip(steps, counts, strict=True) if n]
     if not rows:
         return None
     peak = max(n for _, n in rows)
@@ -660,15 +649,19 @@ def _since(store: Store, q: _Query, label_sql: str, value: str, step: int) -> in
 
 # -- the SLO's budget, by bucket ------------------------------------------------------------------
 
-#: Per burn-rate window (and the objective's whole window): bad and good requests and each
-#: bucket's sum over both. A request counts in every window it falls in (they are nested).
+#: Bad and good requests and each bucket's sum over both, per ``k``: how many of the windows a
+#: request falls in. The windows all end at the same time, so they are nested: with their starts
+#: ascending, a request is in the j-th window exactly when it is in at least j of them, and each
+#: window's figures are the sums over k >= j (``slo_buckets``). ``$DEPTH`` counts the starts
+#: a request is at or after: a few comparisons per request, where an ARRAY JOIN over the windows
+#: made a row per request and window and cost more than reading the columns.
 SLO_BUDGET_SQL = (
     """
-SELECT w, countIf(bad) AS n_bad, countIf(NOT bad) AS n_good, """
+SELECT k, countIf(bad) AS n_bad, countIf(NOT bad) AS n_good, """
     + ", ".join(f"sumIf({f}, bad) AS {f}_bad, sumIf({f}, NOT bad) AS {f}_good" for f in _FIGURES)
     + """
 FROM (
-    SELECT Timestamp, v > {threshold:Float64} AS bad, E2eNs AS e2e, """
+    SELECT $DEPTH AS k, v > {threshold:Float64} AS bad, E2eNs AS e2e, """
     + ", ".join(
         f"{'ifNull(NetworkNs, 0)' if col == 'NetworkNs' else col} AS {b}"
         for b, col in BUCKET_COLUMNS.items()
@@ -677,9 +670,7 @@ FROM (
     FROM (SELECT *, $VALUE AS v FROM ($ROWS))
     WHERE v IS NOT NULL
 )
-ARRAY JOIN arrayFilter(i -> Timestamp >= fromUnixTimestamp64Nano({starts:Array(Int64)}[i + 1]),
-                       range(length({starts:Array(Int64)}))) AS w
-GROUP BY w"""
+GROUP BY k"""
     + SETTINGS
 )
 
@@ -697,26 +688,31 @@ def slo_buckets(
     """Where an objective's budget went, per window (name -> start ns, all ending at
     ``until_ns``): the requests that missed it against those that met it, each bucket's mean
     extra time (ms; they add up to ``extra_e2e_ms``), and the ``dominant`` bucket."""
-    names = list(windows)
+    starts = sorted(int(start) for start in windows.values())
     params: dict[str, Any] = {
-        "lo_ns": int(min(windows.values())),
+        "lo_ns": starts[0],
         "hi_ns": int(until_ns),
         "service": service or "",
         "model": model or "",
         "threshold": float(threshold_ms) * 1e6,
-        "starts": [int(windows[n]) for n in names],
+        **{f"start{j}": start for j, start in enumerate(starts)},
     }
+    depth = " + ".join(
+        f"(Timestamp >= fromUnixTimestamp64Nano({{start{j}:Int64}}))" for j in range(len(starts))
+    )
     split = window.raw_ranges(store, [(params["lo_ns"], params["hi_ns"])])
     source = window.raw_rows(split, params, _BASE_COLUMNS, FILTERS)
-    sql = render(SLO_BUDGET_SQL, {"VALUE": value_sql, "ROWS": source})
-    rows = {int(r["w"]): r for r in store.query_arrow(sql, params).to_pylist()}
+    sql = render(SLO_BUDGET_SQL, {"VALUE": value_sql, "ROWS": source, "DEPTH": depth})
+    rows = store.query_arrow(sql, params).to_pylist()
     out = {}
-    for i, name in enumerate(names):
-        r = rows.get(i)
-        n_bad = int(r["n_bad"]) if r else 0
-        n_good = int(r["n_good"]) if r else 0
-        bad = {f: float(r[f"{f}_bad"]) if r else 0.0 for f in _FIGURES}
-        good = {f: float(r[f"{f}_good"]) if r else 0.0 for f in _FIGURES}
+    for name, start in windows.items():
+        # In the window: at or after its start, so in at least as many windows as start there.
+        depth_of = starts.index(int(start)) + 1
+        inside = [r for r in rows if int(r["k"]) >= depth_of]
+        n_bad = sum(int(r["n_bad"]) for r in inside)
+        n_good = sum(int(r["n_good"]) for r in inside)
+        bad = {f: float(sum(int(r[f"{f}_bad"]) for r in inside)) for f in _FIGURES}
+        good = {f: float(sum(int(r[f"{f}_good"]) for r in inside)) for f in _FIGURES}
         extra, buckets = _extra(n_bad, bad, n_good, good)
         out[name] = {
             "bad": n_bad,
