@@ -173,6 +173,8 @@ class _Query:
     baseline: str = ""
     threshold_ms: float | None = None
     resources: bool = False
+    #: Dimension index -> the parameter naming its resource attribute's key.
+    resource_keys: dict[int, str] = field(default_factory=dict)
     split: window.RawRanges | None = None
 
     def rows(self, store: Store, extra: str = "") -> str:
@@ -352,6 +354,7 @@ def _dimensions(
     keys = list(dict.fromkeys([*(DEFAULT_RESOURCE_KEYS if dimensions is None else ()), *resources]))
     for i, key in enumerate(keys):
         q.params[f"rk{i}"] = key
+        q.resource_keys[len(q.dims)] = f"rk{i}"
         q.dims.append((f"resource.{key}", f"ResourceAttributes[{{rk{i}:String}}]", "$V"))
     q.resources = bool(keys)
     attrs = list(dict.fromkeys(attributes))
@@ -397,22 +400,21 @@ _FIGURES = ("e2e", *BUCKETS)
 #: combinations sharing a hash would be counted as one: for a million distinct combinations the
 #: chance is 3e-8. Stage two spreads each combination over its dimensions (ARRAY JOIN, values
 #: turned into labels on these few rows) and sums per (dimension, value), inside and outside the
-#: selection. Each (dimension, value) also counts its selected requests per time step
-#: (``since_steps``/``since_counts``, ``{step_s}``), so when the top value's selected requests
-#: began comes from this one read of the window rather than a second one.
+#: selection. ``$SINCE`` and ``$STEPS`` (``_SINCE_FOLDED``, or empty) have each (dimension, value)
+#: also count its selected requests per time step (``since_steps``/``since_counts``), so when
+#: the top value's selected requests began comes from this one read of the window rather than a
+#: second one (``SINCE_SQL``).
 WHY_SQL = (
     """
 SELECT d, v, sumIf(n, sel) AS n_in, sumIf(n, NOT sel) AS n_out,
     """
     + ",\n    ".join(f"sumIf({f}, sel) AS {f}_in, sumIf({f}, NOT sel) AS {f}_out" for f in _FIGURES)
-    + """,
-    sumMapIf(steps.1, steps.2, sel) AS since, since.1 AS since_steps, since.2 AS since_counts
+    + """$SINCE
 FROM (
     SELECT sel, cityHash64($DIM_NAMES) AS combo, any(tuple($DIM_NAMES)) AS vals, count() AS n,
         """
     + _SUMS
-    + """,
-        sumMapIf([step], [toUInt64(1)], sel) AS steps
+    + """$STEPS
     FROM (
         SELECT $SEL AS sel, $DIMS, E2eNs, NetworkNs, """
     + ", ".join(c for c in BUCKET_COLUMNS.values() if c != "NetworkNs")
@@ -424,6 +426,28 @@ FROM (
 )
 ARRAY JOIN [$LABELS] AS v, range($DIM_COUNT) AS d
 GROUP BY d, v"""
+    + SETTINGS
+    + ", join_use_nulls = 0"
+)
+#: The fragments of WHY_SQL counting selected requests per step. The count is made for every
+#: request and costs about a microsecond each: well worth it where the selection is a small part
+#: of the window (a percentile's tail, an SLO's bad requests, a heatmap region), it would cost
+#: more than a second read where the selection is the whole window (``before``).
+_SINCE_FOLDED = {
+    "SINCE": ",\n    sumMapIf(steps.1, steps.2, sel) AS since, since.1 AS since_steps, "
+    "since.2 AS since_counts",
+    "STEPS": ",\n        sumMapIf([step], [toUInt64(1)], sel) AS steps",
+}
+
+#: When the selected requests with one value came, where WHY_SQL did not count them: selected
+#: requests per step.
+SINCE_SQL = (
+    """
+SELECT intDiv(toUnixTimestamp(Timestamp), {step_s:UInt32}) AS step, count() AS n
+FROM ($ROWS) AS a$JOIN
+WHERE $SEL AND $LABEL = {value:String}
+GROUP BY step
+ORDER BY step"""
     + SETTINGS
     + ", join_use_nulls = 0"
 )
@@ -511,15 +535,31 @@ def why(
     _dimensions(q, resources, attributes, dimensions)
     step = timeseries.choose_step((until_ns - since_ns) / 1e9)
     q.params["step_s"] = step
-    names = [f"d{i}" for i in range(len(q.dims))]
+    # Resource attributes are grouped on as the whole map (one value per replica), and each
+    # key is looked up on the few combinations: a lookup per request and key cost more than
+    # the rest of the read (a day of 1.4 M requests: 0.5 s for seven keys, 0.2 s to hash the map).
+    own = [(i, d) for i, d in enumerate(q.dims) if i not in q.resource_keys]
+    names = [f"d{i}" for i, _ in own]
+    columns = [f"{d[1]} AS d{i}" for i, d in own]
+    if q.resource_keys:
+        names.append("res")
+        columns.append("ResourceAttributes AS res")
+    labels = []
+    for i, d in enumerate(q.dims):
+        if i in q.resource_keys:
+            labels.append(f"vals.{len(names)}[{{{q.resource_keys[i]}:String}}]")
+        else:
+            labels.append(_label(d[2], f"vals.{names.index(f'd{i}') + 1}"))
     trace = ", TraceId" if q.join else ""
+    folded = selection.kind != "before"
     sql = render(
         WHY_SQL,
         {
-            "DIMS": ", ".join(f"{d[1]} AS {n}" for d, n in zip(q.dims, names, strict=True)),
+            **(_SINCE_FOLDED if folded else {"SINCE": "", "STEPS": ""}),
+            "DIMS": ", ".join(columns),
             "DIM_NAMES": ", ".join(names),
-            "LABELS": ", ".join(_label(d[2], f"vals.{i + 1}") for i, d in enumerate(q.dims)),
-            "DIM_COUNT": str(len(names)),
+            "LABELS": ", ".join(labels),
+            "DIM_COUNT": str(len(q.dims)),
             "JOIN": q.join,
             "ROWS": q.rows(store, trace),
             "SEL": q.sel,
@@ -554,7 +594,12 @@ def why(
         head = ranked[0]
         top = head["values"][0]
         index = next(i for i, d in enumerate(q.dims) if d[0] == head["dimension"])
-        steps = next(r for r in per_dim[index] if str(r["v"]) == top["value"])
+        if folded:
+            row = next(r for r in per_dim[index] if str(r["v"]) == top["value"])
+            steps, counts = row["since_steps"], row["since_counts"]
+        else:
+            dim = q.dims[index]
+            steps, counts = _steps(store, q, _label(dim[2], dim[1]), top["value"], step)
         out["top"] = {
             "dimension": head["dimension"],
             "value": top["value"],
@@ -563,7 +608,7 @@ def why(
             "out_share": top["out_share"],
             "extra_ms": top["extra_ms"],
             "dominant": top["dominant"],
-            "since_ns": _since(q, steps["since_steps"], steps["since_counts"], step),
+            "since_ns": _since(q, steps, counts, step),
         }
     if examples > 0:
         params = q.params | {"examples": int(examples)}
@@ -634,6 +679,20 @@ def _rank(
             }
         )
     return {"dimension": name, "score": score, "values_seen": len(values), "values": listed}
+
+
+def _steps(
+    store: Store, q: _Query, label_sql: str, value: str, step: int
+) -> tuple[list[int], list[int]]:
+    """The selected requests with ``value`` per step (SINCE_SQL): steps ascending, counts."""
+    params = q.params | {"value": value, "step_s": step}
+    trace = ", TraceId" if q.join else ""
+    sql = render(
+        SINCE_SQL,
+        {"JOIN": q.join, "ROWS": q.rows(store, trace), "SEL": q.sel, "LABEL": label_sql},
+    )
+    rows = store.query_rows(sql, params)
+    return [int(s) for s, _ in rows], [int(n) for _, n in rows]
 
 
 def _since(q: _Query, steps: Sequence[int], counts: Sequence[int], step: int) -> int | None:
