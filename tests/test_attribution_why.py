@@ -307,6 +307,41 @@ def test_clean_hours_are_read_as_stored_and_others_with_final(store: Store) -> N
     assert window.raw_ranges(store, [(t0 + H, t0 + 2 * H)]).clean == []
 
 
+class _CountingStore:
+    """The store, counting the queries made through it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.queries = store, 0
+
+    def query_rows(self, sql: str, parameters: dict | None = None) -> list[tuple]:
+        self.queries += 1
+        return self.store.query_rows(sql, parameters)
+
+
+def test_one_view_looks_the_hours_up_once(store: Store, chat) -> None:
+    _, service = chat
+    counting = _CountingStore(store)
+    ranges = [(T0 + 10 * 60 * S, T0 + 3 * H)]
+    alone = window.raw_ranges(counting, ranges)  # type: ignore[arg-type]
+    per_call = counting.queries
+    assert per_call > 0
+    with rollups.one_view():
+        first = window.raw_ranges(counting, ranges)  # type: ignore[arg-type]
+        again = window.raw_ranges(counting, ranges)  # type: ignore[arg-type]
+    assert first == again == alone
+    assert counting.queries == 2 * per_call
+    # Outside the view every call looks again.
+    window.raw_ranges(counting, ranges)  # type: ignore[arg-type]
+    assert counting.queries == 3 * per_call
+    # The diagnosis (one view over its reads) says the same as its parts read alone.
+    got = ag.diagnose(store, since_ns=T0, until_ns=T0 + 3 * H, service=service)
+    queue = next(v for v in got["verdicts"] if v["bucket"] == "queue")
+    alone_where = dm.concentration(
+        store, since_ns=T0, until_ns=T0 + 3 * H, bucket="queue", service=service
+    )
+    assert queue["where"] == alone_where
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

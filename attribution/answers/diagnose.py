@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from latscope.attribution.answers import coldstart, dimensions
+from latscope.attribution import rollups
+from latscope.attribution.answers import coldstart, dimensions, window
 from latscope.attribution.answers.common import (
-    FROM,
+    FILTERS,
     SETTINGS,
-    WHERE,
     finite,
     ms,
     query_dicts,
@@ -28,6 +28,7 @@ from latscope.attribution.answers.common import (
 )
 from latscope.attribution.answers.summary import summary
 from latscope.attribution.answers.tail import tail
+from latscope.sqltext import render
 from latscope.storage import Store
 
 __all__ = [
@@ -114,8 +115,7 @@ SELECT
     sumIf(PrefillNs, coalesce(TtftClientNs, TtftServerNs) IS NOT NULL)
         / sum(coalesce(TtftClientNs, TtftServerNs)) AS prefill_ttft_share,
     sum(DecodeNs) / sum(E2eNs) AS decode_share
-FROM {FROM}
-WHERE {WHERE}{SETTINGS}
+FROM ($ROWS){SETTINGS}
 """
 
 #: Per-minute load against per-minute latency: is it slow only at peak?
@@ -129,11 +129,16 @@ SELECT
 FROM (
     SELECT toStartOfMinute(Timestamp) AS minute, count() AS n,
            quantileExactInclusive(0.95)(E2eNs) AS p95, avg(QueueNs) AS queue_mean
-    FROM {FROM}
-    WHERE {WHERE}
+    FROM ($ROWS)
     GROUP BY minute
 ){SETTINGS}
 """
+
+#: The columns DIAGNOSE_SQL and DIAGNOSE_PEAK_SQL read.
+DIAGNOSE_COLUMNS = (
+    "Timestamp, E2eNs, NetworkNs, QueueNs, PrefillNs, DecodeNs, InputTokens, TtftClientNs, "
+    "TtftServerNs, Stalls, ItlP50Ns, ItlMaxNs"
+)
 
 #: Verdicts: cause, bucket, the usual first fixes.
 CAUSES: dict[str, dict[str, Any]] = {
@@ -202,9 +207,27 @@ def diagnose(
     carries the numbers behind it, and ``where`` the dimension value that concentrates it and
     since when (``dimensions.concentration``). ``warmup`` is the cold-start rule.
     """
+    # Every read below is of this window: its hours are looked up once.
+    with rollups.one_view():
+        return _diagnose(store, since_ns, until_ns, service, model, percentile, stall_share, warmup)
+
+
+def _diagnose(
+    store: Store,
+    since_ns: int,
+    until_ns: int,
+    service: str | None,
+    model: str | None,
+    percentile: float,
+    stall_share: float,
+    warmup: coldstart.WarmupRule | None,
+) -> dict[str, Any]:
     params = window_params(since_ns, until_ns, service, model)
     params["tiny"] = TINY_PROMPT_TOKENS
-    f = query_dicts(store, DIAGNOSE_SQL, params)[0]
+    # Hours known clean are read as stored, the others with FINAL (``window``).
+    split = window.raw_ranges(store, [(since_ns, until_ns)])
+    rows = window.raw_rows(split, params, DIAGNOSE_COLUMNS, FILTERS)
+    f = query_dicts(store, render(DIAGNOSE_SQL, {"ROWS": rows}), params)[0]
     n = int(f["n"] or 0)
     out: dict[str, Any] = {"count": n, "dominant": None, "tail_dominant": None, "verdicts": []}
     if n == 0:
@@ -295,7 +318,7 @@ def diagnose(
                 },
             )
         )
-    peak = query_dicts(store, DIAGNOSE_PEAK_SQL, params)[0]
+    peak = query_dicts(store, render(DIAGNOSE_PEAK_SQL, {"ROWS": rows}), params)[0]
     load_corr = finite(peak["load_latency_corr"])
     if (
         int(peak["minutes"] or 0) >= PEAK_MIN_MINUTES
