@@ -105,16 +105,19 @@ def _bin_value_sql(b: str) -> str:
 def quantiles_sql(levels: Sequence[float]) -> str:
     """SQL over ``bins`` (ascending) and ``cum`` (their running counts) giving the ``levels``
     as ``rollups.quantiles`` does: linear interpolation between order statistics, each read as
-    its bin's value."""
-
-    def stat(k: str) -> str:
-        return _bin_value_sql(f"bins[arrayFirstIndex(x -> x > {k}, cum)]")
-
+    its bin's value. Each level's two order statistics are found once (a scan of ``cum`` each),
+    then read as values."""
     pos = "q * (cum[-1] - 1)"
     lo = f"floor({pos})"
+    levels_sql = f"[{', '.join(repr(float(q)) for q in levels)}]"
+
+    def index(k: str) -> str:
+        return f"arrayMap(q -> arrayFirstIndex(x -> x > {k}, cum), {levels_sql})"
+
+    stat_lo, stat_hi = _bin_value_sql("bins[i]"), _bin_value_sql("bins[j]")
     return (
-        f"arrayMap(q -> {stat(lo)} + ({pos} - {lo}) * if({pos} > {lo}, "
-        f"{stat(f'{lo} + 1')} - {stat(lo)}, 0.), [{', '.join(repr(float(q)) for q in levels)}])"
+        f"arrayMap((q, i, j) -> {stat_lo} + ({pos} - {lo}) * if({pos} > {lo}, "
+        f"{stat_hi} - {stat_lo}, 0.), {levels_sql}, {index(lo)}, {index(f'{lo} + 1')})"
     )
 
 
@@ -189,12 +192,20 @@ _TS_RAW_FIGURES = (
 
 #: Histogram keys of the figures with percentiles per step (a subset of rollups.METRICS).
 _KEYS = [_METRIC_INDEX[m] for m in _SERIES_METRICS]
-_TS_KEYS_SQL = (
-    "arrayFilter(k -> k != 65535, arrayMap((v, i) -> if(isNull(v), toUInt16(65535), "
-    f"toUInt16(i * {KEY_STRIDE} + {rollups.bin_sql('assumeNotNull(v)')})), ["
-    + ", ".join(f"toNullable(toFloat64({METRICS[m]}))" for m in _SERIES_METRICS)
-    + f"], [{', '.join(map(str, _KEYS))}]))"
-)
+
+
+def _keys_sql(keys: Sequence[int]) -> str:
+    """Per attribution row, the histogram keys of its known figures among ``keys`` (metric
+    indexes): only those figures are binned (a logarithm each)."""
+    names = list(METRICS)
+    return (
+        "arrayFilter(k -> k != 65535, arrayMap((v, i) -> if(isNull(v), toUInt16(65535), "
+        f"toUInt16(i * {KEY_STRIDE} + {rollups.bin_sql('assumeNotNull(v)')})), ["
+        + ", ".join(f"toNullable(toFloat64({METRICS[names[k]]}))" for k in keys)
+        + f"], [{', '.join(map(str, keys))}]))"
+    )
+
+
 #: Groups' series carry percentiles of e2e, TTFT and TPOT only (and every bucket's mean and
 #: share): a third of the histogram rows to merge, and the figures a per-group chart shows.
 _GROUP_KEYS = [_METRIC_INDEX[m] for m in ("e2e", "ttft", "tpot")]
@@ -228,14 +239,14 @@ _TS_ROLLUP_HIST = (
 )
 _TS_RAW_HIST = (
     f"SELECT step, grp, key, count() AS c FROM (SELECT {_STEP_RAW} AS step, $GROUP AS grp, "
-    f"arrayFilter(k -> {_KEEP}, {_TS_KEYS_SQL}) AS keys FROM $FROM "
+    "$RAW_KEYS AS keys FROM $FROM "
     f"WHERE $RANGES{_FILTERS}) ARRAY JOIN keys AS key GROUP BY step, grp, key"
 )
 
 
 def _hist_sources(read: WindowRead, keys: Sequence[int], prefix: str) -> str:
     """The histogram rows of ``read`` restricted to the figures ``keys``."""
-    kept = {"KEYS": ", ".join(map(str, keys))}
+    kept = {"KEYS": ", ".join(map(str, keys)), "RAW_KEYS": _keys_sql(keys)}
     return window.sources(read, _TS_ROLLUP_HIST, _TS_RAW_HIST, prefix, kept)
 
 
@@ -266,6 +277,24 @@ def timeseries(
     bucket percentiles are null); the whole window's series has every percentile.
     """
     step = _check_window(since_ns, until_ns, step_s)
+    # The groups' read and the whole window's (``_binned_quantiles``) plan the same hours.
+    with rollups.one_view():
+        return _timeseries(
+            store, since_ns, until_ns, step, service, model, group_by, limit_groups, use_rollups
+        )
+
+
+def _timeseries(
+    store: Store,
+    since_ns: int,
+    until_ns: int,
+    step: int,
+    service: str | None,
+    model: str | None,
+    group_by: str | None,
+    limit_groups: int,
+    use_rollups: bool,
+) -> dict[str, Any]:
     read = _prepare(store, since_ns, until_ns, step, service, model, group_by, use_rollups)
     grouped = bool(group_by)
     flag = "grouping(grp)" if grouped else "1"
