@@ -342,6 +342,31 @@ def test_one_view_looks_the_hours_up_once(store: Store, chat) -> None:
     assert queue["where"] == alone_where
 
 
+def test_selections_read_together_answer_as_each_alone(store: Store, chat) -> None:
+    _, service = chat
+    window_ = {"since_ns": T0, "until_ns": T0 + 3 * H}
+    selections = [
+        dm.Selection("percentile", metric="queue", percentile=95),
+        dm.Selection("slo", metric="network", threshold_ms=20),
+        dm.Selection("region", since_ns=T0 + H, until_ns=T0 + 2 * H, min_ms=2500),
+    ]
+    together = dm._why_many(
+        store, window_["since_ns"], window_["until_ns"], selections, service=service,
+        model=None, resources=(), attributes=(), dimensions=None, limit_values=5, examples=2,
+        use_rollups=True,
+    )  # fmt: skip
+    for selection, got in zip(selections, together, strict=True):
+        alone = dm.why(store, **window_, selection=selection, service=service, examples=2)
+        assert got == alone, selection
+    # The diagnosis' places: several buckets in one read, each as it is alone.
+    both = dm.concentrations(store, **window_, buckets=["queue", "prefill", "network/queue"],
+                             service=service)  # fmt: skip
+    assert both["network/queue"] is None
+    for bucket in ("queue", "prefill"):
+        assert both[bucket] == dm.concentration(store, **window_, bucket=bucket, service=service)
+    assert both["queue"] is not None and both["queue"]["value"] == f"{service}-5"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -348,18 +348,23 @@ def _diagnose(
     )
     if cold is not None:
         verdicts.append((cold[0], "cold_start", cold[1]))
-    places: dict[str, dict[str, Any] | None] = {}
+    shown = []
     for score, key, evidence in sorted(verdicts, key=lambda v: -v[0]):
         cause = dict(CAUSES.get(key) or coldstart.COLD_START_CAUSE)
         if key == "cold_start":
             cause["bucket"] = evidence["warmup_extra_bucket"] or cause["bucket"]
-        bucket = cause["bucket"]
-        if bucket not in places and key != "cold_start":
-            places[bucket] = dimensions.concentration(
-                store, since_ns=since_ns, until_ns=until_ns, bucket=bucket, service=service,
-                model=model,
-            )  # fmt: skip
+        shown.append((key, cause, score, evidence))
+    # Where each verdict's bucket concentrates: every bucket's selection in one read.
+    places = dimensions.concentrations(
+        store, since_ns=since_ns, until_ns=until_ns, service=service, model=model,
+        buckets=[cause["bucket"] for key, cause, _, _ in shown if key != "cold_start"],
+    )  # fmt: skip
+    located: set[str] = set()  # a cold start shows where only after a verdict of its bucket
+    for key, cause, score, evidence in shown:
+        if key != "cold_start":
+            located.add(cause["bucket"])
+        where = places.get(cause["bucket"]) if cause["bucket"] in located else None
         out["verdicts"].append(
-            {"id": key, **cause, "score": score, "evidence": evidence, "where": places.get(bucket)}
+            {"id": key, **cause, "score": score, "evidence": evidence, "where": where}
         )
     return out

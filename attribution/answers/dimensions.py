@@ -54,6 +54,7 @@ __all__ = [
     "DimensionError",
     "Selection",
     "concentration",
+    "concentrations",
     "slo_buckets",
     "why",
 ]
@@ -167,14 +168,14 @@ class _Query:
     params: dict[str, Any]
     where: str
     sel: str
+    #: The population's condition beyond the window and FILTERS (``where`` holds it too).
+    pop: str = "1"
     dims: list[tuple[str, str, str]] = field(default_factory=list)
     join: str = ""
     description: str = ""
     baseline: str = ""
     threshold_ms: float | None = None
     resources: bool = False
-    #: Dimension index -> the parameter naming its resource attribute's key.
-    resource_keys: dict[int, str] = field(default_factory=dict)
     split: window.RawRanges | None = None
 
     def rows(self, store: Store, extra: str = "") -> str:
@@ -248,8 +249,11 @@ def _selection_query(
     model: str | None,
     selection: Selection,
     use_rollups: bool,
+    prefix: str = "",
 ) -> _Query | None:
-    """Population and selection as SQL; None when the selection is empty by construction."""
+    """Population and selection as SQL; None when the selection is empty by construction. The
+    selection's own parameters (a threshold, a region's edges) are named with ``prefix``, so several
+    selections can share one read."""
     params: dict[str, Any] = {
         "lo_ns": int(since_ns),
         "hi_ns": int(until_ns),
@@ -266,11 +270,12 @@ def _selection_query(
         )
         if threshold is None:
             return None
-        params["threshold"] = float(threshold)
+        params[prefix + "threshold"] = float(threshold)
         return _Query(
             params,
             f"{population}\n    AND {value} IS NOT NULL",
-            f"{value} >= {{threshold:Float64}}",
+            f"{value} >= {{{prefix}threshold:Float64}}",
+            f"{value} IS NOT NULL",
             description=(
                 f"{selection.metric} at or above p{selection.percentile:g} "
                 f"({threshold / 1e6:.1f} ms)"
@@ -279,11 +284,12 @@ def _selection_query(
             threshold_ms=threshold / 1e6,
         )
     if kind == "slo":
-        params["threshold"] = float(selection.threshold_ms or 0) * 1e6
+        params[prefix + "threshold"] = float(selection.threshold_ms or 0) * 1e6
         return _Query(
             params,
             f"{population}\n    AND {value} IS NOT NULL",
-            f"{value} > {{threshold:Float64}}",
+            f"{value} > {{{prefix}threshold:Float64}}",
+            f"{value} IS NOT NULL",
             description=f"{selection.metric} above {selection.threshold_ms:g} ms (missed the SLO)",
             baseline="the window's requests that met it",
             threshold_ms=selection.threshold_ms,
@@ -291,11 +297,11 @@ def _selection_query(
     if kind == "before":
         length = until_ns - since_ns
         params["lo_ns"] = int(since_ns - length)
-        params["sel_from"] = int(since_ns)
+        params[prefix + "sel_from"] = int(since_ns)
         return _Query(
             params,
             population,
-            "Timestamp >= fromUnixTimestamp64Nano({sel_from:Int64})",
+            f"Timestamp >= fromUnixTimestamp64Nano({{{prefix}sel_from:Int64}})",
             description="the window's requests",
             baseline="the requests of the window of the same length just before it",
         )
@@ -305,25 +311,26 @@ def _selection_query(
     hi = min(until_ns, selection.until_ns if selection.until_ns is not None else until_ns)
     if hi <= lo:
         raise DimensionError("the region lies outside the window: widen since/until")
-    params.update(sel_lo=int(lo), sel_hi=int(hi))
+    params[prefix + "sel_lo"], params[prefix + "sel_hi"] = int(lo), int(hi)
     terms.append(
-        "Timestamp >= fromUnixTimestamp64Nano({sel_lo:Int64}) "
-        "AND Timestamp < fromUnixTimestamp64Nano({sel_hi:Int64})"
+        f"Timestamp >= fromUnixTimestamp64Nano({{{prefix}sel_lo:Int64}}) "
+        f"AND Timestamp < fromUnixTimestamp64Nano({{{prefix}sel_hi:Int64}})"
     )
     text = [f"started in the region's {(hi - lo) / 1e9:g} s"]
     if selection.min_ms is not None:
-        params["min_ns"] = float(selection.min_ms) * 1e6
-        terms.append(f"{value} >= {{min_ns:Float64}}")
+        params[prefix + "min_ns"] = float(selection.min_ms) * 1e6
+        terms.append(f"{value} >= {{{prefix}min_ns:Float64}}")
         text.append(f"{selection.metric} >= {selection.min_ms:g} ms")
     if selection.max_ms is not None:
-        params["max_ns"] = float(selection.max_ms) * 1e6
-        terms.append(f"{value} < {{max_ns:Float64}}")
+        params[prefix + "max_ns"] = float(selection.max_ms) * 1e6
+        terms.append(f"{value} < {{{prefix}max_ns:Float64}}")
         text.append(f"{selection.metric} < {selection.max_ms:g} ms")
     bounded = selection.min_ms is not None or selection.max_ms is not None
     return _Query(
         params,
         population + (f"\n    AND {value} IS NOT NULL" if bounded else ""),
         "(" + " AND ".join(terms) + ")",
+        f"{value} IS NOT NULL" if bounded else "1",
         description=", ".join(text),
         baseline="the window's other requests",
     )
@@ -354,7 +361,6 @@ def _dimensions(
     keys = list(dict.fromkeys([*(DEFAULT_RESOURCE_KEYS if dimensions is None else ()), *resources]))
     for i, key in enumerate(keys):
         q.params[f"rk{i}"] = key
-        q.resource_keys[len(q.dims)] = f"rk{i}"
         q.dims.append((f"resource.{key}", f"ResourceAttributes[{{rk{i}:String}}]", "$V"))
     q.resources = bool(keys)
     attrs = list(dict.fromkeys(attributes))
@@ -394,50 +400,65 @@ _SUMS = ", ".join(
 )
 _FIGURES = ("e2e", *BUCKETS)
 
+
 #: Stage one counts and sums per combination of every dimension's value (many fewer rows than
 #: requests), grouped by a 64-bit hash of the combination: hashing the values once costs about
 #: what reading them does, where grouping by a dozen string keys costs five times more. Two
 #: combinations sharing a hash would be counted as one: for a million distinct combinations the
 #: chance is 3e-8. Stage two spreads each combination over its dimensions (ARRAY JOIN, values
 #: turned into labels on these few rows) and sums per (dimension, value), inside and outside the
-#: selection. ``$SINCE`` and ``$STEPS`` (``_SINCE_FOLDED``, or empty) have each (dimension, value)
-#: also count its selected requests per time step (``since_steps``/``since_counts``), so when
-#: the top value's selected requests began comes from this one read of the window rather than a
-#: second one (``SINCE_SQL``).
-WHY_SQL = (
-    """
-SELECT d, v, sumIf(n, sel) AS n_in, sumIf(n, NOT sel) AS n_out,
-    """
-    + ",\n    ".join(f"sumIf({f}, sel) AS {f}_in, sumIf({f}, NOT sel) AS {f}_out" for f in _FIGURES)
-    + """$SINCE
+#: selection.
+#:
+#: One read serves several selections of one window (``_why_sql``): selection ``j`` has its
+#: population flag ``p{j}`` and its selection flag ``s{j}`` (``$FLAGS``), stage one groups by all
+#: of them, and stage two sums ``_in_{j}`` over ``s{j}`` and ``_out_{j}`` over ``p{j} AND NOT
+#: s{j}``. Where ``folded``, each (dimension, value) also counts the selection's requests per
+#: time step (``since_steps_{j}``/``since_counts_{j}``), so when the top value's selected
+#: requests began comes from this one read rather than a second one (``SINCE_SQL``). That count
+#: costs about a microsecond per selected request: well worth it where the selection is a small
+#: part of the window (a percentile's tail, an SLO's bad requests, a heatmap region), more than a
+#: second read where it is the whole window (``before``).
+def _why_sql(folded: Sequence[bool]) -> str:
+    k = len(folded)
+    sums = []
+    for j in range(k):
+        out = f"p{j} AND NOT s{j}"
+        sums.append(f"sumIf(n, s{j}) AS n_in_{j}, sumIf(n, {out}) AS n_out_{j}")
+        sums += [
+            f"sumIf({f}, s{j}) AS {f}_in_{j}, sumIf({f}, {out}) AS {f}_out_{j}" for f in _FIGURES
+        ]
+        if folded[j]:
+            sums.append(
+                f"sumMapIf(steps{j}.1, steps{j}.2, s{j}) AS since{j}, "
+                f"since{j}.1 AS since_steps_{j}, since{j}.2 AS since_counts_{j}"
+            )
+    flags = ", ".join(f"p{j}, s{j}" for j in range(k))
+    steps = "".join(
+        f",\n        sumMapIf([step], [toUInt64(1)], s{j}) AS steps{j}"
+        for j in range(k)
+        if folded[j]
+    )
+    figures = ", ".join(c for c in BUCKET_COLUMNS.values() if c != "NetworkNs")
+    sums_sql = ",\n    ".join(sums)
+    return (
+        f"""
+SELECT d, v, {sums_sql}
 FROM (
-    SELECT sel, cityHash64($DIM_NAMES) AS combo, any(tuple($DIM_NAMES)) AS vals, count() AS n,
-        """
-    + _SUMS
-    + """$STEPS
+    SELECT {flags}, cityHash64($DIM_NAMES) AS combo, any(tuple($DIM_NAMES)) AS vals,
+        count() AS n, {_SUMS}{steps}
     FROM (
-        SELECT $SEL AS sel, $DIMS, E2eNs, NetworkNs, """
-    + ", ".join(c for c in BUCKET_COLUMNS.values() if c != "NetworkNs")
-    + """,
-            intDiv(toUnixTimestamp(Timestamp), {step_s:UInt32}) AS step
+        SELECT $FLAGS, $DIMS, E2eNs, NetworkNs, {figures},
+            intDiv(toUnixTimestamp(Timestamp), {{step_s:UInt32}}) AS step
         FROM ($ROWS) AS a$JOIN
     )
-    GROUP BY sel, combo
+    GROUP BY {flags}, combo
 )
 ARRAY JOIN [$LABELS] AS v, range($DIM_COUNT) AS d
 GROUP BY d, v"""
-    + SETTINGS
-    + ", join_use_nulls = 0"
-)
-#: The fragments of WHY_SQL counting selected requests per step. The count is made for every
-#: request and costs about a microsecond each: well worth it where the selection is a small part
-#: of the window (a percentile's tail, an SLO's bad requests, a heatmap region), it would cost
-#: more than a second read where the selection is the whole window (``before``).
-_SINCE_FOLDED = {
-    "SINCE": ",\n    sumMapIf(steps.1, steps.2, sel) AS since, since.1 AS since_steps, "
-    "since.2 AS since_counts",
-    "STEPS": ",\n        sumMapIf([step], [toUInt64(1)], sel) AS steps",
-}
+        + SETTINGS
+        + ", join_use_nulls = 0"
+    )
+
 
 #: When the selected requests with one value came, where WHY_SQL did not count them: selected
 #: requests per step.
@@ -505,12 +526,96 @@ def why(
     the built-in ones (and then skips the default resource attributes). Per dimension, values
     are listed by over-representation (``difference``), at most ``limit_values``.
     """
-    selection = selection or Selection()
-    selection.validate()
+    return _why_many(
+        store, since_ns, until_ns, [selection or Selection()], service=service, model=model,
+        resources=resources, attributes=attributes, dimensions=dimensions,
+        limit_values=limit_values, examples=examples, use_rollups=use_rollups,
+    )[0]  # fmt: skip
+
+
+def _why_many(
+    store: Store,
+    since_ns: int,
+    until_ns: int,
+    selections: Sequence[Selection],
+    *,
+    service: str | None,
+    model: str | None,
+    resources: Sequence[str],
+    attributes: Sequence[str],
+    dimensions: Sequence[str] | None,
+    limit_values: int,
+    examples: int,
+    use_rollups: bool,
+) -> list[dict[str, Any]]:
+    """``why`` for several selections of one window, their dimensions counted in one read."""
+    for selection in selections:
+        selection.validate()
     if until_ns <= since_ns:
         raise DimensionError(f"empty window: until ({until_ns}) must be after since ({since_ns})")
-    q = _selection_query(store, since_ns, until_ns, service, model, selection, use_rollups)
-    out: dict[str, Any] = {
+    qs = [
+        _selection_query(store, since_ns, until_ns, service, model, s, use_rollups, f"s{j}_")
+        for j, s in enumerate(selections)
+    ]
+    outs = [_empty(since_ns, until_ns, s, q) for s, q in zip(selections, qs, strict=True)]
+    live = [j for j, q in enumerate(qs) if q is not None]
+    if not live:
+        return outs
+    read = [q for q in qs if q is not None]
+    shared = read[0]
+    if len({(q.params["lo_ns"], q.params["hi_ns"]) for q in read}) > 1:
+        raise ValueError("selections read together must share their window")
+    _dimensions(shared, resources, attributes, dimensions)
+    step = timeseries.choose_step((until_ns - since_ns) / 1e9)
+    shared.params["step_s"] = step
+    params = dict(shared.params)
+    flags, pops = [], []
+    for n, q in enumerate(read):
+        q.dims, q.join, q.resources = shared.dims, shared.join, shared.resources
+        q.params.update(shared.params | q.params)  # the window's and the dimensions' too
+        params.update(q.params)
+        flags.append(f"{q.pop} AS p{n}, ({q.pop}) AND ({q.sel}) AS s{n}")
+        pops.append(q.pop)
+    names = [f"d{i}" for i in range(len(shared.dims))]
+    columns = [f"{d[1]} AS {n}" for d, n in zip(shared.dims, names, strict=True)]
+    labels = [_label(d[2], f"vals.{i + 1}") for i, d in enumerate(shared.dims)]
+    folded = [selections[j].kind != "before" for j in live]
+    # Every selection's population: the requests any of them counts.
+    where = FILTERS if "1" in pops else f"{FILTERS}\n    AND ({' OR '.join(pops)})"
+    population = _Query(params, where, "1", join=shared.join, resources=shared.resources)
+    sql = render(
+        _why_sql(folded),
+        {
+            "FLAGS": ", ".join(flags),
+            "DIMS": ", ".join(columns),
+            "DIM_NAMES": ", ".join(names),
+            "LABELS": ", ".join(labels),
+            "DIM_COUNT": str(len(shared.dims)),
+            "JOIN": shared.join,
+            "ROWS": population.rows(store, ", TraceId" if shared.join else ""),
+        },
+    )
+    rows = store.query_arrow(sql, params).to_pylist()
+    for n, (j, q) in enumerate(zip(live, read, strict=True)):
+        q.split = population.split
+        mine = []
+        for r in rows:
+            if not (r[f"n_in_{n}"] or r[f"n_out_{n}"]):
+                continue  # a value only other selections' populations have
+            row = {"d": r["d"], "v": r["v"], "n_in": r[f"n_in_{n}"], "n_out": r[f"n_out_{n}"]}
+            for f in _FIGURES:
+                row[f"{f}_in"], row[f"{f}_out"] = r[f"{f}_in_{n}"], r[f"{f}_out_{n}"]
+            if folded[n]:
+                row["since_steps"] = r[f"since_steps_{n}"]
+                row["since_counts"] = r[f"since_counts_{n}"]
+            mine.append(row)
+        _answer(store, outs[j], q, mine, step, folded[n], limit_values, examples)
+    return outs
+
+
+def _empty(since_ns: int, until_ns: int, selection: Selection, q: _Query | None) -> dict[str, Any]:
+    """The answer before anything is counted (and for a selection empty by construction)."""
+    return {
         "window": {"since_ns": int(since_ns), "until_ns": int(until_ns)},
         "selection": {
             "kind": selection.kind,
@@ -530,42 +635,19 @@ def why(
         "top": None,
         "examples": [],
     }
-    if q is None:
-        return out
-    _dimensions(q, resources, attributes, dimensions)
-    step = timeseries.choose_step((until_ns - since_ns) / 1e9)
-    q.params["step_s"] = step
-    # Resource attributes are grouped on as the whole map (one value per replica), and each
-    # key is looked up on the few combinations: a lookup per request and key cost more than
-    # the rest of the read (a day of 1.4 M requests: 0.5 s for seven keys, 0.2 s to hash the map).
-    own = [(i, d) for i, d in enumerate(q.dims) if i not in q.resource_keys]
-    names = [f"d{i}" for i, _ in own]
-    columns = [f"{d[1]} AS d{i}" for i, d in own]
-    if q.resource_keys:
-        names.append("res")
-        columns.append("ResourceAttributes AS res")
-    labels = []
-    for i, d in enumerate(q.dims):
-        if i in q.resource_keys:
-            labels.append(f"vals.{len(names)}[{{{q.resource_keys[i]}:String}}]")
-        else:
-            labels.append(_label(d[2], f"vals.{names.index(f'd{i}') + 1}"))
-    trace = ", TraceId" if q.join else ""
-    folded = selection.kind != "before"
-    sql = render(
-        WHY_SQL,
-        {
-            **(_SINCE_FOLDED if folded else {"SINCE": "", "STEPS": ""}),
-            "DIMS": ", ".join(columns),
-            "DIM_NAMES": ", ".join(names),
-            "LABELS": ", ".join(labels),
-            "DIM_COUNT": str(len(q.dims)),
-            "JOIN": q.join,
-            "ROWS": q.rows(store, trace),
-            "SEL": q.sel,
-        },
-    )
-    rows = store.query_arrow(sql, q.params).to_pylist()
+
+
+def _answer(
+    store: Store,
+    out: dict[str, Any],
+    q: _Query,
+    rows: list[dict[str, Any]],
+    step: int,
+    folded: bool,
+    limit_values: int,
+    examples: int,
+) -> None:
+    """Fill ``out`` from the selection's (dimension, value) rows."""
     per_dim: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         per_dim.setdefault(int(row["d"]), []).append(row)
@@ -581,7 +663,7 @@ def why(
     out["extra_buckets_ms"] = extra_buckets
     out["dominant"] = _dominant(extra_buckets)
     if not n_in or not n_out:
-        return out
+        return
     ranked = []
     for i, (name, _, _) in enumerate(q.dims):
         values = per_dim.get(i, [])
@@ -611,8 +693,8 @@ def why(
             "since_ns": _since(q, steps, counts, step),
         }
     if examples > 0:
-        params = q.params | {"examples": int(examples)}
         sql = render(EXAMPLES_SQL, {"ROWS": q.rows(store, ", TraceId"), "SEL": q.sel})
+        params = q.params | {"examples": int(examples)}  # with the ranges rows() bound
         out["examples"] = [
             {
                 "trace_id": r["trace_id"],
@@ -623,7 +705,6 @@ def why(
             }
             for r in store.query_arrow(sql, params).to_pylist()
         ]
-    return out
 
 
 def _dominant(buckets: Mapping[str, float | None]) -> str | None:
@@ -685,12 +766,12 @@ def _steps(
     store: Store, q: _Query, label_sql: str, value: str, step: int
 ) -> tuple[list[int], list[int]]:
     """The selected requests with ``value`` per step (SINCE_SQL): steps ascending, counts."""
-    params = q.params | {"value": value, "step_s": step}
     trace = ", TraceId" if q.join else ""
     sql = render(
         SINCE_SQL,
         {"JOIN": q.join, "ROWS": q.rows(store, trace), "SEL": q.sel, "LABEL": label_sql},
     )
+    params = q.params | {"value": value, "step_s": step}  # with the ranges rows() bound
     rows = store.query_rows(sql, params)
     return [int(s) for s, _ in rows], [int(n) for _, n in rows]
 
@@ -810,27 +891,45 @@ def concentration(
     >>> concentration(store, since_ns=t0, until_ns=t1, bucket="queue")  # doctest: +SKIP
     {"dimension": "resource.k8s.pod.name", "value": "llm-7", "in_share": 0.81, ...}
     """
-    if bucket not in BUCKETS:
-        return None
-    found = why(
-        store,
-        since_ns=since_ns,
-        until_ns=until_ns,
-        selection=Selection("percentile", metric=bucket, percentile=CONCENTRATION_PERCENTILE),
-        service=service,
-        model=model,
-        examples=0,
-        limit_values=1,
+    found = concentrations(
+        store, since_ns=since_ns, until_ns=until_ns, buckets=[bucket], service=service, model=model
     )
-    top = found["top"]
-    if top is None or top["score"] < CONCENTRATION_MIN:
-        return None
-    return {
-        "dimension": top["dimension"],
-        "value": top["value"],
-        "selection": found["selection"]["description"],
-        "in_share": top["in_share"],
-        "out_share": top["out_share"],
-        "extra_ms": top["extra_ms"],
-        "since_ns": top["since_ns"],
-    }
+    return found[bucket]
+
+
+def concentrations(
+    store: Store,
+    *,
+    since_ns: int,
+    until_ns: int,
+    buckets: Sequence[str],
+    service: str | None = None,
+    model: str | None = None,
+) -> dict[str, dict[str, Any] | None]:
+    """``concentration`` of several buckets (bucket -> answer; None for a name that is not a
+    bucket), their selections counted in one read of the window."""
+    wanted = [b for b in dict.fromkeys(buckets) if b in BUCKETS]
+    out: dict[str, dict[str, Any] | None] = dict.fromkeys(buckets)
+    if not wanted:
+        return out
+    selections = [
+        Selection("percentile", metric=b, percentile=CONCENTRATION_PERCENTILE) for b in wanted
+    ]
+    found = _why_many(
+        store, since_ns, until_ns, selections, service=service, model=model, resources=(),
+        attributes=(), dimensions=None, limit_values=1, examples=0, use_rollups=True,
+    )  # fmt: skip
+    for bucket, answer in zip(wanted, found, strict=True):
+        top = answer["top"]
+        if top is None or top["score"] < CONCENTRATION_MIN:
+            continue
+        out[bucket] = {
+            "dimension": top["dimension"],
+            "value": top["value"],
+            "selection": answer["selection"]["description"],
+            "in_share": top["in_share"],
+            "out_share": top["out_share"],
+            "extra_ms": top["extra_ms"],
+            "since_ns": top["since_ns"],
+        }
+    return out
