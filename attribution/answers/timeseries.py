@@ -212,26 +212,28 @@ _GROUP_KEYS = [_METRIC_INDEX[m] for m in ("e2e", "ttft", "tpot")]
 #: ``$KEYS``: the histogram keys kept (``_hist_sources``).
 _KEEP = f"intDiv(k, {KEY_STRIDE}) IN ($KEYS)"
 #: Per step and group, each figure's histogram (rollup rows' and raw rows' bins merged), read as
-#: percentiles inside ClickHouse; ``$SOURCES`` gives (step, grp, total, key, c) rows already
-#: summed per key.
+#: percentiles inside ClickHouse; ``$SOURCES`` gives (step, grp, total, key, c) rows. A bin may
+#: come several times (from each hour of the step, and from raw rows): it is not summed first,
+#: as the percentiles read the same off the sorted bins either way (the running count passes a
+#: rank inside a run of equal bins, whichever of them it is) and a GROUP BY per key cost more
+#: than the rest of the query (a week by model: 1.2 s CPU with it, 0.7 s without).
 _TS_HIST_SQL = (
     f"""
 SELECT step, grp, total, metric, cum[-1] AS n, {quantiles_sql([0.5, 0.9, 0.95, 0.99])} AS q
 FROM (
     SELECT step, grp, total, intDiv(key, {KEY_STRIDE}) AS metric,
-           arraySort(groupArray((key % {KEY_STRIDE}, c))) AS h,
-           arrayMap(x -> x.1, h) AS bins, arrayCumSum(arrayMap(x -> x.2, h)) AS cum
+           groupArray(key % {KEY_STRIDE}) AS unsorted, arraySort(unsorted) AS bins,
+           arrayCumSum(arraySort((c, b) -> b, groupArray(c), unsorted)) AS cum
     FROM ($SOURCES)
     GROUP BY step, grp, total, metric
 )"""
     + _SETTINGS
 )
-#: One level's histograms per (step, grp, key): ``$TOTAL`` 1 for the whole window's series.
-_TS_HIST_PART = """SELECT step, grp, $TOTAL AS total, key, sum(c) AS c
-        FROM ($SOURCES)
-        GROUP BY step, grp, key$HAVING"""
+#: One level's histogram rows: ``$TOTAL`` 1 for the whole window's series.
+_TS_HIST_PART = """SELECT step, grp, $TOTAL AS total, key, c
+        FROM ($SOURCES)$WHERE"""
 #: Only the groups answered (the ``limit_groups`` largest).
-_HAVING_GROUPS = "\n        HAVING grp IN {groups:Array(String)}"
+_WHERE_GROUPS = "\n        WHERE grp IN {groups:Array(String)}"
 _TS_ROLLUP_HIST = (
     f"SELECT {_STEP_ROLLUP} AS step, $GROUP AS grp, key, c FROM {ROLLUP_TABLE} "
     f"ARRAY JOIN arrayFilter(k -> {_KEEP}, HistKeys) AS key, "
@@ -368,17 +370,17 @@ def _binned_quantiles(
 ) -> tuple[str, WindowRead]:
     """Percentiles from the 1 % bins of rollup hours and raw rows (the read of the whole
     window's series, whose parameters the query needs, comes back with it)."""
-    having = ""
+    only = ""
     if grouped and len(keys) < groups_seen:
         read.params["groups"] = keys
-        having = _HAVING_GROUPS
+        only = _WHERE_GROUPS
     # The whole window's series from its own (cheaper) rollup level, the groups' from theirs.
     parts = [
         render(
             _TS_HIST_PART,
             {
                 "TOTAL": "1" if not grouped else "0",
-                "HAVING": having,
+                "WHERE": only,
                 "SOURCES": _hist_sources(read, _GROUP_KEYS if grouped else _KEYS, "g_"),
             },
         )
@@ -391,7 +393,7 @@ def _binned_quantiles(
         parts.append(
             render(
                 _TS_HIST_PART,
-                {"TOTAL": "1", "HAVING": "", "SOURCES": _hist_sources(whole, _KEYS, "t_")},
+                {"TOTAL": "1", "WHERE": "", "SOURCES": _hist_sources(whole, _KEYS, "t_")},
             )
         )
         read = whole
