@@ -216,6 +216,10 @@ def test_diagnose_names_where_and_since_when(store: Store, chat) -> None:
     assert where["dimension"] in ("resource.k8s.pod.name", "resource.service.instance.id")
     assert where["value"] == f"{service}-5"
     assert abs(where["since_ns"] - (T0 + 90 * 60 * S)) <= 120 * S
+    # The buckets' shares come from the rules' own read: exactly the summary's.
+    summary = ag.summary(store, since_ns=T0, until_ns=T0 + 3 * H, service=service)
+    assert got["shares"] == {b: v["share"] or 0.0 for b, v in summary["buckets_ms"].items()}
+    assert got["dominant"] == max(got["shares"], key=lambda b: got["shares"][b])
 
 
 def test_selection_kinds_match_polars(store: Store, chat) -> None:

@@ -1,7 +1,8 @@
 """The diagnosis: what the window shows, mapped to the usual cause and its first fixes.
 
-Each verdict is a rule over figures of the window (one pass of ``DIAGNOSE_SQL``, the summary, the
-tail, a per-minute pass and the cold-start answer) with the numbers behind it and a score;
+Each verdict is a rule over figures of the window (one pass of ``DIAGNOSE_SQL``, which also gives
+the buckets' shares, the tail, a per-minute pass and the cold-start answer) with the numbers
+behind it and a score;
 verdicts come strongest first, each with the dimension value that concentrates it
 (``dimensions.concentration``). The rulebook below names every threshold and says why that value;
 docs/attribution.md ("The diagnosis rulebook") has them as a table.
@@ -26,8 +27,9 @@ from latscope.attribution.answers.common import (
     query_dicts,
     window_params,
 )
-from latscope.attribution.answers.summary import summary
 from latscope.attribution.answers.tail import tail
+from latscope.attribution.table import BUCKET_COLUMN_LIST, BUCKET_COLUMNS
+from latscope.semconv import BUCKETS
 from latscope.sqltext import render
 from latscope.storage import Store
 
@@ -92,6 +94,9 @@ PEAK_SCORE_WEIGHT = 0.9
 # The cold-start verdict's thresholds are coldstart.VERDICT_MIN_REQUESTS and VERDICT_MIN_FACTOR;
 # where a verdict concentrates, dimensions.CONCENTRATION_MIN and CONCENTRATION_PERCENTILE.
 
+#: Each bucket's sum, for its share of the window's time (network where known, as ``summary``).
+_BUCKET_SUMS = ", ".join(f"sum({col}) AS {b}_sum" for b, col in BUCKET_COLUMNS.items())
+
 #: Figures the diagnosis rules look at, in one pass.
 DIAGNOSE_SQL = f"""
 SELECT
@@ -114,7 +119,9 @@ SELECT
     sum(PrefillNs) / sum(E2eNs) AS prefill_share,
     sumIf(PrefillNs, coalesce(TtftClientNs, TtftServerNs) IS NOT NULL)
         / sum(coalesce(TtftClientNs, TtftServerNs)) AS prefill_ttft_share,
-    sum(DecodeNs) / sum(E2eNs) AS decode_share
+    sum(DecodeNs) / sum(E2eNs) AS decode_share,
+    sum(E2eNs) AS e2e_sum,
+    {_BUCKET_SUMS}
 FROM ($ROWS){SETTINGS}
 """
 
@@ -136,8 +143,8 @@ FROM (
 
 #: The columns DIAGNOSE_SQL and DIAGNOSE_PEAK_SQL read.
 DIAGNOSE_COLUMNS = (
-    "Timestamp, E2eNs, NetworkNs, QueueNs, PrefillNs, DecodeNs, InputTokens, TtftClientNs, "
-    "TtftServerNs, Stalls, ItlP50Ns, ItlMaxNs"
+    f"Timestamp, E2eNs, {BUCKET_COLUMN_LIST}, InputTokens, TtftClientNs, TtftServerNs, "
+    "Stalls, ItlP50Ns, ItlMaxNs"
 )
 
 #: Verdicts: cause, bucket, the usual first fixes.
@@ -232,8 +239,12 @@ def _diagnose(
     out: dict[str, Any] = {"count": n, "dominant": None, "tail_dominant": None, "verdicts": []}
     if n == 0:
         return out
-    s = summary(store, since_ns=since_ns, until_ns=until_ns, service=service, model=model)
-    shares = {b: v["share"] or 0.0 for b, v in s["buckets_ms"].items()}
+    # Each bucket's share of the window's time, as ``summary`` gives it (the same exact sums),
+    # from the rules' own read rather than a summary's two more.
+    e2e_sum = float(f["e2e_sum"] or 0)
+    shares = {
+        b: ((float(f[f"{b}_sum"] or 0) / e2e_sum) if e2e_sum else None) or 0.0 for b in BUCKETS
+    }
     out["dominant"] = max(shares, key=lambda b: shares[b])
     out["shares"] = shares
     t = tail(
