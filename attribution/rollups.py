@@ -26,11 +26,13 @@ Plan(hours=[(1763002800, 1763700000123456), ...], raw=[(t0, 1763002800000000000)
 from __future__ import annotations
 
 import bisect
+import contextlib
+import contextvars
 import itertools
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -327,12 +329,42 @@ class HourState:
         )
 
 
+#: Answers of the hour-state queries within ``one_view`` (None outside one).
+_VIEW: contextvars.ContextVar[dict[tuple[int, str, int, int], list[tuple]] | None] = (
+    contextvars.ContextVar("latscope_rollup_view", default=None)
+)
+
+
+@contextlib.contextmanager
+def one_view() -> Iterator[None]:
+    """Within this block, each hour-state query (``hour_rows``) runs once per store and hours:
+    an answer made of several reads of one window (the diagnosis) looks its hours up once
+    instead of once per read (each lookup is a few small queries, ~10 ms each), and all its
+    reads see the same plan."""
+    token = _VIEW.set({}) if _VIEW.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _VIEW.reset(token)
+
+
+def hour_rows(store: Store, sql: str, h0: int, h1: int) -> list[tuple]:
+    """The rows of an hour-state query over hours [h0, h1) (once per ``one_view``)."""
+    memo = _VIEW.get()
+    if memo is None:
+        return store.query_rows(sql, {"h0": h0, "h1": h1})
+    key = (id(store), sql, h0, h1)
+    if key not in memo:
+        memo[key] = store.query_rows(sql, {"h0": h0, "h1": h1})
+    return memo[key]
+
+
 def hour_states(store: Store, h0: int, h1: int) -> dict[int, HourState]:
     """Hours in [h0, h1) (s since the epoch) that have rows or builds."""
-    window = {"h0": h0, "h1": h1}
-    last = {int(h): int(t) for h, t in store.query_rows(WRITTEN_SQL, window)}
+    last = {int(h): int(t) for h, t in hour_rows(store, WRITTEN_SQL, h0, h1)}
     newest: dict[int, tuple[int, bool]] = {}
-    for hour, built_us, want, have in store.query_rows(BUILDS_SQL, window):
+    for hour, built_us, want, have in hour_rows(store, BUILDS_SQL, h0, h1):
         hour, built_us = int(hour), int(built_us)
         if hour not in newest or built_us > newest[hour][0]:
             newest[hour] = (built_us, int(have) == int(want))

@@ -181,6 +181,25 @@ def test_heatmap_of_a_bucket_counts_zeros_apart(store: Store, data) -> None:
     assert got["bins"][0]["lo_ms"] < got["bins"][0]["hi_ms"]
 
 
+def test_percentiles_read_the_same_off_repeated_bins(store: Store) -> None:
+    """A step's histogram rows are not summed per bin before its percentiles are read (one row
+    per bin and hour, and raw rows): a bin repeated, its count split, reads the same."""
+    merged = ([3, 140, 141, 900], [5, 2, 7, 1])
+    repeated = ([3, 3, 140, 141, 141, 141, 900], [2, 3, 2, 1, 4, 2, 1])
+    levels = [0.5, 0.9, 0.95, 0.99]
+
+    def read(bins: list[int], counts: list[int]) -> list[float]:
+        sql = (
+            f"SELECT {ts.quantiles_sql(levels)} FROM "
+            "(SELECT {bins:Array(UInt16)} AS bins, arrayCumSum({counts:Array(UInt64)}) AS cum)"
+        )
+        return store.query_rows(sql, {"bins": bins, "counts": counts})[0][0]
+
+    got = read(*repeated)
+    assert got == read(*merged)
+    assert got == pytest.approx(rollups.quantiles(*merged, levels), rel=1e-12)
+
+
 def test_choosing_the_step() -> None:
     assert ts.choose_step(900) == 10
     assert ts.choose_step(3600) == 30

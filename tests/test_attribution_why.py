@@ -216,6 +216,10 @@ def test_diagnose_names_where_and_since_when(store: Store, chat) -> None:
     assert where["dimension"] in ("resource.k8s.pod.name", "resource.service.instance.id")
     assert where["value"] == f"{service}-5"
     assert abs(where["since_ns"] - (T0 + 90 * 60 * S)) <= 120 * S
+    # The buckets' shares come from the rules' own read: exactly the summary's.
+    summary = ag.summary(store, since_ns=T0, until_ns=T0 + 3 * H, service=service)
+    assert got["shares"] == {b: v["share"] or 0.0 for b, v in summary["buckets_ms"].items()}
+    assert got["dominant"] == max(got["shares"], key=lambda b: got["shares"][b])
 
 
 def test_selection_kinds_match_polars(store: Store, chat) -> None:
@@ -305,6 +309,66 @@ def test_clean_hours_are_read_as_stored_and_others_with_final(store: Store) -> N
     later = planted.slow_pod(t0 + H, service=service, span_ns=H, n=1, seed=9)
     planted.insert(store, later)
     assert window.raw_ranges(store, [(t0 + H, t0 + 2 * H)]).clean == []
+
+
+class _CountingStore:
+    """The store, counting the queries made through it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.queries = store, 0
+
+    def query_rows(self, sql: str, parameters: dict | None = None) -> list[tuple]:
+        self.queries += 1
+        return self.store.query_rows(sql, parameters)
+
+
+def test_one_view_looks_the_hours_up_once(store: Store, chat) -> None:
+    _, service = chat
+    counting = _CountingStore(store)
+    ranges = [(T0 + 10 * 60 * S, T0 + 3 * H)]
+    alone = window.raw_ranges(counting, ranges)  # type: ignore[arg-type]
+    per_call = counting.queries
+    assert per_call > 0
+    with rollups.one_view():
+        first = window.raw_ranges(counting, ranges)  # type: ignore[arg-type]
+        again = window.raw_ranges(counting, ranges)  # type: ignore[arg-type]
+    assert first == again == alone
+    assert counting.queries == 2 * per_call
+    # Outside the view every call looks again.
+    window.raw_ranges(counting, ranges)  # type: ignore[arg-type]
+    assert counting.queries == 3 * per_call
+    # The diagnosis (one view over its reads) says the same as its parts read alone.
+    got = ag.diagnose(store, since_ns=T0, until_ns=T0 + 3 * H, service=service)
+    queue = next(v for v in got["verdicts"] if v["bucket"] == "queue")
+    alone_where = dm.concentration(
+        store, since_ns=T0, until_ns=T0 + 3 * H, bucket="queue", service=service
+    )
+    assert queue["where"] == alone_where
+
+
+def test_selections_read_together_answer_as_each_alone(store: Store, chat) -> None:
+    _, service = chat
+    window_ = {"since_ns": T0, "until_ns": T0 + 3 * H}
+    selections = [
+        dm.Selection("percentile", metric="queue", percentile=95),
+        dm.Selection("slo", metric="network", threshold_ms=20),
+        dm.Selection("region", since_ns=T0 + H, until_ns=T0 + 2 * H, min_ms=2500),
+    ]
+    together = dm._why_many(
+        store, window_["since_ns"], window_["until_ns"], selections, service=service,
+        model=None, resources=(), attributes=(), dimensions=None, limit_values=5, examples=2,
+        use_rollups=True,
+    )  # fmt: skip
+    for selection, got in zip(selections, together, strict=True):
+        alone = dm.why(store, **window_, selection=selection, service=service, examples=2)
+        assert got == alone, selection
+    # The diagnosis' places: several buckets in one read, each as it is alone.
+    both = dm.concentrations(store, **window_, buckets=["queue", "prefill", "network/queue"],
+                             service=service)  # fmt: skip
+    assert both["network/queue"] is None
+    for bucket in ("queue", "prefill"):
+        assert both[bucket] == dm.concentration(store, **window_, bucket=bucket, service=service)
+    assert both["queue"] is not None and both["queue"]["value"] == f"{service}-5"
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """The diagnosis: what the window shows, mapped to the usual cause and its first fixes.
 
-Each verdict is a rule over figures of the window (one pass of ``DIAGNOSE_SQL``, the summary, the
-tail, a per-minute pass and the cold-start answer) with the numbers behind it and a score;
+Each verdict is a rule over figures of the window (one pass of ``DIAGNOSE_SQL``, which also gives
+the buckets' shares, the tail, a per-minute pass and the cold-start answer) with the numbers
+behind it and a score;
 verdicts come strongest first, each with the dimension value that concentrates it
 (``dimensions.concentration``). The rulebook below names every threshold and says why that value;
 docs/attribution.md ("The diagnosis rulebook") has them as a table.
@@ -16,18 +17,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from latscope.attribution.answers import coldstart, dimensions
+from latscope.attribution import rollups
+from latscope.attribution.answers import coldstart, dimensions, window
 from latscope.attribution.answers.common import (
-    FROM,
+    FILTERS,
     SETTINGS,
-    WHERE,
     finite,
     ms,
     query_dicts,
     window_params,
 )
-from latscope.attribution.answers.summary import summary
 from latscope.attribution.answers.tail import tail
+from latscope.attribution.table import BUCKET_COLUMN_LIST, BUCKET_COLUMNS
+from latscope.semconv import BUCKETS
+from latscope.sqltext import render
 from latscope.storage import Store
 
 __all__ = [
@@ -91,6 +94,9 @@ PEAK_SCORE_WEIGHT = 0.9
 # The cold-start verdict's thresholds are coldstart.VERDICT_MIN_REQUESTS and VERDICT_MIN_FACTOR;
 # where a verdict concentrates, dimensions.CONCENTRATION_MIN and CONCENTRATION_PERCENTILE.
 
+#: Each bucket's sum, for its share of the window's time (network where known, as ``summary``).
+_BUCKET_SUMS = ", ".join(f"sum({col}) AS {b}_sum" for b, col in BUCKET_COLUMNS.items())
+
 #: Figures the diagnosis rules look at, in one pass.
 DIAGNOSE_SQL = f"""
 SELECT
@@ -113,9 +119,10 @@ SELECT
     sum(PrefillNs) / sum(E2eNs) AS prefill_share,
     sumIf(PrefillNs, coalesce(TtftClientNs, TtftServerNs) IS NOT NULL)
         / sum(coalesce(TtftClientNs, TtftServerNs)) AS prefill_ttft_share,
-    sum(DecodeNs) / sum(E2eNs) AS decode_share
-FROM {FROM}
-WHERE {WHERE}{SETTINGS}
+    sum(DecodeNs) / sum(E2eNs) AS decode_share,
+    sum(E2eNs) AS e2e_sum,
+    {_BUCKET_SUMS}
+FROM ($ROWS){SETTINGS}
 """
 
 #: Per-minute load against per-minute latency: is it slow only at peak?
@@ -129,11 +136,16 @@ SELECT
 FROM (
     SELECT toStartOfMinute(Timestamp) AS minute, count() AS n,
            quantileExactInclusive(0.95)(E2eNs) AS p95, avg(QueueNs) AS queue_mean
-    FROM {FROM}
-    WHERE {WHERE}
+    FROM ($ROWS)
     GROUP BY minute
 ){SETTINGS}
 """
+
+#: The columns DIAGNOSE_SQL and DIAGNOSE_PEAK_SQL read.
+DIAGNOSE_COLUMNS = (
+    f"Timestamp, E2eNs, {BUCKET_COLUMN_LIST}, InputTokens, TtftClientNs, TtftServerNs, "
+    "Stalls, ItlP50Ns, ItlMaxNs"
+)
 
 #: Verdicts: cause, bucket, the usual first fixes.
 CAUSES: dict[str, dict[str, Any]] = {
@@ -202,15 +214,37 @@ def diagnose(
     carries the numbers behind it, and ``where`` the dimension value that concentrates it and
     since when (``dimensions.concentration``). ``warmup`` is the cold-start rule.
     """
+    # Every read below is of this window: its hours are looked up once.
+    with rollups.one_view():
+        return _diagnose(store, since_ns, until_ns, service, model, percentile, stall_share, warmup)
+
+
+def _diagnose(
+    store: Store,
+    since_ns: int,
+    until_ns: int,
+    service: str | None,
+    model: str | None,
+    percentile: float,
+    stall_share: float,
+    warmup: coldstart.WarmupRule | None,
+) -> dict[str, Any]:
     params = window_params(since_ns, until_ns, service, model)
     params["tiny"] = TINY_PROMPT_TOKENS
-    f = query_dicts(store, DIAGNOSE_SQL, params)[0]
+    # Hours known clean are read as stored, the others with FINAL (``window``).
+    split = window.raw_ranges(store, [(since_ns, until_ns)])
+    rows = window.raw_rows(split, params, DIAGNOSE_COLUMNS, FILTERS)
+    f = query_dicts(store, render(DIAGNOSE_SQL, {"ROWS": rows}), params)[0]
     n = int(f["n"] or 0)
     out: dict[str, Any] = {"count": n, "dominant": None, "tail_dominant": None, "verdicts": []}
     if n == 0:
         return out
-    s = summary(store, since_ns=since_ns, until_ns=until_ns, service=service, model=model)
-    shares = {b: v["share"] or 0.0 for b, v in s["buckets_ms"].items()}
+    # Each bucket's share of the window's time, as ``summary`` gives it (the same exact sums),
+    # from the rules' own read rather than a summary's two more.
+    e2e_sum = float(f["e2e_sum"] or 0)
+    shares = {
+        b: ((float(f[f"{b}_sum"] or 0) / e2e_sum) if e2e_sum else None) or 0.0 for b in BUCKETS
+    }
     out["dominant"] = max(shares, key=lambda b: shares[b])
     out["shares"] = shares
     t = tail(
@@ -295,7 +329,7 @@ def diagnose(
                 },
             )
         )
-    peak = query_dicts(store, DIAGNOSE_PEAK_SQL, params)[0]
+    peak = query_dicts(store, render(DIAGNOSE_PEAK_SQL, {"ROWS": rows}), params)[0]
     load_corr = finite(peak["load_latency_corr"])
     if (
         int(peak["minutes"] or 0) >= PEAK_MIN_MINUTES
@@ -325,18 +359,23 @@ def diagnose(
     )
     if cold is not None:
         verdicts.append((cold[0], "cold_start", cold[1]))
-    places: dict[str, dict[str, Any] | None] = {}
+    shown = []
     for score, key, evidence in sorted(verdicts, key=lambda v: -v[0]):
         cause = dict(CAUSES.get(key) or coldstart.COLD_START_CAUSE)
         if key == "cold_start":
             cause["bucket"] = evidence["warmup_extra_bucket"] or cause["bucket"]
-        bucket = cause["bucket"]
-        if bucket not in places and key != "cold_start":
-            places[bucket] = dimensions.concentration(
-                store, since_ns=since_ns, until_ns=until_ns, bucket=bucket, service=service,
-                model=model,
-            )  # fmt: skip
+        shown.append((key, cause, score, evidence))
+    # Where each verdict's bucket concentrates: every bucket's selection in one read.
+    places = dimensions.concentrations(
+        store, since_ns=since_ns, until_ns=until_ns, service=service, model=model,
+        buckets=[cause["bucket"] for key, cause, _, _ in shown if key != "cold_start"],
+    )  # fmt: skip
+    located: set[str] = set()  # a cold start shows where only after a verdict of its bucket
+    for key, cause, score, evidence in shown:
+        if key != "cold_start":
+            located.add(cause["bucket"])
+        where = places.get(cause["bucket"]) if cause["bucket"] in located else None
         out["verdicts"].append(
-            {"id": key, **cause, "score": score, "evidence": evidence, "where": places.get(bucket)}
+            {"id": key, **cause, "score": score, "evidence": evidence, "where": where}
         )
     return out

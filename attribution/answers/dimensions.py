@@ -54,6 +54,7 @@ __all__ = [
     "DimensionError",
     "Selection",
     "concentration",
+    "concentrations",
     "slo_buckets",
     "why",
 ]
@@ -167,6 +168,8 @@ class _Query:
     params: dict[str, Any]
     where: str
     sel: str
+    #: The population's condition beyond the window and FILTERS (``where`` holds it too).
+    pop: str = "1"
     dims: list[tuple[str, str, str]] = field(default_factory=list)
     join: str = ""
     description: str = ""
@@ -246,8 +249,11 @@ def _selection_query(
     model: str | None,
     selection: Selection,
     use_rollups: bool,
+    prefix: str = "",
 ) -> _Query | None:
-    """Population and selection as SQL; None when the selection is empty by construction."""
+    """Population and selection as SQL; None when the selection is empty by construction. The
+    selection's own parameters (a threshold, a region's edges) are named with ``prefix``, so several
+    selections can share one read."""
     params: dict[str, Any] = {
         "lo_ns": int(since_ns),
         "hi_ns": int(until_ns),
@@ -264,11 +270,12 @@ def _selection_query(
         )
         if threshold is None:
             return None
-        params["threshold"] = float(threshold)
+        params[prefix + "threshold"] = float(threshold)
         return _Query(
             params,
             f"{population}\n    AND {value} IS NOT NULL",
-            f"{value} >= {{threshold:Float64}}",
+            f"{value} >= {{{prefix}threshold:Float64}}",
+            f"{value} IS NOT NULL",
             description=(
                 f"{selection.metric} at or above p{selection.percentile:g} "
                 f"({threshold / 1e6:.1f} ms)"
@@ -277,11 +284,12 @@ def _selection_query(
             threshold_ms=threshold / 1e6,
         )
     if kind == "slo":
-        params["threshold"] = float(selection.threshold_ms or 0) * 1e6
+        params[prefix + "threshold"] = float(selection.threshold_ms or 0) * 1e6
         return _Query(
             params,
             f"{population}\n    AND {value} IS NOT NULL",
-            f"{value} > {{threshold:Float64}}",
+            f"{value} > {{{prefix}threshold:Float64}}",
+            f"{value} IS NOT NULL",
             description=f"{selection.metric} above {selection.threshold_ms:g} ms (missed the SLO)",
             baseline="the window's requests that met it",
             threshold_ms=selection.threshold_ms,
@@ -289,11 +297,11 @@ def _selection_query(
     if kind == "before":
         length = until_ns - since_ns
         params["lo_ns"] = int(since_ns - length)
-        params["sel_from"] = int(since_ns)
+        params[prefix + "sel_from"] = int(since_ns)
         return _Query(
             params,
             population,
-            "Timestamp >= fromUnixTimestamp64Nano({sel_from:Int64})",
+            f"Timestamp >= fromUnixTimestamp64Nano({{{prefix}sel_from:Int64}})",
             description="the window's requests",
             baseline="the requests of the window of the same length just before it",
         )
@@ -303,25 +311,26 @@ def _selection_query(
     hi = min(until_ns, selection.until_ns if selection.until_ns is not None else until_ns)
     if hi <= lo:
         raise DimensionError("the region lies outside the window: widen since/until")
-    params.update(sel_lo=int(lo), sel_hi=int(hi))
+    params[prefix + "sel_lo"], params[prefix + "sel_hi"] = int(lo), int(hi)
     terms.append(
-        "Timestamp >= fromUnixTimestamp64Nano({sel_lo:Int64}) "
-        "AND Timestamp < fromUnixTimestamp64Nano({sel_hi:Int64})"
+        f"Timestamp >= fromUnixTimestamp64Nano({{{prefix}sel_lo:Int64}}) "
+        f"AND Timestamp < fromUnixTimestamp64Nano({{{prefix}sel_hi:Int64}})"
     )
     text = [f"started in the region's {(hi - lo) / 1e9:g} s"]
     if selection.min_ms is not None:
-        params["min_ns"] = float(selection.min_ms) * 1e6
-        terms.append(f"{value} >= {{min_ns:Float64}}")
+        params[prefix + "min_ns"] = float(selection.min_ms) * 1e6
+        terms.append(f"{value} >= {{{prefix}min_ns:Float64}}")
         text.append(f"{selection.metric} >= {selection.min_ms:g} ms")
     if selection.max_ms is not None:
-        params["max_ns"] = float(selection.max_ms) * 1e6
-        terms.append(f"{value} < {{max_ns:Float64}}")
+        params[prefix + "max_ns"] = float(selection.max_ms) * 1e6
+        terms.append(f"{value} < {{{prefix}max_ns:Float64}}")
         text.append(f"{selection.metric} < {selection.max_ms:g} ms")
     bounded = selection.min_ms is not None or selection.max_ms is not None
     return _Query(
         params,
         population + (f"\n    AND {value} IS NOT NULL" if bounded else ""),
         "(" + " AND ".join(terms) + ")",
+        f"{value} IS NOT NULL" if bounded else "1",
         description=", ".join(text),
         baseline="the window's other requests",
     )
@@ -391,6 +400,7 @@ _SUMS = ", ".join(
 )
 _FIGURES = ("e2e", *BUCKETS)
 
+
 #: Stage one counts and sums per combination of every dimension's value (many fewer rows than
 #: requests), grouped by a 64-bit hash of the combination: hashing the values once costs about
 #: what reading them does, where grouping by a dozen string keys costs five times more. Two
@@ -398,32 +408,60 @@ _FIGURES = ("e2e", *BUCKETS)
 #: chance is 3e-8. Stage two spreads each combination over its dimensions (ARRAY JOIN, values
 #: turned into labels on these few rows) and sums per (dimension, value), inside and outside the
 #: selection.
-WHY_SQL = (
-    """
-SELECT d, v, sumIf(n, sel) AS n_in, sumIf(n, NOT sel) AS n_out,
-    """
-    + ",\n    ".join(f"sumIf({f}, sel) AS {f}_in, sumIf({f}, NOT sel) AS {f}_out" for f in _FIGURES)
-    + """
+#:
+#: One read serves several selections of one window (``_why_sql``): selection ``j`` has its
+#: population flag ``p{j}`` and its selection flag ``s{j}`` (``$FLAGS``), stage one groups by all
+#: of them, and stage two sums ``_in_{j}`` over ``s{j}`` and ``_out_{j}`` over ``p{j} AND NOT
+#: s{j}``. Where ``folded``, each (dimension, value) also counts the selection's requests per
+#: time step (``since_steps_{j}``/``since_counts_{j}``), so when the top value's selected
+#: requests began comes from this one read rather than a second one (``SINCE_SQL``). That count
+#: costs about a microsecond per selected request: well worth it where the selection is a small
+#: part of the window (a percentile's tail, an SLO's bad requests, a heatmap region), more than a
+#: second read where it is the whole window (``before``).
+def _why_sql(folded: Sequence[bool]) -> str:
+    k = len(folded)
+    sums = []
+    for j in range(k):
+        out = f"p{j} AND NOT s{j}"
+        sums.append(f"sumIf(n, s{j}) AS n_in_{j}, sumIf(n, {out}) AS n_out_{j}")
+        sums += [
+            f"sumIf({f}, s{j}) AS {f}_in_{j}, sumIf({f}, {out}) AS {f}_out_{j}" for f in _FIGURES
+        ]
+        if folded[j]:
+            sums.append(
+                f"sumMapIf(steps{j}.1, steps{j}.2, s{j}) AS since{j}, "
+                f"since{j}.1 AS since_steps_{j}, since{j}.2 AS since_counts_{j}"
+            )
+    flags = ", ".join(f"p{j}, s{j}" for j in range(k))
+    steps = "".join(
+        f",\n        sumMapIf([step], [toUInt64(1)], s{j}) AS steps{j}"
+        for j in range(k)
+        if folded[j]
+    )
+    figures = ", ".join(c for c in BUCKET_COLUMNS.values() if c != "NetworkNs")
+    sums_sql = ",\n    ".join(sums)
+    return (
+        f"""
+SELECT d, v, {sums_sql}
 FROM (
-    SELECT sel, cityHash64($DIM_NAMES) AS combo, any(tuple($DIM_NAMES)) AS vals, count() AS n,
-        """
-    + _SUMS
-    + """
+    SELECT {flags}, cityHash64($DIM_NAMES) AS combo, any(tuple($DIM_NAMES)) AS vals,
+        count() AS n, {_SUMS}{steps}
     FROM (
-        SELECT $SEL AS sel, $DIMS, E2eNs, NetworkNs, """
-    + ", ".join(c for c in BUCKET_COLUMNS.values() if c != "NetworkNs")
-    + """
+        SELECT $FLAGS, $DIMS, E2eNs, NetworkNs, {figures},
+            intDiv(toUnixTimestamp(Timestamp), {{step_s:UInt32}}) AS step
         FROM ($ROWS) AS a$JOIN
     )
-    GROUP BY sel, combo
+    GROUP BY {flags}, combo
 )
 ARRAY JOIN [$LABELS] AS v, range($DIM_COUNT) AS d
 GROUP BY d, v"""
-    + SETTINGS
-    + ", join_use_nulls = 0"
-)
+        + SETTINGS
+        + ", join_use_nulls = 0"
+    )
 
-#: When the selected requests with one value came: selected requests per step.
+
+#: When the selected requests with one value came, where WHY_SQL did not count them: selected
+#: requests per step.
 SINCE_SQL = (
     """
 SELECT intDiv(toUnixTimestamp(Timestamp), {step_s:UInt32}) AS step, count() AS n
@@ -488,12 +526,96 @@ def why(
     the built-in ones (and then skips the default resource attributes). Per dimension, values
     are listed by over-representation (``difference``), at most ``limit_values``.
     """
-    selection = selection or Selection()
-    selection.validate()
+    return _why_many(
+        store, since_ns, until_ns, [selection or Selection()], service=service, model=model,
+        resources=resources, attributes=attributes, dimensions=dimensions,
+        limit_values=limit_values, examples=examples, use_rollups=use_rollups,
+    )[0]  # fmt: skip
+
+
+def _why_many(
+    store: Store,
+    since_ns: int,
+    until_ns: int,
+    selections: Sequence[Selection],
+    *,
+    service: str | None,
+    model: str | None,
+    resources: Sequence[str],
+    attributes: Sequence[str],
+    dimensions: Sequence[str] | None,
+    limit_values: int,
+    examples: int,
+    use_rollups: bool,
+) -> list[dict[str, Any]]:
+    """``why`` for several selections of one window, their dimensions counted in one read."""
+    for selection in selections:
+        selection.validate()
     if until_ns <= since_ns:
         raise DimensionError(f"empty window: until ({until_ns}) must be after since ({since_ns})")
-    q = _selection_query(store, since_ns, until_ns, service, model, selection, use_rollups)
-    out: dict[str, Any] = {
+    qs = [
+        _selection_query(store, since_ns, until_ns, service, model, s, use_rollups, f"s{j}_")
+        for j, s in enumerate(selections)
+    ]
+    outs = [_empty(since_ns, until_ns, s, q) for s, q in zip(selections, qs, strict=True)]
+    live = [j for j, q in enumerate(qs) if q is not None]
+    if not live:
+        return outs
+    read = [q for q in qs if q is not None]
+    shared = read[0]
+    if len({(q.params["lo_ns"], q.params["hi_ns"]) for q in read}) > 1:
+        raise ValueError("selections read together must share their window")
+    _dimensions(shared, resources, attributes, dimensions)
+    step = timeseries.choose_step((until_ns - since_ns) / 1e9)
+    shared.params["step_s"] = step
+    params = dict(shared.params)
+    flags, pops = [], []
+    for n, q in enumerate(read):
+        q.dims, q.join, q.resources = shared.dims, shared.join, shared.resources
+        q.params.update(shared.params | q.params)  # the window's and the dimensions' too
+        params.update(q.params)
+        flags.append(f"{q.pop} AS p{n}, ({q.pop}) AND ({q.sel}) AS s{n}")
+        pops.append(q.pop)
+    names = [f"d{i}" for i in range(len(shared.dims))]
+    columns = [f"{d[1]} AS {n}" for d, n in zip(shared.dims, names, strict=True)]
+    labels = [_label(d[2], f"vals.{i + 1}") for i, d in enumerate(shared.dims)]
+    folded = [selections[j].kind != "before" for j in live]
+    # Every selection's population: the requests any of them counts.
+    where = FILTERS if "1" in pops else f"{FILTERS}\n    AND ({' OR '.join(pops)})"
+    population = _Query(params, where, "1", join=shared.join, resources=shared.resources)
+    sql = render(
+        _why_sql(folded),
+        {
+            "FLAGS": ", ".join(flags),
+            "DIMS": ", ".join(columns),
+            "DIM_NAMES": ", ".join(names),
+            "LABELS": ", ".join(labels),
+            "DIM_COUNT": str(len(shared.dims)),
+            "JOIN": shared.join,
+            "ROWS": population.rows(store, ", TraceId" if shared.join else ""),
+        },
+    )
+    rows = store.query_arrow(sql, params).to_pylist()
+    for n, (j, q) in enumerate(zip(live, read, strict=True)):
+        q.split = population.split
+        mine = []
+        for r in rows:
+            if not (r[f"n_in_{n}"] or r[f"n_out_{n}"]):
+                continue  # a value only other selections' populations have
+            row = {"d": r["d"], "v": r["v"], "n_in": r[f"n_in_{n}"], "n_out": r[f"n_out_{n}"]}
+            for f in _FIGURES:
+                row[f"{f}_in"], row[f"{f}_out"] = r[f"{f}_in_{n}"], r[f"{f}_out_{n}"]
+            if folded[n]:
+                row["since_steps"] = r[f"since_steps_{n}"]
+                row["since_counts"] = r[f"since_counts_{n}"]
+            mine.append(row)
+        _answer(store, outs[j], q, mine, step, folded[n], limit_values, examples)
+    return outs
+
+
+def _empty(since_ns: int, until_ns: int, selection: Selection, q: _Query | None) -> dict[str, Any]:
+    """The answer before anything is counted (and for a selection empty by construction)."""
+    return {
         "window": {"since_ns": int(since_ns), "until_ns": int(until_ns)},
         "selection": {
             "kind": selection.kind,
@@ -513,24 +635,19 @@ def why(
         "top": None,
         "examples": [],
     }
-    if q is None:
-        return out
-    _dimensions(q, resources, attributes, dimensions)
-    names = [f"d{i}" for i in range(len(q.dims))]
-    trace = ", TraceId" if q.join else ""
-    sql = render(
-        WHY_SQL,
-        {
-            "DIMS": ", ".join(f"{d[1]} AS {n}" for d, n in zip(q.dims, names, strict=True)),
-            "DIM_NAMES": ", ".join(names),
-            "LABELS": ", ".join(_label(d[2], f"vals.{i + 1}") for i, d in enumerate(q.dims)),
-            "DIM_COUNT": str(len(names)),
-            "JOIN": q.join,
-            "ROWS": q.rows(store, trace),
-            "SEL": q.sel,
-        },
-    )
-    rows = store.query_arrow(sql, q.params).to_pylist()
+
+
+def _answer(
+    store: Store,
+    out: dict[str, Any],
+    q: _Query,
+    rows: list[dict[str, Any]],
+    step: int,
+    folded: bool,
+    limit_values: int,
+    examples: int,
+) -> None:
+    """Fill ``out`` from the selection's (dimension, value) rows."""
     per_dim: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         per_dim.setdefault(int(row["d"]), []).append(row)
@@ -546,7 +663,7 @@ def why(
     out["extra_buckets_ms"] = extra_buckets
     out["dominant"] = _dominant(extra_buckets)
     if not n_in or not n_out:
-        return out
+        return
     ranked = []
     for i, (name, _, _) in enumerate(q.dims):
         values = per_dim.get(i, [])
@@ -558,8 +675,13 @@ def why(
     if ranked and ranked[0]["values"]:
         head = ranked[0]
         top = head["values"][0]
-        step = timeseries.choose_step((until_ns - since_ns) / 1e9)
-        dim = next(d for d in q.dims if d[0] == head["dimension"])
+        index = next(i for i, d in enumerate(q.dims) if d[0] == head["dimension"])
+        if folded:
+            row = next(r for r in per_dim[index] if str(r["v"]) == top["value"])
+            steps, counts = row["since_steps"], row["since_counts"]
+        else:
+            dim = q.dims[index]
+            steps, counts = _steps(store, q, _label(dim[2], dim[1]), top["value"], step)
         out["top"] = {
             "dimension": head["dimension"],
             "value": top["value"],
@@ -568,11 +690,11 @@ def why(
             "out_share": top["out_share"],
             "extra_ms": top["extra_ms"],
             "dominant": top["dominant"],
-            "since_ns": _since(store, q, _label(dim[2], dim[1]), top["value"], step),
+            "since_ns": _since(q, steps, counts, step),
         }
     if examples > 0:
-        params = q.params | {"examples": int(examples)}
         sql = render(EXAMPLES_SQL, {"ROWS": q.rows(store, ", TraceId"), "SEL": q.sel})
+        params = q.params | {"examples": int(examples)}  # with the ranges rows() bound
         out["examples"] = [
             {
                 "trace_id": r["trace_id"],
@@ -583,7 +705,6 @@ def why(
             }
             for r in store.query_arrow(sql, params).to_pylist()
         ]
-    return out
 
 
 def _dominant(buckets: Mapping[str, float | None]) -> str | None:
@@ -641,16 +762,24 @@ def _rank(
     return {"dimension": name, "score": score, "values_seen": len(values), "values": listed}
 
 
-def _since(store: Store, q: _Query, label_sql: str, value: str, step: int) -> int | None:
-    """When the selected requests with ``value`` began: the start of the first step holding at
-    least SINCE_FRACTION of the busiest step's."""
-    params = q.params | {"value": value, "step_s": step}
+def _steps(
+    store: Store, q: _Query, label_sql: str, value: str, step: int
+) -> tuple[list[int], list[int]]:
+    """The selected requests with ``value`` per step (SINCE_SQL): steps ascending, counts."""
     trace = ", TraceId" if q.join else ""
     sql = render(
         SINCE_SQL,
         {"JOIN": q.join, "ROWS": q.rows(store, trace), "SEL": q.sel, "LABEL": label_sql},
     )
-    rows = [(int(s), int(n)) for s, n in store.query_rows(sql, params)]
+    params = q.params | {"value": value, "step_s": step}  # with the ranges rows() bound
+    rows = store.query_rows(sql, params)
+    return [int(s) for s, _ in rows], [int(n) for _, n in rows]
+
+
+def _since(q: _Query, steps: Sequence[int], counts: Sequence[int], step: int) -> int | None:
+    """When the selected requests of a value began (its selected requests per step, ascending):
+    the start of the first step holding at least SINCE_FRACTION of the busiest step's."""
+    rows = [(int(s), int(n)) for s, n in zip(steps, counts, strict=True) if n]
     if not rows:
         return None
     peak = max(n for _, n in rows)
@@ -660,15 +789,19 @@ def _since(store: Store, q: _Query, label_sql: str, value: str, step: int) -> in
 
 # -- the SLO's budget, by bucket ------------------------------------------------------------------
 
-#: Per burn-rate window (and the objective's whole window): bad and good requests and each
-#: bucket's sum over both. A request counts in every window it falls in (they are nested).
+#: Bad and good requests and each bucket's sum over both, per ``k``: how many of the windows a
+#: request falls in. The windows all end at the same time, so they are nested: with their starts
+#: ascending, a request is in the j-th window exactly when it is in at least j of them, and each
+#: window's figures are the sums over k >= j (``slo_buckets``). ``$DEPTH`` counts the starts
+#: a request is at or after: a few comparisons per request, where an ARRAY JOIN over the windows
+#: made a row per request and window and cost more than reading the columns.
 SLO_BUDGET_SQL = (
     """
-SELECT w, countIf(bad) AS n_bad, countIf(NOT bad) AS n_good, """
+SELECT k, countIf(bad) AS n_bad, countIf(NOT bad) AS n_good, """
     + ", ".join(f"sumIf({f}, bad) AS {f}_bad, sumIf({f}, NOT bad) AS {f}_good" for f in _FIGURES)
     + """
 FROM (
-    SELECT Timestamp, v > {threshold:Float64} AS bad, E2eNs AS e2e, """
+    SELECT $DEPTH AS k, v > {threshold:Float64} AS bad, E2eNs AS e2e, """
     + ", ".join(
         f"{'ifNull(NetworkNs, 0)' if col == 'NetworkNs' else col} AS {b}"
         for b, col in BUCKET_COLUMNS.items()
@@ -677,9 +810,7 @@ FROM (
     FROM (SELECT *, $VALUE AS v FROM ($ROWS))
     WHERE v IS NOT NULL
 )
-ARRAY JOIN arrayFilter(i -> Timestamp >= fromUnixTimestamp64Nano({starts:Array(Int64)}[i + 1]),
-                       range(length({starts:Array(Int64)}))) AS w
-GROUP BY w"""
+GROUP BY k"""
     + SETTINGS
 )
 
@@ -697,26 +828,31 @@ def slo_buckets(
     """Where an objective's budget went, per window (name -> start ns, all ending at
     ``until_ns``): the requests that missed it against those that met it, each bucket's mean
     extra time (ms; they add up to ``extra_e2e_ms``), and the ``dominant`` bucket."""
-    names = list(windows)
+    starts = sorted(int(start) for start in windows.values())
     params: dict[str, Any] = {
-        "lo_ns": int(min(windows.values())),
+        "lo_ns": starts[0],
         "hi_ns": int(until_ns),
         "service": service or "",
         "model": model or "",
         "threshold": float(threshold_ms) * 1e6,
-        "starts": [int(windows[n]) for n in names],
+        **{f"start{j}": start for j, start in enumerate(starts)},
     }
+    depth = " + ".join(
+        f"(Timestamp >= fromUnixTimestamp64Nano({{start{j}:Int64}}))" for j in range(len(starts))
+    )
     split = window.raw_ranges(store, [(params["lo_ns"], params["hi_ns"])])
     source = window.raw_rows(split, params, _BASE_COLUMNS, FILTERS)
-    sql = render(SLO_BUDGET_SQL, {"VALUE": value_sql, "ROWS": source})
-    rows = {int(r["w"]): r for r in store.query_arrow(sql, params).to_pylist()}
+    sql = render(SLO_BUDGET_SQL, {"VALUE": value_sql, "ROWS": source, "DEPTH": depth})
+    rows = store.query_arrow(sql, params).to_pylist()
     out = {}
-    for i, name in enumerate(names):
-        r = rows.get(i)
-        n_bad = int(r["n_bad"]) if r else 0
-        n_good = int(r["n_good"]) if r else 0
-        bad = {f: float(r[f"{f}_bad"]) if r else 0.0 for f in _FIGURES}
-        good = {f: float(r[f"{f}_good"]) if r else 0.0 for f in _FIGURES}
+    for name, start in windows.items():
+        # In the window: at or after its start, so in at least as many windows as start there.
+        depth_of = starts.index(int(start)) + 1
+        inside = [r for r in rows if int(r["k"]) >= depth_of]
+        n_bad = sum(int(r["n_bad"]) for r in inside)
+        n_good = sum(int(r["n_good"]) for r in inside)
+        bad = {f: float(sum(int(r[f"{f}_bad"]) for r in inside)) for f in _FIGURES}
+        good = {f: float(sum(int(r[f"{f}_good"]) for r in inside)) for f in _FIGURES}
         extra, buckets = _extra(n_bad, bad, n_good, good)
         out[name] = {
             "bad": n_bad,
@@ -755,27 +891,45 @@ def concentration(
     >>> concentration(store, since_ns=t0, until_ns=t1, bucket="queue")  # doctest: +SKIP
     {"dimension": "resource.k8s.pod.name", "value": "llm-7", "in_share": 0.81, ...}
     """
-    if bucket not in BUCKETS:
-        return None
-    found = why(
-        store,
-        since_ns=since_ns,
-        until_ns=until_ns,
-        selection=Selection("percentile", metric=bucket, percentile=CONCENTRATION_PERCENTILE),
-        service=service,
-        model=model,
-        examples=0,
-        limit_values=1,
+    found = concentrations(
+        store, since_ns=since_ns, until_ns=until_ns, buckets=[bucket], service=service, model=model
     )
-    top = found["top"]
-    if top is None or top["score"] < CONCENTRATION_MIN:
-        return None
-    return {
-        "dimension": top["dimension"],
-        "value": top["value"],
-        "selection": found["selection"]["description"],
-        "in_share": top["in_share"],
-        "out_share": top["out_share"],
-        "extra_ms": top["extra_ms"],
-        "since_ns": top["since_ns"],
-    }
+    return found[bucket]
+
+
+def concentrations(
+    store: Store,
+    *,
+    since_ns: int,
+    until_ns: int,
+    buckets: Sequence[str],
+    service: str | None = None,
+    model: str | None = None,
+) -> dict[str, dict[str, Any] | None]:
+    """``concentration`` of several buckets (bucket -> answer; None for a name that is not a
+    bucket), their selections counted in one read of the window."""
+    wanted = [b for b in dict.fromkeys(buckets) if b in BUCKETS]
+    out: dict[str, dict[str, Any] | None] = dict.fromkeys(buckets)
+    if not wanted:
+        return out
+    selections = [
+        Selection("percentile", metric=b, percentile=CONCENTRATION_PERCENTILE) for b in wanted
+    ]
+    found = _why_many(
+        store, since_ns, until_ns, selections, service=service, model=model, resources=(),
+        attributes=(), dimensions=None, limit_values=1, examples=0, use_rollups=True,
+    )  # fmt: skip
+    for bucket, answer in zip(wanted, found, strict=True):
+        top = answer["top"]
+        if top is None or top["score"] < CONCENTRATION_MIN:
+            continue
+        out[bucket] = {
+            "dimension": top["dimension"],
+            "value": top["value"],
+            "selection": answer["selection"]["description"],
+            "in_share": top["in_share"],
+            "out_share": top["out_share"],
+            "extra_ms": top["extra_ms"],
+            "since_ns": top["since_ns"],
+        }
+    return out

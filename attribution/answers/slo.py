@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from latscope.attribution.answers import dimensions
-from latscope.attribution.answers.common import FILTERS, FROM, SETTINGS, query_dicts
+from latscope.attribution.answers import dimensions, window
+from latscope.attribution.answers.common import FILTERS, SETTINGS, query_dicts
 from latscope.attribution.answers.errors import AggregateError
 from latscope.sqltext import render
 from latscope.storage import Store
@@ -45,6 +45,9 @@ BURN_WINDOWS_S: dict[str, int] = {"5m": 300, "30m": 1800, "1h": 3600, "6h": 21_6
 _ALERTS = {"fast_burn": ("1h", "5m", FAST_BURN), "slow_burn": ("6h", "30m", SLOW_BURN)}
 
 
+#: The columns the objectives' values are taken from (``SLO_METRICS``).
+SLO_COLUMNS = "Timestamp, E2eNs, TtftClientNs, TtftServerNs, TpotNs"
+
 #: ``$VALUE`` is a whitelisted expression from SLO_METRICS. Requests without the metric (no
 #: tokens -> no TTFT) do not count for that objective.
 SLO_SQL = f"""
@@ -67,10 +70,7 @@ SELECT
         AS bad_6h
 FROM (
     SELECT Timestamp, $VALUE AS v
-    FROM {FROM}
-    WHERE Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}})
-      AND Timestamp < fromUnixTimestamp64Nano({{until_ns:Int64}})
-      AND {FILTERS}
+    FROM ($ROWS)
 ){SETTINGS}
 """
 
@@ -151,7 +151,10 @@ def slo(
                 row[f"bad_{w}"] = spent[w]["bad"]
                 row[f"total_{w}"] = spent[w]["bad"] + spent[w]["good"]
         else:
-            sql = render(SLO_SQL, {"VALUE": SLO_METRICS[obj.metric]})
+            # Hours known clean are read as stored, the others with FINAL (``window``).
+            split = window.raw_ranges(store, [(params["since_ns"], params["until_ns"])])
+            rows = window.raw_rows(split, params, SLO_COLUMNS, FILTERS)
+            sql = render(SLO_SQL, {"VALUE": SLO_METRICS[obj.metric], "ROWS": rows})
             row = query_dicts(store, sql, params)[0]
         budget = 1 - obj.target
 

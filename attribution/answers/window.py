@@ -87,9 +87,11 @@ def clean_hours(store: Store, h0: int, h1: int) -> set[int]:
     usable = {h: s.built_us for h, s in states.items() if s.usable and s.built_us is not None}
     if not usable:
         return set()
-    window = {"h0": min(usable), "h1": max(usable) + HOUR_S}
-    stored = {int(h): int(n) for h, n in store.query_rows(STORED_SQL, window)}
-    built = {(int(h), int(b)): int(n) for h, b, n in store.query_rows(BUILT_COUNT_SQL, window)}
+    lo, hi = min(usable), max(usable) + HOUR_S
+    stored = {int(h): int(n) for h, n in rollups.hour_rows(store, STORED_SQL, lo, hi)}
+    built = {
+        (int(h), int(b)): int(n) for h, b, n in rollups.hour_rows(store, BUILT_COUNT_SQL, lo, hi)
+    }
     return {
         h for h, built_us in usable.items() if built.get((h, built_us)) == stored.get(h, -1) > 0
     }

@@ -17,6 +17,7 @@ before/after.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 
@@ -175,8 +176,12 @@ def main() -> None:
             store, objectives=[slo_e2e], now_ns=end
         ),
     }
+    # The machine is shared: the load around the figures says how far to trust them.
+    load_before = os.getloadavg()[0]
     results = {name: timed(fn, r) for name, fn in questions.items()}
     base = results["scan (count + sum, no FINAL)"][0]
+    print(f"load average (1 min): {load_before:.2f} before the questions, "
+          f"{os.getloadavg()[0]:.2f} after")  # fmt: skip
     print(f"{'':<44} {'best':>7}   {'worst':>7}   best / scan")
     for name, (low, high) in results.items():
         print(f"{name:<44} {low:7.3f} s {high:7.3f} s {low / base:7.1f}x")
