@@ -152,7 +152,7 @@ def slo(
                 row[f"total_{w}"] = spent[w]["bad"] + spent[w]["good"]
         else:
             # Hours known clean are read as stored, the others with FINAL (``window``).
-            split = window.raw_ranges(store, [(params["since_ns"], params["until_ns"])])
+            split = window.raw_ranges(store, [(int(now_ns) - window_ns, int(now_ns))])
             rows = window.raw_rows(split, params, SLO_COLUMNS, FILTERS)
             sql = render(SLO_SQL, {"VALUE": SLO_METRICS[obj.metric], "ROWS": rows})
             row = query_dicts(store, sql, params)[0]
