@@ -15,6 +15,9 @@ docs/attribution.md ("The diagnosis rulebook") has them as a table.
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from latscope.attribution import rollups
@@ -234,7 +237,23 @@ def _diagnose(
     # Hours known clean are read as stored, the others with FINAL (``window``).
     split = window.raw_ranges(store, [(since_ns, until_ns)])
     rows = window.raw_rows(split, params, DIAGNOSE_COLUMNS, FILTERS)
-    f = query_dicts(store, render(DIAGNOSE_SQL, {"ROWS": rows}), params)[0]
+    # The window's four reads do not depend on each other: they run side by side.
+    figures, t, peaks, cold_answer = _side_by_side(
+        lambda: query_dicts(store, render(DIAGNOSE_SQL, {"ROWS": rows}), params),
+        lambda: tail(
+            store,
+            since_ns=since_ns,
+            until_ns=until_ns,
+            percentile=percentile,
+            service=service,
+            model=model,
+        ),
+        lambda: query_dicts(store, render(DIAGNOSE_PEAK_SQL, {"ROWS": rows}), params),
+        lambda: coldstart.coldstart(
+            store, since_ns=since_ns, until_ns=until_ns, service=service, model=model, rule=warmup
+        ),
+    )
+    f = figures[0]
     n = int(f["n"] or 0)
     out: dict[str, Any] = {"count": n, "dominant": None, "tail_dominant": None, "verdicts": []}
     if n == 0:
@@ -247,14 +266,6 @@ def _diagnose(
     }
     out["dominant"] = max(shares, key=lambda b: shares[b])
     out["shares"] = shares
-    t = tail(
-        store,
-        since_ns=since_ns,
-        until_ns=until_ns,
-        percentile=percentile,
-        service=service,
-        model=model,
-    )
     out["tail_dominant"] = t["dominant"]
     verdicts: list[tuple[float, str, dict[str, Any]]] = []
 
@@ -329,7 +340,7 @@ def _diagnose(
                 },
             )
         )
-    peak = query_dicts(store, render(DIAGNOSE_PEAK_SQL, {"ROWS": rows}), params)[0]
+    peak = peaks[0]
     load_corr = finite(peak["load_latency_corr"])
     if (
         int(peak["minutes"] or 0) >= PEAK_MIN_MINUTES
@@ -352,11 +363,7 @@ def _diagnose(
                 },
             )
         )
-    cold = coldstart.verdict(
-        coldstart.coldstart(
-            store, since_ns=since_ns, until_ns=until_ns, service=service, model=model, rule=warmup
-        )
-    )
+    cold = coldstart.verdict(cold_answer)
     if cold is not None:
         verdicts.append((cold[0], "cold_start", cold[1]))
     shown = []
@@ -379,3 +386,13 @@ def _diagnose(
             {"id": key, **cause, "score": score, "evidence": evidence, "where": where}
         )
     return out
+
+
+def _side_by_side(*reads: Callable[[], Any]) -> list[Any]:
+    """Each of ``reads`` run on a thread of its own, in this context (the window's view of its
+    hours is shared), their answers in order; the first failure is raised. The store takes
+    concurrent calls, and one read alone does not keep both of a small machine's cores busy
+    (its analysis, its last merge and the Python around it run on one)."""
+    with ThreadPoolExecutor(max_workers=len(reads), thread_name_prefix="diagnose") as pool:
+        futures = [pool.submit(contextvars.copy_context().run, read) for read in reads]
+        return [future.result() for future in futures]
