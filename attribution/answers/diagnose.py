@@ -4,7 +4,7 @@ Each verdict is a rule over figures of the window (one pass of ``DIAGNOSE_SQL``,
 the buckets' shares, the tail, a per-minute pass and the cold-start answer) with the numbers
 behind it and a score;
 verdicts come strongest first, each with the dimension value that concentrates it
-(``dimensions.concentration``). The rulebook below names every threshold and says why that value;
+(``dimensions.concentrations``). The rulebook below names every threshold and says why that value;
 docs/attribution.md ("The diagnosis rulebook") has them as a table.
 
 >>> diagnose(store, since_ns=t0, until_ns=t1)  # doctest: +SKIP
@@ -30,9 +30,9 @@ from latscope.attribution.answers.common import (
     query_dicts,
     window_params,
 )
+from latscope.attribution.answers.figures import SHARE_SUMS, bucket_shares
 from latscope.attribution.answers.tail import tail
-from latscope.attribution.table import BUCKET_COLUMN_LIST, BUCKET_COLUMNS
-from latscope.semconv import BUCKETS
+from latscope.attribution.table import BUCKET_COLUMN_LIST
 from latscope.sqltext import render
 from latscope.storage import Store
 
@@ -97,9 +97,6 @@ PEAK_SCORE_WEIGHT = 0.9
 # The cold-start verdict's thresholds are coldstart.VERDICT_MIN_REQUESTS and VERDICT_MIN_FACTOR;
 # where a verdict concentrates, dimensions.CONCENTRATION_MIN and CONCENTRATION_PERCENTILE.
 
-#: Each bucket's sum, for its share of the window's time (network where known, as ``summary``).
-_BUCKET_SUMS = ", ".join(f"sum({col}) AS {b}_sum" for b, col in BUCKET_COLUMNS.items())
-
 #: Figures the diagnosis rules look at, in one pass.
 DIAGNOSE_SQL = f"""
 SELECT
@@ -123,8 +120,7 @@ SELECT
     sumIf(PrefillNs, coalesce(TtftClientNs, TtftServerNs) IS NOT NULL)
         / sum(coalesce(TtftClientNs, TtftServerNs)) AS prefill_ttft_share,
     sum(DecodeNs) / sum(E2eNs) AS decode_share,
-    sum(E2eNs) AS e2e_sum,
-    {_BUCKET_SUMS}
+    {SHARE_SUMS}
 FROM ($ROWS){SETTINGS}
 """
 
@@ -215,7 +211,7 @@ def diagnose(
     Returns ``{"count", "dominant", "tail_dominant", "verdicts": [{"id", "cause", "bucket",
     "fixes", "evidence": {...}, "where": {...} | None}]}``, strongest first; each verdict
     carries the numbers behind it, and ``where`` the dimension value that concentrates it and
-    since when (``dimensions.concentration``). ``warmup`` is the cold-start rule.
+    since when (``dimensions.concentrations``). ``warmup`` is the cold-start rule.
     """
     # Every read below is of this window: its hours are looked up once.
     with rollups.one_view():
@@ -260,10 +256,7 @@ def _diagnose(
         return out
     # Each bucket's share of the window's time, as ``summary`` gives it (the same exact sums),
     # from the rules' own read rather than a summary's two more.
-    e2e_sum = float(f["e2e_sum"] or 0)
-    shares = {
-        b: ((float(f[f"{b}_sum"] or 0) / e2e_sum) if e2e_sum else None) or 0.0 for b in BUCKETS
-    }
+    shares = {b: share or 0.0 for b, share in bucket_shares(f).items()}
     out["dominant"] = max(shares, key=lambda b: shares[b])
     out["shares"] = shares
     out["tail_dominant"] = t["dominant"]

@@ -19,7 +19,9 @@ __all__ = [
     "E2E_LEVELS",
     "EXACT_QUANTILES",
     "METRIC_LEVELS",
+    "SHARE_SUMS",
     "STREAM_LEVELS",
+    "bucket_shares",
     "levels_json",
     "stat_columns",
     "stats_json",
@@ -51,6 +53,19 @@ def _levels(levels: Sequence[tuple[str, float]]) -> str:
     return ", ".join(repr(q) for _, q in levels)
 
 
+#: The sums each bucket's share of the window's time is read from (``bucket_shares``).
+SHARE_SUMS = ",\n    ".join(
+    ["sum(E2eNs) AS e2e_sum", *(f"sum({col}) AS {b}_sum" for b, col in BUCKET_COLUMNS.items())]
+)
+
+
+def bucket_shares(row: Mapping[str, Any]) -> dict[str, float | None]:
+    """Each bucket's fraction of all end-to-end time, from the ``SHARE_SUMS`` columns of ``row``
+    (None without any time)."""
+    e2e_sum = float(row["e2e_sum"] or 0)
+    return {b: float(row[f"{b}_sum"] or 0) / e2e_sum if e2e_sum else None for b in BUCKETS}
+
+
 def stat_columns() -> str:
     """The columns of one stats row over raw requests (``exact=True``), as ``stats_json`` reads
     them."""
@@ -59,13 +74,12 @@ def stat_columns() -> str:
         "count() AS n",
         f"{fn}({_levels(E2E_LEVELS)})(E2eNs) AS e2e_q",
         "avg(E2eNs) AS e2e_mean",
-        "sum(E2eNs) AS e2e_sum",
+        SHARE_SUMS,
     ]
     for bucket, col in BUCKET_COLUMNS.items():
         parts += [
             f"{fn}({_levels(BUCKET_LEVELS)})({col}) AS {bucket}_q",
             f"avg({col}) AS {bucket}_mean",
-            f"sum({col}) AS {bucket}_sum",
         ]
     parts += [
         f"{fn}({_levels(STREAM_LEVELS)})(coalesce(TtftClientNs, TtftServerNs)) AS ttft_q",
@@ -95,15 +109,14 @@ def levels_json(
 def stats_json(row: Mapping[str, Any]) -> dict[str, Any]:
     """One stats row (the columns of ``stat_columns``) -> the REST shape."""
     n = int(row["n"] or 0)
-    e2e_sum = float(row["e2e_sum"] or 0)
     e2e: dict[str, Any] = levels_json(row["e2e_q"], E2E_LEVELS, n)
     e2e["mean"] = ms(row["e2e_mean"]) if n else None
+    shares = bucket_shares(row)
     buckets = {}
     for bucket in BUCKETS:
         figures: dict[str, Any] = levels_json(row[f"{bucket}_q"], BUCKET_LEVELS, n)
         figures["mean"] = ms(row[f"{bucket}_mean"]) if n else None
-        total = row[f"{bucket}_sum"]
-        figures["share"] = (float(total or 0) / e2e_sum) if e2e_sum else None
+        figures["share"] = shares[bucket]
         buckets[bucket] = figures
     ttft: dict[str, Any] = levels_json(row["ttft_q"], STREAM_LEVELS, n)
     ttft["mean"] = ms(row["ttft_mean"])
