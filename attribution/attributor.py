@@ -41,13 +41,14 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from latscope.attribution.engine import DEFAULT_STALL_NS
+from latscope.attribution.engine import DEFAULT_STALL_NS, LATENCY_KEYS
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
-from latscope.attribution.sql import attribution_select
+from latscope.attribution.sql import attribution_select, literal, simple_select
 from latscope.attribution.table import ATTRIBUTION_SCHEMA
 from latscope.config import Settings, parse_shard
 from latscope.metrics import REGISTRY
 from latscope.parts import Parts, Poller
+from latscope.semconv import SpanKind
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -201,7 +202,11 @@ class Attributor(Poller):
             to_ns=min(around[1], 2**63 - 1),
             stall_ns=self.stall_threshold_ns,
         )
-        self.store.command(self._sql.insert, params)
+        # Traces of the common single-call shape first (a cheap statement); the general one runs
+        # only when some trace of the batch got no row from it and may hold a call.
+        self.store.command(self._sql.insert_simple, params)
+        if int(self.store.query_rows(self._sql.count_left, params)[0][0]):
+            self.store.command(self._sql.insert, params)
         written, older = self.store.query_rows(self._sql.count_written, params)[0]
         # Only a trace attributed before can have a row whose key moved: most passes have none,
         # and skip the comparison.
@@ -212,6 +217,17 @@ class Attributor(Poller):
                 TOMBSTONES.inc(tombstones)
         ATTRIBUTED.inc(int(written))
         return int(written)
+
+
+_SERVER_KINDS = (
+    "("
+    + ", ".join(
+        literal(k)
+        for k in (SpanKind.SERVER, *(o for o, n in SpanKind.LEGACY.items() if n == SpanKind.SERVER))
+    )
+    + ")"
+)
+_LATENCY_KEYS = "[" + ", ".join(literal(k) for k in LATENCY_KEYS) + "]"
 
 
 class _Statements:
@@ -266,11 +282,26 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
             "AND Timestamp <= fromUnixTimestamp64Nano({to_ns:Int64})"
         )
         columns = ", ".join(ATTRIBUTION_SCHEMA.names)
-        self.insert = f"INSERT INTO {table} ({columns})\n" + attribution_select(
-            batch, spans, bounds
-        )
+        into = f"INSERT INTO {table} ({columns})\n"
         # The rows this pass wrote: the only rows with its SpansIngestedAt (every pass of this
         # shard records a later one), so they are found without evaluating the batch again.
+        written_traces = (
+            f"SELECT TraceId FROM {table} WHERE {bounds} {mine} "
+            "AND SpansIngestedAt = fromUnixTimestamp64Micro({through_us:Int64})"
+        )
+        #: The single-call path over the batch (attribution/sql/simple_*.sql): one row per trace
+        #: of the common shape, none for the others.
+        self.insert_simple = into + simple_select(batch, spans, bounds)
+        #: The batch's traces left without a row that have a span that could be a call's server
+        #: (SERVER, or a gen_ai.latency.* figure): a trace with none has no call.
+        left = f"{batch} AND TraceId NOT IN ({written_traces})"
+        self.count_left = f"""
+SELECT count() FROM (
+    SELECT DISTINCT TraceId FROM {spans}
+    WHERE TraceId IN ({left}) AND {bounds}
+      AND (SpanKind IN {_SERVER_KINDS} OR hasAny(mapKeys(SpanAttributes), {_LATENCY_KEYS})))"""
+        #: Every rule (attribution/sql/0*.sql) over those traces.
+        self.insert = into + attribution_select(left, spans, bounds)
         written_now = f"""
 SELECT TraceId, RequestSpanId, ServiceName, Model, toStartOfHour(Timestamp) AS hour, Version
 FROM {table}

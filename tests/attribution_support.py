@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from latscope.attribution.engine import attribute_requests
 from latscope.attribution.model import RequestAttribution, SpanRecord
-from latscope.attribution.sql import attribution_select
+from latscope.attribution.sql import attribution_select, simple_select
 from latscope.attribution.table import attribution_row
 from latscope.collector.mapping import SPANS_SCHEMA
 from latscope.semconv import LatscopeAttributes, SpanKind
@@ -109,24 +109,46 @@ def spans_table(traces: dict[str, list[SpanRecord]]) -> pa.Table:
 _BY_IDS = "SELECT arrayJoin({trace_ids:Array(String)}) AS trace_id"
 
 
-def sql_rows(
-    store: Store, trace_ids: list[str], *, stall_threshold_ns: int | None = None
-) -> list[dict]:
-    """What the SQL attributor computes for these stored traces: one dict per request."""
-    from latscope.attribution.engine import DEFAULT_STALL_NS
-
-    sql = attribution_select(_BY_IDS, SPANS_TABLE, "1")
-    table = store.query_arrow(
-        sql,
-        {
-            "trace_ids": trace_ids,
-            "stall_ns": DEFAULT_STALL_NS if stall_threshold_ns is None else stall_threshold_ns,
-            "through_us": 0,
-        },
-    )
+def _rows(store: Store, sql: str, params: dict[str, Any]) -> list[dict]:
+    table = store.query_arrow(sql, params)
     ts = table.schema.get_field_index("Timestamp")
     table = table.set_column(ts, "Timestamp", table.column(ts).cast(pa.int64()))
     return table.to_pylist()
+
+
+#: Traces the single-call path answered in this process (tests read it to know it was taken).
+SIMPLE_ANSWERED: set[str] = set()
+
+
+def sql_rows(
+    store: Store, trace_ids: list[str], *, stall_threshold_ns: int | None = None
+) -> list[dict]:
+    """What the SQL attributor computes for these stored traces: one dict per request. Both
+    statements run over every trace: the traces the single-call path answers must get the same
+    rows from the general one, and the result is composed as the attributor composes it (the
+    single-call rows, then the general rows of the other traces)."""
+    from latscope.attribution.engine import DEFAULT_STALL_NS
+
+    params = {
+        "trace_ids": trace_ids,
+        "stall_ns": DEFAULT_STALL_NS if stall_threshold_ns is None else stall_threshold_ns,
+        "through_us": 0,
+    }
+    general = _rows(store, attribution_select(_BY_IDS, SPANS_TABLE, "1"), params)
+    simple = _rows(store, simple_select(_BY_IDS, SPANS_TABLE, "1"), params)
+    answered = {r["TraceId"] for r in simple}
+    key = lambda r: (r["TraceId"], r["RequestSpanId"])  # noqa: E731
+    by_general = {key(r): r for r in general if r["TraceId"] in answered}
+    assert len(simple) == len(answered) == len(by_general), "one request per simple trace"
+    for row in simple:
+        assert key(row) in by_general, key(row)
+        for column, value in by_general[key(row)].items():
+            assert _close(value, row[column]) or (
+                column in ("Gpu", "ResourceAttributes")
+                and dict(value or []) == dict(row[column] or [])
+            ), (row["TraceId"], column, value, row[column])
+    SIMPLE_ANSWERED.update(answered)
+    return simple + [r for r in general if r["TraceId"] not in answered]
 
 
 _COUNTER = itertools.count()

@@ -1,0 +1,44 @@
+-- The single-call path, stage 2: one row per trace of the common shape, from one GROUP BY with
+-- no per-span arrays but the CLIENT spans' and the phases' (the general path's cost is mostly
+-- arrays of every span and the functions over them).
+--
+-- The shape (checked in HAVING; every other trace is left to the general path, which gives the
+-- same rows for these): each span stored once, exactly one SERVER span S and no gen_ai.latency.*
+-- key anywhere (so S is the only server-like span), at least one latscope phase and every one a
+-- child of S (so S owns them all and is the only inference span: one request, one attempt, one
+-- try), and S's parent a CLIENT span that is not a phase (the client), or not a stored span (no
+-- client). The CLIENT spans above the client (the client chain) are found by id.
+simple_traces AS (
+    SELECT
+        trace_id,
+        toUInt32(uniqExact(span_id)) AS n,
+        count() AS n_rows,
+        countIf(kind = $SERVER) AS n_servers,
+        countIf(latency_key) AS n_latency,
+        countIf(bucket != 0) AS n_phases,
+        minIf(parent_id, bucket != 0) AS phase_parent_lo,
+        maxIf(parent_id, bucket != 0) AS phase_parent_hi,
+        groupArrayIf((span_id, parent_id, service, start_ns, end_ns, status, resource, codes, vals),
+            kind = $SERVER)[1] AS server,
+        groupArray(span_id) AS ids,
+        groupArrayIf(span_id, kind = $CLIENT) AS client_ids,
+        groupArrayIf((parent_id, start_ns, end_ns, bucket, codes, vals, first_token_event),
+            kind = $CLIENT) AS clients,
+        groupArrayIf((toUInt8(bucket - 1), start_ns, end_ns), bucket != 0) AS phases,
+        -- The last (start, span id) decode phase with token offsets, and the last prefill and
+        -- decode phases with GPU figures.
+        countIf(timed) AS n_timed,
+        groupArrayIf((start_ns, span_id, vals[indexOf(codes, $K_OFFSETS)],
+            vals[indexOf(codes, $K_TOKEN_COUNT)]), timed) AS decodes,
+        groupArrayIf((start_ns, span_id, codes, vals), has_gpu AND bucket = $PREFILL_BUCKET)
+            AS gpu_prefills,
+        groupArrayIf((start_ns, span_id, codes, vals), has_gpu AND bucket = $DECODE_BUCKET)
+            AS gpu_decodes
+    FROM simple_spans
+    GROUP BY trace_id
+    HAVING n_rows = n AND n_servers = 1 AND n_latency = 0 AND n_phases > 0
+        AND phase_parent_lo = server.1 AND phase_parent_hi = server.1
+        AND if(indexOf(client_ids, server.2) != 0,
+            clients[indexOf(client_ids, server.2)].4 = 0,
+            server.2 = '' OR NOT has(ids, server.2))
+)

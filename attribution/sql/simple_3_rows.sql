@@ -1,0 +1,136 @@
+-- The single-call path, stage 3: the request of each trace and its row, by the same rules as
+-- stages 3-5 of the general path with one attempt S (hull = S) and its client chain c, c1, c2
+-- (clients[0]: none, an empty tuple). $SV(s, NAME) is the non-empty value of an attribute, else
+-- '' (as a payload of the general path holds non-empty values only).
+simple_requests AS (
+    SELECT
+        trace_id, n, phases, n_timed,
+        -- The last by (start, span id), as the general path's span rank orders them.
+        arraySort(x -> (x.1, x.2), decodes)[-1] AS decode,
+        arrayMap(x -> (x.3, x.4), arraySort(x -> (x.1, x.2), gpu_prefills))[-1] AS gpu_prefill,
+        arrayMap(x -> (x.3, x.4), arraySort(x -> (x.1, x.2), gpu_decodes))[-1] AS gpu_decode,
+        server.1 AS s_id,
+        server.3 AS service,
+        server.4 AS s_start,
+        server.5 AS s_end,
+        server.6 AS status,
+        server.7 AS resource,
+        (server.8, server.9) AS s,
+        toUInt32(indexOf(client_ids, server.2)) AS client,
+        clients[client] AS c,
+        toUInt32(if(client = 0, 0, indexOf(client_ids, c.1))) AS client1,
+        clients[client1] AS c1,
+        clients[if(client1 = 0, 0, indexOf(client_ids, c1.1))] AS c2,
+        if(client = 0, s_id, client_ids[client]) AS request_span_id
+    FROM simple_traces
+),
+simple_values AS (
+    SELECT
+        trace_id, n, phases, n_timed, decode, gpu_prefill, gpu_decode, service, status,
+        resource, client, request_span_id, s_start, s_end,
+        $SIMPLE_MERGED,
+        -- Every integer and decimal number the row reads, parsed by one lambda each (one copy of
+        -- the parse in the statement, and one call per row).
+        arrayMap(raw -> $PARSE_INT(raw), [$SV(s, OUTPUT), $SV(s, COMPLETION), c_output,
+            c_completion, m_input, m_prompt, $SV((c.5, c.6), LAST_BYTE),
+            $SV((c.5, c.6), FIRST_TOKEN_NS), decode.4]) AS ints,
+        arrayMap(raw -> $NUM(raw), [$SV((c.5, c.6), FIRST_CHUNK), $SV((c1.5, c1.6), FIRST_CHUNK),
+            $SV((c2.5, c2.6), FIRST_CHUNK), $SIMPLE_GPU_VALUES]) AS nums,
+        c.2 AS c_lo,
+        c.3 - c.2 AS c_dur,
+        client != 0 AND ints[7] IS NOT NULL AS whole_response,
+        c.7 AS first_token_event,
+        (c1.2, c2.2) AS chain_starts
+    FROM simple_requests
+),
+-- The timeline (engine.timeline with one attempt: the hull is S).
+simple_timeline AS (
+    SELECT
+        *,
+        multiIf(
+            client = 0, 0,
+            s_start >= c_lo AND s_end <= c_lo + c_dur, 0,
+            s_end - s_start <= c_dur, c_lo + intDiv(c_dur - (s_end - s_start), 2) - s_start,
+            NOT whole_response, c_lo + intDiv(c_dur, 2) - s_start,
+            c_lo - s_start) AS offset,
+        if(client = 0, s_start, c_lo) AS lo,
+        multiIf(client = 0, s_end,
+            s_end - s_start > c_dur AND NOT whole_response,
+                s_end + (c_lo + intDiv(c_dur, 2) - s_start) + (c_dur - intDiv(c_dur, 2)),
+            c_lo + c_dur) AS hi
+    FROM simple_values
+),
+-- The sweep (stage 4): S as `other`, its phases clipped to it, all moved onto the client's clock
+-- and clipped to the window.
+simple_intervals AS (
+    SELECT
+        * EXCEPT (phases),
+        greatest(s_start + offset, lo) AS a_lo,
+        least(s_end + offset, hi) AS a_hi,
+        arrayFilter(iv -> iv.3 > iv.2, arrayConcat([(toUInt8($OTHER_RANK), a_lo, a_hi)],
+            arrayMap(p -> (p.1, greatest(p.2 + offset, a_lo), least(p.3 + offset, a_hi)),
+                phases))) AS ivs
+    FROM simple_timeline
+),
+simple_cut AS (
+    SELECT
+        * EXCEPT (a_lo, a_hi),
+        arraySort(arrayDistinct(arrayConcat([lo, hi],
+            arrayMap(iv -> iv.2, ivs), arrayMap(iv -> iv.3, ivs)))) AS cuts
+    FROM simple_intervals
+),
+simple_swept AS (
+    SELECT
+        * EXCEPT (ivs, cuts),
+        arrayMap((a, b) -> (arrayMin(arrayConcat([toUInt8($NETWORK_RANK)],
+                arrayMap(iv -> if(iv.2 <= a AND iv.3 >= b, iv.1, toUInt8($NETWORK_RANK)), ivs))),
+            b - a),
+            arrayPopBack(cuts), arrayPopFront(cuts)) AS segments
+    FROM simple_cut
+),
+-- Stage 5: tokens, streaming figures of the last timed decode span, the client's TTFT, GPU.
+simple_parsed AS (
+    SELECT
+        * EXCEPT (segments, decode, gpu_prefill, gpu_decode),
+        $BUCKET_SUMS,
+        if(n_timed = 0, [], arrayMap(o -> decode.1 + o * 1000, $INT_LIST(decode.3))) AS tokens,
+        ints[9] AS token_count,
+        $SIMPLE_GPU_MAP AS gpu,
+        toUInt16(1) AS tries
+    FROM simple_swept
+),
+simple_streaming AS (
+    SELECT
+        *,
+        if(m_model != '', m_model, m_response_model) AS model,
+        if(m_provider != '', m_provider, m_system) AS provider,
+        $TOKENS(ints[5], ints[6]) AS input_tokens,
+        $TOKENS(ints[1], ints[2]) AS try_output,
+        if(try_output IS NOT NULL, least(try_output, $MAX_TOKENS),
+            $TOKENS(ints[3], ints[4])) AS output0,
+        arrayPopFront(arrayDifference(tokens)) AS gaps,
+        arraySort(gaps) AS sorted_gaps,
+        length(gaps) AS n_gaps,
+        multiIf(client = 0, NULL,
+            ints[8] IS NOT NULL, ints[8] - c_lo,
+            first_token_event != '', toInt64(first_token_event) - c_lo,
+            nums[1] IS NOT NULL, c_lo + $S2NS(nums[1]) - c_lo,
+            nums[2] IS NOT NULL, chain_starts.1 + $S2NS(nums[2]) - c_lo,
+            nums[3] IS NOT NULL, chain_starts.2 + $S2NS(nums[3]) - c_lo,
+            NULL) AS ttft_client
+    FROM simple_parsed
+),
+rows AS (
+    SELECT
+        *,
+        if(n_timed != 0, tokens[1] - s_start, NULL) AS ttft_server,
+        if(n_timed != 0 AND n_gaps > 0, (tokens[-1] - tokens[1]) / n_gaps, NULL) AS tpot,
+        if(n_gaps > 0, $QUANTILE(sorted_gaps, n_gaps, 0.5), NULL) AS itl_p50,
+        if(n_gaps > 0, $QUANTILE(sorted_gaps, n_gaps, 0.99), NULL) AS itl_p99,
+        if(n_gaps > 0, toFloat64(arrayMax(gaps)), NULL) AS itl_max,
+        toUInt32(arrayCount(g -> g > {stall_ns:Int64}, gaps)) AS stalls,
+        if(output0 IS NULL AND n_timed != 0,
+            if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, length(tokens)),
+            output0) AS output_tokens
+    FROM simple_streaming
+)
