@@ -231,11 +231,11 @@ def _cpu_of(fn: Any) -> tuple[float, Any]:
     return time.process_time() - cpu0, out
 
 
-def statement_costs(store: Any) -> dict[str, float]:
-    """CPU seconds of the attribution SELECT: its analysis alone, one trace, and per request
-    beyond one (best of 3 each)."""
+def statement_costs(store: Any) -> dict[str, dict[str, float]]:
+    """CPU seconds of each attribution SELECT (the single-call path's and the general one's):
+    its analysis alone, one trace, and per request beyond one (best of 3 each)."""
     from latscope.attribution.engine import DEFAULT_STALL_NS
-    from latscope.attribution.sql import attribution_select
+    from latscope.attribution.sql import attribution_select, simple_select
     from latscope.storage import SPANS_TABLE
 
     # The first traces by id up to a bound: a sub-query, as the attributor's own batch is. (An
@@ -245,7 +245,6 @@ def statement_costs(store: Any) -> dict[str, float]:
         f"SELECT TraceId AS trace_id FROM {SPANS_TABLE} "
         "WHERE TraceId <= {last:String} GROUP BY TraceId"
     )
-    sql = attribution_select(first_ids, SPANS_TABLE, "1")
     ids = [
         r[0]
         for r in store.query_rows(
@@ -253,24 +252,29 @@ def statement_costs(store: Any) -> dict[str, float]:
         )
     ]
 
-    def run(trace_ids: list[str]) -> Any:
-        params = {"last": trace_ids[-1], "stall_ns": DEFAULT_STALL_NS, "through_us": 0}
-        return store.query_arrow(sql, params)
-
     def best(fn: Any) -> float:
         return min(_cpu_of(fn)[0] for _ in range(3))
 
-    run(ids[:1])  # warm-up
-    params = {"last": ids[0], "stall_ns": DEFAULT_STALL_NS, "through_us": 0}
-    analysis = best(lambda: store.query_rows("EXPLAIN QUERY TREE " + sql, params))
-    one = best(lambda: run(ids[:1]))
-    many = best(lambda: run(ids))
-    return {
-        "analysis": analysis,
-        "one": one,
-        "marginal": (many - one) / (len(ids) - 1),
-        "traces": len(ids),
-    }
+    out = {}
+    for name, select in (("single-call", simple_select), ("general", attribution_select)):
+        sql = select(first_ids, SPANS_TABLE, "1")
+
+        def run(trace_ids: list[str], sql: str = sql) -> Any:
+            params = {"last": trace_ids[-1], "stall_ns": DEFAULT_STALL_NS, "through_us": 0}
+            return store.query_arrow(sql, params)
+
+        run(ids[:1])  # warm-up
+        params = {"last": ids[0], "stall_ns": DEFAULT_STALL_NS, "through_us": 0}
+        analysis = best(lambda: store.query_rows("EXPLAIN QUERY TREE " + sql, params))  # noqa: B023
+        one = best(lambda: run(ids[:1]))
+        many = best(lambda: run(ids))
+        out[name] = {
+            "analysis": analysis,
+            "one": one,
+            "marginal": (many - one) / (len(ids) - 1),
+            "traces": len(ids),
+        }
+    return out
 
 
 def check_rows(store: Any, requests: int, seed: int = 5) -> tuple[int, int]:
@@ -329,7 +333,7 @@ class Alone:
     written: int
     attributor_cpu: float
     passes: int
-    costs: dict[str, float]
+    costs: dict[str, dict[str, float]]
     hours: int
     rollup_cpu: float
     #: CPU seconds and calls per statement of the attributor (its ``_Statements`` names).
@@ -455,11 +459,12 @@ def main() -> None:
         "  by statement: "
         + ", ".join(f"{name} {cpu:.2f} s ({int(calls)}x)" for name, (cpu, calls) in spent)
     )
-    print(
-        f"  the SELECT's analysis (EXPLAIN QUERY TREE): {c['analysis'] * 1e3:.0f} ms CPU; "
-        f"one trace: {c['one'] * 1e3:.0f} ms CPU; marginal: {c['marginal'] * 1e6:.1f} us CPU "
-        f"per request (batch of {c['traces']:,})"
-    )
+    for name, cost in c.items():
+        print(
+            f"  {name} SELECT: analysis (EXPLAIN QUERY TREE) {cost['analysis'] * 1e3:.0f} ms CPU; "
+            f"one trace {cost['one'] * 1e3:.0f} ms CPU; marginal {cost['marginal'] * 1e6:.1f} us "
+            f"CPU per request (batch of {cost['traces']:,})"
+        )
     print(
         f"rollup builder: {solo.hours} hours of {requests // HOURS:,} requests in "
         f"{solo.rollup_cpu:.2f} CPU s: {solo.rollup_cpu / max(solo.hours, 1):.2f} CPU s per hour "
