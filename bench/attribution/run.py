@@ -57,7 +57,7 @@ SENDERS = 4
 #: Traces whose rows are compared with the reference engine's.
 SAMPLE = 300
 #: Traces of the batch the marginal cost is measured on.
-MARGINAL_TRACES = 5000
+MARGINAL_TRACES = 20_000
 _METRIC = re.compile(r"^(latscope_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 
 
