@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -219,15 +220,12 @@ class Attributor(Poller):
         return int(written)
 
 
-_SERVER_KINDS = (
-    "("
-    + ", ".join(
-        literal(k)
-        for k in (SpanKind.SERVER, *(o for o, n in SpanKind.LEGACY.items() if n == SpanKind.SERVER))
-    )
-    + ")"
-)
-_LATENCY_KEYS = "[" + ", ".join(literal(k) for k in LATENCY_KEYS) + "]"
+#: SERVER in every spelling the spans table may hold (older exporters' SPAN_KIND_SERVER).
+_SERVER_KINDS = [SpanKind.SERVER, *(k for k, v in SpanKind.LEGACY.items() if v == SpanKind.SERVER)]
+
+
+def _list(values: Iterable[str]) -> str:
+    return ", ".join(literal(v) for v in values)
 
 
 class _Statements:
@@ -299,7 +297,8 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
 SELECT count() FROM (
     SELECT DISTINCT TraceId FROM {spans}
     WHERE TraceId IN ({left}) AND {bounds}
-      AND (SpanKind IN {_SERVER_KINDS} OR hasAny(mapKeys(SpanAttributes), {_LATENCY_KEYS})))"""
+      AND (SpanKind IN ({_list(_SERVER_KINDS)})
+           OR hasAny(mapKeys(SpanAttributes), [{_list(LATENCY_KEYS)}])))"""
         #: Every rule (attribution/sql/0*.sql) over those traces.
         self.insert = into + attribution_select(left, spans, bounds)
         written_now = f"""

@@ -275,3 +275,47 @@ def test_serve_attributes_and_reattributes_after_a_late_client_span(tmp_path: Pa
         assert sum(values) == e2e
         assert model == "llama-3-8b"
     assert rows[full][-1] == pytest.approx(2_000 * MS, abs=MS)
+
+
+@pytest.mark.slow
+def test_the_general_statement_runs_only_for_traces_the_single_call_path_leaves(
+    store: Store,
+) -> None:
+    """A pass of single-call traces and traces without a call runs the cheap statement alone; a
+    trace the single-call path leaves (an app SERVER span above the call) brings the general
+    statement in, for it only, and every request still gets its row."""
+    att = Attributor(store, settle_s=0, poll_s=0.1)
+    ran: list[str] = []
+    command = store.command
+
+    def spy(sql: str, *args: object, **kwargs: object) -> object:
+        names = {att._sql.insert: "general", att._sql.insert_simple: "single-call"}
+        ran.append(names.get(sql, "other"))
+        return command(sql, *args, **kwargs)
+
+    store.command = spy  # type: ignore[method-assign]
+    try:
+        single, plain, app = (uuid.uuid4().hex for _ in range(3))
+        store.insert_arrow(SPANS_TABLE, span_rows(single, server_spans()))
+        no_call = [
+            {"id": "d1" * 8, "kind": "Client", "start": T0, "end": T0 + 5 * MS},
+            {"id": "d2" * 8, "parent": "d1" * 8, "kind": "Internal", "start": T0,
+             "end": T0 + MS},
+        ]  # fmt: skip
+        store.insert_arrow(SPANS_TABLE, span_rows(plain, no_call))
+        assert att.run_until_idle() == 1
+        assert ran.count("single-call") == 1 and "general" not in ran, ran
+
+        ran.clear()
+        above = {"id": "c1" * 8, "kind": "Server", "start": T0, "end": T0 + 1000 * MS}
+        store.insert_arrow(SPANS_TABLE, span_rows(app, [above, *server_spans()]))
+        time.sleep(0.01)
+        assert att.run_until_idle() == 1
+        assert ran.count("single-call") == 1 and ran.count("general") == 1, ran
+    finally:
+        del store.command
+    rows = store.query_rows(
+        "SELECT TraceId, E2eNs FROM latscope_attribution FINAL WHERE TraceId IN {t:Array(String)}",
+        {"t": [single, plain, app]},
+    )
+    assert sorted(rows) == sorted([(single, 920 * MS), (app, 920 * MS)])
