@@ -5,11 +5,12 @@ How it finds work. Every span carries ``LatscopeIngestedAt`` (when it reached th
 store's clock). The attributor keeps a watermark on that time. Each pass takes the *slice* of
 spans ingested after the watermark, up to ``settle_s`` ago and at most ``step_s`` wide, and the
 traces with spans in it that have received none in the last ``settle_s`` (they have settled: the
-request ended and nothing more came for a while). One ``INSERT ... SELECT`` attributes every
-request of those traces from all their stored spans and writes one row each; a second one retracts
-the rows whose key moved (below). A slice holding more than ``batch_traces`` traces is cut at the
-ingest time of its ``batch_traces``-th trace, so one statement's memory is bounded whatever the
-backlog.
+request ended and nothing more came for a while). An ``INSERT ... SELECT`` attributes every
+request of those traces from all their stored spans and writes one row each: the single-call
+path's for the traces of the common shape, then the general one's, only when the batch has other
+traces that may hold a call; another one retracts the rows whose key moved (below). A slice
+holding more than ``batch_traces`` traces is cut at the ingest time of its ``batch_traces``-th
+trace, so one statement's memory is bounded whatever the backlog.
 
 A late span (say the client span, exported after the server's) is a new span after the watermark:
 its trace is attributed again from all its spans and the new row, with a higher Version (the
