@@ -1,39 +1,16 @@
--- Stage 1: the batch's spans, one row each, reduced to what the rules read: times, kind, phase
+-- Stage 1: the batch's spans (stage 0) reduced to what the rules read: times, kind, phase
 -- bucket, a set of flags ($F_*), and the raw values of the attributes a later stage may read.
 --
--- Attribute keys become small codes ($K_*, 0: a key the rules never read). The keys are
--- LowCardinality, so the code is computed once per distinct key of a block, and every lookup
--- below compares small integers instead of strings (~10x cheaper than looking each key up).
 -- Values are parsed here only where a flag needs it (a latency or GPU figure that is a number, a
 -- valid token offsets list); the rest is parsed in stage 5, and only for the few spans a request
 -- picks. `payload` keeps, per span, just the values a span of its kind can contribute (merged
 -- attributes and latency figures of a server-like span, client-side figures of a CLIENT span,
 -- token offsets of a decode span, GPU figures of a prefill or decode span), non-empty ones only:
--- empty counts as absent, as in the reference engine. Span kinds and status codes in older
--- exporters' spellings read as the current ones.
-span_rows AS (
-    SELECT
-        TraceId AS trace_id,
-        SpanId AS span_id,
-        ParentSpanId AS parent_id,
-        ServiceName AS service,
-        toUnixTimestamp64Nano(Timestamp) AS start_ns,
-        start_ns + toInt64(Duration) AS end_ns,
-        $KIND_CODE AS kind,
-        $STATUS AS status,
-        ResourceAttributes AS resource,
-        SpanName AS name,
-        arrayMap(k -> $KEY_CODE(k), SpanAttributes.keys) AS codes,
-        SpanAttributes.values AS vals,
-        Events.Name AS event_names,
-        Events.Timestamp AS event_times
-    FROM $SPANS_TABLE
-    WHERE TraceId IN (SELECT trace_id FROM batch) AND $SPAN_BOUNDS
-),
+-- empty counts as absent, as in the reference engine.
 span_facts AS (
     SELECT
         trace_id, span_id, parent_id, service, start_ns, end_ns, kind, status, resource, codes,
-        vals, event_names, event_times,
+        vals, first_token_event,
         vals[indexOf(codes, $K_PHASE)] IN $PHASES AS latscope_phase,
         -- The bucket this span stands for, if it is a phase (its rank + 1; 0: none):
         -- latscope.phase, else an SGLang stage slice by name (which only counts under an SGLang
@@ -46,16 +23,8 @@ span_facts AS (
         vals[indexOf(codes, $K_OPERATION)] = $EXECUTE_TOOL AS is_tool,
         -- A decode span with token offsets (a JSON array of integers, not empty), and a prefill
         -- or decode span with GPU figures.
-        bucket = $DECODE_BUCKET AND $IS_INT_ARRAY(vals[indexOf(codes, $K_OFFSETS)])
-            AS timed,
-        bucket IN $GPU_BUCKETS
-            AND arrayExists((c, v) -> bitTest($GPU_MASK, c) AND $IS_NUMBER(v), codes, vals)
-            AS has_gpu,
-        -- latscope's first-token event on a client span, as a value of its payload.
-        if(kind = $CLIENT AND has(event_names, $FIRST_TOKEN_EVENT),
-            toString(arrayMin(arrayMap(t -> toUnixTimestamp64Nano(t),
-                arrayFilter((t, n) -> n = $FIRST_TOKEN_EVENT, event_times, event_names)))),
-            '') AS first_token_event
+        $TIMED(bucket) AS timed,
+        $HAS_GPU(bucket) AS has_gpu
     FROM span_rows
 ),
 spans AS (

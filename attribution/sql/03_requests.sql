@@ -56,17 +56,7 @@ requests AS (
         arrayCumSum(arrayMap(x -> toUInt32(x), new_try)) AS try_of,
         arrayLastIndex(x -> x, new_try) AS last_try_at,
         client != 0 AND hull_hi - hull_lo > c_dur AND NOT whole_response AS headers_only,
-        multiIf(
-            client = 0, 0,
-            hull_lo >= c_lo AND hull_hi <= c_lo + c_dur, 0,
-            hull_hi - hull_lo <= c_dur, c_lo + intDiv(c_dur - (hull_hi - hull_lo), 2) - hull_lo,
-            -- headers-only: the server started half-way through the client span
-            NOT whole_response, c_lo + intDiv(c_dur, 2) - hull_lo,
-            c_lo - hull_lo) AS offset,
-        if(client = 0, a_starts[1], c_lo) AS lo,
-        multiIf(client = 0, a_ends[1],
-            hull_hi - hull_lo > c_dur AND NOT whole_response,
-                hull_hi + (c_lo + intDiv(c_dur, 2) - hull_lo) + (c_dur - intDiv(c_dur, 2)),
-            c_lo + c_dur) AS hi
+        -- offset, lo, hi (without a client the request is its one attempt: the hull).
+        $TIMELINE(client, c_lo, c_dur, hull_lo, hull_hi, whole_response)
     FROM request_clients
 )

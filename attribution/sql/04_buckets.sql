@@ -59,16 +59,12 @@ intervals AS (
 cut AS (
     SELECT
         * EXCEPT (a_starts, a_ends, q_ns, first_ns, prefill_ns, latency, critical),
-        arraySort(arrayDistinct(arrayConcat([lo, hi],
-            arrayMap(iv -> iv.2, ivs), arrayMap(iv -> iv.3, ivs)))) AS cuts
+        $CUTS(lo, hi, ivs) AS cuts
     FROM intervals
 ),
 swept AS (
     SELECT
         * EXCEPT (ivs, cuts),
-        arrayMap((a, b) -> (arrayMin(arrayConcat([toUInt8($NETWORK_RANK)],
-                arrayMap(iv -> if(iv.2 <= a AND iv.3 >= b, iv.1, toUInt8($NETWORK_RANK)), ivs))),
-            b - a),
-            arrayPopBack(cuts), arrayPopFront(cuts)) AS segments
+        $SEGMENTS(cuts, ivs) AS segments
     FROM cut
 )

@@ -80,9 +80,7 @@ streaming AS (
         if(arrayExists(x -> x IS NOT NULL, try_outputs),
             least(arraySum(arrayMap(x -> ifNull(x, 0), try_outputs)), $MAX_TOKENS),
             $TOKENS(client_counts.1, client_counts.2)) AS output0,
-        arrayPopFront(arrayDifference(tokens)) AS gaps,
-        arraySort(gaps) AS sorted_gaps,
-        length(gaps) AS n_gaps
+        $GAPS(tokens)
     FROM parsed
 ),
 rows AS (
@@ -95,10 +93,7 @@ rows AS (
             decode_span = 0 AND last_ttft IS NOT NULL AND last_decode IS NOT NULL
                 AND last_output > 1, last_decode / (last_output - 1),
             NULL) AS tpot,
-        if(n_gaps > 0, $QUANTILE(sorted_gaps, n_gaps, 0.5), NULL) AS itl_p50,
-        if(n_gaps > 0, $QUANTILE(sorted_gaps, n_gaps, 0.99), NULL) AS itl_p99,
-        if(n_gaps > 0, toFloat64(arrayMax(gaps)), NULL) AS itl_max,
-        toUInt32(arrayCount(g -> g > {stall_ns:Int64}, gaps)) AS stalls,
+        $ITL_FIGURES,
         if(output0 IS NULL AND decode_span != 0,
             if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, length(tokens)),
             output0) AS output_tokens

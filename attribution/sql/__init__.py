@@ -3,7 +3,8 @@
 store and attribution runs where the data is (shard-local on a cluster).
 
 The statement is built from one ``.sql`` file per stage (common table expressions, read in
-order): ``01_spans`` reduces each span to its times, kind, flags and the raw values of the
+order): ``00_span_rows`` reads the batch's spans with their attribute keys as codes (both paths
+read it), ``01_spans`` reduces each span to its times, kind, flags and the raw values of the
 attributes a later stage may read, ``02_traces`` groups each trace's spans into arrays and finds
 its requests, ``03_requests`` gives one row per request with its attempts, client and timeline,
 ``04_buckets`` runs the priority sweep, ``05_rows`` parses the attributes of the spans each request
@@ -53,7 +54,10 @@ from latscope.semconv import (
     VllmAttributes,
 )
 
+#: Read by both paths: the batch's spans with their attribute codes.
+SPAN_ROWS = "00_span_rows.sql"
 STAGES = (
+    SPAN_ROWS,
     "01_spans.sql",
     "02_traces.sql",
     "03_requests.sql",
@@ -63,7 +67,7 @@ STAGES = (
 FINAL = "06_insert.sql"
 #: The single-call path: one GROUP BY per trace for traces of the common shape (a client, one
 #: server span, its phases), the same rows as the stages above (``simple_select``).
-SIMPLE_STAGES = ("simple_1_spans.sql", "simple_2_traces.sql", "simple_3_rows.sql")
+SIMPLE_STAGES = (SPAN_ROWS, "simple_1_spans.sql", "simple_2_traces.sql", "simple_3_rows.sql")
 
 #: Attributes merged per request (the last attempt's, else the client chain's; m_<name>).
 MERGED: dict[str, str] = {
@@ -226,6 +230,86 @@ def quantile(sorted_values: str, n: str, q: str) -> str:
     )
 
 
+def timed(bucket: str) -> str:
+    """A decode span with token offsets (a JSON array of integers, not empty)."""
+    return f"({bucket} = {_bucket(Phase.DECODE)} AND {is_int_array(_value('OFFSETS'))})"
+
+
+def has_gpu(bucket: str) -> str:
+    """A prefill or decode span with a GPU figure that is a number."""
+    buckets = ", ".join(str(_bucket(p)) for p in GPU_PHASES)
+    return (
+        f"({bucket} IN ({buckets}) AND arrayExists((c, v) -> "
+        f"bitTest({_mask(tuple(GPU))}, c) AND match(v, {literal(NUMBER.pattern)}), codes, vals))"
+    )
+
+
+def _value(name: str) -> str:
+    """A span's value of attribute ``name`` (a ``KEYS`` name) in stage 0's codes and values."""
+    return f"vals[indexOf(codes, {CODES[name]})]"
+
+
+def timeline(client: str, c_lo: str, c_dur: str, hull_lo: str, hull_hi: str, whole: str) -> str:
+    """engine.timeline: ``offset`` (the skew correction), ``lo`` and ``hi`` (the window) of a
+    request whose attempts span ``[hull_lo, hull_hi]``, with a client span starting at ``c_lo``
+    lasting ``c_dur`` (``client`` 0: none, the request is its one attempt)."""
+    half = f"intDiv({c_dur}, 2)"
+    hull = f"({hull_hi} - {hull_lo})"
+    return (
+        f"multiIf({client} = 0, 0, "
+        f"{hull_lo} >= {c_lo} AND {hull_hi} <= {c_lo} + {c_dur}, 0, "
+        f"{hull} <= {c_dur}, {c_lo} + intDiv({c_dur} - {hull}, 2) - {hull_lo}, "
+        # headers-only: the server started half-way through the client span
+        f"NOT {whole}, {c_lo} + {half} - {hull_lo}, "
+        f"{c_lo} - {hull_lo}) AS offset,\n"
+        f"        if({client} = 0, {hull_lo}, {c_lo}) AS lo,\n"
+        f"        multiIf({client} = 0, {hull_hi}, "
+        f"{hull} > {c_dur} AND NOT {whole}, "
+        f"{hull_hi} + ({c_lo} + {half} - {hull_lo}) + ({c_dur} - {half}), "
+        f"{c_lo} + {c_dur}) AS hi"
+    )
+
+
+def cuts(lo: str, hi: str, ivs: str) -> str:
+    """The sweep's cut points: the window's ends and every interval's, sorted, distinct."""
+    return (
+        f"arraySort(arrayDistinct(arrayConcat([{lo}, {hi}], "
+        f"arrayMap(iv -> iv.2, {ivs}), arrayMap(iv -> iv.3, {ivs}))))"
+    )
+
+
+def segments(cut: str, ivs: str) -> str:
+    """Each piece between cuts as (the lowest rank of the (rank, start, end) intervals covering
+    it, else network; its length)."""
+    network = f"toUInt8({NETWORK_RANK})"
+    return (
+        f"arrayMap((a, b) -> (arrayMin(arrayConcat([{network}], "
+        f"arrayMap(iv -> if(iv.2 <= a AND iv.3 >= b, iv.1, {network}), {ivs}))), b - a), "
+        f"arrayPopBack({cut}), arrayPopFront({cut}))"
+    )
+
+
+def gaps(tokens: str) -> str:
+    """engine.timed_decode's inter-token gaps of the token times ``tokens``: ``gaps``,
+    ``sorted_gaps`` and ``n_gaps``."""
+    return (
+        f"arrayPopFront(arrayDifference({tokens})) AS gaps,\n"
+        "        arraySort(gaps) AS sorted_gaps,\n        length(gaps) AS n_gaps"
+    )
+
+
+def _itl_figures() -> str:
+    """ITL p50 / p99 / max and stalls over ``gaps`` (``gaps`` names them)."""
+    return ",\n        ".join(
+        [
+            f"if(n_gaps > 0, {quantile('sorted_gaps', 'n_gaps', '0.5')}, NULL) AS itl_p50",
+            f"if(n_gaps > 0, {quantile('sorted_gaps', 'n_gaps', '0.99')}, NULL) AS itl_p99",
+            "if(n_gaps > 0, toFloat64(arrayMax(gaps)), NULL) AS itl_max",
+            "toUInt32(arrayCount(g -> g > {stall_ns:Int64}, gaps)) AS stalls",
+        ]
+    )
+
+
 def flag(flags: str, name: str) -> str:
     """Whether a span's packed flags have ``FLAGS[name]``."""
     return f"(bitAnd({flags}, {FLAGS[name]}) != 0)"
@@ -336,40 +420,46 @@ def sv(pair: str, name: str) -> str:
     return f"{pair}.2[indexOf({pair}.1, {CODES[name]})]"
 
 
+#: The single-call path's client chain: the (codes, values) of the client and the CLIENT spans
+#: above it, nearest first (``simple_3_rows.sql``'s c, c1, c2).
+_SIMPLE_CHAIN = ("(c.5, c.6)", "(c1.5, c1.6)", "(c2.5, c2.6)")
+
+
 def _simple_merged() -> str:
-    """The single-call path's merged attributes: the first non-empty of S, c, c1, c2 (m_<name>),
-    and the client chain's alone (c_<name>) for the output counts."""
+    """The single-call path's merged attributes: the first non-empty of S and the client chain
+    (m_<name>), and the client chain's alone (c_<name>) for the output counts."""
 
     def first(name: str, spans: tuple[str, ...]) -> str:
         values = ", ".join(f"nullIf({sv(span, name)}, '')" for span in spans)
         return f"ifNull(coalesce({values}), '')"
 
-    chain = ("(c.5, c.6)", "(c1.5, c1.6)", "(c2.5, c2.6)")
     cols = [
-        f"{first(name, ('s', *chain))} AS m_{name.lower()}"
+        f"{first(name, ('s', *_SIMPLE_CHAIN))} AS m_{name.lower()}"
         for name in MERGED
         if name not in ("OUTPUT", "COMPLETION")
     ]
-    cols += [f"{first(name, chain)} AS c_{name.lower()}" for name in ("OUTPUT", "COMPLETION")]
+    cols += [
+        f"{first(name, _SIMPLE_CHAIN)} AS c_{name.lower()}" for name in ("OUTPUT", "COMPLETION")
+    ]
     return ",\n        ".join(cols)
 
 
-#: Where the single-call path's GPU figures sit in its ``nums`` (after the three client chain
-#: first-chunk figures): phase by phase, ``GPU`` order.
-_SIMPLE_GPU_AT = 4
-
-
-def _simple_gpu_values() -> str:
-    return ", ".join(sv(f"gpu_{phase}", name) for phase in GPU_PHASES for name in GPU)
+def _simple_nums() -> str:
+    """The decimal numbers the single-call row parses (its ``nums``): the client chain's first
+    chunk figures, then the GPU figures of its last prefill and decode phases."""
+    chunks = [sv(span, "FIRST_CHUNK") for span in _SIMPLE_CHAIN]
+    gpu = [sv(f"gpu_{phase}", name) for phase in GPU_PHASES for name in GPU]
+    return ", ".join(chunks + gpu)
 
 
 def _simple_gpu_map() -> str:
-    """The Gpu column from the single-call path's parsed GPU figures (``nums``)."""
+    """The Gpu column from the single-call path's parsed GPU figures (``nums``, after the
+    client chain's)."""
     names = [literal(f"{phase}.{GPU_KEYS[key]}") for phase in GPU_PHASES for key in GPU.values()]
-    count = len(names)
+    at = len(_SIMPLE_CHAIN) + 1
     return (
         f"mapFilter((k, v) -> v IS NOT NULL, "
-        f"mapFromArrays([{', '.join(names)}], arraySlice(nums, {_SIMPLE_GPU_AT}, {count})))"
+        f"mapFromArrays([{', '.join(names)}], arraySlice(nums, {at}, {len(names)})))"
     )
 
 
@@ -441,7 +531,6 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
         "CLIENT": str(FLAGS["CLIENT"]),
         "PHASES": "(" + ", ".join(literal(p) for p in Phase.ALL) + ")",
         "DECODE_BUCKET": str(_bucket(Phase.DECODE)),
-        "GPU_BUCKETS": "(" + ", ".join(str(_bucket(p)) for p in GPU_PHASES) + ")",
         "EXECUTE_TOOL": literal(GenAIOperation.EXECUTE_TOOL),
         "FIRST_TOKEN_EVENT": literal(LatscopeAttributes.FIRST_TOKEN_EVENT),
         "LATENCY_MASK": _mask(tuple(LATENCY)),
@@ -462,10 +551,11 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
         "GPU_MAP": _gpu_map(),
         "SIMPLE_GPU_MAP": _simple_gpu_map(),
         "SIMPLE_MERGED": _simple_merged(),
-        "SIMPLE_GPU_VALUES": _simple_gpu_values(),
+        "SIMPLE_NUMS": _simple_nums(),
         "LATENCY_CODES": "[" + ", ".join(str(CODES[n]) for n in LATENCY) + "]",
         "PREFILL_BUCKET": str(_bucket(Phase.PREFILL)),
         "GPU_SPANS": _gpu_spans(),
+        "ITL_FIGURES": _itl_figures(),
     }
     return values
 
@@ -500,6 +590,12 @@ _MACROS: dict[str, Callable[..., str]] = {
     "SYNTHETIC": _synthetic,
     "FLAG": flag,
     "SV": sv,
+    "TIMED": timed,
+    "HAS_GPU": has_gpu,
+    "TIMELINE": timeline,
+    "CUTS": cuts,
+    "SEGMENTS": segments,
+    "GAPS": gaps,
     "KEY_CODE": _key_code,
     "PHASE_BUCKET": _phase_bucket,
     "STAGE_BUCKET": _stage_bucket,

@@ -33,12 +33,12 @@ simple_traces AS (
         groupArrayIf((start_ns, span_id, codes, vals), has_gpu AND bucket = $PREFILL_BUCKET)
             AS gpu_prefills,
         groupArrayIf((start_ns, span_id, codes, vals), has_gpu AND bucket = $DECODE_BUCKET)
-            AS gpu_decodes
+            AS gpu_decodes,
+        -- The client: the CLIENT span that is S's parent (its position in clients; 0: none).
+        toUInt32(indexOf(client_ids, server.2)) AS client
     FROM simple_spans
     GROUP BY trace_id
     HAVING n_rows = n AND n_servers = 1 AND n_latency = 0 AND n_phases > 0
         AND phase_parent_lo = server.1 AND phase_parent_hi = server.1
-        AND if(indexOf(client_ids, server.2) != 0,
-            clients[indexOf(client_ids, server.2)].4 = 0,
-            server.2 = '' OR NOT has(ids, server.2))
+        AND if(client != 0, clients[client].4 = 0, server.2 = '' OR NOT has(ids, server.2))
 )

@@ -16,7 +16,7 @@ simple_requests AS (
         server.6 AS status,
         server.7 AS resource,
         (server.8, server.9) AS s,
-        toUInt32(indexOf(client_ids, server.2)) AS client,
+        client,
         clients[client] AS c,
         toUInt32(if(client = 0, 0, indexOf(client_ids, c.1))) AS client1,
         clients[client1] AS c1,
@@ -34,8 +34,7 @@ simple_values AS (
         arrayMap(raw -> $PARSE_INT(raw), [$SV(s, OUTPUT), $SV(s, COMPLETION), c_output,
             c_completion, m_input, m_prompt, $SV((c.5, c.6), LAST_BYTE),
             $SV((c.5, c.6), FIRST_TOKEN_NS), decode.4]) AS ints,
-        arrayMap(raw -> $NUM(raw), [$SV((c.5, c.6), FIRST_CHUNK), $SV((c1.5, c1.6), FIRST_CHUNK),
-            $SV((c2.5, c2.6), FIRST_CHUNK), $SIMPLE_GPU_VALUES]) AS nums,
+        arrayMap(raw -> $NUM(raw), [$SIMPLE_NUMS]) AS nums,
         c.2 AS c_lo,
         c.3 - c.2 AS c_dur,
         client != 0 AND ints[7] IS NOT NULL AS whole_response,
@@ -47,17 +46,7 @@ simple_values AS (
 simple_timeline AS (
     SELECT
         *,
-        multiIf(
-            client = 0, 0,
-            s_start >= c_lo AND s_end <= c_lo + c_dur, 0,
-            s_end - s_start <= c_dur, c_lo + intDiv(c_dur - (s_end - s_start), 2) - s_start,
-            NOT whole_response, c_lo + intDiv(c_dur, 2) - s_start,
-            c_lo - s_start) AS offset,
-        if(client = 0, s_start, c_lo) AS lo,
-        multiIf(client = 0, s_end,
-            s_end - s_start > c_dur AND NOT whole_response,
-                s_end + (c_lo + intDiv(c_dur, 2) - s_start) + (c_dur - intDiv(c_dur, 2)),
-            c_lo + c_dur) AS hi
+        $TIMELINE(client, c_lo, c_dur, s_start, s_end, whole_response)
     FROM simple_values
 ),
 -- The sweep (stage 4): S as `other`, its phases clipped to it, all moved onto the client's clock
@@ -75,17 +64,13 @@ simple_intervals AS (
 simple_cut AS (
     SELECT
         * EXCEPT (a_lo, a_hi),
-        arraySort(arrayDistinct(arrayConcat([lo, hi],
-            arrayMap(iv -> iv.2, ivs), arrayMap(iv -> iv.3, ivs)))) AS cuts
+        $CUTS(lo, hi, ivs) AS cuts
     FROM simple_intervals
 ),
 simple_swept AS (
     SELECT
         * EXCEPT (ivs, cuts),
-        arrayMap((a, b) -> (arrayMin(arrayConcat([toUInt8($NETWORK_RANK)],
-                arrayMap(iv -> if(iv.2 <= a AND iv.3 >= b, iv.1, toUInt8($NETWORK_RANK)), ivs))),
-            b - a),
-            arrayPopBack(cuts), arrayPopFront(cuts)) AS segments
+        $SEGMENTS(cuts, ivs) AS segments
     FROM simple_cut
 ),
 -- Stage 5: tokens, streaming figures of the last timed decode span, the client's TTFT, GPU.
@@ -108,9 +93,7 @@ simple_streaming AS (
         $TOKENS(ints[1], ints[2]) AS try_output,
         if(try_output IS NOT NULL, least(try_output, $MAX_TOKENS),
             $TOKENS(ints[3], ints[4])) AS output0,
-        arrayPopFront(arrayDifference(tokens)) AS gaps,
-        arraySort(gaps) AS sorted_gaps,
-        length(gaps) AS n_gaps,
+        $GAPS(tokens),
         multiIf(client = 0, NULL,
             ints[8] IS NOT NULL, ints[8] - c_lo,
             first_token_event != '', toInt64(first_token_event) - c_lo,
@@ -125,10 +108,7 @@ rows AS (
         *,
         if(n_timed != 0, tokens[1] - s_start, NULL) AS ttft_server,
         if(n_timed != 0 AND n_gaps > 0, (tokens[-1] - tokens[1]) / n_gaps, NULL) AS tpot,
-        if(n_gaps > 0, $QUANTILE(sorted_gaps, n_gaps, 0.5), NULL) AS itl_p50,
-        if(n_gaps > 0, $QUANTILE(sorted_gaps, n_gaps, 0.99), NULL) AS itl_p99,
-        if(n_gaps > 0, toFloat64(arrayMax(gaps)), NULL) AS itl_max,
-        toUInt32(arrayCount(g -> g > {stall_ns:Int64}, gaps)) AS stalls,
+        $ITL_FIGURES,
         if(output0 IS NULL AND n_timed != 0,
             if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, length(tokens)),
             output0) AS output_tokens
