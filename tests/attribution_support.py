@@ -165,9 +165,27 @@ def sql_check(
     rows for them (stored under fresh trace ids so tests never see each other's spans).
     ``reference``: the spans the reference engine reads, when they differ from those stored
     (older exporters' spellings, which the loader normalizes)."""
+    return check_stored(store, store_traces(store, traces), reference=reference, **kw)
+
+
+def store_traces(
+    store: Store, traces: dict[str, list[SpanRecord]]
+) -> dict[str, tuple[str, list[SpanRecord]]]:
+    """Store these traces under fresh trace ids: {stored id: (trace id, spans)}."""
     run = next(_COUNTER)
     renamed = {f"{run:08x}{i:024x}": (t, spans) for i, (t, spans) in enumerate(traces.items())}
     store.insert_arrow(SPANS_TABLE, spans_table({k: v[1] for k, v in renamed.items()}))
+    return renamed
+
+
+def check_stored(
+    store: Store,
+    renamed: dict[str, tuple[str, list[SpanRecord]]],
+    *,
+    reference: dict[str, list[SpanRecord]] | None = None,
+    **kw: Any,
+) -> dict[str, list[RequestAttribution]]:
+    """``sql_check`` for traces ``store_traces`` stored."""
     got = sql_rows(store, list(renamed), **kw)
     out: dict[str, list[RequestAttribution]] = {}
     for stored_id, (trace_id, spans) in renamed.items():

@@ -2,9 +2,10 @@
 -- one row each, with their times, kind and status (older exporters' spellings read as the current
 -- ones), and their attributes as codes and values.
 --
--- Attribute keys become small codes ($K_*, 0: a key the rules never read). The keys are
--- LowCardinality, so the code is computed once per distinct key of a block, and every lookup
--- compares small integers instead of strings (~10x cheaper than looking each key up).
+-- Attributes are read by code ($K_*): LatscopeRuleAttributes (deploy/clickhouse/007) holds the
+-- attributes the rules read, keyed by their codes, computed as each span was stored. So the
+-- statement reads a handful of values per span instead of all of them, and every lookup compares
+-- small integers instead of strings (~10x cheaper than looking each key up).
 span_rows AS (
     SELECT
         TraceId AS trace_id,
@@ -17,8 +18,8 @@ span_rows AS (
         $STATUS AS status,
         ResourceAttributes AS resource,
         SpanName AS name,
-        arrayMap(k -> $KEY_CODE(k), SpanAttributes.keys) AS codes,
-        SpanAttributes.values AS vals,
+        LatscopeRuleAttributes.keys AS codes,
+        LatscopeRuleAttributes.values AS vals,
         -- latscope's first-token event on a client span (its time, as a payload value).
         if(kind = $CLIENT AND has(Events.Name, $FIRST_TOKEN_EVENT),
             toString(arrayMin(arrayMap(t -> toUnixTimestamp64Nano(t),

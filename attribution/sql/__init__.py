@@ -88,8 +88,10 @@ LATENCY: dict[str, str] = dict(
 )
 assert LATENCY["TTFT"] == VllmAttributes.TIME_TO_FIRST_TOKEN
 GPU: dict[str, str] = {f"GPU_{i}": key for i, key in enumerate(GPU_KEYS, 1)}
-#: Every attribute key the rules read, by the name of its code (``$K_<NAME>``); stage 1 turns each
-#: key of a span into its code (1, 2, ... in this order; 0: any other key).
+#: Every attribute key the rules read, by the name of its code (``$K_<NAME>``): codes 1, 2, ... in
+#: this order. The spans table stores each span's attributes of these keys by code
+#: (``LatscopeRuleAttributes``, deploy/clickhouse/007_rule_attributes.sql, a list a test holds
+#: equal to this one): so the order never changes, and a new key goes last, with a new DDL file.
 KEYS: dict[str, str] = {
     **MERGED,
     "OFFSETS": LatscopeAttributes.TOKEN_OFFSETS_US,
@@ -560,10 +562,6 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
     return values
 
 
-def _key_code(key: str) -> str:
-    return f"transform({key}, {_array(list(KEYS.values()))}, {list(range(1, len(KEYS) + 1))}, 0)"
-
-
 def _phase_bucket(expr: str) -> str:
     names = list(Phase.ALL)
     return f"toUInt8(transform({expr}, {_array(names)}, {[_bucket(n) for n in names]}, 0))"
@@ -596,7 +594,6 @@ _MACROS: dict[str, Callable[..., str]] = {
     "CUTS": cuts,
     "SEGMENTS": segments,
     "GAPS": gaps,
-    "KEY_CODE": _key_code,
     "PHASE_BUCKET": _phase_bucket,
     "STAGE_BUCKET": _stage_bucket,
 }
