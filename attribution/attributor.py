@@ -26,7 +26,11 @@ Cadence. A pass with work costs ClickHouse's analysis of its statements (~1 s of
 slice's size) on top of the work itself, so under load the attributor waits longer between
 passes and each takes a bigger slice: after a pass that wrote rows it waits ``BUSY_PAUSE`` times
 that pass's duration (at least ``poll_s``, at most ``settle_s``, and no longer than until the
-newest stored span has settled); after an idle one, ``poll_s``.
+newest stored span has settled); after an idle one, ``poll_s``. When ingest has paused (no span
+for ``poll_s``), it waits ``poll_s`` at most: the traces left settle one after another, and
+taking them as they do leaves a small last pass when the newest settles instead of all of them.
+During a long wait it looks every ``poll_s`` (one small query) whether ingest has paused, and if
+so passes at once.
 
 Scale-out: ``shard=(i, n)`` takes only the traces with ``cityHash64(TraceId) % n = i``, so ``n``
 attributors split a store's traces with none done twice and none missed; on a cluster (spans and
@@ -109,10 +113,29 @@ class Attributor(Poller):
         self.spans_table = SPANS_TABLE + suffix
         self.table = ATTRIBUTION_TABLE + suffix
         self.watermark_us: int | None = None
+        #: When the next pass is due (monotonic s); between passes the loop wakes every
+        #: ``idle_poll_s`` to see whether ingest has paused.
+        self._due = 0.0
         self._sql = _Statements(self.spans_table, self.table, shard)
 
     def failed(self, exc: Exception) -> None:
         BATCH_ERRORS.labels("store").inc()
+
+    def poll(self) -> None:
+        """The background loop's wake-up: a pass when one is due, or before, once ingest has
+        paused (no span for ``idle_poll_s``); otherwise nothing."""
+        if time.monotonic() < self._due and self.watermark_us is not None:
+            quiet_us, pending = self.store.query_rows(
+                self._sql.quiet, self._params(after_us=self.watermark_us)
+            )[0]
+            if not (int(pending) and int(quiet_us) >= self.idle_poll_s * 1e6):
+                return
+        # A pass that fails is retried after the idle poll.
+        self._due = time.monotonic() + self.idle_poll_s
+        self.run_until_idle()
+
+    def next_wake_s(self) -> float:
+        return max(0.0, min(self.idle_poll_s, self._due - time.monotonic()))
 
     # -- work --------------------------------------------------------------------------------
 
@@ -185,9 +208,15 @@ class Attributor(Poller):
                 self._sql.after, self._params(after_us=self.watermark_us)
             )[0]
             if int(pending):
-                settled_in_s = (int(newest_us) + self.settle_us - now_us) / 1e6
-                busy_s = min(busy_s, max(MIN_POLL_S, settled_in_s))
+                quiet_s = (now_us - int(newest_us)) / 1e6
+                busy_s = min(busy_s, max(MIN_POLL_S, self.settle_us / 1e6 - quiet_s))
+                if quiet_s >= self.idle_poll_s:
+                    # Ingest paused: what is left settles over the next settle window; a pass
+                    # every poll takes it as it settles (the CPU is idle meanwhile), so the
+                    # pass when the newest span settles is small.
+                    busy_s = min(busy_s, self.idle_poll_s)
             self.poll_s = busy_s
+        self._due = time.monotonic() + self.poll_s
         return written
 
     def attribute_slice(
@@ -276,6 +305,13 @@ SELECT count(), max(last_us), min(first_ns), max(last_ns) FROM (
         self.after = f"""
 SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)),
        toUnixTimestamp64Micro(max(LatscopeIngestedAt)), count()
+FROM {spans}
+WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}"""
+        #: Between passes: how long since the newest span after the watermark came (us, on the
+        #: store's clock), and whether there is one.
+        self.quiet = f"""
+SELECT toUnixTimestamp64Micro(now64(6)) - toUnixTimestamp64Micro(max(LatscopeIngestedAt)),
+       count() > 0
 FROM {spans}
 WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}"""
         batch = (

@@ -36,6 +36,7 @@ class Poller:
     """A ``Component`` that calls ``run_until_idle()`` on its own thread every ``poll_s`` seconds
     until stopped. A pass that fails (the store down, or a fault) is logged, reported to
     ``failed`` and tried again at the next poll: a background stage never dies of one bad pass.
+    A subclass can wake more often than it passes (``poll`` and ``next_wake_s``).
     """
 
     name = "poller"
@@ -47,6 +48,14 @@ class Poller:
 
     def run_until_idle(self) -> int:
         raise NotImplementedError
+
+    def poll(self) -> None:
+        """One wake-up of the loop: a pass."""
+        self.run_until_idle()
+
+    def next_wake_s(self) -> float:
+        """Seconds from now to the next wake-up."""
+        return self.poll_s
 
     def failed(self, exc: Exception) -> None:
         """Called for every failed pass, before it is logged (count it here)."""
@@ -67,14 +76,14 @@ class Poller:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.run_until_idle()
+                self.poll()
             except StoreUnavailable as exc:
                 self.failed(exc)
                 log.warning("%s paused, store unavailable: %s", self.name, exc)
             except Exception as exc:
                 self.failed(exc)
                 log.exception("%s pass failed; retrying", self.name)
-            self._stop.wait(self.poll_s)
+            self._stop.wait(self.next_wake_s())
 
 
 @dataclass

@@ -88,6 +88,58 @@ def test_after_a_busy_pass_the_next_waits_only_until_the_newest_span_settles(
     assert store.query_rows(ALL_ROWS, {"t": last})[0][0] == 1
 
 
+@pytest.mark.slow
+def test_once_ingest_pauses_a_busy_pass_waits_one_poll_not_until_the_newest_settles(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load the wait after a busy pass is long (here the whole settle window); once no span
+    has come for a poll interval, the traces left are taken as they settle, a poll at a time."""
+    monkeypatch.setattr("latscope.attribution.attributor.BUSY_PAUSE", 1000.0)
+    settle_s, idle_poll_s = 4.0, 1.0
+    first, last = uuid.uuid4().hex, uuid.uuid4().hex
+    att = Attributor(store, settle_s=settle_s, poll_s=idle_poll_s)
+    att.run_until_idle()  # catch up with whatever the module stored before
+    store.insert_arrow(SPANS_TABLE, span_rows(first, server_spans()))
+    time.sleep(settle_s + 0.05)
+    store.insert_arrow(SPANS_TABLE, span_rows(last, server_spans()))
+    time.sleep(idle_poll_s + 0.2)  # ingest paused; `last` settles in about 2.8 s
+    assert att.run_until_idle() == 1
+    assert att.poll_s == idle_poll_s, att.poll_s
+    assert store.query_rows(ALL_ROWS, {"t": last})[0][0] == 0
+
+
+@pytest.mark.slow
+def test_during_a_long_wait_the_loop_passes_as_soon_as_ingest_pauses(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy pass under load waits long (here the settle window); the loop still wakes every
+    poll, and once no span has come for a poll it passes then instead of when the wait ends."""
+    monkeypatch.setattr("latscope.attribution.attributor.BUSY_PAUSE", 1000.0)
+    settle_s, idle_poll_s = 4.0, 1.0
+    a, b, c = (uuid.uuid4().hex for _ in range(3))
+    Attributor(store, settle_s=0).run_until_idle()  # whatever the module stored before
+    att = Attributor(store, settle_s=settle_s, poll_s=idle_poll_s)  # resumes after it
+    started = time.monotonic()
+    store.insert_arrow(SPANS_TABLE, span_rows(a, server_spans()))
+    time.sleep(1.0)
+    store.insert_arrow(SPANS_TABLE, span_rows(b, server_spans()))  # settles at ~5 s
+    time.sleep(max(0.0, started + settle_s + 0.1 - time.monotonic()))
+    store.insert_arrow(SPANS_TABLE, span_rows(c, server_spans()))  # ingest goes on, then stops
+    att.poll()  # its first: writes `a`, then waits until `c` settles (~8 s), ingest being busy
+    rows = "SELECT count() FROM latscope_attribution WHERE TraceId IN {t:Array(String)}"
+    assert store.query_rows(rows, {"t": [a]})[0][0] == 1
+    assert att.poll_s > settle_s - 0.5, att.poll_s
+    assert 0 < att.next_wake_s() <= idle_poll_s  # but wakes every poll to look
+    watermark = att.watermark_us
+    att.poll()  # spans came less than a poll ago: no pass (a pass moves the watermark)
+    assert att.watermark_us == watermark
+    assert store.query_rows(rows, {"t": [b, c]})[0][0] == 0
+    time.sleep(max(0.0, started + 5.3 - time.monotonic()))  # `b` settled, the wait not over
+    att.poll()
+    assert store.query_rows(rows, {"t": [b]})[0][0] == 1
+    assert store.query_rows(rows, {"t": [c]})[0][0] == 0  # still settling
+
+
 def test_unsettled_trace_waits_for_the_settle_window(store: Store) -> None:
     trace_id = uuid.uuid4().hex
     att = Attributor(store, settle_s=3600)
