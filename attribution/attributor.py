@@ -125,10 +125,8 @@ class Attributor(Poller):
         """The background loop's wake-up: a pass when one is due, or before, once ingest has
         paused (no span for ``idle_poll_s``); otherwise nothing."""
         if time.monotonic() < self._due and self.watermark_us is not None:
-            quiet_us, pending = self.store.query_rows(
-                self._sql.quiet, self._params(after_us=self.watermark_us)
-            )[0]
-            if not (int(pending) and int(quiet_us) >= self.idle_poll_s * 1e6):
+            quiet_s = self._quiet_s()
+            if quiet_s is None or quiet_s < self.idle_poll_s:
                 return
         # A pass that fails is retried after the idle poll.
         self._due = time.monotonic() + self.idle_poll_s
@@ -144,6 +142,14 @@ class Attributor(Poller):
 
     def _now_us(self) -> int:
         return int(self.store.query_rows(NOW_US_SQL)[0][0])
+
+    def _quiet_s(self) -> float | None:
+        """Seconds since the newest span after the watermark was stored (on the store's clock),
+        or None when there is none."""
+        quiet_us, pending = self.store.query_rows(
+            self._sql.quiet, self._params(after_us=self.watermark_us)
+        )[0]
+        return int(quiet_us) / 1e6 if int(pending) else None
 
     def _resume(self) -> int:
         value = self.store.query_rows(self._sql.resume, self._params())[0][0]
@@ -170,7 +176,7 @@ class Attributor(Poller):
             if not traces:
                 self.watermark_us = hi
                 if hi < upto:  # skip the idle time to the next span, if any
-                    first_us, _, count = self.store.query_rows(
+                    first_us, count = self.store.query_rows(
                         self._sql.after, self._params(after_us=self.watermark_us)
                     )[0]
                     nxt = int(first_us) - 1 if int(count) else upto
@@ -204,11 +210,8 @@ class Attributor(Poller):
                 max(self.idle_poll_s, BUSY_PAUSE * (time.monotonic() - started)),
                 self.busy_poll_max_s,
             )
-            _, newest_us, pending = self.store.query_rows(
-                self._sql.after, self._params(after_us=self.watermark_us)
-            )[0]
-            if int(pending):
-                quiet_s = (now_us - int(newest_us)) / 1e6
+            quiet_s = self._quiet_s()
+            if quiet_s is not None:
                 busy_s = min(busy_s, max(MIN_POLL_S, self.settle_us / 1e6 - quiet_s))
                 if quiet_s >= self.idle_poll_s:
                     # Ingest paused: what is left settles over the next settle window; a pass
@@ -300,15 +303,15 @@ SELECT count(), max(last_us), min(first_ns), max(last_ns) FROM (
     ORDER BY last_us
     LIMIT {{limit:UInt32}} WITH TIES
 )"""
-        #: The spans after the watermark: the oldest (after an empty slice, to skip idle time),
-        #: the newest (after a pass with work, when it settles) and how many.
+        #: The spans after the watermark: the oldest (after an empty slice, to skip idle time)
+        #: and how many.
         self.after = f"""
-SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)),
-       toUnixTimestamp64Micro(max(LatscopeIngestedAt)), count()
+SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), count()
 FROM {spans}
 WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}"""
-        #: Between passes: how long since the newest span after the watermark came (us, on the
-        #: store's clock), and whether there is one.
+        #: How long since the newest span after the watermark came (us, on the store's clock),
+        #: and whether there is one: after a pass with work (when will it settle), and between
+        #: passes (has ingest paused).
         self.quiet = f"""
 SELECT toUnixTimestamp64Micro(now64(6)) - toUnixTimestamp64Micro(max(LatscopeIngestedAt)),
        count() > 0

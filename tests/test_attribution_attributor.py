@@ -66,6 +66,20 @@ def test_late_client_span_replaces_the_row_and_reruns_are_idempotent(store: Stor
     assert store.query_rows(FINAL_ROWS, {"t": trace_id}) == before
 
 
+def _one_settled_one_fresh(
+    store: Store, settle_s: float, idle_poll_s: float
+) -> tuple[Attributor, str]:
+    """An attributor caught up with the store, a trace stored a settle window ago (settled) and
+    one stored just now; returns the attributor and the fresh trace's id."""
+    first, last = uuid.uuid4().hex, uuid.uuid4().hex
+    att = Attributor(store, settle_s=settle_s, poll_s=idle_poll_s)
+    att.run_until_idle()  # catch up with whatever the module stored before
+    store.insert_arrow(SPANS_TABLE, span_rows(first, server_spans()))
+    time.sleep(settle_s + 0.05)
+    store.insert_arrow(SPANS_TABLE, span_rows(last, server_spans()))
+    return att, last
+
+
 @pytest.mark.slow
 def test_after_a_busy_pass_the_next_waits_only_until_the_newest_span_settles(
     store: Store,
@@ -73,12 +87,7 @@ def test_after_a_busy_pass_the_next_waits_only_until_the_newest_span_settles(
     """Under load a busy pass waits up to the settle window before the next, so slices grow; once
     traffic stops, the wait ends when the last span settles, not a whole window later."""
     settle_s, idle_poll_s = 3.0, 2.0
-    first, last = uuid.uuid4().hex, uuid.uuid4().hex
-    att = Attributor(store, settle_s=settle_s, poll_s=idle_poll_s)
-    att.run_until_idle()  # catch up with whatever the module stored before
-    store.insert_arrow(SPANS_TABLE, span_rows(first, server_spans()))
-    time.sleep(settle_s + 0.05)
-    store.insert_arrow(SPANS_TABLE, span_rows(last, server_spans()))
+    att, last = _one_settled_one_fresh(store, settle_s, idle_poll_s)
     time.sleep(settle_s - 1.0)  # `last` settles in about a second
     assert att.run_until_idle() == 1
     # A busy pass would wait at least the idle poll (2 s); `last` settles sooner than that.
@@ -96,12 +105,7 @@ def test_once_ingest_pauses_a_busy_pass_waits_one_poll_not_until_the_newest_sett
     has come for a poll interval, the traces left are taken as they settle, a poll at a time."""
     monkeypatch.setattr("latscope.attribution.attributor.BUSY_PAUSE", 1000.0)
     settle_s, idle_poll_s = 4.0, 1.0
-    first, last = uuid.uuid4().hex, uuid.uuid4().hex
-    att = Attributor(store, settle_s=settle_s, poll_s=idle_poll_s)
-    att.run_until_idle()  # catch up with whatever the module stored before
-    store.insert_arrow(SPANS_TABLE, span_rows(first, server_spans()))
-    time.sleep(settle_s + 0.05)
-    store.insert_arrow(SPANS_TABLE, span_rows(last, server_spans()))
+    att, last = _one_settled_one_fresh(store, settle_s, idle_poll_s)
     time.sleep(idle_poll_s + 0.2)  # ingest paused; `last` settles in about 2.8 s
     assert att.run_until_idle() == 1
     assert att.poll_s == idle_poll_s, att.poll_s
