@@ -44,6 +44,14 @@ class Capture:
         assert len(found) == 1, f"expected one {name!r} span, got {[s.name for s in self.spans()]}"
         return found[0]
 
+    def wait_for(self, name: str, timeout_s: float = 10.0) -> ReadableSpan:
+        """The one span called ``name``, waiting for it to end: a streaming server's span ends
+        after its last chunk is written, which can be after the client has read that chunk."""
+        deadline = time.monotonic() + timeout_s
+        while not self.named(name) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.one(name)
+
     def phases(self) -> dict[str, ReadableSpan]:
         return {
             s.attributes["latscope.phase"]: s

@@ -115,7 +115,7 @@ def test_sync_handler_returning_a_streaming_response_lasts_until_the_body_is_sen
 
     with capture() as cap, run_app(app) as base, httpx.Client() as http:
         assert http.get(f"{base}/stream").text == "data: a\n\ndata: b\n\ndata: c\n\n"
-        server = cap.one("chat toy")
+        server = cap.wait_for("chat toy")
         decode = cap.phases()[Phase.DECODE]
         assert server.end_time >= sent[-1] >= decode.start_time
         assert decode.parent.span_id == server.context.span_id
