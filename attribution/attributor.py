@@ -96,9 +96,19 @@ class Attributor(Poller):
         step_s: float = 60.0,
         shard: tuple[int, int] = (0, 1),
         tables: str = "shared",
+        complete_s: float | None = None,
     ) -> None:
         self.store = store
         self.settle_us = int(settle_s * 1e6)
+        #: Early attribution: a trace whose span tree is complete is attributed once it has gone
+        #: ``complete_s`` without new spans, before it settles (None, or not shorter than the
+        #: settle window: off).
+        self.complete_us = (
+            int(complete_s * 1e6) if complete_s is not None and 0 <= complete_s < settle_s else None
+        )
+        #: Where the early window of the next pass starts (ingest time, us): each pass looks at
+        #: the traces with spans stored since the last one's.
+        self._early_us: int | None = None
         self.step_us = max(1, int(step_s * 1e6))
         super().__init__(poll_s)
         self.idle_poll_s = poll_s
@@ -116,7 +126,9 @@ class Attributor(Poller):
         #: When the next pass is due (monotonic s); between passes the loop wakes every
         #: ``idle_poll_s`` to see whether ingest has paused.
         self._due = 0.0
-        self._sql = _Statements(self.spans_table, self.table, shard)
+        self._sql = _Statements(
+            self.spans_table, self.table, shard, early=self.complete_us is not None
+        )
 
     def failed(self, exc: Exception) -> None:
         BATCH_ERRORS.labels("store").inc()
@@ -156,12 +168,28 @@ class Attributor(Poller):
         # An empty table answers the epoch: start from the beginning of the spans table.
         return int(value or 0)
 
+    def _early_window(self, settled_us: int, complete_us: int) -> tuple[int, int, int, int] | None:
+        """The early window of this pass, ``(lo, hi]`` in ingest time: from the last pass's
+        (at the soonest the settle bound: what is older is settled) to ``complete_us``; with the
+        start times of its spans (ns). None when it holds no span of this shard."""
+        lo = max(settled_us, self._early_us or settled_us)
+        if lo >= complete_us:
+            return None
+        params = self._params(early_lo_us=lo, early_hi_us=complete_us)
+        count, first_ns, last_ns = self.store.query_rows(self._sql.early_spans, params)[0]
+        if not int(count):
+            self._early_us = complete_us
+            return None
+        return lo, complete_us, int(first_ns), int(last_ns)
+
     def run_until_idle(self, *, max_batches: int = 1000) -> int:
         """Attribute every settled trace up to now (bounded batches); returns requests written."""
         started = time.monotonic()
         if self.watermark_us is None:
             self.watermark_us = self._resume()
-        upto = self._now_us() - self.settle_us
+        now_us = self._now_us()
+        upto = now_us - self.settle_us
+        complete_us = None if self.complete_us is None else now_us - self.complete_us
         written = 0
         for _ in range(max_batches):
             if self.watermark_us >= upto or (self.stopping and written):
@@ -173,7 +201,17 @@ class Attributor(Poller):
                 after_us=self.watermark_us, upto_us=hi, settled_us=upto, limit=self.batch_traces
             )
             traces, cut_us, first_ns, last_ns = self.store.query_rows(self._sql.ready, params)[0]
-            if not traces:
+            through = int(cut_us) if int(traces) >= self.batch_traces else hi
+            # The pass's last slice also takes the complete traces of the early window.
+            early = (
+                self._early_window(upto, complete_us)
+                if complete_us is not None and through == upto
+                else None
+            )
+            if early is not None:
+                first_ns = min(early[2], int(first_ns)) if traces else early[2]
+                last_ns = max(early[3], int(last_ns)) if traces else early[3]
+            if not traces and early is None:
                 self.watermark_us = hi
                 if hi < upto:  # skip the idle time to the next span, if any
                     first_us, count = self.store.query_rows(
@@ -182,14 +220,16 @@ class Attributor(Poller):
                     nxt = int(first_us) - 1 if int(count) else upto
                     self.watermark_us = max(hi, min(nxt, upto))
                 continue
-            through = int(cut_us) if int(traces) >= self.batch_traces else hi
             try:
                 written += self.attribute_slice(
                     self.watermark_us,
                     through,
                     settled_us=upto,
                     around=(int(first_ns) - SPAN_REACH_NS, int(last_ns) + SPAN_REACH_NS),
+                    early=None if early is None else early[:2],
                 )
+                if early is not None:
+                    self._early_us = early[1]
             except StoreError:
                 raise  # retried from the same watermark on the next poll
             except Exception:
@@ -200,6 +240,8 @@ class Attributor(Poller):
             self.watermark_us = through
         now_us = self._now_us()
         LAG.set(max(0.0, (now_us - self.watermark_us) / 1e6))
+        # When the newest traces can next be taken: once complete (early), else once settled.
+        ready_s = (self.settle_us if self.complete_us is None else self.complete_us) / 1e6
         # The wait before the next pass (Poller reads poll_s after each pass): longer after a
         # pass with work, so the next one takes a bigger slice for the same fixed cost; but no
         # longer than until the newest span has settled (once traffic stops, waiting longer
@@ -212,7 +254,7 @@ class Attributor(Poller):
             )
             quiet_s = self._quiet_s()
             if quiet_s is not None:
-                busy_s = min(busy_s, max(MIN_POLL_S, self.settle_us / 1e6 - quiet_s))
+                busy_s = min(busy_s, max(MIN_POLL_S, ready_s - quiet_s))
                 if quiet_s >= self.idle_poll_s:
                     # Ingest paused: what is left settles over the next settle window; a pass
                     # every poll takes it as it settles (the CPU is idle meanwhile), so the
@@ -223,11 +265,18 @@ class Attributor(Poller):
         return written
 
     def attribute_slice(
-        self, after_us: int, through_us: int, *, settled_us: int, around: tuple[int, int]
+        self,
+        after_us: int,
+        through_us: int,
+        *,
+        settled_us: int,
+        around: tuple[int, int],
+        early: tuple[int, int] | None = None,
     ) -> int:
-        """Attribute the settled traces with spans ingested in ``(after_us, through_us]`` from
-        all their spans that started within ``around`` (ns), and retract the keys they moved
-        from; returns the rows written. ``through_us`` is recorded as SpansIngestedAt."""
+        """Attribute the settled traces with spans ingested in ``(after_us, through_us]`` (and,
+        with early attribution on, the complete traces of the ``early`` window of ingest times)
+        from all their spans that started within ``around`` (ns), and retract the keys they
+        moved from; returns the rows written. ``through_us`` is recorded as SpansIngestedAt."""
         params = self._params(
             after_us=after_us,
             through_us=through_us,
@@ -236,6 +285,8 @@ class Attributor(Poller):
             to_ns=min(around[1], 2**63 - 1),
             stall_ns=self.stall_threshold_ns,
         )
+        if self.complete_us is not None:
+            params["early_lo_us"], params["early_hi_us"] = early or (0, 0)
         # Traces of the common single-call shape first (a cheap statement); the general one runs
         # only when some trace of the batch got no row from it and may hold a call.
         self.store.command(self._sql.insert_simple, params)
@@ -267,10 +318,56 @@ def _list(values: Iterable[str]) -> str:
     return ", ".join(literal(v) for v in values)
 
 
+#: CLIENT in every spelling the spans table may hold.
+_CLIENT_KINDS = [SpanKind.CLIENT, *(k for k, v in SpanKind.LEGACY.items() if v == SpanKind.CLIENT)]
+
+
+def _early_batch(settled: str, window: str, spans: str, table: str, mine: str, bounds: str) -> str:
+    """The batch with early attribution on: the settled traces (``settled``) that changed since
+    they were attributed, and the complete traces of the early window.
+
+    A trace of the early window is taken when none of its spans came after the window and its
+    span tree is complete: a root, every parent stored, every CLIENT span with a child (the
+    server it called reports no span yet otherwise). Nothing is lost when the guess is wrong: a
+    span that comes later is after the watermark, and its trace is attributed again.
+
+    A settled trace is taken unless it has a live row whose Version (the count of distinct spans
+    it was attributed from) is its count of distinct spans now: a trace attributed early and
+    unchanged since is not attributed twice, and one that got a span meanwhile is, including a
+    span whose insert was still in flight when the early pass read (stored with an ingest time
+    inside a window already passed). So the settle window stays the margin for such inserts."""
+    return f"""
+SELECT trace_id FROM (
+    SELECT TraceId AS trace_id, toUInt64(uniqExact(SpanId)) AS n FROM {spans}
+    WHERE TraceId IN ({settled}) AND {bounds}
+    GROUP BY TraceId)
+WHERE (trace_id, n) NOT IN (
+    SELECT TraceId, Version FROM {table}
+    WHERE TraceId IN ({settled}) AND {bounds} AND IsDeleted = 0)
+UNION ALL
+SELECT trace_id FROM (
+    SELECT TraceId AS trace_id,
+           groupArray(SpanId) AS ids,
+           groupArray(ParentSpanId) AS parents,
+           groupArrayIf(SpanId, SpanKind IN ({_list(_CLIENT_KINDS)})) AS clients
+    FROM {spans}
+    WHERE TraceId IN (
+        SELECT TraceId FROM {spans}
+        WHERE {window} {mine}
+          AND TraceId NOT IN (
+              SELECT TraceId FROM {spans}
+              WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{early_hi_us:Int64}})))
+      AND {bounds}
+    GROUP BY TraceId)
+WHERE has(parents, '')
+  AND arrayAll(p -> p = '' OR has(ids, p), parents)
+  AND arrayAll(c -> has(parents, c), clients)"""
+
+
 class _Statements:
     """The attributor's SQL for one spans table, attribution table and shard."""
 
-    def __init__(self, spans: str, table: str, shard: tuple[int, int]) -> None:
+    def __init__(self, spans: str, table: str, shard: tuple[int, int], *, early: bool) -> None:
         mine = (
             "AND cityHash64(TraceId) % {shard_count:UInt64} = {shard_index:UInt64}"
             if shard[1] > 1
@@ -325,6 +422,17 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
             "Timestamp >= fromUnixTimestamp64Nano({from_ns:Int64}) "
             "AND Timestamp <= fromUnixTimestamp64Nano({to_ns:Int64})"
         )
+        early_window = (
+            "LatscopeIngestedAt > fromUnixTimestamp64Micro({early_lo_us:Int64}) "
+            "AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({early_hi_us:Int64})"
+        )
+        #: How many spans of this shard the early window holds, and their start times.
+        self.early_spans = f"""
+SELECT count(), toUnixTimestamp64Nano(min(Timestamp)), toUnixTimestamp64Nano(max(Timestamp))
+FROM {spans}
+WHERE {early_window} {mine}"""
+        if early:
+            batch = _early_batch(batch, early_window, spans, table, mine, bounds)
         columns = ", ".join(ATTRIBUTION_SCHEMA.names)
         into = f"INSERT INTO {table} ({columns}) {INSERT_SETTINGS}\n"
         # The rows this pass wrote: the only rows with its SpansIngestedAt (every pass of this
@@ -338,7 +446,11 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
         self.insert_simple = into + simple_select(batch, spans, bounds)
         #: The batch's traces left without a row that have a span that could be a call's server
         #: (SERVER, or a gen_ai.latency.* figure): a trace with none has no call.
-        left = f"{batch} AND TraceId NOT IN ({written_traces})"
+        left = (
+            f"SELECT trace_id FROM ({batch}) WHERE trace_id NOT IN ({written_traces})"
+            if early
+            else f"{batch} AND TraceId NOT IN ({written_traces})"
+        )
         self.count_left = f"""
 SELECT count() FROM (
     SELECT DISTINCT TraceId FROM {spans}
@@ -420,6 +532,7 @@ def attributor_parts(settings: Settings, store: Store) -> Parts:
             Attributor(
                 store,
                 settle_s=settings.attribution_settle_s,
+                complete_s=settings.attribution_complete_s,
                 poll_s=settings.attribution_poll_s,
                 batch_traces=settings.attribution_batch_traces,
                 stall_threshold_ns=int(settings.stall_threshold_ms * 1e6),

@@ -67,6 +67,14 @@ class Settings:
         default=5.0,
         metadata={"help": "seconds a trace must go without new spans before it is attributed"},
     )
+    attribution_complete_s: float = field(
+        default=1.0,
+        metadata={
+            "help": "a trace whose span tree is complete (a root, every parent stored, every "
+            "client span with a child) is attributed once it has gone this long without new "
+            "spans, before the settle window; >= the settle window: off"
+        },
+    )
     attribution_poll_s: float = field(
         default=1.0, metadata={"help": "seconds between the attributor's passes"}
     )
@@ -173,9 +181,14 @@ class Settings:
                 raise ConfigError(str(exc)) from None
         if self.grpc_max_message_bytes < 1024:
             raise ConfigError("--grpc-max-message-bytes must be at least 1024")
-        if self.attribution_settle_s < 0 or self.attribution_poll_s <= 0:
+        if (
+            self.attribution_settle_s < 0
+            or self.attribution_complete_s < 0
+            or self.attribution_poll_s <= 0
+        ):
             raise ConfigError(
-                "--attribution-settle-s must be >= 0 and --attribution-poll-s > 0 (seconds)"
+                "--attribution-settle-s and --attribution-complete-s must be >= 0 and "
+                "--attribution-poll-s > 0 (seconds)"
             )
         if self.attribution_batch_traces < 1:
             raise ConfigError("--attribution-batch-traces must be at least 1")

@@ -1,0 +1,205 @@
+"""Early attribution (``complete_s``): a trace whose span tree is complete is attributed once it
+has gone ``complete_s`` without new spans, before the settle window ends, and only once: when it
+settles nothing is written for it again unless it changed since (a late span, or a span whose
+insert was still in flight when the early pass read)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from latscope.attribution.attributor import Attributor
+from latscope.config import ConfigError, Settings
+from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
+from tests.attribution_support import MS, T0, server_spans, span_rows
+from tests.serve_support import start_serve
+from tests.skeleton_support import EXPECTED
+from tests.test_attribution_attributor import _read_rows, _rows_of, _wait_metric, send_trace
+
+SETTLE_S, COMPLETE_S = 3.0, 0.3
+#: The client span of ``server_spans()``: with it the trace's tree is complete.
+CLIENT = {"id": "c1" * 8, "kind": "Client", "start": T0, "end": T0 + 1000 * MS}
+#: A phase span of the server that ``server_spans()`` lacks.
+PREFILL = {"id": "b3" * 8, "parent": "a1" * 8, "kind": "Internal", "start": T0 + 150 * MS,
+           "end": T0 + 370 * MS, "attrs": {"latscope.phase": "prefill"}}  # fmt: skip
+ROWS = (
+    f"SELECT count(), max(Version) FROM {ATTRIBUTION_TABLE} "
+    "WHERE TraceId = {t:String} AND IsDeleted = 0"
+)
+
+
+def _rows(store: Store, trace_id: str) -> tuple[int, int]:
+    """How many rows the trace has (every one written, not only the newest), and the highest
+    Version."""
+    count, version = store.query_rows(ROWS, {"t": trace_id})[0]
+    return int(count), int(version)
+
+
+def _now_us(store: Store) -> int:
+    return int(store.query_rows("SELECT toUnixTimestamp64Micro(now64(6))")[0][0])
+
+
+def _attributor(store: Store, **kwargs) -> Attributor:
+    """An early-attributing attributor that starts now (the shared store holds other tests'
+    spans, and rows whose watermark it would otherwise resume from)."""
+    att = Attributor(store, settle_s=SETTLE_S, complete_s=COMPLETE_S, poll_s=0.1, **kwargs)
+    att.watermark_us = _now_us(store) - att.settle_us
+    return att
+
+
+def _sleep_until(deadline: float) -> None:
+    time.sleep(max(0.0, deadline - time.monotonic()))
+
+
+@pytest.mark.slow
+def test_a_complete_trace_is_attributed_before_it_settles_and_only_once(store: Store) -> None:
+    att = _attributor(store)
+    complete, incomplete = uuid.uuid4().hex, uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(complete, [CLIENT, *server_spans()]))
+    # The server's spans alone: their parent, the client span, is not stored (yet).
+    store.insert_arrow(SPANS_TABLE, span_rows(incomplete, server_spans()))
+    stored = time.monotonic()
+    att.run_until_idle()
+    assert _rows(store, complete) == (0, 0)  # its spans came less than complete_s ago
+    time.sleep(COMPLETE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, complete) == (1, 4)
+    assert _rows(store, incomplete) == (0, 0)
+    _sleep_until(stored + SETTLE_S + 0.2)
+    att.run_until_idle()  # the incomplete trace has settled
+    assert _rows(store, incomplete) == (1, 3)
+    assert _rows(store, complete) == (1, 4)  # not written a second time
+
+
+@pytest.mark.slow
+def test_a_client_span_without_a_child_waits_for_the_settle_window(store: Store) -> None:
+    """An agent's LLM call with its server's spans, and a tool call whose server has not reported
+    (its spans may be on their way): the trace waits to settle."""
+    att = _attributor(store)
+    trace_id = uuid.uuid4().hex
+    agent = {"id": "d1" * 8, "kind": "Internal", "start": T0 - 100 * MS, "end": T0 + 2000 * MS}
+    llm_call = {**CLIENT, "parent": agent["id"]}
+    tool_call = {"id": "e1" * 8, "parent": agent["id"], "kind": "Client",
+                 "start": T0 + 1100 * MS, "end": T0 + 1900 * MS}  # fmt: skip
+    spans = [agent, llm_call, *server_spans(), tool_call]
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, spans))
+    stored = time.monotonic()
+    time.sleep(COMPLETE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == (0, 0)
+    _sleep_until(stored + SETTLE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == (1, len(spans))
+
+
+@pytest.mark.slow
+def test_a_late_span_attributes_the_trace_again(store: Store) -> None:
+    att = _attributor(store)
+    trace_id = uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
+    time.sleep(COMPLETE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == (1, 4)
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [PREFILL]))
+    late = time.monotonic()
+    time.sleep(COMPLETE_S + 0.2)
+    att.run_until_idle()  # early again, with the late span
+    assert _rows(store, trace_id) == (2, 5)
+    _sleep_until(late + SETTLE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == (2, 5)
+
+
+@pytest.mark.slow
+def test_a_span_stored_into_a_window_already_passed_is_attributed_once_settled(
+    store: Store,
+) -> None:
+    """An insert still in flight when the early pass read: its span carries an ingest time inside
+    the window that pass took. Early windows do not look back; settling does, and the trace's
+    count of spans (5) differs from its row's Version (4), so it is attributed again."""
+    att = _attributor(store)
+    trace_id = uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
+    ingested_us = store.query_rows(
+        f"SELECT toUnixTimestamp64Micro(max(LatscopeIngestedAt)) FROM {SPANS_TABLE} "
+        "WHERE TraceId = {t:String}",
+        {"t": trace_id},
+    )[0][0]
+    stored = time.monotonic()
+    time.sleep(COMPLETE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == (1, 4)
+    in_flight = span_rows(trace_id, [PREFILL])
+    in_flight = in_flight.append_column(
+        "LatscopeIngestedAt", pa.array([ingested_us], pa.timestamp("us"))
+    )
+    store.insert_arrow(SPANS_TABLE, in_flight)
+    time.sleep(COMPLETE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == (1, 4)
+    _sleep_until(stored + SETTLE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == (2, 5)
+
+
+@pytest.mark.slow
+def test_n_early_attributors_split_a_store_and_write_exactly_the_rows_of_one(
+    store: Store,
+) -> None:
+    from tests.agent_traces import agent_run
+    from tests.attribution_support import spans_table
+    from tests.upstream_traces import span_records
+
+    records = {}
+    for seed in range(6):
+        for trace_id, spans in span_records(
+            agent_run(seed, parallel=True).built.resource_spans
+        ).items():
+            records[trace_id] = spans
+    prefixes = []
+    for shards in (1, 3):
+        prefix = uuid.uuid4().hex[:6]
+        prefixes.append(prefix)
+        attributors = [_attributor(store, shard=(i, shards), step_s=3600) for i in range(shards)]
+        store.insert_arrow(
+            SPANS_TABLE, spans_table({prefix + t[6:]: spans for t, spans in records.items()})
+        )
+        time.sleep(COMPLETE_S + 0.2)
+        written = [a.run_until_idle() for a in attributors]
+        rows = _rows_of(store, ATTRIBUTION_TABLE, prefix)
+        assert sum(written) >= len(rows) > 0
+    one, three = (_rows_of(store, ATTRIBUTION_TABLE, p) for p in prefixes)
+    assert [r[1:] for r in one] == [r[1:] for r in three]
+    assert [r[0][6:] for r in one] == [r[0][6:] for r in three]
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_serve_attributes_a_complete_trace_before_the_settle_window(tmp_path: Path) -> None:
+    server = start_serve(
+        tmp_path / "store",
+        *("--attribution-settle-s", "30", "--attribution-complete-s", "0.3"),
+        *("--attribution-poll-s", "0.1"),
+    )
+    try:
+        trace_id, send_client = send_trace(server.grpc)
+        send_client()
+        _wait_metric(server, "latscope_attributed_requests_total", 1, timeout=15)
+    finally:
+        assert server.stop() == 0, server.text()
+    rows = _read_rows(tmp_path / "store")
+    assert [r[0] for r in rows] == [trace_id]
+    _, has_client, e2e, *values, _model, _skew = rows[0]
+    assert has_client and e2e == pytest.approx(1000 * MS, abs=MS)
+    buckets = ["network", "queue", "preprocess", "prefill", "decode", "postprocess", "other"]
+    got = {b: v / MS for b, v in zip(buckets, values, strict=True)}
+    assert got == pytest.approx({b: float(v) for b, v in EXPECTED.items()}, abs=1.0)
+
+
+def test_complete_s_must_not_be_negative() -> None:
+    with pytest.raises(ConfigError, match="--attribution-complete-s"):
+        Settings(attribution_complete_s=-1).validate()
