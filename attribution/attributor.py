@@ -101,11 +101,10 @@ class Attributor(Poller):
         self.store = store
         self.settle_us = int(settle_s * 1e6)
         #: Early attribution: a trace whose span tree is complete is attributed once it has gone
-        #: ``complete_s`` without new spans, before it settles (None, or not shorter than the
-        #: settle window: off).
-        self.complete_us = (
-            int(complete_s * 1e6) if complete_s is not None and 0 <= complete_s < settle_s else None
-        )
+        #: ``complete_s`` without new spans, before it settles (None or 0: off).
+        if complete_s and not 0 < complete_s < settle_s:
+            raise ValueError(f"complete_s must be in (0, settle_s), got {complete_s}")
+        self.complete_us = int(complete_s * 1e6) if complete_s else None
         #: Where the early window of the next pass starts (ingest time, us): each pass looks at
         #: the traces with spans stored since the last one's.
         self._early_us: int | None = None

@@ -68,11 +68,12 @@ class Settings:
         metadata={"help": "seconds a trace must go without new spans before it is attributed"},
     )
     attribution_complete_s: float = field(
-        default=1.0,
+        default=0.0,
         metadata={
-            "help": "a trace whose span tree is complete (a root, every parent stored, every "
-            "client span with a child) is attributed once it has gone this long without new "
-            "spans, before the settle window; >= the settle window: off"
+            "help": "early attribution: a trace whose span tree is complete (a root, every "
+            "parent stored, every client span with a child) is attributed once it has gone this "
+            "long without new spans, before its settle window ends (0: off; costs CPU, see "
+            "docs/attribution.md)"
         },
     )
     attribution_poll_s: float = field(
@@ -189,6 +190,13 @@ class Settings:
             raise ConfigError(
                 "--attribution-settle-s and --attribution-complete-s must be >= 0 and "
                 "--attribution-poll-s > 0 (seconds)"
+            )
+        if self.attribution_complete_s and (
+            self.attribution_complete_s >= self.attribution_settle_s
+        ):
+            raise ConfigError(
+                "--attribution-complete-s must be shorter than --attribution-settle-s "
+                "(or 0: early attribution off)"
             )
         if self.attribution_batch_traces < 1:
             raise ConfigError("--attribution-batch-traces must be at least 1")

@@ -200,6 +200,13 @@ def test_serve_attributes_a_complete_trace_before_the_settle_window(tmp_path: Pa
     assert got == pytest.approx({b: float(v) for b, v in EXPECTED.items()}, abs=1.0)
 
 
-def test_complete_s_must_not_be_negative() -> None:
+@pytest.mark.parametrize("complete_s", [-1.0, 5.0, 6.0])
+def test_complete_s_must_be_shorter_than_the_settle_window(complete_s: float) -> None:
     with pytest.raises(ConfigError, match="--attribution-complete-s"):
-        Settings(attribution_complete_s=-1).validate()
+        Settings(attribution_settle_s=5.0, attribution_complete_s=complete_s).validate()
+
+
+def test_early_attribution_is_off_by_default() -> None:
+    settings = Settings()
+    settings.validate()
+    assert settings.attribution_complete_s == 0

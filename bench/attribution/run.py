@@ -10,6 +10,8 @@ attributor and the rollup builder alone.
    (on), serve's CPU seconds over that time (from /proc: every thread, chDB's included), and the
    ratios. "Until attributed" includes the settle window (`--settle-s`, serve's own default), a
    wait every trace makes by design; the rate up to the last span stored is printed beside it.
+   `--complete-s S` turns on serve's early attribution (`--attribution-complete-s`, off by
+   default): complete traces are attributed S seconds after their last span instead.
 2. **The attributor alone**, in this process (chDB runs in-process, so `time.process_time()` is
    its CPU): the "off" run's store, filled once, then `Attributor.run_until_idle()` from the stored
    spans to attribution rows: requests per CPU second; then again `--alone-runs` - 1 times over the
@@ -192,7 +194,11 @@ class ServeRun:
 def serve_run(
     attributor: str, exports: list[bytes], requests: int, args: argparse.Namespace, workdir: Path
 ) -> ServeRun:
-    serve = Serve(workdir, "--attributor", attributor, "--attribution-settle-s", str(args.settle_s))
+    serve = Serve(
+        workdir,
+        *("--attributor", attributor, "--attribution-settle-s", str(args.settle_s)),
+        *("--attribution-complete-s", str(args.complete_s)),
+    )
     spans = requests * SPANS
     try:
         cpu0 = serve.cpu_s()
@@ -422,6 +428,12 @@ def main() -> None:
     parser.add_argument(
         "--settle-s", type=float, default=5.0, help="serve's --attribution-settle-s (its default)"
     )
+    parser.add_argument(
+        "--complete-s",
+        type=float,
+        default=0.0,
+        help="serve's --attribution-complete-s (early attribution; 0: off, its default)",
+    )
     parser.add_argument("--timeout-s", type=float, default=600.0)
     parser.add_argument(
         "--alone-runs", type=int, default=3, help="runs of the attributor alone (all printed)"
@@ -433,7 +445,8 @@ def main() -> None:
     exports = build_exports(requests)
     print(f"{requests:,} requests ({requests * SPANS:,} spans) in {len(exports)} Exports over "
           f"{HOURS} h of timestamps, built in {time.perf_counter() - t:.1f} s; "
-          f"{args.senders} senders; settle window {args.settle_s} s")  # fmt: skip
+          f"{args.senders} senders; settle window {args.settle_s} s; early attribution "
+          f"{f'after {args.complete_s} s' if args.complete_s else 'off'}")  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="latscope-attrbench-"))
     try:
         off = serve_run("off", exports, requests, args, workdir / "off")
