@@ -19,6 +19,13 @@ another sorting key (a late client span changes the request's id, its start time
 or its model), the old key gets a tombstone (IsDeleted = 1, the new Version), so no stale row
 survives ``FINAL``. Re-running a slice writes the same rows with the same Version: idempotent.
 
+Early attribution (``complete_s``, off unless set): each pass's last slice also takes the traces
+of the *early window* (spans ingested since the last pass's window, after the settle bound, up
+to ``complete_s`` ago) with no newer span whose span tree is complete (``_early_batch``); once such
+a trace settles it is taken again only if its count of distinct spans is no longer its row's
+Version (a late span, or an insert that was in flight when the early pass read). After a busy
+pass the wait is then capped by when the newest span is ``complete_s`` old, not settled.
+
 Each row records in SpansIngestedAt the watermark its pass brought the attributor to; after a
 restart the watermark resumes from the largest one (work after it is redone, harmlessly).
 
