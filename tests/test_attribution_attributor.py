@@ -180,10 +180,12 @@ def _rows_of(store: Store, table: str, prefix: str) -> list[tuple]:
     )
 
 
-@pytest.mark.slow
-def test_n_attributors_split_a_store_and_write_exactly_the_rows_of_one(store: Store) -> None:
+def check_n_attributors_write_the_rows_of_one(
+    store: Store, make: Callable[[int, int], Attributor], wait_s: float = 0.0
+) -> None:
     """--attributor-shard I/N: three attributors over one store write the same rows as one, with
-    no request done twice (their row counts add up) and none missed."""
+    no request done twice (their row counts add up) and none missed. ``make(i, n)`` gives
+    attributor ``i`` of ``n``, made before the spans are stored; they run ``wait_s`` after."""
     from tests.agent_traces import agent_run
     from tests.attribution_support import spans_table
     from tests.upstream_traces import span_records
@@ -198,18 +200,24 @@ def test_n_attributors_split_a_store_and_write_exactly_the_rows_of_one(store: St
     for shards in (1, 3):
         prefix = uuid.uuid4().hex[:6]
         prefixes.append(prefix)
+        attributors = [make(i, shards) for i in range(shards)]
         store.insert_arrow(
             SPANS_TABLE, spans_table({prefix + t[6:]: spans for t, spans in records.items()})
         )
-        written = [
-            Attributor(store, settle_s=0, shard=(i, shards), step_s=3600).run_until_idle()
-            for i in range(shards)
-        ]
+        time.sleep(wait_s)
+        written = [a.run_until_idle() for a in attributors]
         rows = _rows_of(store, ATTRIBUTION_TABLE, prefix)
         assert sum(written) >= len(rows) > 0
     one, three = (_rows_of(store, ATTRIBUTION_TABLE, p) for p in prefixes)
     assert [r[1:] for r in one] == [r[1:] for r in three]
     assert [r[0][6:] for r in one] == [r[0][6:] for r in three]
+
+
+@pytest.mark.slow
+def test_n_attributors_split_a_store_and_write_exactly_the_rows_of_one(store: Store) -> None:
+    check_n_attributors_write_the_rows_of_one(
+        store, lambda i, n: Attributor(store, settle_s=0, shard=(i, n), step_s=3600)
+    )
 
 
 def test_local_tables_of_a_cluster_node(store: Store) -> None:

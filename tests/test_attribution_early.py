@@ -18,7 +18,12 @@ from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
 from tests.attribution_support import MS, T0, server_spans, span_rows
 from tests.serve_support import start_serve
 from tests.skeleton_support import EXPECTED
-from tests.test_attribution_attributor import _read_rows, _rows_of, _wait_metric, send_trace
+from tests.test_attribution_attributor import (
+    _read_rows,
+    _wait_metric,
+    check_n_attributors_write_the_rows_of_one,
+    send_trace,
+)
 
 SETTLE_S, COMPLETE_S = 3.0, 0.3
 #: The client span of ``server_spans()``: with it the trace's tree is complete.
@@ -49,6 +54,18 @@ def _attributor(store: Store, **kwargs) -> Attributor:
     att = Attributor(store, settle_s=SETTLE_S, complete_s=COMPLETE_S, poll_s=0.1, **kwargs)
     att.watermark_us = _now_us(store) - att.settle_us
     return att
+
+
+def _attributed_early(store: Store, att: Attributor) -> tuple[str, float]:
+    """A complete trace stored and attributed early by ``att``; its id, and when it was stored
+    (monotonic s)."""
+    trace_id = uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
+    stored = time.monotonic()
+    time.sleep(COMPLETE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == (1, 4)
+    return trace_id, stored
 
 
 def _sleep_until(deadline: float) -> None:
@@ -99,11 +116,7 @@ def test_a_client_span_without_a_child_waits_for_the_settle_window(store: Store)
 @pytest.mark.slow
 def test_a_late_span_attributes_the_trace_again(store: Store) -> None:
     att = _attributor(store)
-    trace_id = uuid.uuid4().hex
-    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
-    time.sleep(COMPLETE_S + 0.2)
-    att.run_until_idle()
-    assert _rows(store, trace_id) == (1, 4)
+    trace_id, _ = _attributed_early(store, att)
     store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [PREFILL]))
     late = time.monotonic()
     time.sleep(COMPLETE_S + 0.2)
@@ -122,17 +135,12 @@ def test_a_span_stored_into_a_window_already_passed_is_attributed_once_settled(
     the window that pass took. Early windows do not look back; settling does, and the trace's
     count of spans (5) differs from its row's Version (4), so it is attributed again."""
     att = _attributor(store)
-    trace_id = uuid.uuid4().hex
-    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
+    trace_id, stored = _attributed_early(store, att)
     ingested_us = store.query_rows(
         f"SELECT toUnixTimestamp64Micro(max(LatscopeIngestedAt)) FROM {SPANS_TABLE} "
         "WHERE TraceId = {t:String}",
         {"t": trace_id},
     )[0][0]
-    stored = time.monotonic()
-    time.sleep(COMPLETE_S + 0.2)
-    att.run_until_idle()
-    assert _rows(store, trace_id) == (1, 4)
     in_flight = span_rows(trace_id, [PREFILL])
     in_flight = in_flight.append_column(
         "LatscopeIngestedAt", pa.array([ingested_us], pa.timestamp("us"))
@@ -150,31 +158,11 @@ def test_a_span_stored_into_a_window_already_passed_is_attributed_once_settled(
 def test_n_early_attributors_split_a_store_and_write_exactly_the_rows_of_one(
     store: Store,
 ) -> None:
-    from tests.agent_traces import agent_run
-    from tests.attribution_support import spans_table
-    from tests.upstream_traces import span_records
-
-    records = {}
-    for seed in range(6):
-        for trace_id, spans in span_records(
-            agent_run(seed, parallel=True).built.resource_spans
-        ).items():
-            records[trace_id] = spans
-    prefixes = []
-    for shards in (1, 3):
-        prefix = uuid.uuid4().hex[:6]
-        prefixes.append(prefix)
-        attributors = [_attributor(store, shard=(i, shards), step_s=3600) for i in range(shards)]
-        store.insert_arrow(
-            SPANS_TABLE, spans_table({prefix + t[6:]: spans for t, spans in records.items()})
-        )
-        time.sleep(COMPLETE_S + 0.2)
-        written = [a.run_until_idle() for a in attributors]
-        rows = _rows_of(store, ATTRIBUTION_TABLE, prefix)
-        assert sum(written) >= len(rows) > 0
-    one, three = (_rows_of(store, ATTRIBUTION_TABLE, p) for p in prefixes)
-    assert [r[1:] for r in one] == [r[1:] for r in three]
-    assert [r[0][6:] for r in one] == [r[0][6:] for r in three]
+    check_n_attributors_write_the_rows_of_one(
+        store,
+        lambda i, n: _attributor(store, shard=(i, n), step_s=3600),
+        wait_s=COMPLETE_S + 0.2,
+    )
 
 
 @pytest.mark.slow
