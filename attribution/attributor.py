@@ -58,19 +58,13 @@ from latscope.attribution.engine import DEFAULT_STALL_NS, LATENCY_KEYS
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
 from latscope.attribution.sql import attribution_select, literal, simple_select
 from latscope.attribution.table import ATTRIBUTION_SCHEMA
-from latscope.config import Settings, parse_shard
+from latscope.config import DEFAULT_REACH_S, Settings, parse_shard
 from latscope.metrics import REGISTRY
 from latscope.parts import Parts, Poller
 from latscope.semconv import SpanKind
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store, StoreError
 
 log = logging.getLogger(__name__)
-
-_HOUR_NS = 3600 * 10**9
-
-#: How far apart (start times) the spans of one trace may be: a day covers hour-long streams and
-#: any clock skew latscope corrects, and still prunes the spans table to a few days.
-SPAN_REACH_NS = 24 * _HOUR_NS
 
 #: Table names on a cluster node, for an attributor that works on its shard alone.
 LOCAL_SUFFIX = "_local"
@@ -104,8 +98,12 @@ class Attributor(Poller):
         shard: tuple[int, int] = (0, 1),
         tables: str = "shared",
         complete_s: float | None = None,
+        reach_s: float = DEFAULT_REACH_S,
     ) -> None:
         self.store = store
+        if not reach_s > 0:
+            raise ValueError(f"reach_s must be positive, got {reach_s}")
+        self.reach_ns = int(reach_s * 1e9)
         self.settle_us = int(settle_s * 1e6)
         #: Early attribution: a trace whose span tree is complete is attributed once it has gone
         #: ``complete_s`` without new spans, before it settles (None or 0: off).
@@ -177,7 +175,7 @@ class Attributor(Poller):
     def _early_window(self, settled_us: int, complete_us: int) -> tuple[int, int, int, int] | None:
         """The early window of this pass, ``(lo, hi]`` in ingest time: from the last pass's
         (at the soonest the settle bound: what is older is settled) to ``complete_us``; with the
-        start times of its spans (ns). None when it holds no span of this shard."""
+        first start and last end of its spans (ns). None when it holds no span of this shard."""
         lo = max(settled_us, self._early_us or settled_us)
         if lo >= complete_us:
             return None
@@ -231,7 +229,7 @@ class Attributor(Poller):
                     self.watermark_us,
                     through,
                     settled_us=upto,
-                    around=(int(first_ns) - SPAN_REACH_NS, int(last_ns) + SPAN_REACH_NS),
+                    around=(int(first_ns) - self.reach_ns, int(last_ns) + self.reach_ns),
                     early=None if early is None else early[:2],
                 )
                 if early is not None:
@@ -394,12 +392,13 @@ class _Statements:
             f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {table} WHERE 1 {mine}"
         )
         #: The slice's settled traces, by their newest span in it: how many (at most `limit`
-        #: with ties), the ingest time to cut the slice at, and their spans' start times.
+        #: with ties), the ingest time to cut the slice at, their spans' first start and last
+        #: end (a late root's children start anywhere inside it).
         self.ready = f"""
 SELECT count(), max(last_us), min(first_ns), max(last_ns) FROM (
     SELECT TraceId, toUnixTimestamp64Micro(max(LatscopeIngestedAt)) AS last_us,
            toUnixTimestamp64Nano(min(Timestamp)) AS first_ns,
-           toUnixTimestamp64Nano(max(Timestamp)) AS last_ns
+           max(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS last_ns
     FROM {spans}
     WHERE {slice_ % "upto_us"} {mine} AND {settled}
     GROUP BY TraceId
@@ -432,9 +431,10 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
             "LatscopeIngestedAt > fromUnixTimestamp64Micro({early_lo_us:Int64}) "
             "AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({early_hi_us:Int64})"
         )
-        #: How many spans of this shard the early window holds, and their start times.
+        #: How many spans of this shard the early window holds, their first start and last end.
         self.early_spans = f"""
-SELECT count(), toUnixTimestamp64Nano(min(Timestamp)), toUnixTimestamp64Nano(max(Timestamp))
+SELECT count(), toUnixTimestamp64Nano(min(Timestamp)),
+       max(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration))
 FROM {spans}
 WHERE {early_window} {mine}"""
         if early:
@@ -539,6 +539,7 @@ def attributor_parts(settings: Settings, store: Store) -> Parts:
                 store,
                 settle_s=settings.attribution_settle_s,
                 complete_s=settings.attribution_complete_s,
+                reach_s=settings.attribution_reach_s,
                 poll_s=settings.attribution_poll_s,
                 batch_traces=settings.attribution_batch_traces,
                 stall_threshold_ns=int(settings.stall_threshold_ms * 1e6),

@@ -10,6 +10,15 @@ from pathlib import Path
 from latscope.auth import TokenFileError, read_token_file
 from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE
 
+#: ``--attribution-reach-s``: how far from the spans that bring a trace to an attribution pass
+#: its other spans may start. A pass reads the spans that start from this long before the first
+#: start to this long after the last end of its slice's spans. Two hours cover hour-long streams
+#: and any clock skew latscope corrects. Not more, because a pass reads the TraceId of every span
+#: stored in that range, of its batch's traces or not (their random ids are spread over every
+#: granule of the hours they fall in): with a day of reach that read grew with the day's traffic
+#: and came to dominate each pass (docs/benchmarks.md, "Attribution with stored history").
+DEFAULT_REACH_S = 2 * 3600.0
+
 
 class ConfigError(ValueError):
     """A setting has a value latscope cannot use; the message says which and what to write."""
@@ -78,6 +87,14 @@ class Settings:
     )
     attribution_poll_s: float = field(
         default=1.0, metadata={"help": "seconds between the attributor's passes"}
+    )
+    attribution_reach_s: float = field(
+        default=DEFAULT_REACH_S,
+        metadata={
+            "help": "how far (seconds) the spans of a trace may start from the first start and "
+            "last end of the spans that bring it to a pass; longer costs every pass a read of "
+            "the spans stored in that range (docs/attribution.md)"
+        },
     )
     attribution_batch_traces: int = field(
         default=50_000, metadata={"help": "most traces one attribution statement takes"}
@@ -198,6 +215,8 @@ class Settings:
                 "--attribution-complete-s must be shorter than --attribution-settle-s "
                 "(or 0: early attribution off)"
             )
+        if not self.attribution_reach_s > 0:
+            raise ConfigError("--attribution-reach-s must be positive (seconds)")
         if self.attribution_batch_traces < 1:
             raise ConfigError("--attribution-batch-traces must be at least 1")
         if self.stall_threshold_ms <= 0:

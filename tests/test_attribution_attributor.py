@@ -16,7 +16,8 @@ import httpx
 import pytest
 from opentelemetry.trace import SpanKind, set_span_in_context
 
-from latscope.attribution.attributor import Attributor
+from latscope.attribution.attributor import Attributor, attributor_parts
+from latscope.config import ConfigError, Settings
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
 from tests.attribution_support import MS, T0, server_spans, span_rows
 from tests.serve_support import Server, start_serve
@@ -383,3 +384,61 @@ def test_the_general_statement_runs_only_for_traces_the_single_call_path_leaves(
         {"t": [single, plain, app]},
     )
     assert sorted(rows) == sorted([(single, 920 * MS), (app, 920 * MS)])
+
+
+# The reach tests come last: their late spans, 3 hours from the rest of their traces, would
+# widen the reach of a later test's first pass.
+_HOUR_MS = 3_600_000
+
+
+def _attributed_versions(store: Store, trace_id: str) -> list[tuple[bool, int]]:
+    return [(r[8], r[9]) for r in store.query_rows(FINAL_ROWS, {"t": trace_id})]
+
+
+@pytest.mark.slow
+def test_a_late_span_reaches_the_spans_inside_it_however_long_it_lasts(store: Store) -> None:
+    """The spans a pass reads reach from its slice's first span start to its last span end (and
+    the reach beyond): a late client span of a 3-hour stream finds the server spans at its end,
+    3 hours after its start, with the default reach of 2 hours."""
+    trace_id = uuid.uuid4().hex
+    att = Attributor(store, settle_s=0)
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))
+    att.run_until_idle()
+    assert _attributed_versions(store, trace_id) == [(False, 3)]
+    client = {"id": "c1" * 8, "kind": "Client", "start": T0 - 3 * _HOUR_MS * MS,
+              "end": T0 + 1000 * MS}  # fmt: skip
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [client]))
+    att.run_until_idle()
+    assert _attributed_versions(store, trace_id) == [(True, 4)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("reach_h", "version"), [(4, 4), (2, 3)])
+def test_spans_beyond_the_reach_are_not_read(store: Store, reach_h: int, version: int) -> None:
+    """A late span, alone in its slice, that starts 3 hours after the trace's other spans ended:
+    with a reach of 4 hours its pass reads them all and attributes the trace again (Version 4);
+    with 2 hours it reads the late span alone, which holds no request, and the trace's row stays
+    as it was."""
+    trace_id = uuid.uuid4().hex
+    att = Attributor(store, settle_s=0, reach_s=reach_h * 3600)
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))
+    att.run_until_idle()
+    late = {"id": "d1" * 8, "kind": "Internal", "start": T0 + 3 * _HOUR_MS * MS + 2000 * MS,
+            "end": T0 + 3 * _HOUR_MS * MS + 3000 * MS}  # fmt: skip
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [late]))
+    att.run_until_idle()
+    assert _attributed_versions(store, trace_id) == [(False, version)]
+
+
+def test_the_reach_is_a_setting_and_must_be_positive(store: Store) -> None:
+    with pytest.raises(ValueError, match="reach_s"):
+        Attributor(store, reach_s=0)
+    with pytest.raises(ConfigError, match="--attribution-reach-s"):
+        Settings.from_env({"LATSCOPE_ATTRIBUTION_REACH_S": "-1"}).validate()
+    settings = Settings.from_env({"LATSCOPE_ATTRIBUTION_REACH_S": "14400"})
+    settings.validate()
+    (attributor,) = [
+        c for c in attributor_parts(settings, store).components if c.name == "attributor"
+    ]
+    assert isinstance(attributor, Attributor) and attributor.reach_ns == 4 * _HOUR_MS * MS
+    assert Attributor(store).reach_ns == 2 * _HOUR_MS * MS

@@ -23,6 +23,11 @@ attributor and the rollup builder alone.
    reference engine (`attribute_requests`) gives for the stored spans.
 4. **The rollup builder**: every hour of those rows built (`Rollups.run_until_idle()`), CPU seconds
    per hour built and beside serve's CPU for the same requests.
+5. **With stored history** (`--history-spans N`, 0 skips it): the attributor alone again, in passes
+   of `HISTORY_BATCH` traces (the size of serve's passes), first over the store as it is, then
+   with N spans of earlier traffic stored in the `HISTORY_HOURS` hours before the requests (7-span
+   traces with random ids, ingested before them), with the default reach
+   (`--attribution-reach-s`) and with a day of reach: what stored history costs each pass.
 
 Everything the run creates is removed at the end.
 """
@@ -49,6 +54,7 @@ from typing import Any
 import grpc
 
 from bench.attribution.traces import SPANS, Traces
+from latscope.config import DEFAULT_REACH_S
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 #: Requests start here (a fixed past time, so every run stores the same rows) and are spread
@@ -62,6 +68,11 @@ SENDERS = 4
 SAMPLE = 300
 #: Traces of the batch the marginal cost is measured on.
 MARGINAL_TRACES = 20_000
+#: Stored history: how many hours before the requests it covers, and the traces per pass.
+HISTORY_HOURS = 20
+HISTORY_BATCH = 10_000
+#: Rows per INSERT of history (each well inside the store's query time limit).
+HISTORY_CHUNK = 2_000_000
 _METRIC = re.compile(r"^(latscope_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 
 
@@ -405,6 +416,69 @@ def alone(store_dir: Path, requests: int, runs: int) -> Alone:
         store.close()
 
 
+@dataclass
+class History:
+    spans: int
+    #: requests per CPU second: before the history was stored; with it, at the default reach
+    #: and at a day of reach
+    before: float
+    default_reach: float
+    day_reach: float
+
+
+def _history_rate(store: Any, requests: int, after_us: int, **kwargs: Any) -> float:
+    """Requests per CPU second of an attributor that starts at ``after_us`` (ingest time) with an
+    empty attribution table, in passes of HISTORY_BATCH traces."""
+    from latscope.attribution.attributor import Attributor
+    from latscope.storage import ATTRIBUTION_TABLE
+
+    store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
+    attributor = Attributor(store, settle_s=0.0, batch_traces=HISTORY_BATCH, **kwargs)
+    attributor.watermark_us = after_us
+    cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=10**6))
+    assert written == requests, (written, requests)
+    return written / cpu
+
+
+def with_history(store_dir: Path, requests: int, spans: int) -> History:
+    """The attributor alone before and after ``spans`` spans of earlier traffic are stored in
+    the HISTORY_HOURS hours before the requests, ingested before them."""
+    from latscope.storage import SPANS_TABLE, Store
+
+    store = Store.open(f"chdb://{store_dir}")
+    try:
+        first_us = int(
+            store.query_rows(
+                f"SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)) FROM {SPANS_TABLE}"
+            )[0][0]
+        )
+        before = _history_rate(store, requests, first_us - 1)
+        span_ns = HISTORY_HOURS * HOUR_NS // spans
+        for lo in range(0, spans, HISTORY_CHUNK):
+            store.command(
+                f"""
+INSERT INTO {SPANS_TABLE} (Timestamp, TraceId, SpanId, ParentSpanId, ServiceName, SpanName,
+    SpanKind, Duration, SpanAttributes, LatscopeIngestedAt)
+SELECT fromUnixTimestamp64Nano(toInt64({{t0:Int64}} + n * {{step:Int64}})),
+       lower(hex(cityHash64(intDiv(n, 7), 1))) || lower(hex(cityHash64(intDiv(n, 7), 2))),
+       lower(hex(cityHash64(n, 3))), '', 'history', 'step', 'Internal', 1000000,
+       map('history.step', toString(n % 7)), fromUnixTimestamp64Micro({{ingested_us:Int64}})
+FROM (SELECT number + {{lo:UInt64}} AS n FROM numbers({{count:UInt64}}))""",
+                {
+                    "t0": T0 - HISTORY_HOURS * HOUR_NS,
+                    "step": span_ns,
+                    "ingested_us": first_us - 3_600_000_000,
+                    "lo": lo,
+                    "count": min(HISTORY_CHUNK, spans - lo),
+                },
+            )
+        default_reach = _history_rate(store, requests, first_us - 1)
+        day_reach = _history_rate(store, requests, first_us - 1, reach_s=24 * 3600.0)
+        return History(spans, before, default_reach, day_reach)
+    finally:
+        store.close()
+
+
 def check_store(store_dir: Path, requests: int) -> tuple[int, int]:
     from latscope.storage import Store
 
@@ -436,6 +510,13 @@ def main() -> None:
     )
     parser.add_argument("--timeout-s", type=float, default=600.0)
     parser.add_argument(
+        "--history-spans",
+        type=int,
+        default=14_000_000,
+        help=f"spans of earlier traffic stored in the {HISTORY_HOURS} h before the requests for "
+        "the last part (0: skip it)",
+    )
+    parser.add_argument(
         "--alone-runs", type=int, default=3, help="runs of the attributor alone (all printed)"
     )
     args = parser.parse_args()
@@ -454,6 +535,11 @@ def main() -> None:
         load1 = os.getloadavg()[0]
         attributed, compared = check_store(on.store_dir, requests)
         solo = alone(off.store_dir, requests, max(1, args.alone_runs))
+        history = (
+            with_history(off.store_dir, requests, args.history_spans)
+            if args.history_spans > 0
+            else None
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -506,6 +592,19 @@ def main() -> None:
         f"{solo.rollup_cpu:.2f} CPU s: {solo.rollup_cpu / max(solo.hours, 1):.2f} CPU s per hour "
         f"built; {solo.rollup_cpu / on.cpu_s:.1%} of serve's CPU (on) for the same requests"
     )
+
+    if history is not None:
+        h = history
+        print(
+            f"\nwith stored history ({h.spans:,} spans in the {HISTORY_HOURS} h before the "
+            f"requests), the attributor alone in passes of {HISTORY_BATCH:,} traces:"
+        )
+        print(f"  before the history was stored: {h.before:,.0f} requests per CPU s")
+        print(
+            f"  with it, default reach ({DEFAULT_REACH_S / 3600:g} h): {h.default_reach:,.0f} "
+            f"({h.default_reach / h.before:.2f} of before); a day of reach: {h.day_reach:,.0f} "
+            f"({h.day_reach / h.before:.2f} of before)"
+        )
 
 
 if __name__ == "__main__":
