@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -35,6 +36,17 @@ ROWS = (
     f"SELECT count(), max(Version) FROM {ATTRIBUTION_TABLE} "
     "WHERE TraceId = {t:String} AND IsDeleted = 0"
 )
+
+
+@pytest.fixture(autouse=True)
+def _no_merges(store: Store) -> Iterator[None]:
+    """The tests count every row written for a trace; a background merge of the attribution
+    table (a ReplacingMergeTree) would collapse a trace's rows of one key into its newest."""
+    store.command(f"SYSTEM STOP MERGES {ATTRIBUTION_TABLE}")
+    try:
+        yield
+    finally:
+        store.command(f"SYSTEM START MERGES {ATTRIBUTION_TABLE}")
 
 
 def _rows(store: Store, trace_id: str) -> tuple[int, int]:
