@@ -391,6 +391,8 @@ class _Statements:
         self.resume = (
             f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {table} WHERE 1 {mine}"
         )
+        # A span's end (ns): a pass's reach runs to the last end of its slice's spans.
+        span_end = "toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)"
         #: The slice's settled traces, by their newest span in it: how many (at most `limit`
         #: with ties), the ingest time to cut the slice at, their spans' first start and last
         #: end (a late root's children start anywhere inside it).
@@ -398,7 +400,7 @@ class _Statements:
 SELECT count(), max(last_us), min(first_ns), max(last_ns) FROM (
     SELECT TraceId, toUnixTimestamp64Micro(max(LatscopeIngestedAt)) AS last_us,
            toUnixTimestamp64Nano(min(Timestamp)) AS first_ns,
-           max(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS last_ns
+           max({span_end}) AS last_ns
     FROM {spans}
     WHERE {slice_ % "upto_us"} {mine} AND {settled}
     GROUP BY TraceId
@@ -433,8 +435,7 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
         )
         #: How many spans of this shard the early window holds, their first start and last end.
         self.early_spans = f"""
-SELECT count(), toUnixTimestamp64Nano(min(Timestamp)),
-       max(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration))
+SELECT count(), toUnixTimestamp64Nano(min(Timestamp)), max({span_end})
 FROM {spans}
 WHERE {early_window} {mine}"""
         if early:

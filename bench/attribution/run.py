@@ -375,10 +375,27 @@ def _timed_by_name(call: Any, names: dict[str, str], into: dict[str, list[float]
     return timed_call
 
 
+def _attribute_again(
+    store: Any, requests: int, *, after_us: int | None = None, **kwargs: Any
+) -> float:
+    """CPU seconds of a new attributor (``kwargs``) that attributes every request of the store
+    again: the attribution table emptied first, it starts from ``after_us`` (ingest time; None:
+    where a new attributor resumes, the first span)."""
+    from latscope.attribution.attributor import Attributor
+    from latscope.storage import ATTRIBUTION_TABLE
+
+    store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
+    attributor = Attributor(store, settle_s=0.0, **kwargs)
+    attributor.watermark_us = after_us
+    cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=10**6))
+    assert written == requests, (written, requests)
+    return cpu
+
+
 def alone(store_dir: Path, requests: int, runs: int) -> Alone:
     from latscope.attribution.attributor import Attributor
     from latscope.attribution.rollups import Rollups
-    from latscope.storage import ATTRIBUTION_TABLE, Store
+    from latscope.storage import Store
 
     store = Store.open(f"chdb://{store_dir}")
     try:
@@ -404,13 +421,7 @@ def alone(store_dir: Path, requests: int, runs: int) -> Alone:
         costs = statement_costs(store)
         # The same work again (the machine's load swings between runs): a new attributor starts
         # from an empty attribution table, so it attributes every request again.
-        repeats = []
-        for _ in range(runs - 1):
-            store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
-            again = Attributor(store, settle_s=0.0)
-            spent, n = _cpu_of(lambda: again.run_until_idle(max_batches=10**6))  # noqa: B023
-            assert n == requests, (n, requests)
-            repeats.append(spent)
+        repeats = [_attribute_again(store, requests) for _ in range(runs - 1)]
         return Alone(written, cpu, passes[0], costs, hours, rollup_cpu, statements, repeats)
     finally:
         store.close()
@@ -427,17 +438,10 @@ class History:
 
 
 def _history_rate(store: Any, requests: int, after_us: int, **kwargs: Any) -> float:
-    """Requests per CPU second of an attributor that starts at ``after_us`` (ingest time) with an
-    empty attribution table, in passes of HISTORY_BATCH traces."""
-    from latscope.attribution.attributor import Attributor
-    from latscope.storage import ATTRIBUTION_TABLE
-
-    store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
-    attributor = Attributor(store, settle_s=0.0, batch_traces=HISTORY_BATCH, **kwargs)
-    attributor.watermark_us = after_us
-    cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=10**6))
-    assert written == requests, (written, requests)
-    return written / cpu
+    """Requests per CPU second of an attributor that starts at ``after_us`` (ingest time), in
+    passes of HISTORY_BATCH traces."""
+    cpu = _attribute_again(store, requests, after_us=after_us, batch_traces=HISTORY_BATCH, **kwargs)
+    return requests / cpu
 
 
 def with_history(store_dir: Path, requests: int, spans: int) -> History:
