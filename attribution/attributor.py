@@ -231,6 +231,9 @@ class Attributor(Poller):
                     settled_us=upto,
                     around=(int(first_ns) - self.reach_ns, int(last_ns) + self.reach_ns),
                     early=None if early is None else early[:2],
+                    # The batch is the slice's traces that `ready` counted unless it was cut
+                    # (then it also holds the traces straddling the cut) or has early ones.
+                    traces=int(traces) if through == hi and early is None else None,
                 )
                 if early is not None:
                     self._early_us = early[1]
@@ -276,11 +279,13 @@ class Attributor(Poller):
         settled_us: int,
         around: tuple[int, int],
         early: tuple[int, int] | None = None,
+        traces: int | None = None,
     ) -> int:
         """Attribute the settled traces with spans ingested in ``(after_us, through_us]`` (and,
         with early attribution on, the complete traces of the ``early`` window of ingest times)
         from all their spans that started within ``around`` (ns), and retract the keys they
-        moved from; returns the rows written. ``through_us`` is recorded as SpansIngestedAt."""
+        moved from; returns the rows written. ``through_us`` is recorded as SpansIngestedAt.
+        ``traces``, when known, is how many traces that batch holds."""
         params = self._params(
             after_us=after_us,
             through_us=through_us,
@@ -292,11 +297,15 @@ class Attributor(Poller):
         if self.complete_us is not None:
             params["early_lo_us"], params["early_hi_us"] = early or (0, 0)
         # Traces of the common single-call shape first (a cheap statement); the general one runs
-        # only when some trace of the batch got no row from it and may hold a call.
+        # only when some trace of the batch got no row from it and may hold a call. The simple
+        # path writes one row per trace it answers: a row for every trace means none is left.
         self.store.command(self._sql.insert_simple, params)
-        if int(self.store.query_rows(self._sql.count_left, params)[0][0]):
+        written, with_row, older = self.store.query_rows(self._sql.count_written, params)[0]
+        if (traces is None or int(with_row) < traces) and int(
+            self.store.query_rows(self._sql.count_left, params)[0][0]
+        ):
             self.store.command(self._sql.insert, params)
-        written, older = self.store.query_rows(self._sql.count_written, params)[0]
+            written, _, older = self.store.query_rows(self._sql.count_written, params)[0]
         # Only a trace attributed before can have a row whose key moved: most passes have none,
         # and skip the comparison.
         if older:
@@ -490,12 +499,13 @@ INNER JOIN (SELECT TraceId, max(Version) AS Version FROM new GROUP BY TraceId) A
     ON old.TraceId = v.TraceId
 WHERE (old.TraceId, old.RequestSpanId, old.ServiceName, old.Model, toStartOfHour(old.Timestamp))
     NOT IN (SELECT TraceId, RequestSpanId, ServiceName, Model, hour FROM new)"""
-        #: Rows written by this pass, and rows of its traces from earlier passes (none: nothing
-        #: can have moved).
+        #: Rows written by this pass, the traces they are of, and rows of its traces from
+        #: earlier passes (none: nothing can have moved).
         self.count_written = f"""
 WITH new AS ({written_now})
 SELECT
     (SELECT count() FROM new),
+    (SELECT uniqExact(TraceId) FROM new),
     (SELECT count() FROM {table}
      WHERE TraceId IN (SELECT TraceId FROM new) AND {bounds}
        AND SpansIngestedAt != fromUnixTimestamp64Micro({{through_us:Int64}}))"""

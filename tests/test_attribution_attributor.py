@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -351,19 +352,27 @@ def test_the_general_statement_runs_only_for_traces_the_single_call_path_leaves(
 ) -> None:
     """A pass of single-call traces and traces without a call runs the cheap statement alone; a
     trace the single-call path leaves (an app SERVER span above the call) brings the general
-    statement in, for it only, and every request still gets its row."""
+    statement in, for it only, and every request still gets its row. A pass whose every trace
+    got a row from the cheap statement does not look for traces left at all."""
     att = Attributor(store, settle_s=0, poll_s=0.1)
     ran: list[str] = []
-    command = store.command
+    command, query_rows = store.command, store.query_rows
 
-    def spy(sql: str, *args: object, **kwargs: object) -> object:
-        names = {att._sql.insert: "general", att._sql.insert_simple: "single-call"}
-        ran.append(names.get(sql, "other"))
-        return command(sql, *args, **kwargs)
+    def spy(call: Any) -> Any:
+        def spied(sql: str, *args: object, **kwargs: object) -> object:
+            names = {
+                att._sql.insert: "general",
+                att._sql.insert_simple: "single-call",
+                att._sql.count_left: "count left",
+            }
+            ran.append(names.get(sql, "other"))
+            return call(sql, *args, **kwargs)
 
-    store.command = spy  # type: ignore[method-assign]
+        return spied
+
+    store.command, store.query_rows = spy(command), spy(query_rows)  # type: ignore[method-assign]
     try:
-        single, plain, app = (uuid.uuid4().hex for _ in range(3))
+        single, plain, app, alone = (uuid.uuid4().hex for _ in range(4))
         store.insert_arrow(SPANS_TABLE, span_rows(single, server_spans()))
         no_call = [
             {"id": "d1" * 8, "kind": "Client", "start": T0, "end": T0 + 5 * MS},
@@ -372,7 +381,8 @@ def test_the_general_statement_runs_only_for_traces_the_single_call_path_leaves(
         ]  # fmt: skip
         store.insert_arrow(SPANS_TABLE, span_rows(plain, no_call))
         assert att.run_until_idle() == 1
-        assert ran.count("single-call") == 1 and "general" not in ran, ran
+        assert ran.count("single-call") == 1 and ran.count("count left") == 1, ran
+        assert "general" not in ran, ran
 
         ran.clear()
         above = {"id": "c1" * 8, "kind": "Server", "start": T0, "end": T0 + 1000 * MS}
@@ -380,13 +390,20 @@ def test_the_general_statement_runs_only_for_traces_the_single_call_path_leaves(
         time.sleep(0.01)
         assert att.run_until_idle() == 1
         assert ran.count("single-call") == 1 and ran.count("general") == 1, ran
+
+        ran.clear()
+        store.insert_arrow(SPANS_TABLE, span_rows(alone, server_spans()))
+        time.sleep(0.01)
+        assert att.run_until_idle() == 1
+        assert ran.count("single-call") == 1, ran
+        assert "count left" not in ran and "general" not in ran, ran
     finally:
-        del store.command
+        del store.command, store.query_rows
     rows = store.query_rows(
         "SELECT TraceId, E2eNs FROM latscope_attribution FINAL WHERE TraceId IN {t:Array(String)}",
-        {"t": [single, plain, app]},
+        {"t": [single, plain, app, alone]},
     )
-    assert sorted(rows) == sorted([(single, 920 * MS), (app, 920 * MS)])
+    assert sorted(rows) == sorted([(single, 920 * MS), (app, 920 * MS), (alone, 920 * MS)])
 
 
 # The reach tests come last: their late spans, 3 hours from the rest of their traces, would
