@@ -13,16 +13,23 @@ from latscope.semconv import BUCKETS
 # Attribute values are strings in the spans table. These are the only forms read as numbers, so
 # the SQL attributor (attribution/sql/) parses exactly what this module parses: a decimal number
 # (an optional exponent), an integer of at most 19 digits read exactly (ns timestamps), and token
-# offsets as a JSON array of such integers. Anything else counts as absent.
+# offsets as a JSON array of integers of at most 15 digits. Anything else counts as absent.
+#
+# The patterns are matched whole (``fullmatch`` here, ``match`` with the same text in SQL, whose
+# RE2 ``$`` is the end of the value: Python's ``$`` alone also matches before a final newline).
+# An offsets list is exactly what JSON allows (its four whitespace characters, no leading zeros),
+# so a list the pattern accepts always parses as JSON, here and in SQL.
 NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")
 INTEGER = re.compile(r"^-?[0-9]{1,19}$")
 _INT64 = 2**63
-INT_ARRAY = re.compile(r"^\[\s*(-?[0-9]{1,15}\s*(,\s*-?[0-9]{1,15}\s*)*)?\]$")
+_WS = "[ \t\n\r]*"
+_INT15 = "-?(0|[1-9][0-9]{0,14})"
+INT_ARRAY = re.compile(rf"^\[{_WS}({_INT15}{_WS}(,{_WS}{_INT15}{_WS})*)?\]$")
 
 
 def parse_float(raw: str | None) -> float | None:
     """A decimal number, or None (also for inf / nan, which NUMBER does not match)."""
-    if raw is None or not NUMBER.match(raw):
+    if raw is None or not NUMBER.fullmatch(raw):
         return None
     return float(raw)
 
@@ -31,7 +38,7 @@ def parse_int(raw: str | None) -> int | None:
     """An integer read exactly, else a decimal number truncated toward zero, else None."""
     if raw is None:
         return None
-    if INTEGER.match(raw) and -_INT64 <= (exact := int(raw)) < _INT64:
+    if INTEGER.fullmatch(raw) and -_INT64 <= (exact := int(raw)) < _INT64:
         return exact
     value = parse_float(raw)
     if value is None or not math.isfinite(value) or not -_INT64 <= value < _INT64:
@@ -41,7 +48,7 @@ def parse_int(raw: str | None) -> int | None:
 
 def parse_int_list(raw: str | None) -> list[int]:
     """A JSON array of integers, else [] (the whole value is ignored)."""
-    if not raw or not INT_ARRAY.match(raw):
+    if not raw or not INT_ARRAY.fullmatch(raw):
         return []
     return [int(v) for v in json.loads(raw)]
 

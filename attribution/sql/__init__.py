@@ -200,9 +200,9 @@ def is_int_array(expr: str) -> str:
 
 
 def int_list(expr: str) -> str:
-    """model.parse_int_list of a value ``is_int_array`` accepted: its integers, in order (the
-    numbers of a valid list are exactly its runs of an optional minus and digits)."""
-    return f"arrayMap(x -> toInt64(x), extractAll({expr}, '-?[0-9]+'))"
+    """model.parse_int_list of a value ``is_int_array`` accepted: its integers, in order (such
+    a value is a JSON array of integers that fit Int64)."""
+    return f"JSONExtract({expr}, 'Array(Int64)')"
 
 
 def s2ns(expr: str) -> str:
