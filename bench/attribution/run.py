@@ -29,6 +29,12 @@ attributor and the rollup builder alone.
    traces with random ids, ingested before them), with the default reach
    (`--attribution-reach-s`) and with a day of reach: what stored history costs each pass.
 
+6. **Low traffic** (`--trickle-s S`, 0 skips it): serve with the attributor off, then on, fresh
+   stores, sent one Export of 64 requests a second for S seconds (then a settle window, so the
+   last are attributed): serve's CPU over that time in cores, and the attributor's share (on
+   minus off). At this rate each pass has a few dozen traces, so what it costs is the fixed cost
+   of a pass (its statements' analysis and planning, the insert, the polls), paid every second.
+
 Everything the run creates is removed at the end.
 """
 
@@ -73,6 +79,8 @@ HISTORY_HOURS = 20
 HISTORY_BATCH = 10_000
 #: Rows per INSERT of history (each well inside the store's query time limit).
 HISTORY_CHUNK = 2_000_000
+#: Low traffic: after the last Export, serve's default settle window (5 s) and a poll to spare.
+TRICKLE_TAIL_S = 7.0
 _METRIC = re.compile(r"^(latscope_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 
 
@@ -239,6 +247,37 @@ def serve_run(
     finally:
         serve.stop()
     return ServeRun(attributor, spans, stored_s, done_s, cpu, serve.store_dir, passes)
+
+
+@dataclass
+class Trickle:
+    attributor: str
+    requests: int
+    wall_s: float
+    cpu_s: float
+    attributed: float
+
+
+def trickle_run(attributor: str, seconds: float, workdir: Path) -> Trickle:
+    """serve fed one Export of PER_EXPORT requests a second for ``seconds``, then left for a
+    settle window and a poll (so every request is attributed): its CPU over that time."""
+    exports = build_exports(PER_EXPORT * max(1, int(seconds)), seed=7)
+    serve = Serve(workdir, "--attributor", attributor)
+    try:
+        channel = grpc.insecure_channel(serve.grpc)
+        call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+        time.sleep(2.0)  # serve's start-up work (schema, first polls) is not the traffic's
+        cpu0, started = serve.cpu_s(), time.perf_counter()
+        for i, payload in enumerate(exports):
+            call(payload, timeout=60)
+            time.sleep(max(0.0, started + i + 1 - time.perf_counter()))
+        time.sleep(TRICKLE_TAIL_S)
+        wall, cpu = time.perf_counter() - started, serve.cpu_s() - cpu0
+        attributed = serve.metrics().get(_ATTRIBUTED, 0.0)
+        channel.close()
+    finally:
+        serve.stop()
+    return Trickle(attributor, PER_EXPORT * len(exports), wall, cpu, attributed)
 
 
 # -- the attributor and the rollups alone, in this process ---------------------------------------
@@ -523,6 +562,12 @@ def main() -> None:
     parser.add_argument(
         "--alone-runs", type=int, default=3, help="runs of the attributor alone (all printed)"
     )
+    parser.add_argument(
+        "--trickle-s",
+        type=float,
+        default=30.0,
+        help=f"seconds of low traffic ({PER_EXPORT} requests a second) for the last part (0: skip)",
+    )
     args = parser.parse_args()
     requests = 50_000 if args.quick else args.requests
 
@@ -542,6 +587,11 @@ def main() -> None:
         history = (
             with_history(off.store_dir, requests, args.history_spans)
             if args.history_spans > 0
+            else None
+        )
+        trickle = (
+            [trickle_run(a, args.trickle_s, workdir / f"trickle-{a}") for a in ("off", "on")]
+            if args.trickle_s > 0
             else None
         )
     finally:
@@ -608,6 +658,19 @@ def main() -> None:
             f"  with it, default reach ({DEFAULT_REACH_S / 3600:g} h): {h.default_reach:,.0f} "
             f"({h.default_reach / h.before:.2f} of before); a day of reach: {h.day_reach:,.0f} "
             f"({h.day_reach / h.before:.2f} of before)"
+        )
+
+    if trickle is not None:
+        t_off, t_on = trickle
+        print(
+            f"\nlow traffic: {PER_EXPORT} requests a second for {args.trickle_s:g} s "
+            f"({t_on.requests:,} requests), serve's CPU over {t_on.wall_s:.0f} s:"
+        )
+        for t in trickle:
+            print(f"  attributor {t.attributor:3s}: {t.cpu_s / t.wall_s:.3f} cores")
+        print(
+            f"  the attributor: {(t_on.cpu_s - t_off.cpu_s) / t_on.wall_s:.3f} cores, "
+            f"{t_on.attributed:,.0f} of {t_on.requests:,} requests attributed"
         )
 
 
