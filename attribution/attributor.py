@@ -167,6 +167,25 @@ class Attributor(Poller):
         )[0]
         return int(quiet_us) / 1e6 if int(pending) else None
 
+    def _plan(self, after_us: int, hi: int, settled_us: int) -> list[tuple[int, int, int, int]]:
+        """The batches of the slice ``(after_us, hi]``, in order: ``(traces, through_us, first_ns,
+        last_ns)``. Its settled traces are taken in the order of their newest span in it, those
+        of one ingest time together, until a batch holds ``batch_traces`` (it then ends at that
+        time); the last batch runs to ``hi``. ``first_ns`` / ``last_ns``: the first start and
+        last end of its traces' spans in the slice."""
+        params = self._params(after_us=after_us, upto_us=hi, settled_us=settled_us)
+        out: list[tuple[int, int, int, int]] = []
+        traces, first_ns, last_ns = 0, 2**63 - 1, -(2**63)
+        for last_us, count, first, last in self.store.query_rows(self._sql.plan, params):
+            traces += int(count)
+            first_ns, last_ns = min(first_ns, int(first)), max(last_ns, int(last))
+            if traces >= self.batch_traces:
+                out.append((traces, int(last_us), first_ns, last_ns))
+                traces, first_ns, last_ns = 0, 2**63 - 1, -(2**63)
+        if traces:
+            out.append((traces, hi, first_ns, last_ns))
+        return out
+
     def _resume(self) -> int:
         value = self.store.query_rows(self._sql.resume, self._params())[0][0]
         # An empty table answers the epoch: start from the beginning of the spans table.
@@ -195,17 +214,19 @@ class Attributor(Poller):
         upto = now_us - self.settle_us
         complete_us = None if self.complete_us is None else now_us - self.complete_us
         written = 0
+        # The current slice's batches still to do, planned once per slice.
+        batches: list[tuple[int, int, int, int]] = []
+        hi = upto
         for _ in range(max_batches):
             if self.watermark_us >= upto or (self.stopping and written):
                 break
-            # A trace whose spans straddle the slice's end (but have all settled) is attributed
-            # now from what is there and again when the slice reaches its later spans.
-            hi = min(upto, self.watermark_us + self.step_us)
-            params = self._params(
-                after_us=self.watermark_us, upto_us=hi, settled_us=upto, limit=self.batch_traces
-            )
-            traces, cut_us, first_ns, last_ns = self.store.query_rows(self._sql.ready, params)[0]
-            through = int(cut_us) if int(traces) >= self.batch_traces else hi
+            if not batches:
+                # A trace whose spans straddle the slice's end (but have all settled) is
+                # attributed now from what is there and again when a slice reaches its later
+                # spans.
+                hi = min(upto, self.watermark_us + self.step_us)
+                batches = self._plan(self.watermark_us, hi, upto)
+            traces, through, first_ns, last_ns = batches.pop(0) if batches else (0, hi, 0, 0)
             # The pass's last slice also takes the complete traces of the early window.
             early = (
                 self._early_window(upto, complete_us)
@@ -231,9 +252,9 @@ class Attributor(Poller):
                     settled_us=upto,
                     around=(int(first_ns) - self.reach_ns, int(last_ns) + self.reach_ns),
                     early=None if early is None else early[:2],
-                    # The batch is the slice's traces that `ready` counted unless it was cut
-                    # (then it also holds the traces straddling the cut) or has early ones.
-                    traces=int(traces) if through == hi and early is None else None,
+                    # The slice's last batch is exactly the traces it was planned with; a cut
+                    # one also holds the traces straddling its cut, an early one early traces.
+                    traces=traces if through == hi and early is None else None,
                 )
                 if early is not None:
                     self._early_us = early[1]
@@ -402,20 +423,21 @@ class _Statements:
         )
         # A span's end (ns): a pass's reach runs to the last end of its slice's spans.
         span_end = "toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)"
-        #: The slice's settled traces, by their newest span in it: how many (at most `limit`
-        #: with ties), the ingest time to cut the slice at, their spans' first start and last
-        #: end (a late root's children start anywhere inside it).
-        self.ready = f"""
-SELECT count(), max(last_us), min(first_ns), max(last_ns) FROM (
+        #: The slice's settled traces by the ingest time of their newest span in it: per such
+        #: time, in order, how many traces and their spans' first start and last end (a late
+        #: root's children start anywhere inside it). A row per insert, not per trace: the pass
+        #: cuts its batches from these (`_plan`) instead of grouping the slice again for each.
+        self.plan = f"""
+SELECT last_us, count(), min(first_ns), max(last_ns) FROM (
     SELECT TraceId, toUnixTimestamp64Micro(max(LatscopeIngestedAt)) AS last_us,
            toUnixTimestamp64Nano(min(Timestamp)) AS first_ns,
            max({span_end}) AS last_ns
     FROM {spans}
     WHERE {slice_ % "upto_us"} {mine} AND {settled}
     GROUP BY TraceId
-    ORDER BY last_us
-    LIMIT {{limit:UInt32}} WITH TIES
-)"""
+)
+GROUP BY last_us
+ORDER BY last_us"""
         #: The spans after the watermark: the oldest (after an empty slice, to skip idle time)
         #: and how many.
         self.after = f"""

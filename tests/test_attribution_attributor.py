@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow as pa
 import pytest
 from opentelemetry.trace import SpanKind, set_span_in_context
 
@@ -173,6 +174,45 @@ def test_batches_are_bounded_and_all_traces_get_done(store: Store) -> None:
         {"t": trace_ids},
     )[0][0]
     assert newest <= Attributor(store)._resume() <= att.watermark_us
+
+
+def test_a_slice_is_planned_once_and_cut_between_inserts(store: Store) -> None:
+    """A slice of more traces than a batch holds is grouped once, and cut into batches of at
+    least ``batch_traces`` traces at the ingest times of its inserts: the traces of one insert
+    (one ingest time) stay in one batch."""
+    Attributor(store, settle_s=0).run_until_idle()  # whatever the module stored before
+    att = Attributor(store, settle_s=0, batch_traces=2)
+    inserts = [[uuid.uuid4().hex for _ in range(n)] for n in (1, 3, 1, 2)]
+    for ids in inserts:
+        rows = pa.concat_tables([span_rows(t, server_spans()) for t in ids])
+        store.insert_arrow(SPANS_TABLE, rows)
+        time.sleep(0.01)
+    time.sleep(0.05)
+    plans: list[list] = []
+    batches: list[int] = []
+    query_rows, slice_ = store.query_rows, att.attribute_slice
+
+    def spied(sql: str, *args: Any, **kwargs: Any) -> Any:
+        out = query_rows(sql, *args, **kwargs)
+        if sql == att._sql.plan:
+            plans.append(out)
+        return out
+
+    def counted(*args: Any, **kwargs: Any) -> int:
+        batches.append(slice_(*args, **kwargs))
+        return batches[-1]
+
+    store.query_rows = spied  # type: ignore[method-assign]
+    att.attribute_slice = counted  # type: ignore[method-assign]
+    try:
+        assert att.run_until_idle() == 7
+    finally:
+        del store.query_rows
+    # One plan found the slice's traces, a row per insert; the others found an empty slice.
+    assert [len(p) for p in plans if p] == [len(inserts)], plans
+    assert batches == [4, 3]  # 1 + 3 (the insert of 3 is not split), then 1 + 2
+    for t in (t for ids in inserts for t in ids):
+        assert store.query_rows(ALL_ROWS, {"t": t})[0][0] == 1
 
 
 def _rows_of(store: Store, table: str, prefix: str) -> list[tuple]:
