@@ -234,8 +234,8 @@ class Attributor(Poller):
                 else None
             )
             if early is not None:
-                first_ns = min(early[2], int(first_ns)) if traces else early[2]
-                last_ns = max(early[3], int(last_ns)) if traces else early[3]
+                first_ns = min(early[2], first_ns) if traces else early[2]
+                last_ns = max(early[3], last_ns) if traces else early[3]
             if not traces and early is None:
                 self.watermark_us = hi
                 if hi < upto:  # skip the idle time to the next span, if any
@@ -250,7 +250,7 @@ class Attributor(Poller):
                     self.watermark_us,
                     through,
                     settled_us=upto,
-                    around=(int(first_ns) - self.reach_ns, int(last_ns) + self.reach_ns),
+                    around=(first_ns - self.reach_ns, last_ns + self.reach_ns),
                     early=None if early is None else early[:2],
                     # The slice's last batch is exactly the traces it was planned with; a cut
                     # one also holds the traces straddling its cut, an early one early traces.
@@ -344,16 +344,18 @@ class Attributor(Poller):
 #: (docs/benchmarks.md).
 INSERT_SETTINGS = "SETTINGS optimize_on_insert = 0"
 
-#: SERVER in every spelling the spans table may hold (older exporters' SPAN_KIND_SERVER).
-_SERVER_KINDS = [SpanKind.SERVER, *(k for k, v in SpanKind.LEGACY.items() if v == SpanKind.SERVER)]
-
 
 def _list(values: Iterable[str]) -> str:
     return ", ".join(literal(v) for v in values)
 
 
-#: CLIENT in every spelling the spans table may hold.
-_CLIENT_KINDS = [SpanKind.CLIENT, *(k for k, v in SpanKind.LEGACY.items() if v == SpanKind.CLIENT)]
+def _spellings(kind: str) -> list[str]:
+    """A span kind in every spelling the spans table may hold (older exporters' SPAN_KIND_*)."""
+    return [kind, *(k for k, v in SpanKind.LEGACY.items() if v == kind)]
+
+
+_SERVER_KINDS = _spellings(SpanKind.SERVER)
+_CLIENT_KINDS = _spellings(SpanKind.CLIENT)
 
 
 def _early_batch(settled: str, window: str, spans: str, table: str, mine: str, bounds: str) -> str:

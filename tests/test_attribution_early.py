@@ -84,6 +84,19 @@ def _sleep_until(deadline: float) -> None:
     time.sleep(max(0.0, deadline - time.monotonic()))
 
 
+def _early_then_settled(
+    store: Store, att: Attributor, trace_id: str, since: float, *, early: tuple, settled: tuple
+) -> None:
+    """A pass once the trace's newest spans are ``complete_s`` old, then one once spans stored
+    at ``since`` (monotonic s) have settled: the trace's rows after each (``_rows``)."""
+    time.sleep(COMPLETE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == early
+    _sleep_until(since + SETTLE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == settled
+
+
 @pytest.mark.slow
 def test_a_complete_trace_is_attributed_before_it_settles_and_only_once(store: Store) -> None:
     att = _attributor(store)
@@ -117,12 +130,7 @@ def test_a_client_span_without_a_child_waits_for_the_settle_window(store: Store)
     spans = [agent, llm_call, *server_spans(), tool_call]
     store.insert_arrow(SPANS_TABLE, span_rows(trace_id, spans))
     stored = time.monotonic()
-    time.sleep(COMPLETE_S + 0.2)
-    att.run_until_idle()
-    assert _rows(store, trace_id) == (0, 0)
-    _sleep_until(stored + SETTLE_S + 0.2)
-    att.run_until_idle()
-    assert _rows(store, trace_id) == (1, len(spans))
+    _early_then_settled(store, att, trace_id, stored, early=(0, 0), settled=(1, len(spans)))
 
 
 @pytest.mark.slow
@@ -131,12 +139,8 @@ def test_a_late_span_attributes_the_trace_again(store: Store) -> None:
     trace_id, _ = _attributed_early(store, att)
     store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [PREFILL]))
     late = time.monotonic()
-    time.sleep(COMPLETE_S + 0.2)
-    att.run_until_idle()  # early again, with the late span
-    assert _rows(store, trace_id) == (2, 5)
-    _sleep_until(late + SETTLE_S + 0.2)
-    att.run_until_idle()
-    assert _rows(store, trace_id) == (2, 5)
+    # Early again, with the late span; nothing more once it settles.
+    _early_then_settled(store, att, trace_id, late, early=(2, 5), settled=(2, 5))
 
 
 @pytest.mark.slow
@@ -158,12 +162,7 @@ def test_a_span_stored_into_a_window_already_passed_is_attributed_once_settled(
         "LatscopeIngestedAt", pa.array([ingested_us], pa.timestamp("us"))
     )
     store.insert_arrow(SPANS_TABLE, in_flight)
-    time.sleep(COMPLETE_S + 0.2)
-    att.run_until_idle()
-    assert _rows(store, trace_id) == (1, 4)
-    _sleep_until(stored + SETTLE_S + 0.2)
-    att.run_until_idle()
-    assert _rows(store, trace_id) == (2, 5)
+    _early_then_settled(store, att, trace_id, stored, early=(1, 4), settled=(2, 5))
 
 
 @pytest.mark.slow

@@ -263,8 +263,8 @@ def trickle_run(attributor: str, seconds: float, workdir: Path) -> Trickle:
     settle window and a poll (so every request is attributed): its CPU over that time."""
     exports = build_exports(PER_EXPORT * max(1, int(seconds)), seed=7)
     serve = Serve(workdir, "--attributor", attributor)
+    channel = grpc.insecure_channel(serve.grpc)
     try:
-        channel = grpc.insecure_channel(serve.grpc)
         call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
         time.sleep(2.0)  # serve's start-up work (schema, first polls) is not the traffic's
         cpu0, started = serve.cpu_s(), time.perf_counter()
@@ -274,8 +274,8 @@ def trickle_run(attributor: str, seconds: float, workdir: Path) -> Trickle:
         time.sleep(TRICKLE_TAIL_S)
         wall, cpu = time.perf_counter() - started, serve.cpu_s() - cpu0
         attributed = serve.metrics().get(_ATTRIBUTED, 0.0)
-        channel.close()
     finally:
+        channel.close()
         serve.stop()
     return Trickle(attributor, PER_EXPORT * len(exports), wall, cpu, attributed)
 
