@@ -9,8 +9,11 @@ request ended and nothing more came for a while). An ``INSERT ... SELECT`` attri
 request of those traces from all their stored spans and writes one row each: the single-call
 path's for the traces of the common shape, then the general one's, only when the batch has other
 traces that may hold a call; another one retracts the rows whose key moved (below). A slice
-holding more than ``batch_traces`` traces is cut at the ingest time of its ``batch_traces``-th
-trace, so one statement's memory is bounded whatever the backlog.
+holding more than ``batch_traces`` traces is cut by trace id into batches of at most that many,
+so one statement's memory is bounded whatever the backlog. The cut is by trace id, not by ingest
+time, because the spans table sorts by trace id within an hour: a batch of a range of ids reads
+the granules of that range, where a batch of random ids (one insert's) reads every granule of the
+hours it reaches, so each batch of a backlog read all of it again (docs/benchmarks.md).
 
 A late span (say the client span, exported after the server's) is a new span after the watermark:
 its trace is attributed again from all its spans and the new row, with a higher Version (the
@@ -26,8 +29,12 @@ a trace settles it is taken again only if its count of distinct spans is no long
 Version (a late span, or an insert that was in flight when the early pass read). After a busy
 pass the wait is then capped by when the newest span is ``complete_s`` old, not settled.
 
-Each row records in SpansIngestedAt the watermark its pass brought the attributor to; after a
-restart the watermark resumes from the largest one (work after it is redone, harmlessly).
+Each row records in SpansIngestedAt the watermark its pass brought the attributor to, and so
+tells the rows of one pass from every other's: the slice's end for its last batch, and for each
+earlier batch of a cut slice a time just after the slice's start (``after_us + 1``, ``+ 2``, ...,
+fewer than ``MAX_CUTS``). After a restart the watermark resumes ``MAX_CUTS`` us before the largest
+one, so a slice stopped between its batches is redone from its start (work after it is redone,
+harmlessly).
 
 Cadence. A pass with work costs ClickHouse's analysis of its statements (~1 s of CPU whatever the
 slice's size) on top of the work itself, so under load the attributor waits longer between
@@ -50,7 +57,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import Counter, Gauge
 
@@ -73,9 +80,26 @@ LOCAL_SUFFIX = "_local"
 #: (capped by the settle window): under load, passes and their fixed cost come at most every
 #: 1 + BUSY_PAUSE pass durations, so most of the attributor's CPU goes to requests.
 BUSY_PAUSE = 4.0
-#: The shortest wait between passes when settled work is already waiting (a slice cut at
-#: ``batch_traces``, or traces that settled while the pass ran).
+#: The shortest wait between passes when settled work is already waiting (traces that settled
+#: while the pass ran).
 MIN_POLL_S = 0.1
+#: The most batches a slice is cut into: the rows of each but the last record a time within
+#: this many us after the slice's start (_plan), and a restart resumes this far back.
+MAX_CUTS = 1000
+
+
+class _Batch(NamedTuple):
+    """A batch of a slice ``(after_us, hi_us]``: its traces with ids in ``[id_lo, id_hi)`` ('':
+    unbounded), ``traces`` of them, their rows marked with SpansIngestedAt ``marker_us``."""
+
+    after_us: int
+    hi_us: int
+    marker_us: int
+    id_lo: str
+    id_hi: str
+    traces: int
+    first_ns: int
+    last_ns: int
 
 
 class Attributor(Poller):
@@ -110,6 +134,8 @@ class Attributor(Poller):
         if complete_s and not 0 < complete_s < settle_s:
             raise ValueError(f"complete_s must be in (0, settle_s), got {complete_s}")
         self.complete_us = int(complete_s * 1e6) if complete_s else None
+        #: The batches of the slice after the watermark still to do (run_until_idle).
+        self._batches: list[_Batch] = []
         #: Where the early window of the next pass starts (ingest time, us): each pass looks at
         #: the traces with spans stored since the last one's.
         self._early_us: int | None = None
@@ -167,29 +193,45 @@ class Attributor(Poller):
         )[0]
         return int(quiet_us) / 1e6 if int(pending) else None
 
-    def _plan(self, after_us: int, hi: int, settled_us: int) -> list[tuple[int, int, int, int]]:
-        """The batches of the slice ``(after_us, hi]``, in order: ``(traces, through_us, first_ns,
-        last_ns)``. Its settled traces are taken in the order of their newest span in it, those
-        of one ingest time together, until a batch holds ``batch_traces`` (it then ends at that
-        time); the last batch runs to ``hi``. ``first_ns`` / ``last_ns``: the first start and
-        last end of its traces' spans in the slice."""
-        params = self._params(after_us=after_us, upto_us=hi, settled_us=settled_us)
-        out: list[tuple[int, int, int, int]] = []
-        traces, first_ns, last_ns = 0, 2**63 - 1, -(2**63)
-        for last_us, count, first, last in self.store.query_rows(self._sql.plan, params):
-            traces += int(count)
-            first_ns, last_ns = min(first_ns, int(first)), max(last_ns, int(last))
-            if traces >= self.batch_traces:
-                out.append((traces, int(last_us), first_ns, last_ns))
-                traces, first_ns, last_ns = 0, 2**63 - 1, -(2**63)
-        if traces:
-            out.append((traces, hi, first_ns, last_ns))
-        return out
+    def _plan(self, after_us: int, hi: int, settled_us: int) -> list[_Batch]:
+        """The batches of the slice ``(after_us, hi]``: its settled traces cut by trace id into
+        ranges of at most ``batch_traces`` (each a run of the spans table's sort key, so a batch
+        reads its own share of the slice's granules instead of all of them). Each batch's
+        ``first_ns`` / ``last_ns`` are the first start and last end of the slice's spans."""
+        width = max(1, min(MAX_CUTS, hi - after_us))
+        params = self._params(
+            after_us=after_us,
+            upto_us=hi,
+            settled_us=settled_us,
+            batch_traces=self.batch_traces,
+            max_batches=width,
+        )
+        traces, first_ns, last_ns, cuts = self.store.query_rows(self._sql.plan, params)[0]
+        traces, count = int(traces), len(cuts) + 1
+        if not traces:
+            return []
+        bounds = ["", *cuts, ""]
+        return [
+            _Batch(
+                after_us=after_us,
+                hi_us=hi,
+                # Rows of a batch but the last record a time inside the slice, so a restart
+                # after it redoes the slice (_resume) and no later pass uses the same one.
+                marker_us=hi if j == count - 1 else after_us + 1 + j,
+                id_lo=bounds[j],
+                id_hi=bounds[j + 1],
+                traces=(j + 1) * traces // count - j * traces // count,
+                first_ns=int(first_ns),
+                last_ns=int(last_ns),
+            )
+            for j in range(count)
+        ]
 
     def _resume(self) -> int:
         value = self.store.query_rows(self._sql.resume, self._params())[0][0]
-        # An empty table answers the epoch: start from the beginning of the spans table.
-        return int(value or 0)
+        # An empty table answers the epoch: start from the beginning of the spans table. Back by
+        # MAX_CUTS: a slice's batches but its last record times within that of its start.
+        return max(0, int(value or 0) - MAX_CUTS)
 
     def _early_window(self, settled_us: int, complete_us: int) -> tuple[int, int, int, int] | None:
         """The early window of this pass, ``(lo, hi]`` in ingest time: from the last pass's
@@ -214,9 +256,10 @@ class Attributor(Poller):
         upto = now_us - self.settle_us
         complete_us = None if self.complete_us is None else now_us - self.complete_us
         written = 0
-        # The current slice's batches still to do, planned once per slice.
-        batches: list[tuple[int, int, int, int]] = []
-        hi = upto
+        # The current slice's batches still to do, planned once per slice (kept across passes
+        # while the watermark has not moved past it).
+        batches = self._batches
+        early: tuple[int, int, int, int] | None = None
         for _ in range(max_batches):
             if self.watermark_us >= upto or (self.stopping and written):
                 break
@@ -225,47 +268,56 @@ class Attributor(Poller):
                 # attributed now from what is there and again when a slice reaches its later
                 # spans.
                 hi = min(upto, self.watermark_us + self.step_us)
-                batches = self._plan(self.watermark_us, hi, upto)
-            traces, through, first_ns, last_ns = batches.pop(0) if batches else (0, hi, 0, 0)
-            # The pass's last slice also takes the complete traces of the early window.
-            early = (
-                self._early_window(upto, complete_us)
-                if complete_us is not None and through == upto
-                else None
-            )
-            if early is not None:
-                first_ns = min(early[2], first_ns) if traces else early[2]
-                last_ns = max(early[3], last_ns) if traces else early[3]
-            if not traces and early is None:
-                self.watermark_us = hi
-                if hi < upto:  # skip the idle time to the next span, if any
-                    first_us, count = self.store.query_rows(
-                        self._sql.after, self._params(after_us=self.watermark_us)
-                    )[0]
-                    nxt = int(first_us) - 1 if int(count) else upto
-                    self.watermark_us = max(hi, min(nxt, upto))
-                continue
+                batches[:] = self._plan(self.watermark_us, hi, upto)
+                # The pass's last slice also takes the complete traces of the early window.
+                early = (
+                    self._early_window(upto, complete_us)
+                    if complete_us is not None and hi == upto
+                    else None
+                )
+                if early is not None and not batches:
+                    batches[:] = [_Batch(self.watermark_us, hi, hi, "", "", 0, early[2], early[3])]
+                if not batches:
+                    self.watermark_us = hi
+                    if hi < upto:  # skip the idle time to the next span, if any
+                        first_us, count = self.store.query_rows(
+                            self._sql.after, self._params(after_us=self.watermark_us)
+                        )[0]
+                        nxt = int(first_us) - 1 if int(count) else upto
+                        self.watermark_us = max(hi, min(nxt, upto))
+                    continue
+            batch = batches.pop(0)
+            # The early traces go with the slice's last batch.
+            with_early = early if not batches else None
+            first_ns, last_ns = batch.first_ns, batch.last_ns
+            if with_early is not None:
+                first_ns = min(with_early[2], first_ns) if batch.traces else with_early[2]
+                last_ns = max(with_early[3], last_ns) if batch.traces else with_early[3]
             try:
                 written += self.attribute_slice(
-                    self.watermark_us,
-                    through,
+                    batch.after_us,
+                    batch.hi_us,
                     settled_us=upto,
                     around=(first_ns - self.reach_ns, last_ns + self.reach_ns),
-                    early=None if early is None else early[:2],
-                    # The slice's last batch is exactly the traces it was planned with; a cut
-                    # one also holds the traces straddling its cut, an early one early traces.
-                    traces=traces if through == hi and early is None else None,
+                    early=None if with_early is None else with_early[:2],
+                    ids=(batch.id_lo, batch.id_hi),
+                    marker_us=batch.marker_us,
+                    # A batch is exactly the traces it was planned with; one with early
+                    # attribution also holds the early window's.
+                    traces=batch.traces if with_early is None else None,
                 )
-                if early is not None:
-                    self._early_us = early[1]
+                if with_early is not None:
+                    self._early_us = with_early[1]
             except StoreError:
-                raise  # retried from the same watermark on the next poll
+                batches.clear()  # the slice is planned again, and retried, on the next poll
+                raise
             except Exception:
-                # A slice the statement cannot process would block every later one: count it,
+                # A batch the statement cannot process would block every later one: count it,
                 # log it, and move on.
                 BATCH_ERRORS.labels("skipped").inc()
-                log.exception("attribution of the slice up to %d failed; skipped", through)
-            self.watermark_us = through
+                log.exception("attribution of the slice up to %d failed; skipped", batch.hi_us)
+            if not batches:
+                self.watermark_us = batch.hi_us
         now_us = self._now_us()
         LAG.set(max(0.0, (now_us - self.watermark_us) / 1e6))
         # When the newest traces can next be taken: once complete (early), else once settled.
@@ -300,23 +352,31 @@ class Attributor(Poller):
         settled_us: int,
         around: tuple[int, int],
         early: tuple[int, int] | None = None,
+        ids: tuple[str, str] = ("", ""),
+        marker_us: int | None = None,
         traces: int | None = None,
     ) -> int:
-        """Attribute the settled traces with spans ingested in ``(after_us, through_us]`` (and,
-        with early attribution on, the complete traces of the ``early`` window of ingest times)
-        from all their spans that started within ``around`` (ns), and retract the keys they
-        moved from; returns the rows written. ``through_us`` is recorded as SpansIngestedAt.
-        ``traces``, when known, is how many traces that batch holds."""
+        """Attribute the settled traces with spans ingested in ``(after_us, through_us]`` and
+        trace ids in ``[ids[0], ids[1])`` ('': unbounded) (and, with early attribution on, the
+        complete traces of the ``early`` window of ingest times) from all their spans that
+        started within ``around`` (ns), and retract the keys they moved from; returns the rows
+        written. ``marker_us`` (default ``through_us``), recorded as SpansIngestedAt, tells this
+        pass's rows from every other pass's. ``traces``, when known, is how many traces that
+        batch holds."""
         params = self._params(
             after_us=after_us,
-            through_us=through_us,
+            hi_us=through_us,
+            through_us=through_us if marker_us is None else marker_us,
+            id_lo=ids[0],
+            id_hi=ids[1],
             settled_us=settled_us,
             from_ns=max(0, around[0]),
             to_ns=min(around[1], 2**63 - 1),
             stall_ns=self.stall_threshold_ns,
         )
         if self.complete_us is not None:
-            params["early_lo_us"], params["early_hi_us"] = early or (0, 0)
+            # No early window: an empty one at the settled bound (whose newer spans are few).
+            params["early_lo_us"], params["early_hi_us"] = early or (settled_us, settled_us)
         # Traces of the common single-call shape first (a cheap statement); the general one runs
         # only when some trace of the batch got no row from it and may hold a call. The simple
         # path writes one row per trace it answers: a row for every trace means none is left.
@@ -419,27 +479,30 @@ class _Statements:
             f"TraceId NOT IN (SELECT TraceId FROM {spans} "
             "WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({settled_us:Int64}))"
         )
-        #: Where the watermark restarts after a restart.
+        ids = "TraceId >= {id_lo:String} AND ({id_hi:String} = '' OR TraceId < {id_hi:String})"
+        #: Where the watermark restarts after a restart (less MAX_CUTS, _resume).
         self.resume = (
             f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {table} WHERE 1 {mine}"
         )
         # A span's end (ns): a pass's reach runs to the last end of its slice's spans.
         span_end = "toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)"
-        #: The slice's settled traces by the ingest time of their newest span in it: per such
-        #: time, in order, how many traces and their spans' first start and last end (a late
-        #: root's children start anywhere inside it). A row per insert, not per trace: the pass
-        #: cuts its batches from these (`_plan`) instead of grouping the slice again for each.
+        #: The slice's settled traces: how many, their spans' first start and last end in it
+        #: (a late root's children start anywhere inside it), and the trace ids that cut them
+        #: into at most ``max_batches`` batches of ``batch_traces`` or fewer, in the spans
+        #: table's sort order (``_plan``).
         self.plan = f"""
-SELECT last_us, count(), min(first_ns), max(last_ns) FROM (
-    SELECT TraceId, toUnixTimestamp64Micro(max(LatscopeIngestedAt)) AS last_us,
-           toUnixTimestamp64Nano(min(Timestamp)) AS first_ns,
-           max({span_end}) AS last_ns
-    FROM {spans}
-    WHERE {slice_ % "upto_us"} {mine} AND {settled}
-    GROUP BY TraceId
-)
-GROUP BY last_us
-ORDER BY last_us"""
+SELECT n, first_ns, last_ns, arrayMap(j -> ids[intDiv(j * n, k) + 1], range(1, k)) FROM (
+    SELECT *, toUInt64(least(greatest(intDiv(n + {{batch_traces:UInt64}} - 1,
+        {{batch_traces:UInt64}}), 1), {{max_batches:UInt64}})) AS k
+    FROM (
+        SELECT count() AS n, min(first) AS first_ns, max(last) AS last_ns,
+               arraySort(groupArray(TraceId)) AS ids
+        FROM (
+            SELECT TraceId, toUnixTimestamp64Nano(min(Timestamp)) AS first,
+                   max({span_end}) AS last
+            FROM {spans}
+            WHERE {slice_ % "upto_us"} {mine} AND {settled}
+            GROUP BY TraceId)))"""
         #: The spans after the watermark: the oldest (after an empty slice, to skip idle time)
         #: and how many.
         self.after = f"""
@@ -454,9 +517,10 @@ SELECT toUnixTimestamp64Micro(now64(6)) - toUnixTimestamp64Micro(max(LatscopeIng
        count() > 0
 FROM {spans}
 WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}"""
+        # A batch: the settled traces of the slice in a range of trace ids.
         batch = (
             f"SELECT DISTINCT TraceId AS trace_id FROM {spans} "
-            f"WHERE {slice_ % 'through_us'} {mine} AND {settled}"
+            f"WHERE {slice_ % 'hi_us'} {mine} AND {ids} AND {settled}"
         )
         bounds = (
             "Timestamp >= fromUnixTimestamp64Nano({from_ns:Int64}) "

@@ -3,6 +3,7 @@ and end to end through a real ``latscope serve`` fed by the OTLP exporter."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -176,18 +177,38 @@ def test_batches_are_bounded_and_all_traces_get_done(store: Store) -> None:
     assert newest <= Attributor(store)._resume() <= att.watermark_us
 
 
-def test_a_slice_is_planned_once_and_cut_between_inserts(store: Store) -> None:
-    """A slice of more traces than a batch holds is grouped once, and cut into batches of at
-    least ``batch_traces`` traces at the ingest times of its inserts: the traces of one insert
-    (one ingest time) stay in one batch."""
-    Attributor(store, settle_s=0).run_until_idle()  # whatever the module stored before
-    att = Attributor(store, settle_s=0, batch_traces=2)
-    inserts = [[uuid.uuid4().hex for _ in range(n)] for n in (1, 3, 1, 2)]
-    for ids in inserts:
-        rows = pa.concat_tables([span_rows(t, server_spans()) for t in ids])
-        store.insert_arrow(SPANS_TABLE, rows)
+def _cut_slice(store: Store, inserts: tuple[int, ...]) -> list[str]:
+    """The traces of ``inserts`` (a count each), stored one insert each, once whatever the module
+    stored before is attributed."""
+    Attributor(store, settle_s=0).run_until_idle()
+    ids = [[uuid.uuid4().hex for _ in range(n)] for n in inserts]
+    for batch in ids:
+        store.insert_arrow(
+            SPANS_TABLE, pa.concat_tables([span_rows(t, server_spans()) for t in batch])
+        )
         time.sleep(0.01)
     time.sleep(0.05)
+    return [t for batch in ids for t in batch]
+
+
+def _markers(store: Store, trace_ids: list[str]) -> dict[str, list[int]]:
+    """Each trace's rows' SpansIngestedAt (us)."""
+    out: dict[str, list[int]] = {t: [] for t in trace_ids}
+    for t, at in store.query_rows(
+        f"SELECT TraceId, toUnixTimestamp64Micro(SpansIngestedAt) FROM {ATTRIBUTION_TABLE} "
+        "WHERE TraceId IN {t:Array(String)}",
+        {"t": trace_ids},
+    ):
+        out[t].append(int(at))
+    return out
+
+
+def test_a_slice_is_planned_once_and_cut_by_trace_id(store: Store) -> None:
+    """A slice of more traces than a batch holds is grouped once, and cut into batches of at
+    most ``batch_traces`` traces by trace id (runs of the spans table's sort key, whatever
+    insert they came in), each with its own SpansIngestedAt."""
+    trace_ids = _cut_slice(store, (1, 3, 1, 2))
+    att = Attributor(store, settle_s=0, batch_traces=2)
     plans: list[list] = []
     batches: list[int] = []
     query_rows, slice_ = store.query_rows, att.attribute_slice
@@ -208,11 +229,47 @@ def test_a_slice_is_planned_once_and_cut_between_inserts(store: Store) -> None:
         assert att.run_until_idle() == 7
     finally:
         del store.query_rows
-    # One plan found the slice's traces, a row per insert; the others found an empty slice.
-    assert [len(p) for p in plans if p] == [len(inserts)], plans
-    assert batches == [4, 3]  # 1 + 3 (the insert of 3 is not split), then 1 + 2
-    for t in (t for ids in inserts for t in ids):
-        assert store.query_rows(ALL_ROWS, {"t": t})[0][0] == 1
+    # One plan found the slice's 7 traces; the others found an empty slice.
+    assert [p[0][0] for p in plans if p[0][0]] == [7], plans
+    assert batches == [1, 2, 2, 2]  # ceil(7 / 2) batches, as even as can be
+    markers = _markers(store, trace_ids)
+    assert all(len(m) == 1 for m in markers.values()), markers
+    # Each batch is a run of trace ids, and its rows' mark is its own.
+    by_id = [markers[t][0] for t in sorted(trace_ids)]
+    assert [len(list(g)) for _, g in itertools.groupby(by_id)] == [1, 2, 2, 2], by_id
+    assert by_id[-1] == att.watermark_us  # the last batch's rows mark the slice's end
+
+
+def test_a_restart_inside_a_cut_slice_redoes_it(store: Store) -> None:
+    """Stopped after some batches of a slice, a new attributor resumes before the slice: every
+    trace gets its row, and the rows already written are written again, the same."""
+    trace_ids = _cut_slice(store, (3, 4))
+    first = Attributor(store, settle_s=0, batch_traces=2)
+    # The slice starts just before its first span (as after idle time): the first batches'
+    # marks are at the ingest time of the first insert.
+    first.watermark_us = (
+        store.query_rows(
+            "SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)) FROM otel_traces"
+            " WHERE TraceId IN {t:Array(String)}",
+            {"t": trace_ids},
+        )[0][0]
+        - 1
+    )
+    # The slice's first two batches, one per call (after any empty slice before it).
+    written: list[int] = []
+    for _ in range(5):
+        written.append(first.run_until_idle(max_batches=1))
+        if len([w for w in written if w]) == 2:
+            break
+    assert [w for w in written if w] == [1, 2], written
+    done = {t for t, m in _markers(store, trace_ids).items() if m}
+    assert len(done) == 3  # batches of 1 and 2
+    again = Attributor(store, settle_s=0, batch_traces=2)
+    assert again.run_until_idle() >= len(trace_ids)
+    markers = _markers(store, trace_ids)
+    assert all(m for m in markers.values()), markers
+    for t in trace_ids:
+        assert store.query_rows(FINAL_ROWS, {"t": t})[0][-1] == len(server_spans())  # Version
 
 
 def _rows_of(store: Store, table: str, prefix: str) -> list[tuple]:
