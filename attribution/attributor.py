@@ -89,11 +89,13 @@ MAX_CUTS = 1000
 
 
 class _Batch(NamedTuple):
-    """A batch of a slice ``(after_us, hi_us]``: its traces with ids in ``[id_lo, id_hi)`` ('':
-    unbounded), ``traces`` of them, their rows marked with SpansIngestedAt ``marker_us``."""
+    """A batch of a slice ``(after_us, hi_us]``: its traces settled at ``settled_us`` with ids in
+    ``[id_lo, id_hi)`` ('': unbounded), ``traces`` of them, their rows marked with SpansIngestedAt
+    ``marker_us``."""
 
     after_us: int
     hi_us: int
+    settled_us: int
     marker_us: int
     id_lo: str
     id_hi: str
@@ -215,6 +217,7 @@ class Attributor(Poller):
             _Batch(
                 after_us=after_us,
                 hi_us=hi,
+                settled_us=settled_us,
                 # Rows of a batch but the last record a time inside the slice, so a restart
                 # after it redoes the slice (_resume) and no later pass uses the same one.
                 marker_us=hi if j == count - 1 else after_us + 1 + j,
@@ -276,7 +279,9 @@ class Attributor(Poller):
                     else None
                 )
                 if early is not None and not batches:
-                    batches[:] = [_Batch(self.watermark_us, hi, hi, "", "", 0, early[2], early[3])]
+                    batches[:] = [
+                        _Batch(self.watermark_us, hi, upto, hi, "", "", 0, early[2], early[3])
+                    ]
                 if not batches:
                     self.watermark_us = hi
                     if hi < upto:  # skip the idle time to the next span, if any
@@ -297,7 +302,9 @@ class Attributor(Poller):
                 written += self.attribute_slice(
                     batch.after_us,
                     batch.hi_us,
-                    settled_us=upto,
+                    # As planned: a batch kept from an earlier pass is the traces it was planned
+                    # with, not those that settled since.
+                    settled_us=batch.settled_us,
                     around=(first_ns - self.reach_ns, last_ns + self.reach_ns),
                     early=None if with_early is None else with_early[:2],
                     ids=(batch.id_lo, batch.id_hi),
