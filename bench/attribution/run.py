@@ -24,7 +24,8 @@ attributor and the rollup builder alone.
 4. **The rollup builder**: every hour of those rows built (`Rollups.run_until_idle()`), CPU seconds
    per hour built and beside serve's CPU for the same requests.
 5. **With stored history** (`--history-spans N`, 0 skips it): the attributor alone again, in passes
-   of `HISTORY_BATCH` traces (the size of serve's passes), first over the store as it is, then
+   of about `HISTORY_BATCH` traces (the size of serve's passes), each a slice of ingest time as
+   serve's are (random trace ids, not a range of them), first over the store as it is, then
    with N spans of earlier traffic stored in the `HISTORY_HOURS` hours before the requests (7-span
    traces with random ids, ingested before them), with the default reach
    (`--attribution-reach-s`) and with a day of reach: what stored history costs each pass.
@@ -476,10 +477,13 @@ class History:
     day_reach: float
 
 
-def _history_rate(store: Any, requests: int, after_us: int, **kwargs: Any) -> float:
+def _history_rate(store: Any, requests: int, after_us: int, step_s: float, **kwargs: Any) -> float:
     """Requests per CPU second of an attributor that starts at ``after_us`` (ingest time), in
-    passes of HISTORY_BATCH traces."""
-    cpu = _attribute_again(store, requests, after_us=after_us, batch_traces=HISTORY_BATCH, **kwargs)
+    slices of ``step_s`` of ingest (each its own pass, as serve's are) of at most HISTORY_BATCH
+    traces."""
+    cpu = _attribute_again(
+        store, requests, after_us=after_us, batch_traces=HISTORY_BATCH, step_s=step_s, **kwargs
+    )
     return requests / cpu
 
 
@@ -490,12 +494,18 @@ def with_history(store_dir: Path, requests: int, spans: int) -> History:
 
     store = Store.open(f"chdb://{store_dir}")
     try:
-        first_us = int(
-            store.query_rows(
-                f"SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)) FROM {SPANS_TABLE}"
-            )[0][0]
+        first_us, last_us = (
+            int(v)
+            for v in store.query_rows(
+                "SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), "
+                f"toUnixTimestamp64Micro(max(LatscopeIngestedAt)) FROM {SPANS_TABLE}"
+            )[0]
         )
-        before = _history_rate(store, requests, first_us - 1)
+        # Passes of about HISTORY_BATCH traces as serve makes them: slices of ingest time, each
+        # a batch of random trace ids (one slice cut into batches would be cut by trace id, and
+        # each batch would read only its range's granules: a backlog, not serve's passes).
+        step_s = (last_us - first_us) / 1e6 * HISTORY_BATCH / requests
+        before = _history_rate(store, requests, first_us - 1, step_s)
         span_ns = HISTORY_HOURS * HOUR_NS // spans
         for lo in range(0, spans, HISTORY_CHUNK):
             store.command(
@@ -515,8 +525,8 @@ FROM (SELECT number + {{lo:UInt64}} AS n FROM numbers({{count:UInt64}}))""",
                     "count": min(HISTORY_CHUNK, spans - lo),
                 },
             )
-        default_reach = _history_rate(store, requests, first_us - 1)
-        day_reach = _history_rate(store, requests, first_us - 1, reach_s=24 * 3600.0)
+        default_reach = _history_rate(store, requests, first_us - 1, step_s)
+        day_reach = _history_rate(store, requests, first_us - 1, step_s, reach_s=24 * 3600.0)
         return History(spans, before, default_reach, day_reach)
     finally:
         store.close()
