@@ -322,6 +322,16 @@ def test_n_attributors_split_a_store_and_write_exactly_the_rows_of_one(store: St
     )
 
 
+@pytest.mark.slow
+def test_n_attributors_in_batches_cut_by_trace_id_write_the_rows_of_one(store: Store) -> None:
+    """The same with batches of 2 traces: one attributor cuts the slice by trace id into 3
+    batches (agent traces, so the general statement runs too), the three shards each their own."""
+    check_n_attributors_write_the_rows_of_one(
+        store,
+        lambda i, n: Attributor(store, settle_s=0, shard=(i, n), step_s=3600, batch_traces=2),
+    )
+
+
 def test_local_tables_of_a_cluster_node(store: Store) -> None:
     """--attributor-tables local: the *_local tables of a cluster node, read and written."""
     for table in (SPANS_TABLE, ATTRIBUTION_TABLE):
