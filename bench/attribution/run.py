@@ -11,7 +11,9 @@ attributor and the rollup builder alone.
    ratios. "Until attributed" includes the settle window (`--settle-s`, serve's own default), a
    wait every trace makes by design; the rate up to the last span stored is printed beside it.
    `--complete-s S` turns on serve's early attribution (`--attribution-complete-s`, off by
-   default): complete traces are attributed S seconds after their last span instead.
+   default): complete traces are attributed S seconds after their last span instead. The pair
+   of runs (off, then on) is made `--serve-pairs` times (3), alternating, and the median ratio
+   printed beside each pair's: the machine's load moves a single pair's ratio by +-0.1.
 2. **The attributor alone**, in this process (chDB runs in-process, so `time.process_time()` is
    its CPU): the "off" run's store, filled once, then `Attributor.run_until_idle()` from the stored
    spans to attribution rows: requests per CPU second; then again `--alone-runs` - 1 times over the
@@ -48,6 +50,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -563,6 +566,12 @@ def main() -> None:
     )
     parser.add_argument("--timeout-s", type=float, default=600.0)
     parser.add_argument(
+        "--serve-pairs",
+        type=int,
+        default=3,
+        help="serve runs off then on, alternating (the load moves one run's ratio a lot)",
+    )
+    parser.add_argument(
         "--history-spans",
         type=int,
         default=14_000_000,
@@ -589,10 +598,16 @@ def main() -> None:
           f"{f'after {args.complete_s} s' if args.complete_s else 'off'}")  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="latscope-attrbench-"))
     try:
-        off = serve_run("off", exports, requests, args, workdir / "off")
-        on = serve_run("on", exports, requests, args, workdir / "on")
-        load1 = os.getloadavg()[0]
-        attributed, compared = check_store(on.store_dir, requests)
+        pairs: list[tuple[ServeRun, ServeRun, float, tuple[int, int]]] = []
+        for i in range(max(1, args.serve_pairs)):
+            off = serve_run("off", exports, requests, args, workdir / f"off-{i}")
+            on = serve_run("on", exports, requests, args, workdir / f"on-{i}")
+            load1 = os.getloadavg()[0]
+            pairs.append((off, on, load1, check_store(on.store_dir, requests)))
+            shutil.rmtree(workdir / f"on-{i}", ignore_errors=True)
+            if i:  # the first "off" store serves the parts below
+                shutil.rmtree(workdir / f"off-{i}", ignore_errors=True)
+        off = pairs[0][0]
         solo = alone(off.store_dir, requests, max(1, args.alone_runs))
         history = (
             with_history(off.store_dir, requests, args.history_spans)
@@ -607,25 +622,32 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"\nlatscope serve, {requests * SPANS:,} spans (load average {load1:.2f}):")
-    print(f"{'':20s}{'spans/s to done':>17s}{'to stored':>12s}{'serve CPU s':>13s}"
+    print(f"\nlatscope serve, {requests * SPANS:,} spans, {len(pairs)} pairs of runs (off, on):")
+    print(f"{'':24s}{'spans/s to done':>17s}{'to stored':>12s}{'serve CPU s':>13s}"
           f"{'spans per CPU s':>17s}")  # fmt: skip
-    for run in (off, on):
-        label = "attributor off" if run.attributor == "off" else "attributor on"
-        print(f"{label:20s}{run.spans / run.done_s:>17,.0f}{run.spans / run.stored_s:>12,.0f}"
-              f"{run.cpu_s:>13.1f}{run.spans / run.cpu_s:>17,.0f}")  # fmt: skip
+    for i, (off, on, load1, _) in enumerate(pairs, 1):
+        for run in (off, on):
+            label = f"{i}: attributor {run.attributor}"
+            print(f"{label:24s}{run.spans / run.done_s:>17,.0f}{run.spans / run.stored_s:>12,.0f}"
+                  f"{run.cpu_s:>13.1f}{run.spans / run.cpu_s:>17,.0f}")  # fmt: skip
+        print(
+            f"{'':3s}ratio on / off: spans/s to done {off.done_s / on.done_s:.2f}, to stored "
+            f"{off.stored_s / on.stored_s:.2f}; CPU {on.cpu_s / off.cpu_s:.2f}x; attributed "
+            f"{on.done_s - on.stored_s:.1f} s after the last span was stored, "
+            f"{on.passes} attributor passes with work; load average {load1:.2f}"
+        )
+    ratio = statistics.median(off.done_s / on.done_s for off, on, _, _ in pairs)
+    stored = statistics.median(off.stored_s / on.stored_s for off, on, _, _ in pairs)
     print(
-        f"ratio on / off: spans/s to done {off.done_s / on.done_s:.2f} (target >= 0.75), "
-        f"to stored {off.stored_s / on.stored_s:.2f}; CPU {on.cpu_s / off.cpu_s:.2f}x"
+        f"ratio on / off, median of {len(pairs)}: spans/s to done {ratio:.2f} (target >= 0.75), "
+        f"to stored {stored:.2f} (settle window {args.settle_s} s)"
     )
-    print(
-        f"  attributed after the last span was stored: {on.done_s - on.stored_s:.1f} s "
-        f"(settle window {args.settle_s} s); {on.passes} attributor passes with work"
-    )
-    print(
-        f"checks: {attributed:,} requests attributed, each once (of {requests:,}); "
-        f"{compared} requests of {SAMPLE} traces equal to the reference engine's"
-    )
+    for _, _, _, (attributed, compared) in pairs:
+        print(
+            f"checks: {attributed:,} requests attributed, each once (of {requests:,}); "
+            f"{compared} requests of {SAMPLE} traces equal to the reference engine's"
+        )
+    on = pairs[0][1]
 
     c = solo.costs
     print(f"\nthe attributor alone, stored spans -> attribution rows ({solo.passes} passes):")
