@@ -15,9 +15,12 @@ attributor and the rollup builder alone.
    of runs (off, then on) is made `--serve-pairs` times (3), alternating, and the median ratio
    printed beside each pair's: the machine's load moves a single pair's ratio by +-0.1.
 2. **The attributor alone**, in this process (chDB runs in-process, so `time.process_time()` is
-   its CPU): the "off" run's store, filled once, then `Attributor.run_until_idle()` from the stored
-   spans to attribution rows: requests per CPU second; then again `--alone-runs` - 1 times over the
-   same spans (the attribution table emptied first), the best and median printed beside. Then the
+   its CPU): the "off" run's store, filled once, with the spans table's merges stopped (the
+   process that opens a store serve wrote may merge what serve left, in the middle of a timed
+   run: ingest's work, not the attributor's; `spans_merges_stopped`), then
+   `Attributor.run_until_idle()` from the stored spans to attribution rows: requests per
+   CPU second; then again `--alone-runs` - 1 times over the same spans (the attribution table
+   emptied first), the best and median printed beside. Then the
    statement's costs: ClickHouse's analysis of it (`EXPLAIN QUERY TREE`), one trace (the fixed
    cost of a pass with work) and the marginal cost per request (a batch of N traces minus one
    trace, over N - 1).
@@ -44,6 +47,7 @@ Everything the run creates is removed at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import random
@@ -57,6 +61,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -435,6 +440,25 @@ def _attribute_again(
     return cpu
 
 
+@contextlib.contextmanager
+def spans_merges_stopped(store: Any) -> Iterator[None]:
+    """The spans table's background merges stopped while the attributor is timed.
+
+    chDB merges in background threads of the process that opened the store, so
+    ``process_time`` counts them. A store serve wrote and closed has parts still to merge, and
+    the process that opens it next may merge them (8 parts of the 1.4 M spans of part 1 into 2
+    in the first 5 s: 2.4 CPU s; another time, none in 12 s), in the middle of a timed run.
+    Merging spans is ingest's work; the attributor reads the parts serve left. The attribution
+    table's merges (of the attributor's own inserts) keep running: they are its work."""
+    from latscope.storage import SPANS_TABLE
+
+    store.command(f"SYSTEM STOP MERGES {SPANS_TABLE}")
+    try:
+        yield
+    finally:
+        store.command(f"SYSTEM START MERGES {SPANS_TABLE}")
+
+
 def alone(store_dir: Path, requests: int, runs: int) -> Alone:
     from latscope.attribution.attributor import Attributor
     from latscope.attribution.rollups import Rollups
@@ -442,30 +466,33 @@ def alone(store_dir: Path, requests: int, runs: int) -> Alone:
 
     store = Store.open(f"chdb://{store_dir}")
     try:
-        attributor = Attributor(store, settle_s=0.0)
-        passes = [0]
-        slice_ = attributor.attribute_slice
+        with spans_merges_stopped(store):
+            attributor = Attributor(store, settle_s=0.0)
+            passes = [0]
+            slice_ = attributor.attribute_slice
 
-        def counted(*a: Any, **kw: Any) -> int:
-            passes[0] += 1
-            return slice_(*a, **kw)
+            def counted(*a: Any, **kw: Any) -> int:
+                passes[0] += 1
+                return slice_(*a, **kw)
 
-        attributor.attribute_slice = counted  # type: ignore[method-assign]
-        names = {sql: name for name, sql in vars(attributor._sql).items() if isinstance(sql, str)}
-        statements: dict[str, list[float]] = {}
-        for method in ("command", "query_rows"):
-            setattr(store, method, _timed_by_name(getattr(store, method), names, statements))
-        cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=10**6))
-        for method in ("command", "query_rows"):
-            delattr(store, method)
-        assert written == requests, (written, requests)
-        rollups = Rollups(store, settle_s=0.0, margin_s=0.0)
-        rollup_cpu, hours = _cpu_of(rollups.run_until_idle)
-        costs = statement_costs(store)
-        # The same work again (the machine's load swings between runs): a new attributor starts
-        # from an empty attribution table, so it attributes every request again.
-        repeats = [_attribute_again(store, requests) for _ in range(runs - 1)]
-        return Alone(written, cpu, passes[0], costs, hours, rollup_cpu, statements, repeats)
+            attributor.attribute_slice = counted  # type: ignore[method-assign]
+            names = {
+                sql: name for name, sql in vars(attributor._sql).items() if isinstance(sql, str)
+            }
+            statements: dict[str, list[float]] = {}
+            for method in ("command", "query_rows"):
+                setattr(store, method, _timed_by_name(getattr(store, method), names, statements))
+            cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=10**6))
+            for method in ("command", "query_rows"):
+                delattr(store, method)
+            assert written == requests, (written, requests)
+            rollups = Rollups(store, settle_s=0.0, margin_s=0.0)
+            rollup_cpu, hours = _cpu_of(rollups.run_until_idle)
+            costs = statement_costs(store)
+            # The same work again (the machine's load swings between runs): a new attributor starts
+            # from an empty attribution table, so it attributes every request again.
+            repeats = [_attribute_again(store, requests) for _ in range(runs - 1)]
+            return Alone(written, cpu, passes[0], costs, hours, rollup_cpu, statements, repeats)
     finally:
         store.close()
 
@@ -508,7 +535,8 @@ def with_history(store_dir: Path, requests: int, spans: int) -> History:
         # a batch of random trace ids (one slice cut into batches would be cut by trace id, and
         # each batch would read only its range's granules: a backlog, not serve's passes).
         step_s = (last_us - first_us) / 1e6 * HISTORY_BATCH / requests
-        before = _history_rate(store, requests, first_us - 1, step_s)
+        with spans_merges_stopped(store):
+            before = _history_rate(store, requests, first_us - 1, step_s)
         span_ns = HISTORY_HOURS * HOUR_NS // spans
         for lo in range(0, spans, HISTORY_CHUNK):
             store.command(
@@ -528,8 +556,9 @@ FROM (SELECT number + {{lo:UInt64}} AS n FROM numbers({{count:UInt64}}))""",
                     "count": min(HISTORY_CHUNK, spans - lo),
                 },
             )
-        default_reach = _history_rate(store, requests, first_us - 1, step_s)
-        day_reach = _history_rate(store, requests, first_us - 1, step_s, reach_s=24 * 3600.0)
+        with spans_merges_stopped(store):  # the history's merges are its ingest's work
+            default_reach = _history_rate(store, requests, first_us - 1, step_s)
+            day_reach = _history_rate(store, requests, first_us - 1, step_s, reach_s=24 * 3600.0)
         return History(spans, before, default_reach, day_reach)
     finally:
         store.close()
