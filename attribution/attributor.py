@@ -295,9 +295,8 @@ class Attributor(Poller):
             # The early traces go with the slice's last batch.
             with_early = early if not batches else None
             first_ns, last_ns = batch.first_ns, batch.last_ns
-            if with_early is not None:
-                first_ns = min(with_early[2], first_ns) if batch.traces else with_early[2]
-                last_ns = max(with_early[3], last_ns) if batch.traces else with_early[3]
+            if with_early is not None:  # (a batch of no traces already has the window's bounds)
+                first_ns, last_ns = min(with_early[2], first_ns), max(with_early[3], last_ns)
             try:
                 written += self.attribute_slice(
                     batch.after_us,
