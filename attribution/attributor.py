@@ -29,6 +29,11 @@ a trace settles it is taken again only if its count of distinct spans is no long
 Version (a late span, or an insert that was in flight when the early pass read). After a busy
 pass the wait is then capped by when the newest span is ``complete_s`` old, not settled.
 
+Early when quiet (``early_when_quiet``, on unless early attribution is): a pass that finds ingest
+paused (no span for ``poll_s``) takes an early window up to the newest span all the same, since
+the CPU it costs is idle then; the slices that reach into such a window are taken with the
+statements that skip the traces it attributed (``_statements``).
+
 Each row records in SpansIngestedAt the watermark its pass brought the attributor to, and so
 tells the rows of one pass from every other's: the slice's end for its last batch, and for each
 earlier batch of a cut slice a time just after the slice's start (``after_us + 1``, ``+ 2``, ...,
@@ -86,6 +91,9 @@ MIN_POLL_S = 0.1
 #: The most batches a slice is cut into: the rows of each but the last record a time within
 #: this many us after the slice's start (_plan), and a restart resumes this far back.
 MAX_CUTS = 1000
+#: A quiet pass (ingest paused, early attribution off) takes its early window in one statement,
+#: beside the slice's last batch, when it holds at most this many spans per ``batch_traces``.
+QUIET_EARLY_SPANS = 16
 
 
 class _Batch(NamedTuple):
@@ -124,6 +132,7 @@ class Attributor(Poller):
         shard: tuple[int, int] = (0, 1),
         tables: str = "shared",
         complete_s: float | None = None,
+        early_when_quiet: bool = True,
         reach_s: float = DEFAULT_REACH_S,
     ) -> None:
         self.store = store
@@ -136,6 +145,14 @@ class Attributor(Poller):
         if complete_s and not 0 < complete_s < settle_s:
             raise ValueError(f"complete_s must be in (0, settle_s), got {complete_s}")
         self.complete_us = int(complete_s * 1e6) if complete_s else None
+        #: With early attribution off: a pass that finds ingest paused (no span for ``poll_s``)
+        #: takes the complete traces up to the newest span early all the same (the CPU it costs
+        #: is idle then), so the last requests of a burst are not left to wait a settle window.
+        self.early_when_quiet = early_when_quiet
+        #: The end of the last early window whose traces a quiet pass attributed (ingest time,
+        #: us): a slice that starts before it may hold traces attributed early, and is taken
+        #: with the statements that skip those unchanged since (``_early_batch``).
+        self._early_done_us: int | None = None
         #: The batches of the slice after the watermark still to do (run_until_idle).
         self._batches: list[_Batch] = []
         #: Where the early window of the next pass starts (ingest time, us): each pass looks at
@@ -161,6 +178,9 @@ class Attributor(Poller):
         self._sql = _Statements(
             self.spans_table, self.table, shard, early=self.complete_us is not None
         )
+        #: With early attribution off, the statements with it, for a quiet pass's batches (built
+        #: when first needed).
+        self._early_sql: _Statements | None = None
 
     def failed(self, exc: Exception) -> None:
         BATCH_ERRORS.labels("store").inc()
@@ -187,13 +207,29 @@ class Attributor(Poller):
     def _now_us(self) -> int:
         return int(self.store.query_rows(NOW_US_SQL)[0][0])
 
-    def _quiet_s(self) -> float | None:
+    def _quiet(self) -> tuple[float, int] | None:
         """Seconds since the newest span after the watermark was stored (on the store's clock),
-        or None when there is none."""
-        quiet_us, pending = self.store.query_rows(
+        and its ingest time (us); None when there is none."""
+        quiet_us, newest_us, pending = self.store.query_rows(
             self._sql.quiet, self._params(after_us=self.watermark_us)
         )[0]
-        return int(quiet_us) / 1e6 if int(pending) else None
+        return (int(quiet_us) / 1e6, int(newest_us)) if int(pending) else None
+
+    def _quiet_s(self) -> float | None:
+        quiet = self._quiet()
+        return None if quiet is None else quiet[0]
+
+    def _statements(self, after_us: int, early: bool) -> _Statements:
+        """The statements for a batch of the slice after ``after_us``: with early attribution
+        when it is on, when the batch takes an early window, or when its slice may hold traces
+        a quiet pass attributed early."""
+        if self.complete_us is not None:
+            return self._sql
+        if early or (self._early_done_us is not None and after_us < self._early_done_us):
+            if self._early_sql is None:
+                self._early_sql = _Statements(self.spans_table, self.table, self.shard, early=True)
+            return self._early_sql
+        return self._sql
 
     def _plan(self, after_us: int, hi: int, settled_us: int) -> list[_Batch]:
         """The batches of the slice ``(after_us, hi]``: its settled traces cut by trace id into
@@ -236,10 +272,13 @@ class Attributor(Poller):
         # MAX_CUTS: a slice's batches but its last record times within that of its start.
         return max(0, int(value or 0) - MAX_CUTS)
 
-    def _early_window(self, settled_us: int, complete_us: int) -> tuple[int, int, int, int] | None:
+    def _early_window(
+        self, settled_us: int, complete_us: int, *, quiet: bool = False
+    ) -> tuple[int, int, int, int] | None:
         """The early window of this pass, ``(lo, hi]`` in ingest time: from the last pass's
         (at the soonest the settle bound: what is older is settled) to ``complete_us``; with the
-        first start and last end of its spans (ns). None when it holds no span of this shard."""
+        first start and last end of its spans (ns). None when it holds no span of this shard,
+        or (``quiet``: a quiet pass's) more than ``QUIET_EARLY_SPANS`` per batch trace."""
         lo = max(settled_us, self._early_us or settled_us)
         if lo >= complete_us:
             return None
@@ -247,6 +286,10 @@ class Attributor(Poller):
         count, first_ns, last_ns = self.store.query_rows(self._sql.early_spans, params)[0]
         if not int(count):
             self._early_us = complete_us
+            return None
+        if quiet and int(count) > QUIET_EARLY_SPANS * self.batch_traces:
+            # One statement takes the whole window: past this, the traces wait to settle and
+            # go in batches of batch_traces.
             return None
         return lo, complete_us, int(first_ns), int(last_ns)
 
@@ -258,6 +301,11 @@ class Attributor(Poller):
         now_us = self._now_us()
         upto = now_us - self.settle_us
         complete_us = None if self.complete_us is None else now_us - self.complete_us
+        if complete_us is None and self.early_when_quiet:
+            # Ingest has paused: the early window runs to the newest span.
+            quiet = self._quiet()
+            if quiet is not None and quiet[0] >= self.idle_poll_s:
+                complete_us = quiet[1]
         written = 0
         # The current slice's batches still to do, planned once per slice (kept across passes
         # while the watermark has not moved past it).
@@ -274,7 +322,7 @@ class Attributor(Poller):
                 batches[:] = self._plan(self.watermark_us, hi, upto)
                 # The pass's last slice also takes the complete traces of the early window.
                 early = (
-                    self._early_window(upto, complete_us)
+                    self._early_window(upto, complete_us, quiet=self.complete_us is None)
                     if complete_us is not None and hi == upto
                     else None
                 )
@@ -314,6 +362,7 @@ class Attributor(Poller):
                 )
                 if with_early is not None:
                     self._early_us = with_early[1]
+                    self._early_done_us = with_early[1]
             except StoreError:
                 batches.clear()  # the slice is planned again, and retried, on the next poll
                 raise
@@ -380,25 +429,26 @@ class Attributor(Poller):
             to_ns=min(around[1], 2**63 - 1),
             stall_ns=self.stall_threshold_ns,
         )
-        if self.complete_us is not None:
+        sql = self._statements(after_us, early is not None)
+        if sql.early:
             # No early window: an empty one at the settled bound (whose newer spans are few).
             params["early_lo_us"], params["early_hi_us"] = early or (settled_us, settled_us)
         # Traces of the common single-call shape first (a cheap statement); the general one runs
         # only when some trace of the batch got no row from it and may hold a call. The simple
         # path writes one row per trace it answers: a row for every trace means none is left.
-        self.store.command(self._sql.insert_simple, params)
-        written, with_row, older = self.store.query_rows(self._sql.count_written, params)[0]
+        self.store.command(sql.insert_simple, params)
+        written, with_row, older = self.store.query_rows(sql.count_written, params)[0]
         if (traces is None or int(with_row) < traces) and int(
-            self.store.query_rows(self._sql.count_left, params)[0][0]
+            self.store.query_rows(sql.count_left, params)[0][0]
         ):
-            self.store.command(self._sql.insert, params)
-            written, _, older = self.store.query_rows(self._sql.count_written, params)[0]
+            self.store.command(sql.insert, params)
+            written, _, older = self.store.query_rows(sql.count_written, params)[0]
         # Only a trace attributed before can have a row whose key moved: most passes have none,
         # and skip the comparison.
         if older:
-            tombstones = int(self.store.query_rows(self._sql.count_moved, params)[0][0])
+            tombstones = int(self.store.query_rows(sql.count_moved, params)[0][0])
             if tombstones:
-                self.store.command(self._sql.tombstones, params)
+                self.store.command(sql.tombstones, params)
                 TOMBSTONES.inc(tombstones)
         ATTRIBUTED.inc(int(written))
         return int(written)
@@ -470,6 +520,7 @@ class _Statements:
     """The attributor's SQL for one spans table, attribution table and shard."""
 
     def __init__(self, spans: str, table: str, shard: tuple[int, int], *, early: bool) -> None:
+        self.early = early
         mine = (
             "AND cityHash64(TraceId) % {shard_count:UInt64} = {shard_index:UInt64}"
             if shard[1] > 1
@@ -520,7 +571,7 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
         #: passes (has ingest paused).
         self.quiet = f"""
 SELECT toUnixTimestamp64Micro(now64(6)) - toUnixTimestamp64Micro(max(LatscopeIngestedAt)),
-       count() > 0
+       toUnixTimestamp64Micro(max(LatscopeIngestedAt)), count() > 0
 FROM {spans}
 WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}"""
         # A batch: the settled traces of the slice in a range of trace ids.
@@ -644,6 +695,7 @@ def attributor_parts(settings: Settings, store: Store) -> Parts:
                 store,
                 settle_s=settings.attribution_settle_s,
                 complete_s=settings.attribution_complete_s,
+                early_when_quiet=settings.attribution_early_when_quiet == "on",
                 reach_s=settings.attribution_reach_s,
                 poll_s=settings.attribution_poll_s,
                 batch_traces=settings.attribution_batch_traces,

@@ -85,6 +85,14 @@ class Settings:
             "docs/attribution.md)"
         },
     )
+    attribution_early_when_quiet: str = field(
+        default="on",
+        metadata={
+            "help": "on or off: when ingest has paused (no span for --attribution-poll-s), a pass "
+            "attributes the complete traces at once instead of a settle window after their last "
+            "span, as early attribution does (its CPU cost falls on idle time then)"
+        },
+    )
     attribution_poll_s: float = field(
         default=1.0, metadata={"help": "seconds between the attributor's passes"}
     )
@@ -249,6 +257,11 @@ class Settings:
         if self.attributor_tables not in ("shared", "local"):
             raise ConfigError(
                 f"--attributor-tables: expected shared or local, got {self.attributor_tables!r}"
+            )
+        if self.attribution_early_when_quiet not in ("on", "off"):
+            raise ConfigError(
+                "--attribution-early-when-quiet: expected on or off, "
+                f"got {self.attribution_early_when_quiet!r}"
             )
         if self.attributor not in ("on", "off"):
             raise ConfigError(f"--attributor: expected on or off, got {self.attributor!r}")

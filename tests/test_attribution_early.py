@@ -1,7 +1,10 @@
 """Early attribution (``complete_s``): a trace whose span tree is complete is attributed once it
 has gone ``complete_s`` without new spans, before the settle window ends, and only once: when it
 settles nothing is written for it again unless it changed since (a late span, or a span whose
-insert was still in flight when the early pass read)."""
+insert was still in flight when the early pass read).
+
+With it off, a pass that finds ingest paused (no span for ``poll_s``) does the same up to the
+newest span (``early_when_quiet``, on by default): every rule here holds for both ("mode")."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from latscope.attribution.attributor import Attributor
+from latscope.attribution.attributor import QUIET_EARLY_SPANS, Attributor
 from latscope.config import ConfigError, Settings
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
 from tests.attribution_support import MS, T0, server_spans, span_rows
@@ -60,10 +63,21 @@ def _now_us(store: Store) -> int:
     return int(store.query_rows("SELECT toUnixTimestamp64Micro(now64(6))")[0][0])
 
 
-def _attributor(store: Store, **kwargs) -> Attributor:
+@pytest.fixture(params=["complete", "quiet"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """Early attribution on (``complete_s``), or off with a pass that finds ingest paused taking
+    the complete traces early all the same (``poll_s`` = COMPLETE_S without a span)."""
+    return request.param
+
+
+def _attributor(store: Store, mode: str, **kwargs) -> Attributor:
     """An early-attributing attributor that starts now (the shared store holds other tests'
     spans, and rows whose watermark it would otherwise resume from)."""
-    att = Attributor(store, settle_s=SETTLE_S, complete_s=COMPLETE_S, poll_s=0.1, **kwargs)
+    if mode == "complete":
+        kwargs.update(complete_s=COMPLETE_S, poll_s=0.1, early_when_quiet=False)
+    else:
+        kwargs.update(poll_s=COMPLETE_S)
+    att = Attributor(store, settle_s=SETTLE_S, **kwargs)
     att.watermark_us = _now_us(store) - att.settle_us
     return att
 
@@ -98,8 +112,10 @@ def _early_then_settled(
 
 
 @pytest.mark.slow
-def test_a_complete_trace_is_attributed_before_it_settles_and_only_once(store: Store) -> None:
-    att = _attributor(store)
+def test_a_complete_trace_is_attributed_before_it_settles_and_only_once(
+    store: Store, mode: str
+) -> None:
+    att = _attributor(store, mode)
     complete, incomplete = uuid.uuid4().hex, uuid.uuid4().hex
     store.insert_arrow(SPANS_TABLE, span_rows(complete, [CLIENT, *server_spans()]))
     # The server's spans alone: their parent, the client span, is not stored (yet).
@@ -118,10 +134,10 @@ def test_a_complete_trace_is_attributed_before_it_settles_and_only_once(store: S
 
 
 @pytest.mark.slow
-def test_a_client_span_without_a_child_waits_for_the_settle_window(store: Store) -> None:
+def test_a_client_span_without_a_child_waits_for_the_settle_window(store: Store, mode: str) -> None:
     """An agent's LLM call with its server's spans, and a tool call whose server has not reported
     (its spans may be on their way): the trace waits to settle."""
-    att = _attributor(store)
+    att = _attributor(store, mode)
     trace_id = uuid.uuid4().hex
     agent = {"id": "d1" * 8, "kind": "Internal", "start": T0 - 100 * MS, "end": T0 + 2000 * MS}
     llm_call = {**CLIENT, "parent": agent["id"]}
@@ -134,8 +150,8 @@ def test_a_client_span_without_a_child_waits_for_the_settle_window(store: Store)
 
 
 @pytest.mark.slow
-def test_a_late_span_attributes_the_trace_again(store: Store) -> None:
-    att = _attributor(store)
+def test_a_late_span_attributes_the_trace_again(store: Store, mode: str) -> None:
+    att = _attributor(store, mode)
     trace_id, _ = _attributed_early(store, att)
     store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [PREFILL]))
     late = time.monotonic()
@@ -145,12 +161,12 @@ def test_a_late_span_attributes_the_trace_again(store: Store) -> None:
 
 @pytest.mark.slow
 def test_a_span_stored_into_a_window_already_passed_is_attributed_once_settled(
-    store: Store,
+    store: Store, mode: str
 ) -> None:
     """An insert still in flight when the early pass read: its span carries an ingest time inside
     the window that pass took. Early windows do not look back; settling does, and the trace's
     count of spans (5) differs from its row's Version (4), so it is attributed again."""
-    att = _attributor(store)
+    att = _attributor(store, mode)
     trace_id, stored = _attributed_early(store, att)
     ingested_us = store.query_rows(
         f"SELECT toUnixTimestamp64Micro(max(LatscopeIngestedAt)) FROM {SPANS_TABLE} "
@@ -167,22 +183,25 @@ def test_a_span_stored_into_a_window_already_passed_is_attributed_once_settled(
 
 @pytest.mark.slow
 def test_n_early_attributors_split_a_store_and_write_exactly_the_rows_of_one(
-    store: Store,
+    store: Store, mode: str
 ) -> None:
     check_n_attributors_write_the_rows_of_one(
         store,
-        lambda i, n: _attributor(store, shard=(i, n), step_s=3600),
+        lambda i, n: _attributor(store, mode, shard=(i, n), step_s=3600),
         wait_s=COMPLETE_S + 0.2,
     )
 
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_serve_attributes_a_complete_trace_before_the_settle_window(tmp_path: Path) -> None:
+@pytest.mark.parametrize("early", [("--attribution-complete-s", "0.3"), ()], ids=["on", "quiet"])
+def test_serve_attributes_a_complete_trace_before_the_settle_window(
+    tmp_path: Path, early: tuple[str, ...]
+) -> None:
+    """With early attribution on, or off (the default) when ingest pauses after the trace."""
     server = start_serve(
         tmp_path / "store",
-        *("--attribution-settle-s", "30", "--attribution-complete-s", "0.3"),
-        *("--attribution-poll-s", "0.1"),
+        *("--attribution-settle-s", "30", *early, "--attribution-poll-s", "0.1"),
     )
     try:
         trace_id, send_client = send_trace(server.grpc)
@@ -199,13 +218,72 @@ def test_serve_attributes_a_complete_trace_before_the_settle_window(tmp_path: Pa
     assert got == pytest.approx({b: float(v) for b, v in EXPECTED.items()}, abs=1.0)
 
 
+def _filler(store: Store) -> None:
+    """Another trace's spans, stored now: ingest has not paused."""
+    store.insert_arrow(SPANS_TABLE, span_rows(uuid.uuid4().hex, server_spans()))
+
+
+@pytest.mark.slow
+def test_while_spans_keep_coming_a_quiet_pass_does_not_come(store: Store) -> None:
+    """Early attribution off: a complete trace waits to settle while other spans keep coming."""
+    att = _attributor(store, "quiet")
+    trace_id = uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
+    stored = time.monotonic()
+    for _ in range(3):
+        time.sleep(COMPLETE_S + 0.2)
+        _filler(store)
+        att.run_until_idle()
+        assert _rows(store, trace_id) == (0, 0)
+    _sleep_until(stored + SETTLE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == (1, 4)
+
+
+@pytest.mark.slow
+def test_early_when_quiet_off_waits_for_the_settle_window(store: Store) -> None:
+    att = _attributor(store, "quiet", early_when_quiet=False)
+    trace_id = uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
+    stored = time.monotonic()
+    _early_then_settled(store, att, trace_id, stored, early=(0, 0), settled=(1, 4))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("traces", [4, 5])
+def test_a_quiet_pass_takes_an_early_window_of_at_most_16_spans_per_batch_trace(
+    store: Store, traces: int
+) -> None:
+    """One statement takes a quiet pass's early window: a window larger than QUIET_EARLY_SPANS
+    (16) spans per batch trace waits to settle, and goes in batches (here of one trace)."""
+    assert QUIET_EARLY_SPANS == 16
+    att = _attributor(store, "quiet", batch_traces=1)
+    ids = [uuid.uuid4().hex for _ in range(traces)]  # 4 spans each: 16 or 20
+    for trace_id in ids:
+        store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
+    stored = time.monotonic()
+    time.sleep(COMPLETE_S + 0.2)
+    att.run_until_idle()
+    early = (1, 4) if traces * 4 <= 16 else (0, 0)
+    assert [_rows(store, t) for t in ids] == [early] * traces
+    _sleep_until(stored + SETTLE_S + 0.2)
+    att.run_until_idle()
+    assert [_rows(store, t) for t in ids] == [(1, 4)] * traces
+
+
 @pytest.mark.parametrize("complete_s", [-1.0, 5.0, 6.0])
 def test_complete_s_must_be_shorter_than_the_settle_window(complete_s: float) -> None:
     with pytest.raises(ConfigError, match="--attribution-complete-s"):
         Settings(attribution_settle_s=5.0, attribution_complete_s=complete_s).validate()
 
 
-def test_early_attribution_is_off_by_default() -> None:
+def test_early_attribution_is_off_by_default_but_on_when_quiet() -> None:
     settings = Settings()
     settings.validate()
     assert settings.attribution_complete_s == 0
+    assert settings.attribution_early_when_quiet == "on"
+
+
+def test_early_when_quiet_is_on_or_off() -> None:
+    with pytest.raises(ConfigError, match="--attribution-early-when-quiet: expected on or off"):
+        Settings(attribution_early_when_quiet="yes").validate()

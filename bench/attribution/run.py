@@ -226,6 +226,7 @@ def serve_run(
         workdir,
         *("--attributor", attributor, "--attribution-settle-s", str(args.settle_s)),
         *("--attribution-complete-s", str(args.complete_s)),
+        *("--attribution-early-when-quiet", args.early_when_quiet),
     )
     spans = requests * SPANS
     try:
@@ -593,6 +594,12 @@ def main() -> None:
         default=0.0,
         help="serve's --attribution-complete-s (early attribution; 0: off, its default)",
     )
+    parser.add_argument(
+        "--early-when-quiet",
+        choices=("on", "off"),
+        default="on",
+        help="serve's --attribution-early-when-quiet (its default: on)",
+    )
     parser.add_argument("--timeout-s", type=float, default=600.0)
     parser.add_argument(
         "--serve-pairs",
@@ -624,7 +631,8 @@ def main() -> None:
     print(f"{requests:,} requests ({requests * SPANS:,} spans) in {len(exports)} Exports over "
           f"{HOURS} h of timestamps, built in {time.perf_counter() - t:.1f} s; "
           f"{args.senders} senders; settle window {args.settle_s} s; early attribution "
-          f"{f'after {args.complete_s} s' if args.complete_s else 'off'}")  # fmt: skip
+          f"{f'after {args.complete_s} s' if args.complete_s else 'off'} "
+          f"({args.early_when_quiet} when ingest pauses)")  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="latscope-attrbench-"))
     try:
         pairs: list[tuple[ServeRun, ServeRun, float, tuple[int, int]]] = []
