@@ -48,8 +48,9 @@ that pass's duration (at least ``poll_s``, at most ``settle_s``, and no longer t
 newest stored span has settled); after an idle one, ``poll_s``. When ingest has paused (no span
 for ``poll_s``), it waits ``poll_s`` at most: the traces left settle one after another, and
 taking them as they do leaves a small last pass when the newest settles instead of all of them.
-During a long wait it looks every ``poll_s`` (one small query) whether ingest has paused, and if
-so passes at once.
+During a long wait it looks (one small query) whether ingest has paused, and if so passes at once:
+a look that finds the newest span younger than ``poll_s`` sets the next one for when it will be
+``poll_s`` old (at most ``poll_s`` later), so a pause is seen as it reaches ``poll_s``.
 
 Scale-out: ``shard=(i, n)`` takes only the traces with ``cityHash64(TraceId) % n = i``, so ``n``
 attributors split a store's traces with none done twice and none missed; on a cluster (spans and
@@ -60,6 +61,7 @@ tables (``tables="local"``) and every read and write stays on that shard (docs/d
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -88,6 +90,9 @@ BUSY_PAUSE = 4.0
 #: The shortest wait between passes when settled work is already waiting (traces that settled
 #: while the pass ran).
 MIN_POLL_S = 0.1
+#: Between passes, the next look whether ingest has paused comes this long after the newest
+#: span will have gone ``poll_s`` without a newer one (so the look finds it has).
+LOOK_LATE_S = 0.01
 #: The most batches a slice is cut into: the rows of each but the last record a time within
 #: this many us after the slice's start (_plan), and a restart resumes this far back.
 MAX_CUTS = 1000
@@ -175,6 +180,8 @@ class Attributor(Poller):
         #: When the next pass is due (monotonic s); between passes the loop wakes every
         #: ``idle_poll_s`` to see whether ingest has paused.
         self._due = 0.0
+        #: When to look next whether ingest has paused (monotonic s; inf: a poll after the pass).
+        self._look = math.inf
         self._sql = _Statements(
             self.spans_table, self.table, shard, early=self.complete_us is not None
         )
@@ -191,13 +198,18 @@ class Attributor(Poller):
         if time.monotonic() < self._due and self.watermark_us is not None:
             quiet_s = self._quiet_s()
             if quiet_s is None or quiet_s < self.idle_poll_s:
+                # Look again when the newest span will have gone idle_poll_s without a newer
+                # one (a look a poll apart would see it up to a poll late).
+                self._look = time.monotonic() + self.idle_poll_s - (quiet_s or 0.0) + LOOK_LATE_S
                 return
         # A pass that fails is retried after the idle poll.
         self._due = time.monotonic() + self.idle_poll_s
+        self._look = math.inf
         self.run_until_idle()
 
     def next_wake_s(self) -> float:
-        return max(0.0, min(self.idle_poll_s, self._due - time.monotonic()))
+        now = time.monotonic()
+        return max(0.0, min(self.idle_poll_s, self._due - now, self._look - now))
 
     # -- work --------------------------------------------------------------------------------
 

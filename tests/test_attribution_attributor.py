@@ -120,8 +120,9 @@ def test_once_ingest_pauses_a_busy_pass_waits_one_poll_not_until_the_newest_sett
 def test_during_a_long_wait_the_loop_passes_as_soon_as_ingest_pauses(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A busy pass under load waits long (here the settle window); the loop still wakes every
-    poll, and once no span has come for a poll it passes then instead of when the wait ends."""
+    """A busy pass under load waits long (here the settle window); the loop still looks whether
+    ingest has paused (at most a poll apart, and when the newest span will have gone a poll
+    without a newer one), and once it has it passes then instead of when the wait ends."""
     monkeypatch.setattr("latscope.attribution.attributor.BUSY_PAUSE", 1000.0)
     settle_s, idle_poll_s = 4.0, 1.0
     a, b, c = (uuid.uuid4().hex for _ in range(3))
@@ -131,7 +132,8 @@ def test_during_a_long_wait_the_loop_passes_as_soon_as_ingest_pauses(
     store.insert_arrow(SPANS_TABLE, span_rows(a, server_spans()))
     time.sleep(1.0)
     store.insert_arrow(SPANS_TABLE, span_rows(b, server_spans()))  # settles at ~5 s
-    time.sleep(max(0.0, started + settle_s + 0.1 - time.monotonic()))
+    # `a` has settled (its insert, the first into a fresh store, may take a while)
+    time.sleep(max(0.0, started + settle_s + 0.3 - time.monotonic()))
     c_stored = time.monotonic()
     store.insert_arrow(SPANS_TABLE, span_rows(c, server_spans()))  # ingest goes on, then stops
     att.poll()  # its first: writes `a`, then waits until `c` settles (~8 s), ingest being busy
@@ -142,10 +144,14 @@ def test_during_a_long_wait_the_loop_passes_as_soon_as_ingest_pauses(
     assert abs(waits_until - (c_stored + settle_s)) < 0.3, (waits_until - c_stored, att.poll_s)
     assert 0 < att.next_wake_s() <= idle_poll_s  # but wakes every poll to look
     watermark = att.watermark_us
+    time.sleep(0.4)
     att.poll()  # spans came less than a poll ago: no pass (a pass moves the watermark)
     assert att.watermark_us == watermark
+    # The next look comes when `c` will have gone a poll without a newer span, not a poll later.
+    looks_at = time.monotonic() + att.next_wake_s()
+    assert -0.05 <= looks_at - (c_stored + idle_poll_s) < 0.2, looks_at - c_stored
     assert store.query_rows(rows, {"t": [b, c]})[0][0] == 0
-    time.sleep(max(0.0, started + 5.3 - time.monotonic()))  # `b` settled, the wait not over
+    time.sleep(max(0.0, started + 5.6 - time.monotonic()))  # `b` settled, the wait not over
     att.poll()
     assert store.query_rows(rows, {"t": [b]})[0][0] == 1
     assert store.query_rows(rows, {"t": [c]})[0][0] == 0  # still settling
