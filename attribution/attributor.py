@@ -284,13 +284,12 @@ class Attributor(Poller):
         # MAX_CUTS: a slice's batches but its last record times within that of its start.
         return max(0, int(value or 0) - MAX_CUTS)
 
-    def _early_window(
-        self, settled_us: int, complete_us: int, *, quiet: bool = False
-    ) -> tuple[int, int, int, int] | None:
+    def _early_window(self, settled_us: int, complete_us: int) -> tuple[int, int, int, int] | None:
         """The early window of this pass, ``(lo, hi]`` in ingest time: from the last pass's
         (at the soonest the settle bound: what is older is settled) to ``complete_us``; with the
         first start and last end of its spans (ns). None when it holds no span of this shard,
-        or (``quiet``: a quiet pass's) more than ``QUIET_EARLY_SPANS`` per batch trace."""
+        or (a quiet pass's, early attribution off) more than ``QUIET_EARLY_SPANS`` per batch
+        trace."""
         lo = max(settled_us, self._early_us or settled_us)
         if lo >= complete_us:
             return None
@@ -299,7 +298,7 @@ class Attributor(Poller):
         if not int(count):
             self._early_us = complete_us
             return None
-        if quiet and int(count) > QUIET_EARLY_SPANS * self.batch_traces:
+        if self.complete_us is None and int(count) > QUIET_EARLY_SPANS * self.batch_traces:
             # One statement takes the whole window: past this, the traces wait to settle and
             # go in batches of batch_traces.
             return None
@@ -334,7 +333,7 @@ class Attributor(Poller):
                 batches[:] = self._plan(self.watermark_us, hi, upto)
                 # The pass's last slice also takes the complete traces of the early window.
                 early = (
-                    self._early_window(upto, complete_us, quiet=self.complete_us is None)
+                    self._early_window(upto, complete_us)
                     if complete_us is not None and hi == upto
                     else None
                 )
