@@ -12,11 +12,13 @@
 -- Span ids are counted and looked up by a 64-bit hash (SipHash of each string in uniqExact, and
 -- groupArray's generic strings, were a tenth of the statement): a collision can only make n
 -- smaller than the rows (then n_rows = n fails) or find S's parent stored when it is not (then
--- the last check fails), so it sends a trace to the general path, never a wrong row out.
+-- the last check fails), so it sends a trace to the general path, never a wrong row out. n is
+-- counted from the hashes' array, not by a uniqExact beside it: its hash set per trace was a
+-- fifth of the statement's memory (358 -> 289-304 MB for 50,000 traces), for the same CPU.
 simple_traces AS (
     SELECT
         trace_id,
-        toUInt32(uniqExact(cityHash64(span_id))) AS n,
+        toUInt32(length(arrayDistinct(id_hashes))) AS n,
         count() AS n_rows,
         countIf(kind = $SERVER) AS n_servers,
         countIf(latency_key) AS n_latency,
