@@ -278,6 +278,13 @@ class Attributor(Poller):
             for j in range(count)
         ]
 
+    def _any_left(self, sql: _Statements, params: dict[str, Any]) -> bool:
+        """Whether the batch has a trace left without a row that may hold a call."""
+        superset = sql.count_left_superset
+        if superset is not None and not int(self.store.query_rows(superset, params)[0][0]):
+            return False
+        return bool(int(self.store.query_rows(sql.count_left, params)[0][0]))
+
     def _resume(self) -> int:
         value = self.store.query_rows(self._sql.resume, self._params())[0][0]
         # An empty table answers the epoch: start from the beginning of the spans table. Back by
@@ -449,9 +456,7 @@ class Attributor(Poller):
         # path writes one row per trace it answers: a row for every trace means none is left.
         self.store.command(sql.insert_simple, params)
         written, with_row, older = self.store.query_rows(sql.count_written, params)[0]
-        if (traces is None or int(with_row) < traces) and int(
-            self.store.query_rows(sql.count_left, params)[0][0]
-        ):
+        if (traces is None or int(with_row) < traces) and self._any_left(sql, params):
             self.store.command(sql.insert, params)
             written, _, older = self.store.query_rows(sql.count_written, params)[0]
         # Only a trace attributed before can have a row whose key moved: most passes have none,
@@ -629,6 +634,25 @@ SELECT count() FROM (
     WHERE TraceId IN ({left}) AND {bounds}
       AND (SpanKind IN ({_list(_SERVER_KINDS)})
            OR hasAny(mapKeys(SpanAttributes), [{_list(LATENCY_KEYS)}])))"""
+        #: With early attribution, a superset of those traces without the early batch's checks
+        #: (the slice's settled traces with or without a row of the same Version, the early
+        #: window's with or without a complete tree): when it has none, count_left, which
+        #: evaluates the tree check again, is skipped (a quiet pass over 200,000 requests:
+        #: 0.34-0.44 CPU s for count_left, 0.13-0.14 for this).
+        self.count_left_superset = (
+            f"""
+SELECT count() FROM (
+    SELECT DISTINCT TraceId FROM {spans}
+    WHERE TraceId IN (
+        SELECT TraceId FROM {spans}
+        WHERE (({slice_ % "hi_us"} AND {ids} AND {settled}) OR {early_window}) {mine}
+          AND TraceId NOT IN ({written_traces}))
+      AND {bounds}
+      AND (SpanKind IN ({_list(_SERVER_KINDS)})
+           OR hasAny(mapKeys(SpanAttributes), [{_list(LATENCY_KEYS)}])))"""
+            if early
+            else None
+        )
         #: Every rule (attribution/sql/0*.sql) over those traces.
         self.insert = into + attribution_select(left, spans, bounds)
         written_now = f"""

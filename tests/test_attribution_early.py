@@ -223,6 +223,50 @@ def _filler(store: Store) -> None:
     store.insert_arrow(SPANS_TABLE, span_rows(uuid.uuid4().hex, server_spans()))
 
 
+def _statements_run(store: Store, att: Attributor) -> set[str]:
+    """One pass of ``att`` that starts 1 ms before its settled bound (so it holds no settled
+    traces, and the early window is its only work), and the names of the statements it ran."""
+    sql: list[str] = []
+    real = store.command, store.query_rows
+    store.command = lambda s, *a, **k: (sql.append(s), real[0](s, *a, **k))[1]  # type: ignore[method-assign]
+    store.query_rows = lambda s, *a, **k: (sql.append(s), real[1](s, *a, **k))[1]  # type: ignore[method-assign]
+    try:
+        att.watermark_us = _now_us(store) - att.settle_us - 1000
+        att.run_until_idle()
+    finally:
+        del store.command, store.query_rows
+    names = vars(att._statements(0, True))
+    return {name for name, text in names.items() if text in sql}
+
+
+@pytest.mark.slow
+def test_the_exact_count_of_traces_left_runs_only_when_a_superset_has_one(
+    store: Store, mode: str
+) -> None:
+    """The batch of an early window is known only by its tree check, so counting which of its
+    traces got no row from the single-call statement would evaluate that check again. A pass
+    counts a superset first (the window's traces, complete or not): with none there, neither the
+    exact count nor the general statement runs; with an incomplete trace that has a SERVER span,
+    the exact count runs, finds no complete trace left, and the general statement does not run."""
+    att = _attributor(store, mode)
+    att._early_us = _now_us(store)  # the window starts here: no other test's spans in it
+    complete = uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(complete, [CLIENT, *server_spans()]))
+    time.sleep(COMPLETE_S + 0.2)
+    ran = _statements_run(store, att)
+    assert _rows(store, complete) == (1, 4)
+    assert {"insert_simple", "count_left_superset"} <= ran
+    assert not ran & {"count_left", "insert"}
+
+    incomplete = uuid.uuid4().hex  # the server's spans without their parent, the client span
+    store.insert_arrow(SPANS_TABLE, span_rows(incomplete, server_spans()))
+    time.sleep(COMPLETE_S + 0.2)
+    ran = _statements_run(store, att)
+    assert _rows(store, incomplete) == (0, 0)
+    assert {"insert_simple", "count_left_superset", "count_left"} <= ran
+    assert "insert" not in ran
+
+
 @pytest.mark.slow
 def test_while_spans_keep_coming_a_quiet_pass_does_not_come(store: Store) -> None:
     """Early attribution off: a complete trace waits to settle while other spans keep coming."""
