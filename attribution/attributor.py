@@ -424,7 +424,19 @@ class Attributor(Poller):
                     # every poll takes it as it settles (the CPU is idle meanwhile), so the
                     # pass when the newest span settles is small.
                     busy_s = min(busy_s, self.idle_poll_s)
+                    if complete_us is None and self.complete_us is None and self.early_when_quiet:
+                        # It paused during this pass: the next one takes the early window up
+                        # to the newest span, and waiting would only make it later.
+                        busy_s = MIN_POLL_S
             self.poll_s = busy_s
+            log.debug(
+                "attributed %d requests in %.2f s (%s); lag %.1f s; next pass in %.2f s",
+                written,
+                time.monotonic() - started,
+                "with an early window" if complete_us is not None else "settled traces",
+                (now_us - self.watermark_us) / 1e6,
+                busy_s,
+            )
         self._due = time.monotonic() + self.poll_s
         return written
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from latscope.attribution.attributor import QUIET_EARLY_SPANS, Attributor
+from latscope.attribution.attributor import MIN_POLL_S, QUIET_EARLY_SPANS, Attributor
 from latscope.config import ConfigError, Settings
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
 from tests.attribution_support import MS, T0, server_spans, span_rows
@@ -286,6 +286,32 @@ def test_while_spans_keep_coming_a_quiet_pass_does_not_come(store: Store) -> Non
     _sleep_until(stored + SETTLE_S + 0.2)
     att.run_until_idle()
     assert _rows(store, trace_id) == (1, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("early_when_quiet", [True, False])
+def test_a_pass_that_ends_after_ingest_paused_calls_the_quiet_pass_at_once(
+    store: Store, early_when_quiet: bool
+) -> None:
+    """A pass that began while spans kept coming and ended after ingest paused: the early
+    window is ready, so the next pass comes at once (MIN_POLL_S), not a poll later."""
+    att = _attributor(store, "quiet", early_when_quiet=early_when_quiet)
+    settled = uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(settled, [CLIENT, *server_spans()]))
+    time.sleep(SETTLE_S + 0.2)
+    _filler(store)  # spans keep coming when the pass begins
+    real, late = att._quiet, []
+
+    def quiet() -> tuple[float, int] | None:
+        if _rows(store, settled)[0]:  # the pass's end: ingest has paused since it began
+            time.sleep(att.idle_poll_s)
+            late.append(True)
+        return real()
+
+    att._quiet = quiet  # type: ignore[method-assign]
+    att.run_until_idle()
+    assert late and _rows(store, settled) == (1, 4)
+    assert att.poll_s == (MIN_POLL_S if early_when_quiet else att.idle_poll_s)
 
 
 @pytest.mark.slow
