@@ -240,17 +240,15 @@ def _statements_run(store: Store, att: Attributor) -> set[str]:
 
 
 @pytest.mark.slow
-def test_the_exact_count_of_traces_left_runs_only_when_a_superset_has_one(
-    store: Store, mode: str
-) -> None:
+def test_the_exact_count_of_traces_left_runs_only_when_a_superset_has_one(store: Store) -> None:
     """The batch of an early window is known only by its tree check, so counting which of its
-    traces got no row from the single-call statement would evaluate that check again. A pass
-    counts a superset first (the window's traces, complete or not): with none there, neither the
-    exact count nor the general statement runs; with an incomplete trace that has a SERVER span,
-    the exact count runs, finds no complete trace left, and the general statement does not run.
-    A quiet pass whose slice holds no trace attributed early takes its settled traces without
-    the Version check."""
-    att = _attributor(store, mode)
+    traces got no row from the single-call statement would evaluate that check again. A first
+    quiet pass (no trace of its slice attributed early before, so no Version check) counts a
+    superset first, the window's traces complete or not: with none there, neither the exact
+    count nor the general statement runs; with an incomplete trace that has a SERVER span, the
+    exact count runs, finds no complete trace left, and the general statement does not run.
+    Once a quiet window was taken, the slices reaching into it make the exact count alone."""
+    att = _attributor(store, "quiet")
     att._early_us = _now_us(store)  # the window starts here: no other test's spans in it
     complete = uuid.uuid4().hex
     store.insert_arrow(SPANS_TABLE, span_rows(complete, [CLIENT, *server_spans()]))
@@ -259,33 +257,24 @@ def test_the_exact_count_of_traces_left_runs_only_when_a_superset_has_one(
     assert _rows(store, complete) == (1, 4)
     assert {"insert_simple", "count_left_superset"} <= ran
     assert not ran & {"count_left", "insert"}
-    if mode == "quiet":  # no trace was attributed early before: no Version check
-        assert att._quiet_sql is not None and att._early_sql is None
+    assert att._quiet_sql is not None and att._early_sql is None  # no Version check
 
     incomplete = uuid.uuid4().hex  # the server's spans without their parent, the client span
+    before = _now_us(store)
     store.insert_arrow(SPANS_TABLE, span_rows(incomplete, server_spans()))
     time.sleep(COMPLETE_S + 0.2)
-    ran = _statements_run(store, att)
+    ran = _statements_run(store, att)  # its slice reaches into the first window
+    assert _rows(store, incomplete) == (0, 0)
+    assert att._early_sql is not None
+    assert {"insert_simple", "count_left"} <= ran
+    assert not ran & {"count_left_superset", "insert"}
+
+    fresh = _attributor(store, "quiet")  # no window taken: the superset first
+    fresh._early_us = before
+    ran = _statements_run(store, fresh)
     assert _rows(store, incomplete) == (0, 0)
     assert {"insert_simple", "count_left_superset", "count_left"} <= ran
     assert "insert" not in ran
-
-
-@pytest.mark.slow
-def test_while_spans_keep_coming_a_quiet_pass_does_not_come(store: Store) -> None:
-    """Early attribution off: a complete trace waits to settle while other spans keep coming."""
-    att = _attributor(store, "quiet")
-    trace_id = uuid.uuid4().hex
-    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
-    stored = time.monotonic()
-    for _ in range(3):
-        time.sleep(COMPLETE_S + 0.2)
-        _filler(store)
-        att.run_until_idle()
-        assert _rows(store, trace_id) == (0, 0)
-    _sleep_until(stored + SETTLE_S + 0.2)
-    att.run_until_idle()
-    assert _rows(store, trace_id) == (1, 4)
 
 
 @pytest.mark.slow
