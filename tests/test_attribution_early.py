@@ -278,6 +278,23 @@ def test_the_exact_count_of_traces_left_runs_only_when_a_superset_has_one(store:
 
 
 @pytest.mark.slow
+def test_while_spans_keep_coming_a_quiet_pass_does_not_come(store: Store) -> None:
+    """Early attribution off: a complete trace waits to settle while other spans keep coming."""
+    att = _attributor(store, "quiet")
+    trace_id = uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
+    stored = time.monotonic()
+    for _ in range(3):
+        time.sleep(COMPLETE_S + 0.2)
+        _filler(store)
+        att.run_until_idle()
+        assert _rows(store, trace_id) == (0, 0)
+    _sleep_until(stored + SETTLE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == (1, 4)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("early_when_quiet", [True, False])
 def test_a_pass_that_ends_after_ingest_paused_calls_the_quiet_pass_at_once(
     store: Store, early_when_quiet: bool
