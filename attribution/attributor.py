@@ -236,8 +236,8 @@ class Attributor(Poller):
 
     def _statements(self, after_us: int, early: bool) -> _Statements:
         """The statements for a batch of the slice after ``after_us``: with early attribution
-        when it is on, when the batch takes an early window, or when its slice may hold traces
-        a quiet pass attributed early."""
+        when it is on, when its slice may hold traces a quiet pass attributed early, or when the
+        batch takes an early window (then without the Version check when its slice holds none)."""
         if self.complete_us is not None:
             return self._sql
         if self._early_done_us is not None and after_us < self._early_done_us:
@@ -246,7 +246,7 @@ class Attributor(Poller):
             return self._early_sql
         if early:
             # No trace of this slice was attributed early: the Version check of its settled
-            # traces would find none to skip (it was a sixth of a quiet pass's CPU).
+            # traces would find none to skip (it cost about a tenth of a quiet pass's CPU).
             if self._quiet_sql is None:
                 self._quiet_sql = _Statements(
                     self.spans_table, self.table, self.shard, early=True, versioned=False
