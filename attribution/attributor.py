@@ -70,7 +70,7 @@ from prometheus_client import Counter, Gauge
 
 from latscope.attribution.engine import DEFAULT_STALL_NS, LATENCY_KEYS
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
-from latscope.attribution.sql import attribution_select, literal, simple_select
+from latscope.attribution.sql import NO_JIT, attribution_select, literal, simple_select
 from latscope.attribution.table import ATTRIBUTION_SCHEMA
 from latscope.config import DEFAULT_REACH_S, Settings, parse_shard
 from latscope.metrics import REGISTRY
@@ -501,6 +501,13 @@ class Attributor(Poller):
 INSERT_SETTINGS = "SETTINGS optimize_on_insert = 0"
 
 
+def _no_jit(sql: str) -> str:
+    """``sql`` with JIT compilation off, as the attribution statements have it
+    (``latscope.attribution.sql.NO_JIT``): these run every pass, and what compiling them cost
+    was not won back."""
+    return f"{sql}\nSETTINGS {NO_JIT}"
+
+
 def _list(values: Iterable[str]) -> str:
     return ", ".join(literal(v) for v in values)
 
@@ -600,7 +607,7 @@ class _Statements:
         )
         ids = "TraceId >= {id_lo:String} AND ({id_hi:String} = '' OR TraceId < {id_hi:String})"
         #: Where the watermark restarts after a restart (less MAX_CUTS, _resume).
-        self.resume = (
+        self.resume = _no_jit(
             f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {table} WHERE 1 {mine}"
         )
         # A span's end (ns): a pass's reach runs to the last end of its slice's spans.
@@ -609,7 +616,7 @@ class _Statements:
         #: (a late root's children start anywhere inside it), and the trace ids that cut them
         #: into at most ``max_batches`` batches of ``batch_traces`` or fewer, in the spans
         #: table's sort order (``_plan``).
-        self.plan = f"""
+        self.plan = _no_jit(f"""
 SELECT n, first_ns, last_ns, arrayMap(j -> ids[intDiv(j * n, k) + 1], range(1, k)) FROM (
     SELECT *, toUInt64(least(greatest(intDiv(n + {{batch_traces:UInt64}} - 1,
         {{batch_traces:UInt64}}), 1), {{max_batches:UInt64}})) AS k
@@ -621,21 +628,21 @@ SELECT n, first_ns, last_ns, arrayMap(j -> ids[intDiv(j * n, k) + 1], range(1, k
                    max({span_end}) AS last
             FROM {spans}
             WHERE {slice_ % "upto_us"} {mine} AND {settled}
-            GROUP BY TraceId)))"""
+            GROUP BY TraceId)))""")
         #: The spans after the watermark: the oldest (after an empty slice, to skip idle time)
         #: and how many.
-        self.after = f"""
+        self.after = _no_jit(f"""
 SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), count()
 FROM {spans}
-WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}"""
+WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""")
         #: How long since the newest span after the watermark came (us, on the store's clock),
         #: and whether there is one: after a pass with work (when will it settle), and between
         #: passes (has ingest paused).
-        self.quiet = f"""
+        self.quiet = _no_jit(f"""
 SELECT toUnixTimestamp64Micro(now64(6)) - toUnixTimestamp64Micro(max(LatscopeIngestedAt)),
        toUnixTimestamp64Micro(max(LatscopeIngestedAt)), count() > 0
 FROM {spans}
-WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}"""
+WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""")
         # A batch: the settled traces of the slice in a range of trace ids.
         batch = (
             f"SELECT DISTINCT TraceId AS trace_id FROM {spans} "
@@ -650,10 +657,10 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
             "AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({early_hi_us:Int64})"
         )
         #: How many spans of this shard the early window holds, their first start and last end.
-        self.early_spans = f"""
+        self.early_spans = _no_jit(f"""
 SELECT count(), toUnixTimestamp64Nano(min(Timestamp)), max({span_end})
 FROM {spans}
-WHERE {early_window} {mine}"""
+WHERE {early_window} {mine}""")
         if early:
             batch = _early_batch(
                 batch, early_window, spans, table, mine, bounds, versioned=versioned
@@ -676,7 +683,7 @@ WHERE {early_window} {mine}"""
             if early
             else f"{batch} AND TraceId NOT IN ({written_traces})"
         )
-        self.count_left = _count_with_call(left, spans, bounds)
+        self.count_left = _no_jit(_count_with_call(left, spans, bounds))
         #: A quiet pass's batch without the Version check: a superset of those traces, the
         #: slice's settled traces and the early window's, complete or not. When it has none,
         #: count_left, which evaluates the tree check again, is skipped (a quiet pass over
@@ -688,7 +695,7 @@ WHERE {early_window} {mine}"""
             f"AND TraceId NOT IN ({written_traces})"
         )
         self.count_left_superset = (
-            _count_with_call(superset, spans, bounds) if early and not versioned else None
+            _no_jit(_count_with_call(superset, spans, bounds)) if early and not versioned else None
         )
         #: Every rule (attribution/sql/0*.sql) over those traces.
         self.insert = into + attribution_select(left, spans, bounds)
@@ -718,19 +725,19 @@ WHERE (old.TraceId, old.RequestSpanId, old.ServiceName, old.Model, toStartOfHour
     NOT IN (SELECT TraceId, RequestSpanId, ServiceName, Model, hour FROM new)"""
         #: Rows written by this pass, the traces they are of, and rows of its traces from
         #: earlier passes (none: nothing can have moved).
-        self.count_written = f"""
+        self.count_written = _no_jit(f"""
 WITH new AS ({written_now})
 SELECT
     (SELECT count() FROM new),
     (SELECT uniqExact(TraceId) FROM new),
     (SELECT count() FROM {table}
      WHERE TraceId IN (SELECT TraceId FROM new) AND {bounds}
-       AND SpansIngestedAt != fromUnixTimestamp64Micro({{through_us:Int64}}))"""
-        self.count_moved = f"SELECT count() FROM ({moved})"
+       AND SpansIngestedAt != fromUnixTimestamp64Micro({{through_us:Int64}}))""")
+        self.count_moved = _no_jit(f"SELECT count() FROM ({moved})")
         self.tombstones = (
             f"INSERT INTO {table} (Timestamp, TraceId, RequestSpanId, ServiceName, Model, "
             f"Version, IsDeleted, SpansIngestedAt) {INSERT_SETTINGS}\n"
-            f"SELECT *, 1, fromUnixTimestamp64Micro({{through_us:Int64}}) FROM ({moved})"
+            + _no_jit(f"SELECT *, 1, fromUnixTimestamp64Micro({{through_us:Int64}}) FROM ({moved})")
         )
 
 

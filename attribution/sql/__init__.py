@@ -616,9 +616,16 @@ def _stage(name: str) -> str:
 #: comparisons with constants from AND chains: it hashes the query tree for each chain, and there
 #: is no chain of comparisons with constants here) and ``query_plan_merge_expressions``
 #: (merging the plan's consecutive expression steps, one per common table expression).
+#:
+#: No JIT compilation (``NO_JIT``): ClickHouse compiles an expression or an aggregate function
+#: to machine code the third time it meets it, and these statements hold dozens (a process's
+#: first 200,000 requests: 41 functions, 0.64 CPU s of compiling, an eighth of the run), while
+#: the compiled code made later runs no faster, within the noise of interleaved runs
+#: (docs/benchmarks.md). The attributor's other statements take it too.
+NO_JIT = "compile_expressions = 0, compile_aggregate_expressions = 0, compile_sort_description = 0"
 SETTINGS = (
     "SETTINGS group_by_two_level_threshold = 0, group_by_two_level_threshold_bytes = 0, "
-    "optimize_and_compare_chain = 0, query_plan_merge_expressions = 0"
+    f"optimize_and_compare_chain = 0, query_plan_merge_expressions = 0, {NO_JIT}"
 )
 
 
