@@ -53,9 +53,10 @@ parsed AS (
         ($INT(c_output), $INT(c_completion)) AS client_counts,
         arrayMap(c -> $TOKENS(c.1, c.2), try_counts) AS try_outputs,
         $TOKENS(last_counts.1, last_counts.2) AS last_output,
-        if(decode_span = 0, [],
-            arrayMap(o -> starts[decode_span] + o * 1000,
-                $INT_LIST(payloads[decode_span][$K_OFFSETS]))) AS tokens,
+        -- Token offsets (us) from the decode span's start: the token times are start + offset
+        -- * 1000, read only where a figure needs one ($GAPS).
+        if(decode_span = 0, [], $INT_LIST(payloads[decode_span][$K_OFFSETS])) AS offsets,
+        starts[decode_span] AS decode_start,
         $INT_AT(payloads[decode_span], $K_TOKEN_COUNT) AS token_count,
         starts[owner[decode_span]] AS decode_attempt_start,
         $GPU_MAP AS gpu,
@@ -80,22 +81,22 @@ streaming AS (
         if(arrayExists(x -> x IS NOT NULL, try_outputs),
             least(arraySum(arrayMap(x -> ifNull(x, 0), try_outputs)), $MAX_TOKENS),
             $TOKENS(client_counts.1, client_counts.2)) AS output0,
-        $GAPS(tokens)
+        $GAPS(offsets)
     FROM parsed
 ),
 rows AS (
     SELECT
         *,
         -- Server TTFT, TPOT, ITL and stalls from the token times, else from the latency figures.
-        multiIf(decode_span != 0, tokens[1] - decode_attempt_start,
+        multiIf(decode_span != 0, decode_start + offsets[1] * 1000 - decode_attempt_start,
             notEmpty(try_ttfts), arrayMin(try_ttfts), NULL) AS ttft_server,
-        multiIf(decode_span != 0 AND n_gaps > 0, (tokens[-1] - tokens[1]) / n_gaps,
+        multiIf(decode_span != 0 AND n_gaps > 0, (offsets[-1] - offsets[1]) * 1000 / n_gaps,
             decode_span = 0 AND last_ttft IS NOT NULL AND last_decode IS NOT NULL
                 AND last_output > 1, last_decode / (last_output - 1),
             NULL) AS tpot,
         $ITL_FIGURES,
         if(output0 IS NULL AND decode_span != 0,
-            if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, length(tokens)),
+            if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, length(offsets)),
             output0) AS output_tokens
     FROM streaming
 )

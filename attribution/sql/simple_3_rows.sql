@@ -93,7 +93,10 @@ simple_parsed AS (
     SELECT
         * EXCEPT (segments, decode, gpu_prefill, gpu_decode),
         $BUCKET_SUMS,
-        if(n_timed = 0, [], arrayMap(o -> decode.1 + o * 1000, $INT_LIST(decode.3))) AS tokens,
+        -- Token offsets (us) from the decode span's start: the token times are start + offset
+        -- * 1000, read only where a figure needs one ($GAPS).
+        if(n_timed = 0, [], $INT_LIST(decode.3)) AS offsets,
+        decode.1 AS decode_start,
         ints[9] AS token_count,
         $SIMPLE_GPU_MAP AS gpu,
         toUInt16(1) AS tries
@@ -108,7 +111,7 @@ simple_streaming AS (
         $TOKENS(ints[1], ints[2]) AS try_output,
         if(try_output IS NOT NULL, least(try_output, $MAX_TOKENS),
             $TOKENS(ints[3], ints[4])) AS output0,
-        $GAPS(tokens),
+        $GAPS(offsets),
         multiIf(client = 0, NULL,
             ints[8] IS NOT NULL, ints[8] - c_lo,
             first_token_event != '', toInt64(first_token_event) - c_lo,
@@ -121,11 +124,11 @@ simple_streaming AS (
 rows AS (
     SELECT
         *,
-        if(n_timed != 0, tokens[1] - s_start, NULL) AS ttft_server,
-        if(n_timed != 0 AND n_gaps > 0, (tokens[-1] - tokens[1]) / n_gaps, NULL) AS tpot,
+        if(n_timed != 0, decode_start + offsets[1] * 1000 - s_start, NULL) AS ttft_server,
+        if(n_timed != 0 AND n_gaps > 0, (offsets[-1] - offsets[1]) * 1000 / n_gaps, NULL) AS tpot,
         $ITL_FIGURES,
         if(output0 IS NULL AND n_timed != 0,
-            if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, length(tokens)),
+            if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, length(offsets)),
             output0) AS output_tokens
     FROM simple_streaming
 )
