@@ -37,7 +37,9 @@ statements that skip the traces it attributed (``_statements``).
 Each row records in SpansIngestedAt the watermark its pass brought the attributor to, and so
 tells the rows of one pass from every other's: the slice's end for its last batch, and for each
 earlier batch of a cut slice a time just after the slice's start (``after_us + 1``, ``+ 2``, ...,
-fewer than ``MAX_CUTS``). After a restart the watermark resumes ``MAX_CUTS`` us before the largest
+fewer than ``MAX_CUTS``), never one that rows of this shard may already hold (``_markers``: a
+slice planned again, or the first after a restart, whose start another attributor's or the last
+run's markers follow). After a restart the watermark resumes ``MAX_CUTS`` us before the largest
 one, so a slice stopped between its batches is redone from its start (work after it is redone,
 harmlessly).
 
@@ -160,6 +162,11 @@ class Attributor(Poller):
         self._early_done_us: int | None = None
         #: The batches of the slice after the watermark still to do (run_until_idle).
         self._batches: list[_Batch] = []
+        #: SpansIngestedAt values after the watermark that rows of this shard may hold: those
+        #: found at a restart within ``MAX_CUTS`` us after where it resumes (another attributor's,
+        #: or an earlier run's, rows), and every marker planned since. A batch is never given one
+        #: (``_markers``), so the rows with its marker are its own (count_written).
+        self._taken: set[int] = set()
         #: Where the early window of the next pass starts (ingest time, us): each pass looks at
         #: the traces with spans stored since the last one's.
         self._early_us: int | None = None
@@ -254,32 +261,48 @@ class Attributor(Poller):
             return self._quiet_sql
         return self._sql
 
+    def _markers(self, after_us: int, hi: int) -> tuple[list[int], int]:
+        """The SpansIngestedAt values free for the batches of the slice ``(after_us, hi]``: for
+        all but its last batch, times inside the slice, fewer than ``MAX_CUTS`` us after its
+        start (a restart after one of them redoes the slice, _resume); for the last, the slice's
+        end. None is taken (``_taken``): a slice planned again (after a failed batch), or the
+        first slice after a restart, may otherwise give a batch the marker of rows written
+        before, and count those as its own."""
+        self._taken = {m for m in self._taken if m > after_us}
+        free = [
+            m
+            for m in range(after_us + 1, after_us + min(MAX_CUTS, hi - after_us))
+            if m not in self._taken
+        ]
+        last = hi if hi not in self._taken or not free else free.pop()
+        return free, last
+
     def _plan(self, after_us: int, hi: int, settled_us: int) -> list[_Batch]:
         """The batches of the slice ``(after_us, hi]``: its settled traces cut by trace id into
         ranges of at most ``batch_traces`` (each a run of the spans table's sort key, so a batch
         reads its own share of the slice's granules instead of all of them). Each batch's
         ``first_ns`` / ``last_ns`` are the first start and last end of the slice's spans."""
-        width = max(1, min(MAX_CUTS, hi - after_us))
+        free, last = self._markers(after_us, hi)
         params = self._params(
             after_us=after_us,
             upto_us=hi,
             settled_us=settled_us,
             batch_traces=self.batch_traces,
-            max_batches=width,
+            max_batches=len(free) + 1,
         )
         traces, first_ns, last_ns, cuts = self.store.query_rows(self._sql.plan, params)[0]
         traces, count = int(traces), len(cuts) + 1
         if not traces:
             return []
         bounds = ["", *cuts, ""]
+        markers = [*free[: count - 1], last]
+        self._taken.update(markers)
         return [
             _Batch(
                 after_us=after_us,
                 hi_us=hi,
                 settled_us=settled_us,
-                # Rows of a batch but the last record a time inside the slice, so a restart
-                # after it redoes the slice (_resume) and no later pass uses the same one.
-                marker_us=hi if j == count - 1 else after_us + 1 + j,
+                marker_us=markers[j],
                 id_lo=bounds[j],
                 id_hi=bounds[j + 1],
                 traces=(j + 1) * traces // count - j * traces // count,
@@ -300,7 +323,11 @@ class Attributor(Poller):
         value = self.store.query_rows(self._sql.resume, self._params())[0][0]
         # An empty table answers the epoch: start from the beginning of the spans table. Back by
         # MAX_CUTS: a slice's batches but its last record times within that of its start.
-        return max(0, int(value or 0) - MAX_CUTS)
+        start = max(0, int(value or 0) - MAX_CUTS)
+        # The markers the first slice's batches could be given that rows of this shard hold.
+        taken = self.store.query_rows(self._sql.markers, self._params(after_us=start))
+        self._taken = {int(m) for (m,) in taken}
+        return start
 
     def _early_window(self, settled_us: int, complete_us: int) -> tuple[int, int, int, int] | None:
         """The early window of this pass, ``(lo, hi]`` in ingest time: from the last pass's
@@ -356,8 +383,10 @@ class Attributor(Poller):
                     else None
                 )
                 if early is not None and not batches:
+                    marker = self._markers(self.watermark_us, hi)[1]
+                    self._taken.add(marker)
                     batches[:] = [
-                        _Batch(self.watermark_us, hi, upto, hi, "", "", 0, early[2], early[3])
+                        _Batch(self.watermark_us, hi, upto, marker, "", "", 0, early[2], early[3])
                     ]
                 if not batches:
                     self.watermark_us = hi
@@ -610,6 +639,11 @@ class _Statements:
         self.resume = _no_jit(
             f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {table} WHERE 1 {mine}"
         )
+        #: The SpansIngestedAt values within MAX_CUTS us after where a restart resumes.
+        self.markers = _no_jit(f"""
+SELECT DISTINCT toUnixTimestamp64Micro(SpansIngestedAt) FROM {table}
+WHERE SpansIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}})
+  AND SpansIngestedAt < fromUnixTimestamp64Micro({{after_us:Int64}} + {MAX_CUTS}) {mine}""")
         # A span's end (ns): a pass's reach runs to the last end of its slice's spans.
         span_end = "toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)"
         #: The slice's settled traces: how many, their spans' first start and last end in it

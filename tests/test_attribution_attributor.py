@@ -322,6 +322,56 @@ def check_n_attributors_write_the_rows_of_one(
 
 
 @pytest.mark.slow
+def test_a_batch_after_a_restart_never_counts_rows_written_before_as_its_own(
+    store: Store,
+) -> None:
+    """A restart resumes MAX_CUTS us before the newest SpansIngestedAt, and the first slice's
+    batches are marked just after that: rows that another attributor, or an earlier run, wrote
+    with those markers (within the batches' time bounds) must not count as the batch's own,
+    which would skip the general statement and leave the batch's traces without rows."""
+    from latscope.attribution.attributor import MAX_CUTS
+    from latscope.attribution.engine import attribute_requests
+    from latscope.attribution.spans import load_trace
+    from tests.agent_traces import agent_run
+    from tests.attribution_support import spans_table
+    from tests.upstream_traces import span_records
+
+    Attributor(store, settle_s=0).run_until_idle()  # whatever the module stored before
+    prefix = uuid.uuid4().hex[:6]
+    records = {
+        prefix + t[6:]: spans
+        for seed in range(3)
+        for t, spans in span_records(agent_run(seed, parallel=True).built.resource_spans).items()
+    }
+    first = min(s.start_ns for spans in records.values() for s in spans)
+    # Rows marked just after where the restart resumes (MAX_CUTS before the newest marker, set
+    # to now): two traces (not these) under each of the markers the first batches would take.
+    newest = int(store.query_rows("SELECT toUnixTimestamp64Micro(now64(6))")[0][0])
+    resume = newest - MAX_CUTS
+    others = [(newest, uuid.uuid4().hex)] + [
+        (resume + j, uuid.uuid4().hex) for j in range(1, 6) for _ in range(2)
+    ]
+    for marker, trace_id in others:
+        store.command(
+            f"INSERT INTO {ATTRIBUTION_TABLE} (Timestamp, TraceId, RequestSpanId, ServiceName, "
+            "Model, Version, IsDeleted, SpansIngestedAt) VALUES (fromUnixTimestamp64Nano("
+            "{ts:Int64}), {t:String}, 'ffffffffffffffff', 'other', '', 1, 0, "
+            "fromUnixTimestamp64Micro({m:Int64}))",
+            {"ts": first, "t": trace_id, "m": marker},
+        )
+    time.sleep(0.01)
+    store.insert_arrow(SPANS_TABLE, spans_table(records))
+    att = Attributor(store, settle_s=0, batch_traces=2)
+    att.run_until_idle()
+    assert att.watermark_us is not None and att.watermark_us > newest
+    want = {t: len(attribute_requests(t, load_trace(store, t))) for t in records}
+    assert sum(want.values()) > len(records)  # agent traces: several calls, the general path
+    got = {t: len(store.query_rows(FINAL_ROWS, {"t": t})) for t in records}
+    assert got == want
+    taken = {m for m, _ in others}
+    assert not taken & {m for ms in _markers(store, list(records)).values() for m in ms}
+
+
 def test_n_attributors_split_a_store_and_write_exactly_the_rows_of_one(store: Store) -> None:
     check_n_attributors_write_the_rows_of_one(
         store, lambda i, n: Attributor(store, settle_s=0, shard=(i, n), step_s=3600)
