@@ -192,12 +192,11 @@ class Attributor(Poller):
         self._sql = _Statements(
             self.spans_table, self.table, shard, early=self.complete_us is not None
         )
-        #: With early attribution off, the statements with it, for the slices that may hold
-        #: traces a quiet pass attributed (built when first needed).
-        self._early_sql: _Statements | None = None
-        #: The same for a quiet pass's batch whose slice cannot hold such traces: its settled
-        #: traces are taken as in any pass, without the Version check (built when first needed).
-        self._quiet_sql: _Statements | None = None
+        #: With early attribution off, the statements with it (built when first needed), by
+        #: whether they take the Version check: with it for the slices that may hold traces a
+        #: quiet pass attributed, without it for a quiet pass's batch whose slice cannot hold
+        #: such traces (its settled traces are taken as in any pass).
+        self._early_sql: dict[bool, _Statements] = {}
 
     def failed(self, exc: Exception) -> None:
         BATCH_ERRORS.labels("store").inc()
@@ -247,19 +246,16 @@ class Attributor(Poller):
         batch takes an early window (then without the Version check when its slice holds none)."""
         if self.complete_us is not None:
             return self._sql
-        if self._early_done_us is not None and after_us < self._early_done_us:
-            if self._early_sql is None:
-                self._early_sql = _Statements(self.spans_table, self.table, self.shard, early=True)
-            return self._early_sql
-        if early:
-            # No trace of this slice was attributed early: the Version check of its settled
-            # traces would find none to skip (it cost about a tenth of a quiet pass's CPU).
-            if self._quiet_sql is None:
-                self._quiet_sql = _Statements(
-                    self.spans_table, self.table, self.shard, early=True, versioned=False
-                )
-            return self._quiet_sql
-        return self._sql
+        # When no trace of this slice was attributed early, the Version check of its settled
+        # traces would find none to skip (it cost about a tenth of a quiet pass's CPU).
+        versioned = self._early_done_us is not None and after_us < self._early_done_us
+        if not (early or versioned):
+            return self._sql
+        if versioned not in self._early_sql:
+            self._early_sql[versioned] = _Statements(
+                self.spans_table, self.table, self.shard, early=True, versioned=versioned
+            )
+        return self._early_sql[versioned]
 
     def _markers(self, after_us: int, hi: int) -> tuple[list[int], int]:
         """The SpansIngestedAt values free for the batches of the slice ``(after_us, hi]``: for

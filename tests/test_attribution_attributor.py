@@ -288,22 +288,27 @@ def _rows_of(store: Store, table: str, prefix: str) -> list[tuple]:
     )
 
 
+def _agent_records(seeds: int) -> dict[str, list[Any]]:
+    """The traces of ``seeds`` agent runs with parallel calls (several calls each, so the
+    general statement runs), as span records by trace id."""
+    from tests.agent_traces import agent_run
+    from tests.upstream_traces import span_records
+
+    records = {}
+    for seed in range(seeds):
+        records.update(span_records(agent_run(seed, parallel=True).built.resource_spans))
+    return records
+
+
 def check_n_attributors_write_the_rows_of_one(
     store: Store, make: Callable[[int, int], Attributor], wait_s: float = 0.0
 ) -> None:
     """--attributor-shard I/N: three attributors over one store write the same rows as one, with
     no request done twice (their row counts add up) and none missed. ``make(i, n)`` gives
     attributor ``i`` of ``n``, made before the spans are stored; they run ``wait_s`` after."""
-    from tests.agent_traces import agent_run
     from tests.attribution_support import spans_table
-    from tests.upstream_traces import span_records
 
-    records = {}
-    for seed in range(6):
-        for trace_id, spans in span_records(
-            agent_run(seed, parallel=True).built.resource_spans
-        ).items():
-            records[trace_id] = spans
+    records = _agent_records(6)
     prefixes = []
     for shards in (1, 3):
         prefix = uuid.uuid4().hex[:6]
@@ -332,17 +337,11 @@ def test_a_batch_after_a_restart_never_counts_rows_written_before_as_its_own(
     from latscope.attribution.attributor import MAX_CUTS
     from latscope.attribution.engine import attribute_requests
     from latscope.attribution.spans import load_trace
-    from tests.agent_traces import agent_run
     from tests.attribution_support import spans_table
-    from tests.upstream_traces import span_records
 
     Attributor(store, settle_s=0).run_until_idle()  # whatever the module stored before
     prefix = uuid.uuid4().hex[:6]
-    records = {
-        prefix + t[6:]: spans
-        for seed in range(3)
-        for t, spans in span_records(agent_run(seed, parallel=True).built.resource_spans).items()
-    }
+    records = {prefix + t[6:]: spans for t, spans in _agent_records(3).items()}
     first = min(s.start_ns for spans in records.values() for s in spans)
     # Rows marked just after where the restart resumes (MAX_CUTS before the newest marker, set
     # to now): two traces (not these) under each of the markers the first batches would take.
