@@ -403,6 +403,27 @@ def test_local_tables_of_a_cluster_node(store: Store) -> None:
     assert store.query_rows(ALL_ROWS, {"t": trace_id})[0][0] == 0
 
 
+def test_a_catch_up_pass_writes_a_compact_part(store: Store) -> None:
+    """A pass's insert of ~17 MB (50,000 rows) is one compact part, not ~146 files of a wide one
+    (008_attribution_compact_parts.sql): over ClickHouse's 10 MiB default, under the table's."""
+    service = f"compact-{uuid.uuid4().hex[:8]}"
+    store.command(
+        f"INSERT INTO {ATTRIBUTION_TABLE} (Timestamp, TraceId, ServiceName, ResourceAttributes, "
+        "E2eNs, OtherNs, SpansIngestedAt, Version) "
+        "SELECT now64(9), hex(number), {s:String}, map('k8s.pod.name', repeat('x', 300)), "
+        "1, 1, now64(6), 1 FROM numbers(40000)",
+        {"s": service},
+    )
+    parts = store.query_rows(
+        f"SELECT part_type, data_uncompressed_bytes FROM system.parts WHERE active "
+        f"AND table = '{ATTRIBUTION_TABLE}' AND database = currentDatabase() AND name IN "
+        f"(SELECT DISTINCT _part FROM {ATTRIBUTION_TABLE} WHERE ServiceName = {{s:String}})",
+        {"s": service},
+    )
+    assert [kind for kind, _ in parts] == ["Compact"], parts
+    assert parts[0][1] > 10 * 2**20  # a wide part under ClickHouse's default
+
+
 # -- end to end through latscope serve ---------------------------------------------------------
 
 
