@@ -9,8 +9,9 @@ request ended and nothing more came for a while). An ``INSERT ... SELECT`` attri
 request of those traces from all their stored spans and writes one row each: the single-call
 path's for the traces of the common shape, then the general one's, only when the batch has other
 traces that may hold a call; another one retracts the rows whose key moved (below). A slice
-holding more than ``batch_traces`` traces is cut by trace id into batches of at most that many,
-so one statement's memory is bounded whatever the backlog. The cut is by trace id, not by ingest
+holding more than ``batch_traces`` traces or ``batch_spans`` spans is cut by trace id into batches
+of at most that many traces and about that many spans, so one statement's memory is bounded
+whatever the backlog and whatever the traces' sizes. The cut is by trace id, not by ingest
 time, because the spans table sorts by trace id within an hour: a batch of a range of ids reads
 the granules of that range, where a batch of random ids (one insert's) reads every granule of the
 hours it reaches, so each batch of a backlog read all of it again (docs/benchmarks.md).
@@ -74,7 +75,15 @@ from latscope.attribution.engine import DEFAULT_STALL_NS, LATENCY_KEYS
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
 from latscope.attribution.sql import NO_JIT, attribution_select, literal, simple_select
 from latscope.attribution.table import ATTRIBUTION_SCHEMA
-from latscope.config import DEFAULT_REACH_S, Settings, parse_shard
+from latscope.config import (
+    DEFAULT_BATCH_SPANS,
+    DEFAULT_BATCH_TRACES,
+    DEFAULT_REACH_S,
+    MAX_BATCH_SPANS,
+    MAX_BATCH_TRACES,
+    Settings,
+    parse_shard,
+)
 from latscope.metrics import REGISTRY
 from latscope.parts import Parts, Poller
 from latscope.semconv import SpanKind
@@ -133,7 +142,8 @@ class Attributor(Poller):
         *,
         settle_s: float = 5.0,
         poll_s: float = 1.0,
-        batch_traces: int = 50_000,
+        batch_traces: int = DEFAULT_BATCH_TRACES,
+        batch_spans: int = DEFAULT_BATCH_SPANS,
         stall_threshold_ns: int = DEFAULT_STALL_NS,
         step_s: float = 60.0,
         shard: tuple[int, int] = (0, 1),
@@ -174,7 +184,13 @@ class Attributor(Poller):
         super().__init__(poll_s)
         self.idle_poll_s = poll_s
         self.busy_poll_max_s = max(poll_s, settle_s)
+        if not (0 < batch_traces <= MAX_BATCH_TRACES and 0 < batch_spans <= MAX_BATCH_SPANS):
+            raise ValueError(
+                f"batches need 1-{MAX_BATCH_TRACES:,} traces and 1-{MAX_BATCH_SPANS:,} spans, "
+                f"got {batch_traces}, {batch_spans}"
+            )
         self.batch_traces = batch_traces
+        self.batch_spans = batch_spans
         self.stall_threshold_ns = stall_threshold_ns
         index, count = shard
         if not (count >= 1 and 0 <= index < count):
@@ -275,22 +291,25 @@ class Attributor(Poller):
 
     def _plan(self, after_us: int, hi: int, settled_us: int) -> list[_Batch]:
         """The batches of the slice ``(after_us, hi]``: its settled traces cut by trace id into
-        ranges of at most ``batch_traces`` (each a run of the spans table's sort key, so a batch
-        reads its own share of the slice's granules instead of all of them). Each batch's
-        ``first_ns`` / ``last_ns`` are the first start and last end of the slice's spans."""
+        ranges of at most ``batch_traces`` traces and about ``batch_spans`` spans (each a run of
+        the spans table's sort key, so a batch reads its own share of the slice's granules
+        instead of all of them). Each batch's ``first_ns`` / ``last_ns`` are the first start and
+        last end of the slice's spans."""
         free, last = self._markers(after_us, hi)
         params = self._params(
             after_us=after_us,
             upto_us=hi,
             settled_us=settled_us,
             batch_traces=self.batch_traces,
+            batch_spans=self.batch_spans,
             max_batches=len(free) + 1,
         )
-        traces, first_ns, last_ns, cuts = self.store.query_rows(self._sql.plan, params)[0]
+        traces, first_ns, last_ns, cuts, starts = self.store.query_rows(self._sql.plan, params)[0]
         traces, count = int(traces), len(cuts) + 1
         if not traces:
             return []
         bounds = ["", *cuts, ""]
+        firsts = [0, *(int(i) for i in starts), traces]
         markers = [*free[: count - 1], last]
         self._taken.update(markers)
         return [
@@ -301,7 +320,7 @@ class Attributor(Poller):
                 marker_us=markers[j],
                 id_lo=bounds[j],
                 id_hi=bounds[j + 1],
-                traces=(j + 1) * traces // count - j * traces // count,
+                traces=firsts[j + 1] - firsts[j],
                 first_ns=int(first_ns),
                 last_ns=int(last_ns),
             )
@@ -330,7 +349,7 @@ class Attributor(Poller):
         (at the soonest the settle bound: what is older is settled) to ``complete_us``; with the
         first start and last end of its spans (ns). None when it holds no span of this shard,
         or (a quiet pass's, early attribution off) more than ``QUIET_EARLY_SPANS`` per batch
-        trace."""
+        trace or ``batch_spans`` in all."""
         lo = max(settled_us, self._early_us or settled_us)
         if lo >= complete_us:
             return None
@@ -339,9 +358,11 @@ class Attributor(Poller):
         if not int(count):
             self._early_us = complete_us
             return None
-        if self.complete_us is None and int(count) > QUIET_EARLY_SPANS * self.batch_traces:
+        if self.complete_us is None and int(count) > min(
+            QUIET_EARLY_SPANS * self.batch_traces, self.batch_spans
+        ):
             # One statement takes the whole window: past this, the traces wait to settle and
-            # go in batches of batch_traces.
+            # go in bounded batches.
             return None
         return lo, complete_us, int(first_ns), int(last_ns)
 
@@ -643,19 +664,42 @@ WHERE SpansIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}})
         # A span's end (ns): a pass's reach runs to the last end of its slice's spans.
         span_end = "toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)"
         #: The slice's settled traces: how many, their spans' first start and last end in it
-        #: (a late root's children start anywhere inside it), and the trace ids that cut them
-        #: into at most ``max_batches`` batches of ``batch_traces`` or fewer, in the spans
-        #: table's sort order (``_plan``).
+        #: (a late root's children start anywhere inside it), and where they are cut into
+        #: batches in the spans table's sort order (``_plan``): the trace ids that start each
+        #: batch but the first, and their positions among the slice's traces. Each trace weighs
+        #: max(its spans * batch_traces, batch_spans): a batch's capacity, batch_spans *
+        #: batch_traces, holds batch_traces traces of up to batch_spans / batch_traces spans, or
+        #: batch_spans spans of bigger ones. The slice goes in the fewest batches of that
+        #: capacity (at most ``max_batches``), evenly by weight: a batch is the traces whose
+        #: weight before them falls in its share. So a batch holds at most batch_traces traces
+        #: and fewer than batch_spans spans before its last trace (with more than max_batches
+        #: batches' worth, more).
         self.plan = _no_jit(f"""
-SELECT n, first_ns, last_ns, arrayMap(j -> ids[intDiv(j * n, k) + 1], range(1, k)) FROM (
-    SELECT *, toUInt64(least(greatest(intDiv(n + {{batch_traces:UInt64}} - 1,
-        {{batch_traces:UInt64}}), 1), {{max_batches:UInt64}})) AS k
+SELECT n, first_ns, last_ns, arrayMap(i -> ids[i + 1], starts), starts FROM (
+    SELECT n, first_ns, last_ns, ids,
+        arrayFilter((i, d) -> d != 0, range(n), arrayDifference(arrayMap(
+            (through, weight) -> intDiv(through - weight, share), arrayCumSum(weights), weights)))
+            AS starts
     FROM (
-        SELECT length(ids) AS n, first_ns, last_ns, ids FROM (
-            SELECT toUnixTimestamp64Nano(min(Timestamp)) AS first_ns, max({span_end}) AS last_ns,
-                   arraySort(groupUniqArray(TraceId)) AS ids
-            FROM {spans}
-            WHERE {slice_ % "upto_us"} {mine} AND {settled})))""")
+        SELECT *,
+            least(greatest(intDiv(total + capacity - 1, capacity), 1),
+                {{max_batches:UInt64}}) AS k,
+            greatest(intDiv(total + k - 1, k), 1) AS share
+        FROM (
+            SELECT length(pairs) AS n, first_ns, last_ns, arrayMap(p -> p.1, pairs) AS ids,
+                arrayMap(p -> greatest(p.2 * {{batch_traces:UInt64}}, {{batch_spans:UInt64}}),
+                    pairs) AS weights,
+                arraySum(weights) AS total,
+                {{batch_spans:UInt64}} * {{batch_traces:UInt64}} AS capacity
+            FROM (
+                SELECT min(first) AS first_ns, max(last) AS last_ns,
+                       arraySort(p -> p.1, groupArray((TraceId, spans))) AS pairs
+                FROM (
+                    SELECT TraceId, toUnixTimestamp64Nano(min(Timestamp)) AS first,
+                           max({span_end}) AS last, count() AS spans
+                    FROM {spans}
+                    WHERE {slice_ % "upto_us"} {mine} AND {settled}
+                    GROUP BY TraceId)))))""")
         #: The spans after the watermark: the oldest (after an empty slice, to skip idle time)
         #: and how many.
         self.after = _no_jit(f"""
@@ -809,6 +853,7 @@ def attributor_parts(settings: Settings, store: Store) -> Parts:
                 reach_s=settings.attribution_reach_s,
                 poll_s=settings.attribution_poll_s,
                 batch_traces=settings.attribution_batch_traces,
+                batch_spans=settings.attribution_batch_spans,
                 stall_threshold_ns=int(settings.stall_threshold_ms * 1e6),
                 shard=parse_shard(settings.attributor_shard),
                 tables=settings.attributor_tables,

@@ -18,6 +18,20 @@ from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE
 #: granule of the hours they fall in): with a day of reach that read grew with the day's traffic
 #: and came to dominate each pass (docs/benchmarks.md, "Attribution with stored history").
 DEFAULT_REACH_S = 2 * 3600.0
+#: A batch's bounds: at most this many traces, and fewer than this many spans before its last
+#: trace (the attributor's ``plan``). A statement's memory follows its spans, about 1 KB each
+#: (the benchmark's 7-span requests, docs/benchmarks.md): 100,000 such requests are 700,000
+#: spans, a statement of ~0.65 GB, and no batch passes ~1 GB whatever its traces' sizes (a
+#: backlog of 200-span agent traces goes 5,000 traces a batch, where a bound on traces alone let
+#: 50,000 of them, 10 M spans, into one statement). Bigger batches spread the fixed cost of a
+#: statement (its analysis and planning, the batch's set, the insert) over more requests: the
+#: attributor alone over 200,000 requests cost about 0.9 of the CPU in 2 batches that it cost in
+#: 4, 50,000 each (docs/benchmarks.md).
+DEFAULT_BATCH_TRACES = 100_000
+DEFAULT_BATCH_SPANS = 1_000_000
+#: Upper bounds of the two: the plan weighs traces in their product (UInt64).
+MAX_BATCH_TRACES = 10_000_000
+MAX_BATCH_SPANS = 1_000_000_000
 
 
 class ConfigError(ValueError):
@@ -105,7 +119,15 @@ class Settings:
         },
     )
     attribution_batch_traces: int = field(
-        default=50_000, metadata={"help": "most traces one attribution statement takes"}
+        default=DEFAULT_BATCH_TRACES,
+        metadata={"help": "most traces one attribution statement takes"},
+    )
+    attribution_batch_spans: int = field(
+        default=DEFAULT_BATCH_SPANS,
+        metadata={
+            "help": "most spans one attribution statement takes before its last trace (its "
+            "memory follows them: about 1 KB a span)"
+        },
     )
     attributor_shard: str = field(
         default="0/1",
@@ -225,8 +247,10 @@ class Settings:
             )
         if not self.attribution_reach_s > 0:
             raise ConfigError("--attribution-reach-s must be positive (seconds)")
-        if self.attribution_batch_traces < 1:
-            raise ConfigError("--attribution-batch-traces must be at least 1")
+        if not 0 < self.attribution_batch_traces <= MAX_BATCH_TRACES:
+            raise ConfigError(f"--attribution-batch-traces must be 1-{MAX_BATCH_TRACES:,}")
+        if not 0 < self.attribution_batch_spans <= MAX_BATCH_SPANS:
+            raise ConfigError(f"--attribution-batch-spans must be 1-{MAX_BATCH_SPANS:,}")
         if self.stall_threshold_ms <= 0:
             raise ConfigError("--stall-threshold-ms must be positive (milliseconds)")
         if (

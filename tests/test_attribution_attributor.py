@@ -237,13 +237,62 @@ def test_a_slice_is_planned_once_and_cut_by_trace_id(store: Store) -> None:
         del store.query_rows
     # One plan found the slice's 7 traces; the others found an empty slice.
     assert [p[0][0] for p in plans if p[0][0]] == [7], plans
-    assert batches == [1, 2, 2, 2]  # ceil(7 / 2) batches, as even as can be
+    assert batches == [2, 2, 2, 1]  # ceil(7 / 2) batches, as even as can be
     markers = _markers(store, trace_ids)
     assert all(len(m) == 1 for m in markers.values()), markers
     # Each batch is a run of trace ids, and its rows' mark is its own.
     by_id = [markers[t][0] for t in sorted(trace_ids)]
-    assert [len(list(g)) for _, g in itertools.groupby(by_id)] == [1, 2, 2, 2], by_id
+    assert [len(list(g)) for _, g in itertools.groupby(by_id)] == [2, 2, 2, 1], by_id
     assert by_id[-1] == att.watermark_us  # the last batch's rows mark the slice's end
+
+
+def _spans_of(size: int) -> list[dict]:
+    """A request of ``size`` spans: the server, its queue phase and ``size - 2`` decode slices."""
+    s0 = T0 + 40 * MS
+    server, queue, decode = server_spans()
+    slices = [
+        {
+            **decode,
+            "id": f"{i:016x}",
+            "start": s0 + 340 * MS + i * MS,
+            "end": s0 + 341 * MS + i * MS,
+        }
+        for i in range(size - 2)
+    ]
+    return [server, queue, *slices]
+
+
+def test_a_slice_of_big_traces_is_cut_by_spans_too(store: Store) -> None:
+    """With ``batch_spans``, a trace weighs max(spans * batch_traces, batch_spans), and the slice
+    goes in the fewest batches of batch_spans * batch_traces, evenly by weight: big traces go
+    in small batches, a batch holds at most ``batch_traces`` traces and fewer than
+    ``batch_spans`` spans before its last trace."""
+    Attributor(store, settle_s=0).run_until_idle()
+    sizes = {uuid.uuid4().hex: size for size in (3, 9, 3, 3, 14, 3, 6, 3, 3, 11)}
+    store.insert_arrow(
+        SPANS_TABLE, pa.concat_tables([span_rows(t, _spans_of(n)) for t, n in sizes.items()])
+    )
+    time.sleep(0.05)
+    att = Attributor(store, settle_s=0, batch_traces=4, batch_spans=12)
+    assert att.run_until_idle() == len(sizes)
+    markers = _markers(store, list(sizes))
+    assert all(len(m) == 1 for m in markers.values()), markers
+    by_id = sorted(sizes)
+    got = [len(list(g)) for _, g in itertools.groupby(markers[t][0] for t in by_id)]
+    # The same cut, recomputed.
+    weights = [max(sizes[t] * 4, 12) for t in by_id]
+    k = -(-sum(weights) // (12 * 4))
+    share = -(-sum(weights) // k)
+    shares = [sum(weights[:i]) // share for i in range(len(by_id))]
+    assert got == [len(list(g)) for _, g in itertools.groupby(shares)], (got, shares)
+    # More batches than the traces alone need (a share is skipped only when one trace weighs
+    # more than a share: here only the 14-span one).
+    assert len(got) >= k - 1 > -(-len(sizes) // 4), (got, k)
+    at = 0
+    for count in got:
+        spans = [sizes[t] for t in by_id[at : at + count]]
+        assert count <= 4 and sum(spans[:-1]) < 12, spans
+        at += count
 
 
 def test_a_restart_inside_a_cut_slice_redoes_it(store: Store) -> None:
@@ -267,9 +316,9 @@ def test_a_restart_inside_a_cut_slice_redoes_it(store: Store) -> None:
         written.append(first.run_until_idle(max_batches=1))
         if len([w for w in written if w]) == 2:
             break
-    assert [w for w in written if w] == [1, 2], written
+    assert [w for w in written if w] == [2, 2], written
     done = {t for t, m in _markers(store, trace_ids).items() if m}
-    assert len(done) == 3  # batches of 1 and 2
+    assert len(done) == 4  # batches of 2 and 2 (then 2 and 1)
     again = Attributor(store, settle_s=0, batch_traces=2)
     assert again.run_until_idle() >= len(trace_ids)
     markers = _markers(store, trace_ids)
@@ -404,7 +453,7 @@ def test_local_tables_of_a_cluster_node(store: Store) -> None:
 
 
 def test_a_catch_up_pass_writes_a_compact_part(store: Store) -> None:
-    """A pass's insert of ~17 MB (50,000 rows) is one compact part, not ~146 files of a wide one
+    """A pass's insert of ~13 MB (40,000 rows) is one compact part, not ~146 files of a wide one
     (008_attribution_compact_parts.sql): over ClickHouse's 10 MiB default, under the table's."""
     service = f"compact-{uuid.uuid4().hex[:8]}"
     store.command(
@@ -645,3 +694,21 @@ def test_the_reach_is_a_setting_and_must_be_positive(store: Store) -> None:
     ]
     assert isinstance(attributor, Attributor) and attributor.reach_ns == 4 * _HOUR_MS * MS
     assert Attributor(store).reach_ns == 2 * _HOUR_MS * MS
+
+
+def test_batch_bounds_are_settings_and_must_be_positive(store: Store) -> None:
+    with pytest.raises(ValueError, match="batches need"):
+        Attributor(store, batch_spans=0)
+    with pytest.raises(ValueError, match="batches need"):
+        Attributor(store, batch_traces=10**8)
+    with pytest.raises(ConfigError, match="--attribution-batch-spans"):
+        Settings.from_env({"LATSCOPE_ATTRIBUTION_BATCH_SPANS": "0"}).validate()
+    settings = Settings.from_env(
+        {"LATSCOPE_ATTRIBUTION_BATCH_SPANS": "5000", "LATSCOPE_ATTRIBUTION_BATCH_TRACES": "700"}
+    )
+    settings.validate()
+    (attributor,) = [
+        c for c in attributor_parts(settings, store).components if c.name == "attributor"
+    ]
+    assert isinstance(attributor, Attributor)
+    assert (attributor.batch_spans, attributor.batch_traces) == (5000, 700)

@@ -1,7 +1,7 @@
 -- The attributor's inserts as compact parts. A part under min_bytes_for_wide_part is written
 -- compact: its columns in one data file instead of two or three files per column (this table's
 -- 40-odd columns, their null maps, map and LowCardinality streams, made ~146 files for a wide
--- part). Every pass inserts a part, and a catch-up pass of 50,000 rows is ~17 MB uncompressed,
+-- part). Every pass inserts a part, and a catch-up batch of 100,000 rows is ~33 MB uncompressed,
 -- over ClickHouse's 10 MiB default: creating those files was most of the insert's cost (0.154 ->
 -- 0.074 CPU s for 50,000 rows, docs/benchmarks.md). Merges into parts over 64 MiB (~200,000
 -- rows) write them wide, so the parts queries read most stay wide.
