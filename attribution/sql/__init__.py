@@ -480,6 +480,24 @@ def _bucket_sums() -> str:
     return ",\n        ".join(out)
 
 
+def _flat_sums() -> str:
+    """The single-call path's bucket sums (r_<bucket>): for a request whose phases do not overlap
+    (``flat``), each phase's clipped length in its bucket, S's length less its phases' in
+    ``other`` and the window's less S's in network; else the sweep's (``_bucket_sums``)."""
+    swept = _bucket_sums().split(",\n        ")
+    out = []
+    for bucket, sweep in zip(BUCKET_COLUMNS, swept, strict=True):
+        sweep = sweep.rsplit(" AS ", 1)[0]
+        if bucket == "network":
+            flat = "(hi - lo) - s_length"
+        elif bucket == "other":
+            flat = "s_length - arraySum(arrayMap(p -> p.3 - p.2, phase_ivs))"
+        else:
+            flat = f"arraySum(arrayMap(p -> if(p.1 = {RANK[bucket]}, p.3 - p.2, 0), phase_ivs))"
+        out.append(f"if(flat, {flat}, {sweep}) AS r_{bucket}")
+    return ",\n        ".join(out)
+
+
 def _bucket_columns() -> str:
     out = []
     for bucket, column in BUCKET_COLUMNS.items():
@@ -554,6 +572,7 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
         "OTHER_RANK": str(OTHER_RANK),
         "NETWORK_RANK": str(NETWORK_RANK),
         "BUCKET_SUMS": _bucket_sums(),
+        "FLAT_SUMS": _flat_sums(),
         "BUCKET_COLUMNS": _bucket_columns(),
         "MERGED_VALUES": _merged_values(),
         "MAX_TOKENS": str(MAX_TOKENS),

@@ -66,20 +66,31 @@ simple_timeline AS (
 ),
 -- The sweep (stage 4): S as `other`, its phases clipped to it, all moved onto the client's clock
 -- and clipped to the window.
+--
+-- Most requests' phases do not overlap (`flat`: sorted by start, each starts where the one
+-- before ended or later). Then the sweep's answer needs no sweep: every phase is its own bucket,
+-- S less its phases is `other`, the window less S is network ($FLAT_SUMS). The sweep runs only
+-- for the rest: their cuts are left empty, and the segments of no cuts cost nothing. (The
+-- segments' nested lambda and the sums over them were a quarter of this path's work after its
+-- GROUP BY; the same rows, docs/benchmarks.md.)
 simple_intervals AS (
     SELECT
         * EXCEPT (phases),
         greatest(s_start + offset, lo) AS a_lo,
         least(s_end + offset, hi) AS a_hi,
-        arrayFilter(iv -> iv.3 > iv.2, arrayConcat([(toUInt8($OTHER_RANK), a_lo, a_hi)],
+        if(a_hi > a_lo, a_hi - a_lo, 0) AS s_length,
+        arrayFilter(iv -> iv.3 > iv.2,
             arrayMap(p -> (p.1, greatest(p.2 + offset, a_lo), least(p.3 + offset, a_hi)),
-                phases))) AS ivs
+                phases)) AS phase_ivs,
+        arrayConcat(if(a_hi > a_lo, [(toUInt8($OTHER_RANK), a_lo, a_hi)], []), phase_ivs) AS ivs,
+        arraySort(iv -> iv.2, phase_ivs) AS by_start,
+        arrayAll((a, b) -> b.2 >= a.3, arrayPopBack(by_start), arrayPopFront(by_start)) AS flat
     FROM simple_timeline
 ),
 simple_cut AS (
     SELECT
-        * EXCEPT (a_lo, a_hi),
-        $CUTS(lo, hi, ivs) AS cuts
+        * EXCEPT (a_lo, a_hi, by_start),
+        if(flat, [], $CUTS(lo, hi, ivs)) AS cuts
     FROM simple_intervals
 ),
 simple_swept AS (
@@ -91,8 +102,8 @@ simple_swept AS (
 -- Stage 5: tokens, streaming figures of the last timed decode span, the client's TTFT, GPU.
 simple_parsed AS (
     SELECT
-        * EXCEPT (segments, decode, gpu_prefill, gpu_decode),
-        $BUCKET_SUMS,
+        * EXCEPT (segments, decode, gpu_prefill, gpu_decode, s_length, phase_ivs, flat),
+        $FLAT_SUMS,
         -- Token offsets (us) from the decode span's start: the token times are start + offset
         -- * 1000, read only where a figure needs one ($GAPS).
         if(n_timed = 0, [], $INT_LIST(decode.3)) AS offsets,
