@@ -295,6 +295,34 @@ def test_a_slice_of_big_traces_is_cut_by_spans_too(store: Store) -> None:
         at += count
 
 
+def test_a_slice_with_fewer_free_markers_than_batches_goes_in_as_many_as_it_has(
+    store: Store,
+) -> None:
+    """Each batch of a slice needs its own SpansIngestedAt marker; with all but one of the
+    slice's markers taken (rows of another attributor hold them), its 7 traces of batches of 2
+    go in 2 batches, evenly, and every trace gets its row."""
+    from latscope.attribution.attributor import MAX_CUTS
+
+    trace_ids = _cut_slice(store, (3, 4))
+    att = Attributor(store, settle_s=0, batch_traces=2)
+    start = (
+        store.query_rows(
+            "SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)) FROM otel_traces"
+            " WHERE TraceId IN {t:Array(String)}",
+            {"t": trace_ids},
+        )[0][0]
+        - 1
+    )
+    att.watermark_us = start
+    att._taken = set(range(start + 2, start + MAX_CUTS))  # free: start + 1, and the slice's end
+    assert att.run_until_idle() == len(trace_ids)
+    markers = _markers(store, trace_ids)
+    assert all(len(m) == 1 for m in markers.values()), markers
+    by_id = [markers[t][0] for t in sorted(trace_ids)]
+    assert [len(list(g)) for _, g in itertools.groupby(by_id)] == [4, 3], by_id
+    assert by_id[0] == start + 1
+
+
 def test_a_restart_inside_a_cut_slice_redoes_it(store: Store) -> None:
     """Stopped after some batches of a slice, a new attributor resumes before the slice: every
     trace gets its row, and the rows already written are written again, the same."""
