@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +209,39 @@ def _markers(store: Store, trace_ids: list[str]) -> dict[str, list[int]]:
     return out
 
 
+def _marks_by_id(store: Store, trace_ids: list[str]) -> list[int]:
+    """Each trace's one row's SpansIngestedAt (us), in trace id order."""
+    markers = _markers(store, trace_ids)
+    assert all(len(m) == 1 for m in markers.values()), markers
+    return [markers[t][0] for t in sorted(trace_ids)]
+
+
+def _runs(values: Iterable[Any]) -> list[int]:
+    """The lengths of the runs of equal values: a slice's batches, from its traces' markers in
+    trace id order."""
+    return [len(list(g)) for _, g in itertools.groupby(values)]
+
+
+def _before_first_span(store: Store, trace_ids: list[str]) -> int:
+    """Just before the ingest time (us) of the first span of ``trace_ids``: a watermark whose
+    next slice starts with them (as after idle time)."""
+    first = store.query_rows(
+        "SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)) FROM otel_traces"
+        " WHERE TraceId IN {t:Array(String)}",
+        {"t": trace_ids},
+    )[0][0]
+    return int(first) - 1
+
+
+def _serve_attributor(settings: Settings, store: Store) -> Attributor:
+    """The attributor ``latscope serve`` makes from ``settings``."""
+    (attributor,) = [
+        c for c in attributor_parts(settings, store).components if c.name == "attributor"
+    ]
+    assert isinstance(attributor, Attributor)
+    return attributor
+
+
 def test_a_slice_is_planned_once_and_cut_by_trace_id(store: Store) -> None:
     """A slice of more traces than a batch holds is grouped once, and cut into batches of at
     most ``batch_traces`` traces by trace id (runs of the spans table's sort key, whatever
@@ -238,11 +271,9 @@ def test_a_slice_is_planned_once_and_cut_by_trace_id(store: Store) -> None:
     # One plan found the slice's 7 traces; the others found an empty slice.
     assert [p[0][0] for p in plans if p[0][0]] == [7], plans
     assert batches == [2, 2, 2, 1]  # ceil(7 / 2) batches, as even as can be
-    markers = _markers(store, trace_ids)
-    assert all(len(m) == 1 for m in markers.values()), markers
     # Each batch is a run of trace ids, and its rows' mark is its own.
-    by_id = [markers[t][0] for t in sorted(trace_ids)]
-    assert [len(list(g)) for _, g in itertools.groupby(by_id)] == [2, 2, 2, 1], by_id
+    by_id = _marks_by_id(store, trace_ids)
+    assert _runs(by_id) == [2, 2, 2, 1], by_id
     assert by_id[-1] == att.watermark_us  # the last batch's rows mark the slice's end
 
 
@@ -275,16 +306,14 @@ def test_a_slice_of_big_traces_is_cut_by_spans_too(store: Store) -> None:
     time.sleep(0.05)
     att = Attributor(store, settle_s=0, batch_traces=4, batch_spans=12)
     assert att.run_until_idle() == len(sizes)
-    markers = _markers(store, list(sizes))
-    assert all(len(m) == 1 for m in markers.values()), markers
     by_id = sorted(sizes)
-    got = [len(list(g)) for _, g in itertools.groupby(markers[t][0] for t in by_id)]
+    got = _runs(_marks_by_id(store, by_id))
     # The same cut, recomputed.
     weights = [max(sizes[t] * 4, 12) for t in by_id]
     k = -(-sum(weights) // (12 * 4))
     share = -(-sum(weights) // k)
     shares = [sum(weights[:i]) // share for i in range(len(by_id))]
-    assert got == [len(list(g)) for _, g in itertools.groupby(shares)], (got, shares)
+    assert got == _runs(shares), (got, shares)
     # More batches than the traces alone need (a share is skipped only when one trace weighs
     # more than a share: here only the 14-span one).
     assert len(got) >= k - 1 > -(-len(sizes) // 4), (got, k)
@@ -305,21 +334,11 @@ def test_a_slice_with_fewer_free_markers_than_batches_goes_in_as_many_as_it_has(
 
     trace_ids = _cut_slice(store, (3, 4))
     att = Attributor(store, settle_s=0, batch_traces=2)
-    start = (
-        store.query_rows(
-            "SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)) FROM otel_traces"
-            " WHERE TraceId IN {t:Array(String)}",
-            {"t": trace_ids},
-        )[0][0]
-        - 1
-    )
-    att.watermark_us = start
+    start = att.watermark_us = _before_first_span(store, trace_ids)
     att._taken = set(range(start + 2, start + MAX_CUTS))  # free: start + 1, and the slice's end
     assert att.run_until_idle() == len(trace_ids)
-    markers = _markers(store, trace_ids)
-    assert all(len(m) == 1 for m in markers.values()), markers
-    by_id = [markers[t][0] for t in sorted(trace_ids)]
-    assert [len(list(g)) for _, g in itertools.groupby(by_id)] == [4, 3], by_id
+    by_id = _marks_by_id(store, trace_ids)
+    assert _runs(by_id) == [4, 3], by_id
     assert by_id[0] == start + 1
 
 
@@ -330,14 +349,7 @@ def test_a_restart_inside_a_cut_slice_redoes_it(store: Store) -> None:
     first = Attributor(store, settle_s=0, batch_traces=2)
     # The slice starts just before its first span (as after idle time): the first batches'
     # marks are at the ingest time of the first insert.
-    first.watermark_us = (
-        store.query_rows(
-            "SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)) FROM otel_traces"
-            " WHERE TraceId IN {t:Array(String)}",
-            {"t": trace_ids},
-        )[0][0]
-        - 1
-    )
+    first.watermark_us = _before_first_span(store, trace_ids)
     # The slice's first two batches, one per call (after any empty slice before it).
     written: list[int] = []
     for _ in range(5):
@@ -717,10 +729,7 @@ def test_the_reach_is_a_setting_and_must_be_positive(store: Store) -> None:
         Settings.from_env({"LATSCOPE_ATTRIBUTION_REACH_S": "-1"}).validate()
     settings = Settings.from_env({"LATSCOPE_ATTRIBUTION_REACH_S": "14400"})
     settings.validate()
-    (attributor,) = [
-        c for c in attributor_parts(settings, store).components if c.name == "attributor"
-    ]
-    assert isinstance(attributor, Attributor) and attributor.reach_ns == 4 * _HOUR_MS * MS
+    assert _serve_attributor(settings, store).reach_ns == 4 * _HOUR_MS * MS
     assert Attributor(store).reach_ns == 2 * _HOUR_MS * MS
 
 
@@ -735,8 +744,5 @@ def test_batch_bounds_are_settings_and_must_be_positive(store: Store) -> None:
         {"LATSCOPE_ATTRIBUTION_BATCH_SPANS": "5000", "LATSCOPE_ATTRIBUTION_BATCH_TRACES": "700"}
     )
     settings.validate()
-    (attributor,) = [
-        c for c in attributor_parts(settings, store).components if c.name == "attributor"
-    ]
-    assert isinstance(attributor, Attributor)
+    attributor = _serve_attributor(settings, store)
     assert (attributor.batch_spans, attributor.batch_traces) == (5000, 700)

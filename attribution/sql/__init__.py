@@ -472,29 +472,29 @@ def _simple_gpu_map() -> str:
     )
 
 
+def _swept_sum(bucket: str) -> str:
+    """A bucket's time in the sweep's ``segments`` ((rank, length) pairs)."""
+    rank = NETWORK_RANK if bucket == "network" else RANK.get(bucket, OTHER_RANK)
+    return f"arraySum(arrayMap(p -> if(p.1 = {rank}, p.2, 0), segments))"
+
+
 def _bucket_sums() -> str:
-    out = []
-    for bucket in BUCKET_COLUMNS:
-        r = NETWORK_RANK if bucket == "network" else RANK.get(bucket, OTHER_RANK)
-        out.append(f"arraySum(arrayMap(p -> if(p.1 = {r}, p.2, 0), segments)) AS r_{bucket}")
-    return ",\n        ".join(out)
+    return ",\n        ".join(f"{_swept_sum(bucket)} AS r_{bucket}" for bucket in BUCKET_COLUMNS)
 
 
 def _flat_sums() -> str:
     """The single-call path's bucket sums (r_<bucket>): for a request whose phases do not overlap
     (``flat``), each phase's clipped length in its bucket, S's length less its phases' in
-    ``other`` and the window's less S's in network; else the sweep's (``_bucket_sums``)."""
-    swept = _bucket_sums().split(",\n        ")
+    ``other`` and the window's less S's in network; else the sweep's (``_swept_sum``)."""
     out = []
-    for bucket, sweep in zip(BUCKET_COLUMNS, swept, strict=True):
-        sweep = sweep.rsplit(" AS ", 1)[0]
+    for bucket in BUCKET_COLUMNS:
         if bucket == "network":
             flat = "(hi - lo) - s_length"
         elif bucket == "other":
             flat = "s_length - arraySum(arrayMap(p -> p.3 - p.2, phase_ivs))"
         else:
             flat = f"arraySum(arrayMap(p -> if(p.1 = {RANK[bucket]}, p.3 - p.2, 0), phase_ivs))"
-        out.append(f"if(flat, {flat}, {sweep}) AS r_{bucket}")
+        out.append(f"if(flat, {flat}, {_swept_sum(bucket)}) AS r_{bucket}")
     return ",\n        ".join(out)
 
 
