@@ -20,10 +20,12 @@ attributor and the rollup builder alone.
    run: ingest's work, not the attributor's; `spans_merges_stopped`), then
    `Attributor.run_until_idle()` from the stored spans to attribution rows: requests per
    CPU second; then again `--alone-runs` - 1 times over the same spans (the attribution table
-   emptied first), the best and median printed beside. Then the
-   statement's costs: ClickHouse's analysis of it (`EXPLAIN QUERY TREE`), one trace (the fixed
-   cost of a pass with work) and the marginal cost per request (a batch of N traces minus one
-   trace, over N - 1).
+   emptied first), the best and median printed beside. Its baseline: after each run, the bare
+   read of the columns it reads, of every stored span, into a Null table (the least any
+   attributor inside ClickHouse pays), and the attributor's CPU as a multiple of it (the
+   machine's speed moves both). Then the statement's costs: ClickHouse's analysis of it
+   (`EXPLAIN QUERY TREE`), one trace (the fixed cost of a pass with work) and the marginal cost
+   per request (a batch of N traces minus one trace, over N - 1).
 3. **Checks**: every request attributed (in both stores), and for a sample the rows equal what the
    reference engine (`attribute_requests`) gives for the stored spans.
 4. **The rollup builder**: every hour of those rows built (`Rollups.run_until_idle()`), CPU seconds
@@ -90,6 +92,13 @@ HISTORY_BATCH = 10_000
 HISTORY_CHUNK = 2_000_000
 #: Low traffic: after the last Export, serve's default settle window (5 s) and a poll to spare.
 TRICKLE_TAIL_S = 7.0
+#: The spans' columns the attributor reads (attribution/sql/00_span_rows.sql), for the bare
+#: read beside each of its runs.
+BARE_COLUMNS = (
+    "TraceId, SpanId, ParentSpanId, ServiceName, Timestamp, Duration, SpanKind, StatusCode, "
+    "ResourceAttributes, SpanName, LatscopeRuleAttributes, Events.Name, Events.Timestamp"
+)
+BARE_SINK = "latscope_bench_bare_read"
 _METRIC = re.compile(r"^(latscope_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 
 
@@ -408,6 +417,8 @@ class Alone:
     statements: dict[str, list[float]]
     #: CPU seconds of each further run over the same spans (the attribution table emptied first).
     repeats: list[float]
+    #: CPU seconds of the bare read after each run (the first run's first).
+    bare: list[float]
 
 
 def _timed_by_name(call: Any, names: dict[str, str], into: dict[str, list[float]]) -> Any:
@@ -422,6 +433,25 @@ def _timed_by_name(call: Any, names: dict[str, str], into: dict[str, list[float]
         return out
 
     return timed_call
+
+
+def bare_read(store: Any) -> float:
+    """CPU seconds of reading the columns the attributor reads, of every stored span, into a Null
+    table: what any attributor inside ClickHouse pays at least for these requests, and a baseline
+    measured after each of its runs (this machine's speed swings between runs: the ratio of the
+    two moves less than either)."""
+    from latscope.storage import SPANS_TABLE
+
+    store.command(
+        f"CREATE TABLE IF NOT EXISTS {BARE_SINK} ENGINE = Null "
+        f"AS SELECT {BARE_COLUMNS} FROM {SPANS_TABLE} LIMIT 0"
+    )
+    try:
+        sql = f"INSERT INTO {BARE_SINK} SELECT {BARE_COLUMNS} FROM {SPANS_TABLE}"
+        cpu, _ = _cpu_of(lambda: store.command(sql))
+    finally:
+        store.command(f"DROP TABLE IF EXISTS {BARE_SINK}")
+    return cpu
 
 
 def _attribute_again(
@@ -490,10 +520,16 @@ def alone(store_dir: Path, requests: int, runs: int) -> Alone:
             rollups = Rollups(store, settle_s=0.0, margin_s=0.0)
             rollup_cpu, hours = _cpu_of(rollups.run_until_idle)
             costs = statement_costs(store)
+            bare = [bare_read(store)]
             # The same work again (the machine's load swings between runs): a new attributor starts
             # from an empty attribution table, so it attributes every request again.
-            repeats = [_attribute_again(store, requests) for _ in range(runs - 1)]
-            return Alone(written, cpu, passes[0], costs, hours, rollup_cpu, statements, repeats)
+            repeats = []
+            for _ in range(runs - 1):
+                repeats.append(_attribute_again(store, requests))
+                bare.append(bare_read(store))
+            return Alone(
+                written, cpu, passes[0], costs, hours, rollup_cpu, statements, repeats, bare
+            )
     finally:
         store.close()
 
@@ -699,6 +735,14 @@ def main() -> None:
             f"  {len(rates)} runs: best {max(rates):,.0f}, median {median:,.0f} requests per CPU s "
             f"({', '.join(f'{r:,.0f}' for r in rates)})"
         )
+    cpus = (solo.attributor_cpu, *solo.repeats)
+    times = [cpu / bare for cpu, bare in zip(cpus, solo.bare, strict=True)]
+    print(
+        f"  baseline, the bare read of the columns it reads (all {solo.written * SPANS:,} spans "
+        f"into a Null table) after each run: {', '.join(f'{b:.2f}' for b in solo.bare)} CPU s; "
+        f"the attributor {', '.join(f'{t:.1f}' for t in times)}x it (median "
+        f"{statistics.median(times):.1f}x)"
+    )
     spent = sorted(solo.statements.items(), key=lambda kv: -kv[1][0])
     print(
         "  by statement: "
