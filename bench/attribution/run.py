@@ -36,6 +36,9 @@ attributor and the rollup builder alone.
    with N spans of earlier traffic stored in the `HISTORY_HOURS` hours before the requests (7-span
    traces with random ids, ingested before them), with the default reach
    (`--attribution-reach-s`) and with a day of reach: what stored history costs each pass.
+   Before the history, also `SMALL_PASSES` passes of one insert's traces each (serve's passes
+   at about one insert a second): their random trace ids touch most granules of the hours they
+   are in, so a small pass reads about what a big one reads.
 
 6. **Low traffic** (`--trickle-s S`, 0 skips it): serve with the attributor off, then on, fresh
    stores, sent one Export of 64 requests a second for S seconds (then a settle window, so the
@@ -88,6 +91,8 @@ MARGINAL_TRACES = 20_000
 #: Stored history: how many hours before the requests it covers, and the traces per pass.
 HISTORY_HOURS = 20
 HISTORY_BATCH = 10_000
+#: Passes of one insert's traces each (serve's smallest), before the history is stored.
+SMALL_PASSES = 40
 #: Rows per INSERT of history (each well inside the store's query time limit).
 HISTORY_CHUNK = 2_000_000
 #: Low traffic: after the last Export, serve's default settle window (5 s) and a poll to spare.
@@ -542,6 +547,9 @@ class History:
     before: float
     default_reach: float
     day_reach: float
+    #: passes of one insert each, before the history: requests per CPU second, requests and
+    #: CPU seconds a pass
+    small: tuple[float, float, float]
 
 
 def _history_rate(store: Any, requests: int, after_us: int, step_s: float, **kwargs: Any) -> float:
@@ -552,6 +560,28 @@ def _history_rate(store: Any, requests: int, after_us: int, step_s: float, **kwa
         store, requests, after_us=after_us, batch_traces=HISTORY_BATCH, step_s=step_s, **kwargs
     )
     return requests / cpu
+
+
+def _small_pass_rate(store: Any, after_us: int) -> tuple[float, float, float]:
+    """SMALL_PASSES passes of one insert's traces each, from ``after_us`` (ingest time): what a
+    pass costs when its traces are few beside the spans stored in its reach. Each pass's random
+    trace ids touch most granules of the hours they are in, so a pass reads about what a big one
+    reads. Returns requests per CPU second, requests a pass and CPU seconds a pass."""
+    from latscope.attribution.attributor import Attributor
+    from latscope.storage import ATTRIBUTION_TABLE
+
+    store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
+    # A slice of 1 us holds one insert (its spans share their LatscopeIngestedAt), and an empty
+    # one skips to the next span.
+    attributor = Attributor(store, settle_s=0.0, step_s=1e-6)
+    attributor.watermark_us = after_us
+    written, passes, cpu = 0, 0, 0.0
+    for _ in range(100 * SMALL_PASSES):
+        spent, n = _cpu_of(lambda: attributor.run_until_idle(max_batches=1))
+        written, passes, cpu = written + n, passes + (n > 0), cpu + spent
+        if passes == SMALL_PASSES:
+            break
+    return written / cpu, written / max(passes, 1), cpu / max(passes, 1)
 
 
 def with_history(store_dir: Path, requests: int, spans: int) -> History:
@@ -573,6 +603,7 @@ def with_history(store_dir: Path, requests: int, spans: int) -> History:
         # each batch would read only its range's granules: a backlog, not serve's passes).
         step_s = (last_us - first_us) / 1e6 * HISTORY_BATCH / requests
         with spans_merges_stopped(store):
+            small = _small_pass_rate(store, first_us - 1)
             before = _history_rate(store, requests, first_us - 1, step_s)
         span_ns = HISTORY_HOURS * HOUR_NS // spans
         for lo in range(0, spans, HISTORY_CHUNK):
@@ -596,7 +627,7 @@ FROM (SELECT number + {{lo:UInt64}} AS n FROM numbers({{count:UInt64}}))""",
         with spans_merges_stopped(store):  # the history's merges are its ingest's work
             default_reach = _history_rate(store, requests, first_us - 1, step_s)
             day_reach = _history_rate(store, requests, first_us - 1, step_s, reach_s=24 * 3600.0)
-        return History(spans, before, default_reach, day_reach)
+        return History(spans, before, default_reach, day_reach, small)
     finally:
         store.close()
 
@@ -767,6 +798,11 @@ def main() -> None:
             f"requests), the attributor alone in passes of {HISTORY_BATCH:,} traces:"
         )
         print(f"  before the history was stored: {h.before:,.0f} requests per CPU s")
+        rate, per_pass, cpu = h.small
+        print(
+            f"  before it, in {SMALL_PASSES} passes of one insert's traces ({per_pass:,.0f} a "
+            f"pass): {rate:,.0f} requests per CPU s, {cpu * 1e3:.0f} ms CPU a pass"
+        )
         print(
             f"  with it, default reach ({DEFAULT_REACH_S / 3600:g} h): {h.default_reach:,.0f} "
             f"({h.default_reach / h.before:.2f} of before); a day of reach: {h.day_reach:,.0f} "
