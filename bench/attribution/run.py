@@ -755,7 +755,8 @@ def main() -> None:
 
     c = solo.costs
     print(f"\nthe attributor alone, stored spans -> attribution rows ({solo.passes} passes):")
-    rates = [solo.written / cpu for cpu in (solo.attributor_cpu, *solo.repeats)]
+    cpus = (solo.attributor_cpu, *solo.repeats)
+    rates = [solo.written / cpu for cpu in cpus]
     print(
         f"  {solo.written:,} requests in {solo.attributor_cpu:.2f} CPU s: "
         f"{rates[0]:,.0f} requests per CPU s (target >= 50,000)"
@@ -766,7 +767,6 @@ def main() -> None:
             f"  {len(rates)} runs: best {max(rates):,.0f}, median {median:,.0f} requests per CPU s "
             f"({', '.join(f'{r:,.0f}' for r in rates)})"
         )
-    cpus = (solo.attributor_cpu, *solo.repeats)
     times = [cpu / bare for cpu, bare in zip(cpus, solo.bare, strict=True)]
     print(
         f"  baseline, the bare read of the columns it reads (all {solo.written * SPANS:,} spans "
