@@ -45,6 +45,11 @@ attributor and the rollup builder alone.
    last are attributed): serve's CPU over that time in cores, and the attributor's share (on
    minus off). At this rate each pass has a few dozen traces, so what it costs is the fixed cost
    of a pass (its statements' analysis and planning, the insert, the polls), paid every second.
+7. **Live passes** (`--live-passes N`, 0 skips it; bench/attribution/live.py): in a fresh store,
+   1,000 of the requests inserted, then one pass over them, N times a set: with no earlier
+   traffic, then with copies of every request stored earlier in the same hours (one merged part),
+   under the trace id index the schema gives and under the one before it, alternating: what the
+   parts merged before cost a live pass, and how much of them each index lets it skip.
 
 Everything the run creates is removed at the end.
 """
@@ -73,6 +78,7 @@ from typing import Any
 
 import grpc
 
+from bench.attribution.live import insertable_spans, live_passes, print_live
 from bench.attribution.traces import SPANS, Traces
 from latscope.config import DEFAULT_REACH_S
 
@@ -685,6 +691,12 @@ def main() -> None:
         "--alone-runs", type=int, default=3, help="runs of the attributor alone (all printed)"
     )
     parser.add_argument(
+        "--live-passes",
+        type=int,
+        default=10,
+        help="passes of 1,000 new requests per set for the live passes (0: skip them)",
+    )
+    parser.add_argument(
         "--trickle-s",
         type=float,
         default=30.0,
@@ -713,6 +725,18 @@ def main() -> None:
                 shutil.rmtree(workdir / f"off-{i}", ignore_errors=True)
         off = pairs[0][0]
         solo = alone(off.store_dir, requests, max(1, args.alone_runs))
+        live = None
+        if args.live_passes > 0:
+            from latscope.storage import Store
+
+            store = Store.open(f"chdb://{off.store_dir}")
+            try:
+                spans = insertable_spans(store)
+            finally:
+                store.close()
+            live = live_passes(spans, workdir / "live" / "store", T0, args.live_passes)
+            del spans
+            shutil.rmtree(workdir / "live", ignore_errors=True)
         history = (
             with_history(off.store_dir, requests, args.history_spans)
             if args.history_spans > 0
@@ -808,6 +832,9 @@ def main() -> None:
             f"({h.default_reach / h.before:.2f} of before); a day of reach: {h.day_reach:,.0f} "
             f"({h.day_reach / h.before:.2f} of before)"
         )
+
+    if live is not None:
+        print_live(live)
 
     if trickle is not None:
         t_off, t_on = trickle

@@ -1,0 +1,238 @@
+"""Live passes, part 7 of the attribution benchmark (bench/attribution/run.py): what a pass of
+serve's attributor costs when the hours it reads already hold earlier traffic.
+
+A live pass's traces are new: their spans are in the parts of the last inserts, and the parts
+merged before, in the same hours, hold none of them. The spans table is sorted by hour then trace
+id, so the primary key cannot skip those parts' granules (a pass's random ids fall in most of an
+hour's trace id ranges); the trace id's bloom filter decides what the pass reads of them.
+
+In a fresh store, ``LIVE_REQUESTS`` of the benchmark's requests are inserted (one insert, as
+serve's writer makes them), then one attributor pass attributes them (settle window 0), and again,
+``passes`` times a set; the CPU of each pass is taken. The sets:
+
+1. no earlier traffic;
+2. after ``HISTORY_COPIES`` copies of every request's spans, with new ids, stored as earlier
+   traffic (ingested an hour before) in the hours of the live requests and merged into one part,
+   first with the trace id index the schema gives, then with ``OLD_INDEX`` (the index before
+   deploy/clickhouse/009_trace_id_bloom.sql), then each once more, alternating (the machine's
+   load moves a set's median).
+
+Printed: each set's median CPU a pass, and, for one pass's trace ids, how many granules of the
+store each index lets through after the primary key.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from bench.attribution.traces import SPANS
+
+#: Requests a live pass attributes (one insert): serve's pass at about 1,000 requests a second.
+LIVE_REQUESTS = 1_000
+#: Copies of the benchmark's requests stored as earlier traffic (7 M spans for 200,000).
+HISTORY_COPIES = 5
+#: The trace id index of deploy/clickhouse/001_spans.sql, before 009 made it finer.
+OLD_INDEX = "bloom_filter(0.001)"
+TRACE_INDEX = "idx_trace_id"
+HOUR_NS = 3600 * 10**9
+_GRANULES = re.compile(r"Granules: (\d+)/(\d+)")
+
+
+@dataclass
+class Live:
+    requests: int  # a pass
+    history_spans: int
+    index: str  # the schema's trace id index
+    #: CPU seconds of each pass, by set ("none", then the index of each set in turn)
+    sets: list[tuple[str, list[float]]] = field(default_factory=list)
+    #: for one pass's trace ids, by index: (granules after the bloom filter, after the key)
+    granules: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def insertable_spans(store: Any) -> pa.Table:
+    """Every stored span, in ingest order, with the columns an insert gives (not the computed
+    ones, nor LatscopeIngestedAt: a new insert takes its own)."""
+    from latscope.storage import SPANS_TABLE
+
+    columns = [
+        name
+        for name, kind in store.query_rows(
+            "SELECT name, default_kind FROM system.columns WHERE database = currentDatabase() "
+            "AND table = {t:String} ORDER BY position",
+            {"t": SPANS_TABLE},
+        )
+        if kind not in ("MATERIALIZED", "ALIAS") and name != "LatscopeIngestedAt"
+    ]
+    return store.query_arrow(
+        f"SELECT {', '.join(columns)} FROM {SPANS_TABLE} "
+        "ORDER BY LatscopeIngestedAt, TraceId, Timestamp"
+    )
+
+
+def _store_history(store: Any, spans: pa.Table, t0_ns: int) -> int:
+    """HISTORY_COPIES copies of ``spans`` with new trace and span ids, their 4 h of timestamps
+    folded onto the 2 h around ``t0_ns``, ingested an hour ago, merged into one part."""
+    from latscope.storage import SPANS_TABLE
+
+    columns = spans.column_names
+    store.command(f"CREATE TABLE latscope_bench_live_src AS {SPANS_TABLE} ENGINE = Memory")
+    try:
+        store.insert_arrow("latscope_bench_live_src", spans)
+        for k in range(HISTORY_COPIES):
+            exprs = {c: c for c in columns}
+            exprs["TraceId"] = (
+                f"lower(hex(cityHash64(TraceId, {k}))) || lower(hex(cityHash64(TraceId, {k}, 1)))"
+            )
+            exprs["SpanId"] = f"lower(hex(cityHash64(SpanId, {k})))"
+            exprs["ParentSpanId"] = (
+                f"if(ParentSpanId = '', '', lower(hex(cityHash64(ParentSpanId, {k}))))"
+            )
+            exprs["Timestamp"] = (
+                f"fromUnixTimestamp64Nano(toInt64({t0_ns - HOUR_NS} + "
+                f"intDiv(toUnixTimestamp64Nano(Timestamp) - {t0_ns}, 2) + {k}))"
+            )
+            store.command(
+                f"INSERT INTO {SPANS_TABLE} ({', '.join(columns)}, LatscopeIngestedAt) "
+                f"SELECT {', '.join(exprs[c] for c in columns)}, now64(6) - INTERVAL 1 HOUR "
+                "FROM latscope_bench_live_src"
+            )
+    finally:
+        store.command("DROP TABLE IF EXISTS latscope_bench_live_src")
+    store.command(f"OPTIMIZE TABLE {SPANS_TABLE} FINAL")
+    return HISTORY_COPIES * spans.num_rows
+
+
+def _set_index(store: Any, type_: str) -> None:
+    """The trace id index as ``type_``, built for every stored part (merges must run)."""
+    from latscope.storage import SPANS_TABLE
+
+    store.command(f"ALTER TABLE {SPANS_TABLE} DROP INDEX IF EXISTS {TRACE_INDEX}")
+    store.command(
+        f"ALTER TABLE {SPANS_TABLE} ADD INDEX {TRACE_INDEX} TraceId TYPE {type_} GRANULARITY 1"
+    )
+    store.command(
+        f"ALTER TABLE {SPANS_TABLE} MATERIALIZE INDEX {TRACE_INDEX} SETTINGS mutations_sync = 2"
+    )
+
+
+def _index(store: Any) -> str:
+    from latscope.storage import SPANS_TABLE
+
+    return str(
+        store.query_rows(
+            "SELECT type_full FROM system.data_skipping_indices WHERE database = "
+            "currentDatabase() AND table = {t:String} AND name = {n:String}",
+            {"t": SPANS_TABLE, "n": TRACE_INDEX},
+        )[0][0]
+    )
+
+
+def _granules(store: Any, ids: list[str]) -> tuple[int, int]:
+    """Granules a read of ``ids`` keeps after the primary key, then after the bloom filter."""
+    from latscope.storage import SPANS_TABLE
+
+    plan = "\n".join(
+        row[0]
+        for row in store.query_rows(
+            f"EXPLAIN indexes = 1 SELECT count() FROM {SPANS_TABLE} "
+            "WHERE TraceId IN (SELECT arrayJoin({ids:Array(String)}))",
+            {"ids": ids},
+        )
+    )
+    skip = plan[plan.index(f"Name: {TRACE_INDEX}") :]
+    kept, considered = (int(v) for v in _GRANULES.search(skip).groups())  # type: ignore[union-attr]
+    return kept, considered
+
+
+class _Feed:
+    """The benchmark's requests, LIVE_REQUESTS at a time, in the order serve stored them (a
+    request's 7 spans share one insert, so the ingest order keeps them together)."""
+
+    def __init__(self, spans: pa.Table) -> None:
+        self.spans = spans
+        self.at = 0
+
+    def next(self) -> pa.Table:
+        rows = LIVE_REQUESTS * SPANS
+        if self.at + rows > self.spans.num_rows:
+            raise ValueError("not enough requests for the live passes: raise --requests")
+        chunk = self.spans.slice(self.at, rows)
+        self.at += rows
+        return chunk
+
+
+def _passes(store: Any, feed: _Feed, passes: int) -> tuple[list[float], list[str]]:
+    """``passes`` times: insert the next requests, then one pass over them; the CPU of each
+    pass, and the last pass's trace ids."""
+    from bench.attribution.run import _cpu_of, spans_merges_stopped
+    from latscope.attribution.attributor import Attributor
+    from latscope.storage import SPANS_TABLE
+
+    attributor = Attributor(store, settle_s=0.0)
+    attributor.watermark_us = int(store.query_rows("SELECT toUnixTimestamp64Micro(now64(6))")[0][0])
+    cpus: list[float] = []
+    ids: list[str] = []
+    with spans_merges_stopped(store):
+        for _ in range(passes):
+            chunk = feed.next()
+            store.insert_arrow(SPANS_TABLE, chunk)
+            time.sleep(0.002)  # past the insert's LatscopeIngestedAt
+            cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=1000))
+            assert written == LIVE_REQUESTS, (written, LIVE_REQUESTS)
+            cpus.append(cpu)
+            ids = sorted(set(chunk.column("TraceId").to_pylist()))
+    return cpus, ids
+
+
+def live_passes(spans: pa.Table, store_dir: Any, t0_ns: int, passes: int) -> Live:
+    """The live passes over a fresh store in ``store_dir`` (removed by the caller)."""
+    from latscope.storage import Store
+
+    store = Store.open(f"chdb://{store_dir}")
+    try:
+        store.apply_schema()
+        feed = _Feed(spans)
+        index = _index(store)
+        live = Live(LIVE_REQUESTS, 0, index)
+        live.sets.append(("none", _passes(store, feed, passes)[0]))
+        live.history_spans = _store_history(store, spans, t0_ns)
+        for type_ in (index, OLD_INDEX, index, OLD_INDEX):
+            if _index(store) != type_:
+                _set_index(store, type_)
+            cpus, ids = _passes(store, feed, passes)
+            live.sets.append((type_, cpus))
+            live.granules.setdefault(type_, _granules(store, ids))
+        return live
+    finally:
+        store.close()
+
+
+def print_live(live: Live) -> None:
+    print(
+        f"\nlive passes: {LIVE_REQUESTS:,} requests inserted, then one pass over them "
+        f"(serve's pass at ~{LIVE_REQUESTS:,} requests/s); CPU a pass, median of "
+        f"{len(live.sets[0][1])} (each set in turn):"
+    )
+    base = statistics.median(live.sets[0][1])
+    for name, cpus in live.sets:
+        median = statistics.median(cpus)
+        label = (
+            "no earlier traffic"
+            if name == "none"
+            else f"{live.history_spans:,} spans earlier, trace id index {name}"
+        )
+        print(
+            f"  {label:62s} {median * 1e3:6.0f} ms ({min(cpus) * 1e3:.0f}-{max(cpus) * 1e3:.0f}); "
+            f"{LIVE_REQUESTS / median:,.0f} requests per CPU s; {median / base:.2f}x no history"
+        )
+    for name, (kept, considered) in live.granules.items():
+        print(
+            f"  one pass's {LIVE_REQUESTS:,} trace ids, index {name}: {kept} of the {considered} "
+            "granules the primary key kept"
+        )

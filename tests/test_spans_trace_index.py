@@ -1,0 +1,152 @@
+"""The spans table's trace id index (deploy/clickhouse/009_trace_id_bloom.sql): a read of a
+pass's new trace ids skips most granules of parts that hold none of them, where the index before
+009 let most through; a store from before 009 gets the new index for the parts it holds, and
+attributes as before."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from latscope.storage import SCHEMA_VERSION_TABLE, SPANS_TABLE, Store, ddl_files
+from tests.agent_traces import agent_run
+from tests.attribution_support import check_stored, store_traces
+from tests.serve_support import release_embedded_store
+from tests.upstream_traces import BUILDERS, span_records
+
+DDL = "009_trace_id_bloom.sql"
+INDEX = "idx_trace_id"
+#: 001_spans.sql's index, which 009 replaces.
+OLD = "bloom_filter(0.001)"
+#: Ids per pass (serve's pass at about 1,000 requests a second).
+IDS = 1_000
+_GRANULES = re.compile(r"Granules: (\d+)/(\d+)")
+
+
+def _index(store: Store) -> str:
+    rows = store.query_rows(
+        "SELECT type_full FROM system.data_skipping_indices WHERE database = currentDatabase() "
+        "AND table = {t:String} AND name = {n:String}",
+        {"t": SPANS_TABLE, "n": INDEX},
+    )
+    return str(rows[0][0]) if rows else ""
+
+
+def _kept(store: Store, ids_sql: str) -> tuple[int, int]:
+    """Granules a read of these trace ids keeps after the bloom filter, of those the primary
+    key kept."""
+    plan = "\n".join(
+        r[0]
+        for r in store.query_rows(
+            f"EXPLAIN indexes = 1 SELECT count() FROM {SPANS_TABLE} WHERE TraceId IN ({ids_sql})"
+        )
+    )
+    assert f"Name: {INDEX}" in plan, plan
+    match = _GRANULES.search(plan[plan.index(f"Name: {INDEX}") :])
+    assert match, plan
+    return int(match.group(1)), int(match.group(2))
+
+
+def _mutations_done(store: Store, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while store.query_rows(
+        "SELECT count() FROM system.mutations WHERE database = currentDatabase() "
+        "AND table = {t:String} AND NOT is_done",
+        {"t": SPANS_TABLE},
+    )[0][0]:
+        assert time.monotonic() < deadline, "the index was not built in time"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def own_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    release_embedded_store()  # chDB opens one data directory per process
+    store = Store.open(f"chdb://{tmp_path_factory.mktemp('trace-index') / 'store'}")
+    yield store
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_pass_of_new_trace_ids_skips_the_parts_without_them(own_store: Store) -> None:
+    """1.4 M spans of earlier traces in one hour, merged into one part (171 granules of 8,192),
+    then the trace ids of a pass (none stored): the bloom filter keeps a tenth of the granules
+    the primary key keeps; the index before 009 kept most of them."""
+    store = own_store
+    store.apply_schema()
+    assert _index(store) == "bloom_filter(0.0001)"
+    store.command(
+        f"""INSERT INTO {SPANS_TABLE} (Timestamp, TraceId, SpanId, ServiceName, SpanName, SpanKind,
+    SpanAttributes)
+SELECT toDateTime64('2025-11-13 10:00:00', 9) + toIntervalMillisecond(number % 3600000),
+       lower(hex(cityHash64(intDiv(number, 7), 1))) || lower(hex(cityHash64(intDiv(number, 7), 2))),
+       lower(hex(cityHash64(number, 3))), 'earlier', 'step', 'Internal', map('step', '1')
+FROM numbers(1400000)"""
+    )
+    store.command(f"OPTIMIZE TABLE {SPANS_TABLE} FINAL")
+    new_ids = (
+        "SELECT lower(hex(cityHash64(number, 11))) || lower(hex(cityHash64(number, 12))) "
+        f"FROM numbers({IDS})"
+    )
+    kept, considered = _kept(store, new_ids)
+    assert considered > 50, considered  # the key cannot skip most: the ids fall in every range
+    assert kept <= 0.25 * considered, (kept, considered)  # about 10 % at 1e-4 per id
+
+    # The same read under the index 001 made: 1 - 0.999^1000 = 63 % of the granules.
+    store.command(f"ALTER TABLE {SPANS_TABLE} DROP INDEX {INDEX}")
+    store.command(f"ALTER TABLE {SPANS_TABLE} ADD INDEX {INDEX} TraceId TYPE {OLD} GRANULARITY 1")
+    store.command(
+        f"ALTER TABLE {SPANS_TABLE} MATERIALIZE INDEX {INDEX} SETTINGS mutations_sync = 2"
+    )
+    old_kept, old_considered = _kept(store, new_ids)
+    assert old_considered == considered
+    assert old_kept >= 0.45 * considered, (old_kept, considered)
+    # And a stored trace is still found through either: its 7 spans.
+    stored = "SELECT lower(hex(cityHash64(42, 1))) || lower(hex(cityHash64(42, 2)))"
+    assert store.query_rows(f"SELECT count() FROM {SPANS_TABLE} WHERE TraceId IN ({stored})") == [
+        (7,)
+    ]
+
+
+@pytest.mark.slow
+def test_a_store_from_before_the_file_gets_the_new_index_and_attributes_as_before(
+    own_store: Store,
+) -> None:
+    store = own_store
+    version = int(DDL[:3])
+    store.schema_version()
+    for ddl in ddl_files():
+        if ddl.version < version:  # the schema as it was before the file
+            for statement in ddl.statements():
+                store.command(statement)
+            store.command(
+                f"INSERT INTO {SCHEMA_VERSION_TABLE} (Version, Name) "
+                f"VALUES ({ddl.version}, '{ddl.name}')"
+            )
+    assert _index(store) == OLD
+    traces = {}
+    for _, build in BUILDERS:
+        traces.update(span_records(build(0).resource_spans))
+    for seed in range(2):
+        run = agent_run(seed, parallel=True, gateways=True, retries=True, skew=True)
+        traces.update(span_records(run.built.resource_spans))
+    before = store_traces(store, traces)
+
+    assert store.apply_schema() >= version
+    assert _index(store) == "bloom_filter(0.0001)"
+    _mutations_done(store)  # MATERIALIZE INDEX runs in the background
+    index_bytes = store.query_rows(
+        "SELECT min(secondary_indices_compressed_bytes) FROM system.parts "
+        "WHERE database = currentDatabase() AND table = {t:String} AND active",
+        {"t": SPANS_TABLE},
+    )[0][0]
+    assert index_bytes > 0  # every part stored before has the new filter
+    # The spans of each stored trace are found by id, and attributed as before the file.
+    for stored_id, (_, spans) in list(before.items())[:5]:
+        found = store.query_rows(
+            f"SELECT count() FROM {SPANS_TABLE} WHERE TraceId = {{id:String}}", {"id": stored_id}
+        )[0][0]
+        assert found == len(spans)
+    check_stored(store, before)
+    check_stored(store, store_traces(store, traces))
