@@ -1,7 +1,7 @@
-"""The spans table's trace id index (deploy/clickhouse/009_trace_id_bloom.sql): a read of a
-pass's new trace ids skips most granules of parts that hold none of them, where the index before
-009 let most through; a store from before 009 gets the new index for the parts it holds, and
-attributes as before."""
+"""The trace id indexes of the spans and the attribution rows
+(deploy/clickhouse/009_trace_id_bloom.sql): a read of a pass's new trace ids skips most granules
+of parts that hold none of them, where the index before 009 let most through; a store from before
+009 gets the new indexes for the parts it holds, and attributes as before."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import time
 
 import pytest
 
-from latscope.storage import SCHEMA_VERSION_TABLE, SPANS_TABLE, Store, ddl_files
+from latscope.attribution.attributor import Attributor
+from latscope.storage import (
+    ATTRIBUTION_TABLE,
+    SCHEMA_VERSION_TABLE,
+    SPANS_TABLE,
+    Store,
+    ddl_files,
+)
 from tests.agent_traces import agent_run
 from tests.attribution_support import check_stored, store_traces
 from tests.serve_support import release_embedded_store
@@ -25,11 +32,11 @@ IDS = 1_000
 _GRANULES = re.compile(r"Granules: (\d+)/(\d+)")
 
 
-def _index(store: Store) -> str:
+def _index(store: Store, table: str = SPANS_TABLE) -> str:
     rows = store.query_rows(
         "SELECT type_full FROM system.data_skipping_indices WHERE database = currentDatabase() "
         "AND table = {t:String} AND name = {n:String}",
-        {"t": SPANS_TABLE, "n": INDEX},
+        {"t": table, "n": INDEX},
     )
     return str(rows[0][0]) if rows else ""
 
@@ -49,12 +56,12 @@ def _kept(store: Store, ids_sql: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def _mutations_done(store: Store, timeout_s: float = 60.0) -> None:
+def _mutations_done(store: Store, table: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while store.query_rows(
         "SELECT count() FROM system.mutations WHERE database = currentDatabase() "
         "AND table = {t:String} AND NOT is_done",
-        {"t": SPANS_TABLE},
+        {"t": table},
     )[0][0]:
         assert time.monotonic() < deadline, "the index was not built in time"
         time.sleep(0.1)
@@ -124,7 +131,7 @@ def test_a_store_from_before_the_file_gets_the_new_index_and_attributes_as_befor
                 f"INSERT INTO {SCHEMA_VERSION_TABLE} (Version, Name) "
                 f"VALUES ({ddl.version}, '{ddl.name}')"
             )
-    assert _index(store) == OLD
+    assert _index(store) == _index(store, ATTRIBUTION_TABLE) == OLD
     traces = {}
     for _, build in BUILDERS:
         traces.update(span_records(build(0).resource_spans))
@@ -132,21 +139,33 @@ def test_a_store_from_before_the_file_gets_the_new_index_and_attributes_as_befor
         run = agent_run(seed, parallel=True, gateways=True, retries=True, skew=True)
         traces.update(span_records(run.built.resource_spans))
     before = store_traces(store, traces)
+    # Rows written before the file (the attribution table's parts get the new index too).
+    written = Attributor(store, settle_s=0.0).run_until_idle(max_batches=100)
+    assert written > 0
+    rows_by_trace = dict(
+        store.query_rows(f"SELECT TraceId, count() FROM {ATTRIBUTION_TABLE} FINAL GROUP BY TraceId")
+    )
 
     assert store.apply_schema() >= version
-    assert _index(store) == "bloom_filter(0.0001)"
-    _mutations_done(store)  # MATERIALIZE INDEX runs in the background
-    index_bytes = store.query_rows(
-        "SELECT min(secondary_indices_compressed_bytes) FROM system.parts "
-        "WHERE database = currentDatabase() AND table = {t:String} AND active",
-        {"t": SPANS_TABLE},
-    )[0][0]
-    assert index_bytes > 0  # every part stored before has the new filter
-    # The spans of each stored trace are found by id, and attributed as before the file.
-    for stored_id, (_, spans) in list(before.items())[:5]:
+    for table in (SPANS_TABLE, ATTRIBUTION_TABLE):
+        assert _index(store, table) == "bloom_filter(0.0001)"
+        _mutations_done(store, table)  # MATERIALIZE INDEX runs in the background
+        parts, without = store.query_rows(
+            "SELECT count(), countIf(secondary_indices_compressed_bytes = 0) FROM system.parts "
+            "WHERE database = currentDatabase() AND table = {t:String} AND active",
+            {"t": table},
+        )[0]
+        assert parts > 0 and without == 0, (table, parts, without)  # each has the new filter
+    # The spans and rows of each stored trace are found by id, and attributed as before the file.
+    for stored_id, (_, spans) in before.items():
         found = store.query_rows(
             f"SELECT count() FROM {SPANS_TABLE} WHERE TraceId = {{id:String}}", {"id": stored_id}
         )[0][0]
         assert found == len(spans)
+        rows = store.query_rows(
+            f"SELECT count() FROM {ATTRIBUTION_TABLE} FINAL WHERE TraceId = {{id:String}}",
+            {"id": stored_id},
+        )[0][0]
+        assert rows == rows_by_trace.get(stored_id, 0)
     check_stored(store, before)
     check_stored(store, store_traces(store, traces))

@@ -12,10 +12,10 @@ serve's writer makes them), then one attributor pass attributes them (settle win
 
 1. no earlier traffic;
 2. after ``HISTORY_COPIES`` copies of every request's spans, with new ids, stored as earlier
-   traffic (ingested an hour before) in the hours of the live requests and merged into one part,
-   first with the trace id index the schema gives, then with ``OLD_INDEX`` (the index before
-   deploy/clickhouse/009_trace_id_bloom.sql), then each once more, alternating (the machine's
-   load moves a set's median).
+   traffic (ingested an hour before) in the hours of the live requests, attributed, and merged
+   (spans and rows) into one part each, first with the trace id indexes the schema gives, then
+   with ``OLD_INDEX`` (the indexes before deploy/clickhouse/009_trace_id_bloom.sql), then each
+   once more, alternating (the machine's load moves a set's median).
 
 Printed: each set's median CPU a pass, and, for one pass's trace ids, how many granules of the
 store each index lets through after the primary key.
@@ -40,6 +40,8 @@ HISTORY_COPIES = 5
 #: The trace id index of deploy/clickhouse/001_spans.sql, before 009 made it finer.
 OLD_INDEX = "bloom_filter(0.001)"
 TRACE_INDEX = "idx_trace_id"
+#: The tables with that index: the spans, and the attribution rows a pass looks its traces up in.
+INDEXED = ("otel_traces", "latscope_attribution")
 HOUR_NS = 3600 * 10**9
 _GRANULES = re.compile(r"Granules: (\d+)/(\d+)")
 
@@ -49,8 +51,9 @@ class Live:
     requests: int  # a pass
     history_spans: int
     index: str  # the schema's trace id index
-    #: CPU seconds of each pass, by set ("none", then the index of each set in turn)
-    sets: list[tuple[str, list[float]]] = field(default_factory=list)
+    #: by set ("none", then the indexes of each set in turn): the CPU seconds of each pass, and
+    #: the CPU seconds a pass of its statements (by name)
+    sets: list[tuple[str, list[float], dict[str, float]]] = field(default_factory=list)
     #: for one pass's trace ids, by index: (granules after the bloom filter, after the key)
     granules: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -77,7 +80,9 @@ def insertable_spans(store: Any) -> pa.Table:
 
 def _store_history(store: Any, spans: pa.Table, t0_ns: int) -> int:
     """HISTORY_COPIES copies of ``spans`` with new trace and span ids, their 4 h of timestamps
-    folded onto the 2 h around ``t0_ns``, ingested an hour ago, merged into one part."""
+    folded onto the 2 h around ``t0_ns``, ingested an hour ago, attributed, and the spans and
+    the rows each merged into one part."""
+    from latscope.attribution.attributor import Attributor
     from latscope.storage import SPANS_TABLE
 
     columns = spans.column_names
@@ -104,21 +109,26 @@ def _store_history(store: Any, spans: pa.Table, t0_ns: int) -> int:
             )
     finally:
         store.command("DROP TABLE IF EXISTS latscope_bench_live_src")
-    store.command(f"OPTIMIZE TABLE {SPANS_TABLE} FINAL")
+    attributor = Attributor(store, settle_s=0.0)
+    attributor.watermark_us = int(
+        store.query_rows("SELECT toUnixTimestamp64Micro(now64(6) - INTERVAL 2 HOUR)")[0][0]
+    )
+    attributor.run_until_idle(max_batches=10**6)
+    for table in INDEXED:
+        store.command(f"OPTIMIZE TABLE {table} FINAL")
     return HISTORY_COPIES * spans.num_rows
 
 
 def _set_index(store: Any, type_: str) -> None:
-    """The trace id index as ``type_``, built for every stored part (merges must run)."""
-    from latscope.storage import SPANS_TABLE
-
-    store.command(f"ALTER TABLE {SPANS_TABLE} DROP INDEX IF EXISTS {TRACE_INDEX}")
-    store.command(
-        f"ALTER TABLE {SPANS_TABLE} ADD INDEX {TRACE_INDEX} TraceId TYPE {type_} GRANULARITY 1"
-    )
-    store.command(
-        f"ALTER TABLE {SPANS_TABLE} MATERIALIZE INDEX {TRACE_INDEX} SETTINGS mutations_sync = 2"
-    )
+    """The trace id indexes as ``type_``, built for every stored part (merges must run)."""
+    for table in INDEXED:
+        store.command(f"ALTER TABLE {table} DROP INDEX IF EXISTS {TRACE_INDEX}")
+        store.command(
+            f"ALTER TABLE {table} ADD INDEX {TRACE_INDEX} TraceId TYPE {type_} GRANULARITY 1"
+        )
+        store.command(
+            f"ALTER TABLE {table} MATERIALIZE INDEX {TRACE_INDEX} SETTINGS mutations_sync = 2"
+        )
 
 
 def _index(store: Any) -> str:
@@ -167,15 +177,19 @@ class _Feed:
         return chunk
 
 
-def _passes(store: Any, feed: _Feed, passes: int) -> tuple[list[float], list[str]]:
+def _passes(
+    store: Any, feed: _Feed, passes: int
+) -> tuple[list[float], dict[str, float], list[str]]:
     """``passes`` times: insert the next requests, then one pass over them; the CPU of each
-    pass, and the last pass's trace ids."""
-    from bench.attribution.run import _cpu_of, spans_merges_stopped
+    pass, its statements' CPU a pass by name, and the last pass's trace ids."""
+    from bench.attribution.run import _cpu_of, _timed_by_name, spans_merges_stopped
     from latscope.attribution.attributor import Attributor
     from latscope.storage import SPANS_TABLE
 
     attributor = Attributor(store, settle_s=0.0)
     attributor.watermark_us = int(store.query_rows("SELECT toUnixTimestamp64Micro(now64(6))")[0][0])
+    names = {sql: name for name, sql in vars(attributor._sql).items() if isinstance(sql, str)}
+    statements: dict[str, list[float]] = {}
     cpus: list[float] = []
     ids: list[str] = []
     with spans_merges_stopped(store):
@@ -183,11 +197,17 @@ def _passes(store: Any, feed: _Feed, passes: int) -> tuple[list[float], list[str
             chunk = feed.next()
             store.insert_arrow(SPANS_TABLE, chunk)
             time.sleep(0.002)  # past the insert's LatscopeIngestedAt
-            cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=1000))
+            for method in ("command", "query_rows"):
+                setattr(store, method, _timed_by_name(getattr(store, method), names, statements))
+            try:
+                cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=1000))
+            finally:
+                for method in ("command", "query_rows"):
+                    delattr(store, method)
             assert written == LIVE_REQUESTS, (written, LIVE_REQUESTS)
             cpus.append(cpu)
             ids = sorted(set(chunk.column("TraceId").to_pylist()))
-    return cpus, ids
+    return cpus, {name: cpu / passes for name, (cpu, _) in statements.items()}, ids
 
 
 def live_passes(spans: pa.Table, store_dir: Any, t0_ns: int, passes: int) -> Live:
@@ -200,13 +220,14 @@ def live_passes(spans: pa.Table, store_dir: Any, t0_ns: int, passes: int) -> Liv
         feed = _Feed(spans)
         index = _index(store)
         live = Live(LIVE_REQUESTS, 0, index)
-        live.sets.append(("none", _passes(store, feed, passes)[0]))
+        cpus, statements, _ = _passes(store, feed, passes)
+        live.sets.append(("none", cpus, statements))
         live.history_spans = _store_history(store, spans, t0_ns)
         for type_ in (index, OLD_INDEX, index, OLD_INDEX):
             if _index(store) != type_:
                 _set_index(store, type_)
-            cpus, ids = _passes(store, feed, passes)
-            live.sets.append((type_, cpus))
+            cpus, statements, ids = _passes(store, feed, passes)
+            live.sets.append((type_, cpus, statements))
             live.granules.setdefault(type_, _granules(store, ids))
         return live
     finally:
@@ -220,16 +241,18 @@ def print_live(live: Live) -> None:
         f"{len(live.sets[0][1])} (each set in turn):"
     )
     base = statistics.median(live.sets[0][1])
-    for name, cpus in live.sets:
+    for name, cpus, statements in live.sets:
         median = statistics.median(cpus)
         label = (
             "no earlier traffic"
             if name == "none"
-            else f"{live.history_spans:,} spans earlier, trace id index {name}"
+            else f"{live.history_spans:,} spans earlier, trace id indexes {name}"
         )
+        spent = sorted(statements.items(), key=lambda kv: -kv[1])[:3]
         print(
-            f"  {label:62s} {median * 1e3:6.0f} ms ({min(cpus) * 1e3:.0f}-{max(cpus) * 1e3:.0f}); "
-            f"{LIVE_REQUESTS / median:,.0f} requests per CPU s; {median / base:.2f}x no history"
+            f"  {label:63s} {median * 1e3:4.0f} ms ({min(cpus) * 1e3:.0f}-{max(cpus) * 1e3:.0f}); "
+            f"{LIVE_REQUESTS / median:,.0f} requests per CPU s; {median / base:.2f}x no history; "
+            f"mean a pass: {', '.join(f'{n} {c * 1e3:.0f} ms' for n, c in spent)}"
         )
     for name, (kept, considered) in live.granules.items():
         print(
