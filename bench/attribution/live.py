@@ -40,17 +40,28 @@ HISTORY_COPIES = 5
 #: The trace id index of deploy/clickhouse/001_spans.sql, before 009 made it finer.
 OLD_INDEX = "bloom_filter(0.001)"
 TRACE_INDEX = "idx_trace_id"
-#: The tables with that index: the spans, and the attribution rows a pass looks its traces up in.
-INDEXED = ("otel_traces", "latscope_attribution")
+#: The sets after the first (no earlier traffic): the schema's index, then the old, alternating.
+INDEXED_SETS = 4
 HOUR_NS = 3600 * 10**9
 _GRANULES = re.compile(r"Granules: (\d+)/(\d+)")
 
 
+def requests_needed(passes: int) -> int:
+    """Requests the live passes insert (each one once)."""
+    return (1 + INDEXED_SETS) * passes * LIVE_REQUESTS
+
+
+def _indexed() -> tuple[str, str]:
+    """The tables with the trace id index: the spans, and the attribution rows a pass looks its
+    traces up in."""
+    from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE
+
+    return SPANS_TABLE, ATTRIBUTION_TABLE
+
+
 @dataclass
 class Live:
-    requests: int  # a pass
-    history_spans: int
-    index: str  # the schema's trace id index
+    history_spans: int = 0
     #: by set ("none", then the indexes of each set in turn): the CPU seconds of each pass, and
     #: the CPU seconds a pass of its statements (by name)
     sets: list[tuple[str, list[float], dict[str, float]]] = field(default_factory=list)
@@ -114,14 +125,14 @@ def _store_history(store: Any, spans: pa.Table, t0_ns: int) -> int:
         store.query_rows("SELECT toUnixTimestamp64Micro(now64(6) - INTERVAL 2 HOUR)")[0][0]
     )
     attributor.run_until_idle(max_batches=10**6)
-    for table in INDEXED:
+    for table in _indexed():
         store.command(f"OPTIMIZE TABLE {table} FINAL")
     return HISTORY_COPIES * spans.num_rows
 
 
 def _set_index(store: Any, type_: str) -> None:
     """The trace id indexes as ``type_``, built for every stored part (merges must run)."""
-    for table in INDEXED:
+    for table in _indexed():
         store.command(f"ALTER TABLE {table} DROP INDEX IF EXISTS {TRACE_INDEX}")
         store.command(
             f"ALTER TABLE {table} ADD INDEX {TRACE_INDEX} TraceId TYPE {type_} GRANULARITY 1"
@@ -219,11 +230,12 @@ def live_passes(spans: pa.Table, store_dir: Any, t0_ns: int, passes: int) -> Liv
         store.apply_schema()
         feed = _Feed(spans)
         index = _index(store)
-        live = Live(LIVE_REQUESTS, 0, index)
+        live = Live()
         cpus, statements, _ = _passes(store, feed, passes)
         live.sets.append(("none", cpus, statements))
         live.history_spans = _store_history(store, spans, t0_ns)
-        for type_ in (index, OLD_INDEX, index, OLD_INDEX):
+        for i in range(INDEXED_SETS):
+            type_ = OLD_INDEX if i % 2 else index
             if _index(store) != type_:
                 _set_index(store, type_)
             cpus, statements, ids = _passes(store, feed, passes)

@@ -78,7 +78,7 @@ from typing import Any
 
 import grpc
 
-from bench.attribution.live import insertable_spans, live_passes, print_live
+from bench.attribution.live import insertable_spans, live_passes, print_live, requests_needed
 from bench.attribution.traces import SPANS, Traces
 from latscope.config import DEFAULT_REACH_S
 
@@ -704,6 +704,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     requests = 50_000 if args.quick else args.requests
+    if args.live_passes > 0 and requests_needed(args.live_passes) > requests:
+        parser.error(
+            f"--live-passes {args.live_passes} inserts {requests_needed(args.live_passes):,} "
+            f"requests, more than the {requests:,} of the run: fewer passes, or --live-passes 0"
+        )
 
     t = time.perf_counter()
     exports = build_exports(requests)
