@@ -193,31 +193,24 @@ def _passes(
 ) -> tuple[list[float], dict[str, float], list[str]]:
     """``passes`` times: insert the next requests, then one pass over them; the CPU of each
     pass, its statements' CPU a pass by name, and the last pass's trace ids."""
-    from bench.attribution.run import _cpu_of, _timed_by_name, spans_merges_stopped
+    from bench.attribution.run import _cpu_of, spans_merges_stopped, statements_timed
     from latscope.attribution.attributor import Attributor
     from latscope.storage import SPANS_TABLE
 
     attributor = Attributor(store, settle_s=0.0)
     attributor.watermark_us = int(store.query_rows("SELECT toUnixTimestamp64Micro(now64(6))")[0][0])
-    names = {sql: name for name, sql in vars(attributor._sql).items() if isinstance(sql, str)}
     statements: dict[str, list[float]] = {}
     cpus: list[float] = []
-    ids: list[str] = []
-    with spans_merges_stopped(store):
+    # The spans' inserts go through insert_arrow, which is not timed.
+    with spans_merges_stopped(store), statements_timed(store, attributor, statements):
         for _ in range(passes):
             chunk = feed.next()
             store.insert_arrow(SPANS_TABLE, chunk)
             time.sleep(0.002)  # past the insert's LatscopeIngestedAt
-            for method in ("command", "query_rows"):
-                setattr(store, method, _timed_by_name(getattr(store, method), names, statements))
-            try:
-                cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=1000))
-            finally:
-                for method in ("command", "query_rows"):
-                    delattr(store, method)
+            cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=1000))
             assert written == LIVE_REQUESTS, (written, LIVE_REQUESTS)
             cpus.append(cpu)
-            ids = sorted(set(chunk.column("TraceId").to_pylist()))
+    ids = sorted(set(chunk.column("TraceId").to_pylist()))
     return cpus, {name: cpu / passes for name, (cpu, _) in statements.items()}, ids
 
 

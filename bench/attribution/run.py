@@ -432,18 +432,31 @@ class Alone:
     bare: list[float]
 
 
-def _timed_by_name(call: Any, names: dict[str, str], into: dict[str, list[float]]) -> Any:
-    """``call`` (a Store method), adding each statement's CPU seconds and calls to ``into``
-    under its name in ``names`` (else "other")."""
+@contextlib.contextmanager
+def statements_timed(store: Any, attributor: Any, into: dict[str, list[float]]) -> Iterator[None]:
+    """While inside, each statement ``store`` runs (``command``, ``query_rows``) adds its CPU
+    seconds and a call to ``into``, under its name among ``attributor``'s statements (else
+    "other")."""
+    names = {sql: name for name, sql in vars(attributor._sql).items() if isinstance(sql, str)}
 
-    def timed_call(sql: str, *args: Any, **kwargs: Any) -> Any:
-        cpu, out = _cpu_of(lambda: call(sql, *args, **kwargs))
-        spent = into.setdefault(names.get(sql, "other"), [0.0, 0])
-        spent[0] += cpu
-        spent[1] += 1
-        return out
+    def timed(call: Any) -> Any:
+        def timed_call(sql: str, *args: Any, **kwargs: Any) -> Any:
+            cpu, out = _cpu_of(lambda: call(sql, *args, **kwargs))
+            spent = into.setdefault(names.get(sql, "other"), [0.0, 0])
+            spent[0] += cpu
+            spent[1] += 1
+            return out
 
-    return timed_call
+        return timed_call
+
+    methods = ("command", "query_rows")
+    for method in methods:
+        setattr(store, method, timed(getattr(store, method)))
+    try:
+        yield
+    finally:
+        for method in methods:
+            delattr(store, method)
 
 
 def bare_read(store: Any) -> float:
@@ -518,15 +531,9 @@ def alone(store_dir: Path, requests: int, runs: int) -> Alone:
                 return slice_(*a, **kw)
 
             attributor.attribute_slice = counted  # type: ignore[method-assign]
-            names = {
-                sql: name for name, sql in vars(attributor._sql).items() if isinstance(sql, str)
-            }
             statements: dict[str, list[float]] = {}
-            for method in ("command", "query_rows"):
-                setattr(store, method, _timed_by_name(getattr(store, method), names, statements))
-            cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=10**6))
-            for method in ("command", "query_rows"):
-                delattr(store, method)
+            with statements_timed(store, attributor, statements):
+                cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=10**6))
             assert written == requests, (written, requests)
             rollups = Rollups(store, settle_s=0.0, margin_s=0.0)
             rollup_cpu, hours = _cpu_of(rollups.run_until_idle)
