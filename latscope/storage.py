@@ -198,8 +198,9 @@ class Store:
         rows = self.query_rows(f"SELECT max(Version) FROM {SCHEMA_VERSION_TABLE}")
         return int(rows[0][0] or 0)
 
-    def apply_schema(self) -> int:
-        """Apply every DDL file newer than the recorded version; returns the version now in force.
+    def apply_schema(self, upto: int | None = None) -> int:
+        """Apply every DDL file newer than the recorded version (up to version ``upto``, when
+        given: a store as that version left it); returns the version now in force.
 
         Every statement is ``IF NOT EXISTS``, so running this twice, or from two processes at
         once, is harmless. A spans table that exists with another attribute layout is refused
@@ -208,7 +209,7 @@ class Store:
         self.check_spans_layout()
         current = self.schema_version()
         for ddl in ddl_files():
-            if ddl.version <= current:
+            if ddl.version <= current or (upto is not None and ddl.version > upto):
                 continue
             for statement in ddl.statements():
                 self.command(statement)

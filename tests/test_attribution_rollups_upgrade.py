@@ -14,7 +14,7 @@ from latscope.attribution import aggregates as ag
 from latscope.attribution import rollups
 from latscope.attribution.frames import to_table
 from latscope.attribution.rollups import HOUR_NS, Rollups
-from latscope.storage import ATTRIBUTION_TABLE, SCHEMA_VERSION_TABLE, Store, ddl_files
+from latscope.storage import ATTRIBUTION_TABLE, Store
 from tests.rows_support import check_against, close, make_rows
 from tests.serve_support import release_embedded_store
 
@@ -30,15 +30,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     release_embedded_store()  # chDB opens one data directory per process
     store = Store.open(f"chdb://{tmp_path_factory.mktemp('upgrade') / 'store'}")
     try:
-        store.schema_version()
-        for ddl in ddl_files():
-            if ddl.version < 4:  # the schema as it was before the rollups
-                for statement in ddl.statements():
-                    store.command(statement)
-                store.command(
-                    f"INSERT INTO {SCHEMA_VERSION_TABLE} (Version, Name) "
-                    f"VALUES ({ddl.version}, '{ddl.name}')"
-                )
+        store.apply_schema(upto=3)  # the schema as it was before the rollups (004)
         yield store
     finally:
         store.close()

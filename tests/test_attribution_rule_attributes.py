@@ -10,7 +10,7 @@ import re
 import pytest
 
 from latscope.attribution.sql import CODES, KEYS
-from latscope.storage import SCHEMA_VERSION_TABLE, SPANS_TABLE, Store, ddl_files
+from latscope.storage import SPANS_TABLE, Store, ddl_files
 from tests.agent_traces import agent_run
 from tests.attribution_support import check_stored, store_traces
 from tests.serve_support import release_embedded_store
@@ -54,15 +54,7 @@ def test_spans_stored_before_the_column_are_attributed_as_after(
     store = Store.open(f"chdb://{tmp_path_factory.mktemp('rule-attributes') / 'store'}")
     version = int(DDL[:3])
     try:
-        store.schema_version()
-        for ddl in ddl_files():
-            if ddl.version < version:  # the schema as it was before the column
-                for statement in ddl.statements():
-                    store.command(statement)
-                store.command(
-                    f"INSERT INTO {SCHEMA_VERSION_TABLE} (Version, Name) "
-                    f"VALUES ({ddl.version}, '{ddl.name}')"
-                )
+        store.apply_schema(upto=version - 1)  # the schema as it was before the column
         traces = {}
         for _, build in BUILDERS:
             traces.update(span_records(build(0).resource_spans))

@@ -12,13 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from latscope.attribution.attributor import Attributor
-from latscope.storage import (
-    ATTRIBUTION_TABLE,
-    SCHEMA_VERSION_TABLE,
-    SPANS_TABLE,
-    Store,
-    ddl_files,
-)
+from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
 from tests.agent_traces import agent_run
 from tests.attribution_support import check_stored, store_traces
 from tests.serve_support import release_embedded_store
@@ -122,15 +116,7 @@ def test_a_store_from_before_the_file_gets_the_new_index_and_attributes_as_befor
 ) -> None:
     store = own_store
     version = int(DDL[:3])
-    store.schema_version()
-    for ddl in ddl_files():
-        if ddl.version < version:  # the schema as it was before the file
-            for statement in ddl.statements():
-                store.command(statement)
-            store.command(
-                f"INSERT INTO {SCHEMA_VERSION_TABLE} (Version, Name) "
-                f"VALUES ({ddl.version}, '{ddl.name}')"
-            )
+    store.apply_schema(upto=version - 1)  # the schema as it was before the file
     assert _index(store) == _index(store, ATTRIBUTION_TABLE) == OLD
     traces = {}
     for _, build in BUILDERS:
