@@ -15,10 +15,18 @@ serve's writer makes them), then one attributor pass attributes them (settle win
    traffic (ingested an hour before) in the hours of the live requests, attributed, and merged
    (spans and rows) into one part each, first with the trace id indexes the schema gives, then
    with ``OLD_INDEX`` (the indexes before deploy/clickhouse/009_trace_id_bloom.sql), then each
-   once more, alternating (the machine's load moves a set's median).
+   once more, alternating (the machine's load moves a set's median);
+3. serve's cadence, with the merges running (the sets above stop them, so each pass's traces
+   are still in their insert's part): every second ``LIVE_REQUESTS`` new requests in
+   ``INSERTS_A_SECOND`` inserts, as serve's writer makes them at that rate, then a pass of an
+   attributor with serve's settle window (``SERVE_SETTLE_S``), which takes the requests of the
+   second that settled. Between passes the spans' merges run and may fold a pass's traces into
+   bigger parts before it reads them; they stop only while a pass is timed (chDB merges in
+   this process, and its CPU would count them).
 
-Printed: each set's median CPU a pass, and, for one pass's trace ids, how many granules of the
-store each index lets through after the primary key.
+Printed: each set's median CPU a pass (the serve-cadence set's per ``LIVE_REQUESTS`` requests),
+and, for one pass's trace ids, how many granules of the store each index lets through after the
+primary key.
 """
 
 from __future__ import annotations
@@ -42,13 +50,32 @@ OLD_INDEX = "bloom_filter(0.001)"
 TRACE_INDEX = "idx_trace_id"
 #: The sets after the first (no earlier traffic): the schema's index, then the old, alternating.
 INDEXED_SETS = 4
+#: The serve-cadence set: serve's default settle window, and the inserts a second serve's writer
+#: makes at LIVE_REQUESTS requests a second (it flushes a batch every 0.2 s,
+#: WriterConfig.batch_timeout_s, well before a batch's 20,000 rows).
+SERVE_SETTLE_S = 5
+INSERTS_A_SECOND = 5
 HOUR_NS = 3600 * 10**9
 _GRANULES = re.compile(r"Granules: (\d+)/(\d+)")
 
 
+def _serve_seconds(passes: int) -> int:
+    """Seconds of traffic the serve-cadence set inserts: ``passes`` passes, after the settle
+    window, and a second to spare (a pass may take a second's requests in two)."""
+    return passes + SERVE_SETTLE_S + 1
+
+
 def requests_needed(passes: int) -> int:
     """Requests the live passes insert (each one once)."""
-    return (1 + INDEXED_SETS) * passes * LIVE_REQUESTS
+    return ((1 + INDEXED_SETS) * passes + _serve_seconds(passes)) * LIVE_REQUESTS
+
+
+def passes_possible(requests: int) -> int:
+    """The most passes a set the live passes can make with ``requests`` requests (0: none)."""
+    passes = 0
+    while requests_needed(passes + 1) <= requests:
+        passes += 1
+    return passes
 
 
 def _indexed() -> tuple[str, str]:
@@ -67,6 +94,10 @@ class Live:
     sets: list[tuple[str, list[float], dict[str, float]]] = field(default_factory=list)
     #: for one pass's trace ids, by index: (granules after the bloom filter, after the key)
     granules: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: the serve-cadence set (_serve_passes): the CPU seconds of each pass, its statements' CPU
+    #: a pass, the requests of each pass, the spans' active parts before each pass, and the
+    #: granules the last pass's trace ids keep
+    serve: tuple[list[float], dict[str, float], list[int], list[int], tuple[int, int]] | None = None
 
 
 def insertable_spans(store: Any) -> pa.Table:
@@ -214,6 +245,77 @@ def _passes(
     return cpus, {name: cpu / passes for name, (cpu, _) in statements.items()}, ids
 
 
+def _spans_parts(store: Any) -> int:
+    from latscope.storage import SPANS_TABLE
+
+    return int(
+        store.query_rows(
+            "SELECT count() FROM system.parts WHERE database = currentDatabase() "
+            "AND table = {t:String} AND active",
+            {"t": SPANS_TABLE},
+        )[0][0]
+    )
+
+
+def _serve_passes(
+    store: Any, feed: _Feed, passes: int
+) -> tuple[list[float], dict[str, float], list[int], list[int], tuple[int, int]]:
+    """Serve's cadence with the merges running (set 3 of the module's doc): the first
+    ``passes`` passes that attributed requests. Returns each one's CPU seconds, their
+    statements' CPU a pass by name, each one's requests, the spans' active parts before each,
+    and the granules the last one's trace ids keep (after the bloom filter, after the key)."""
+    from bench.attribution.run import _cpu_of, spans_merges_stopped, statements_timed
+    from latscope.attribution.attributor import Attributor
+    from latscope.storage import SPANS_TABLE
+
+    attributor = Attributor(store, settle_s=SERVE_SETTLE_S)
+    attributor.watermark_us = int(store.query_rows("SELECT toUnixTimestamp64Micro(now64(6))")[0][0])
+    statements: dict[str, list[float]] = {}
+    cpus: list[float] = []
+    written: list[int] = []
+    parts: list[int] = []
+    last = (0, 0)
+    step = 1.0 / INSERTS_A_SECOND
+    second = time.monotonic()
+    for _ in range(_serve_seconds(passes)):
+        chunk = feed.next()
+        rows = chunk.num_rows // INSERTS_A_SECOND  # whole requests: LIVE_REQUESTS / 5 each
+        for i in range(INSERTS_A_SECOND):
+            time.sleep(max(0.0, second + i * step - time.monotonic()))
+            store.insert_arrow(SPANS_TABLE, chunk.slice(i * rows, rows))
+        second += 1.0
+        time.sleep(max(0.0, second - time.monotonic()))
+        before, after_us = _spans_parts(store), attributor.watermark_us
+        spent: dict[str, list[float]] = {}
+        with spans_merges_stopped(store), statements_timed(store, attributor, spent):
+            cpu, n = _cpu_of(lambda: attributor.run_until_idle(max_batches=1000))
+        if n and len(cpus) < passes:
+            cpus.append(cpu)
+            written.append(n)
+            parts.append(before)
+            last = (after_us, attributor.watermark_us)
+            for name, (c, k) in spent.items():
+                total = statements.setdefault(name, [0.0, 0])
+                total[0] += c
+                total[1] += k
+        # A pass's own time is not taken from the cadence: serve's passes run beside ingest.
+        second = time.monotonic()
+    if len(cpus) < passes:
+        raise RuntimeError(f"{len(cpus)} passes at serve's cadence had requests, not {passes}")
+    # The last counted pass's traces: those with spans ingested in its slice.
+    ids = [
+        row[0]
+        for row in store.query_rows(
+            f"SELECT DISTINCT TraceId FROM {SPANS_TABLE} "
+            "WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({lo:Int64}) "
+            "AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({hi:Int64})",
+            {"lo": last[0], "hi": last[1]},
+        )
+    ]
+    calls = {name: cpu / passes for name, (cpu, _) in statements.items()}
+    return cpus, calls, written, parts, _granules(store, sorted(ids))
+
+
 def live_passes(spans: pa.Table, store_dir: Any, t0_ns: int, passes: int) -> Live:
     """The live passes over a fresh store in ``store_dir`` (removed by the caller)."""
     from latscope.storage import Store
@@ -234,6 +336,9 @@ def live_passes(spans: pa.Table, store_dir: Any, t0_ns: int, passes: int) -> Liv
             cpus, statements, ids = _passes(store, feed, passes)
             live.sets.append((type_, cpus, statements))
             live.granules.setdefault(type_, _granules(store, ids))
+        if _index(store) != index:
+            _set_index(store, index)
+        live.serve = _serve_passes(store, feed, passes)
         return live
     finally:
         store.close()
@@ -263,4 +368,23 @@ def print_live(live: Live) -> None:
         print(
             f"  one pass's {LIVE_REQUESTS:,} trace ids, index {name}: {kept} of the {considered} "
             "granules the primary key kept"
+        )
+    if live.serve is not None:
+        cpus, statements, written, parts, (kept, considered) = live.serve
+        rate = sum(written) / sum(cpus)
+        # The sets at the schema's index with the merges stopped (every other set from the 2nd).
+        stopped = [cpu for _, set_cpus, _ in live.sets[1::2] for cpu in set_cpus]
+        stopped_rate = LIVE_REQUESTS * len(stopped) / sum(stopped)
+        spent = sorted(statements.items(), key=lambda kv: -kv[1])[:3]
+        print(
+            f"  serve's cadence, merges running ({live.history_spans:,} spans earlier, the "
+            f"schema's index; {LIVE_REQUESTS:,} requests a second in {INSERTS_A_SECOND} inserts, "
+            f"settle window {SERVE_SETTLE_S} s): {rate:,.0f} requests per CPU s against "
+            f"{stopped_rate:,.0f} with the merges stopped ({stopped_rate / rate:.2f}x the CPU a "
+            f"request); {len(cpus)} passes of {min(written):,}-{max(written):,} requests, "
+            f"{statistics.median(cpus) * 1e3:.0f} ms a pass ({min(cpus) * 1e3:.0f}-"
+            f"{max(cpus) * 1e3:.0f}); the spans' parts before a pass: {min(parts)}-{max(parts)}; "
+            f"the last pass's {written[-1]:,} trace ids kept {kept} of the {considered} granules "
+            f"the primary key kept; mean a pass: "
+            f"{', '.join(f'{n} {c * 1e3:.0f} ms' for n, c in spent)}"
         )

@@ -49,7 +49,9 @@ attributor and the rollup builder alone.
    1,000 of the requests inserted, then one pass over them, N times a set: with no earlier
    traffic, then with copies of every request stored earlier in the same hours (one merged part),
    under the trace id index the schema gives and under the one before it, alternating: what the
-   parts merged before cost a live pass, and how much of them each index lets it skip.
+   parts merged before cost a live pass, and how much of them each index lets it skip. Then N
+   passes at serve's cadence with the spans' merges running (1,000 requests a second in 5
+   inserts, settle window 5 s): what the merges between a pass's inserts and the pass change.
 
 Everything the run creates is removed at the end.
 """
@@ -78,7 +80,13 @@ from typing import Any
 
 import grpc
 
-from bench.attribution.live import insertable_spans, live_passes, print_live, requests_needed
+from bench.attribution.live import (
+    insertable_spans,
+    live_passes,
+    passes_possible,
+    print_live,
+    requests_needed,
+)
 from bench.attribution.traces import SPANS, Traces
 from latscope.config import DEFAULT_REACH_S
 
@@ -110,6 +118,8 @@ BARE_COLUMNS = (
     "ResourceAttributes, SpanName, LatscopeRuleAttributes, Events.Name, Events.Timestamp"
 )
 BARE_SINK = "latscope_bench_bare_read"
+#: Passes of each set of the live passes (part 7), unless --live-passes says otherwise.
+LIVE_PASSES = 10
 _METRIC = re.compile(r"^(latscope_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 
 
@@ -700,8 +710,9 @@ def main() -> None:
     parser.add_argument(
         "--live-passes",
         type=int,
-        default=10,
-        help="passes of 1,000 new requests per set for the live passes (0: skip them)",
+        default=None,
+        help=f"passes of 1,000 new requests per set for the live passes (0: skip them; default "
+        f"{LIVE_PASSES}, or as many as the run's requests allow)",
     )
     parser.add_argument(
         "--trickle-s",
@@ -711,6 +722,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     requests = 50_000 if args.quick else args.requests
+    if args.live_passes is None:
+        args.live_passes = min(LIVE_PASSES, passes_possible(requests))
     if args.live_passes > 0 and requests_needed(args.live_passes) > requests:
         parser.error(
             f"--live-passes {args.live_passes} inserts {requests_needed(args.live_passes):,} "
