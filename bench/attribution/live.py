@@ -24,9 +24,9 @@ serve's writer makes them), then one attributor pass attributes them (settle win
    bigger parts before it reads them; they stop only while a pass is timed (chDB merges in
    this process, and its CPU would count them).
 
-Printed: each set's median CPU a pass (the serve-cadence set's per ``LIVE_REQUESTS`` requests),
-and, for one pass's trace ids, how many granules of the store each index lets through after the
-primary key.
+Printed: each set's median CPU a pass, and, for one pass's trace ids, how many granules of the
+store each index lets through after the primary key; for the serve-cadence set, its requests per
+CPU s against the merges-stopped sets' at the same index, and the granules of each pass.
 """
 
 from __future__ import annotations
@@ -60,9 +60,10 @@ _GRANULES = re.compile(r"Granules: (\d+)/(\d+)")
 
 
 def _serve_seconds(passes: int) -> int:
-    """Seconds of traffic the serve-cadence set inserts: ``passes`` passes, after the settle
-    window, and a second to spare (a pass may take a second's requests in two)."""
-    return passes + SERVE_SETTLE_S + 1
+    """Seconds of traffic the serve-cadence set inserts: the settle window, the first pass with
+    requests (not counted: it takes the part of a second that settled first), ``passes``
+    passes, and a second to spare (a pass may take a second's requests in two)."""
+    return SERVE_SETTLE_S + 1 + passes + 1
 
 
 def requests_needed(passes: int) -> int:
@@ -87,6 +88,19 @@ def _indexed() -> tuple[str, str]:
 
 
 @dataclass
+class Serve:
+    """The serve-cadence set, by pass: its CPU seconds, requests, the spans' active parts before
+    it, and the granules its trace ids keep (after the bloom filter, after the key); and its
+    statements' CPU a pass, by name."""
+
+    cpus: list[float] = field(default_factory=list)
+    written: list[int] = field(default_factory=list)
+    parts: list[int] = field(default_factory=list)
+    granules: list[tuple[int, int]] = field(default_factory=list)
+    statements: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class Live:
     history_spans: int = 0
     #: by set ("none", then the indexes of each set in turn): the CPU seconds of each pass, and
@@ -94,10 +108,8 @@ class Live:
     sets: list[tuple[str, list[float], dict[str, float]]] = field(default_factory=list)
     #: for one pass's trace ids, by index: (granules after the bloom filter, after the key)
     granules: dict[str, tuple[int, int]] = field(default_factory=dict)
-    #: the serve-cadence set (_serve_passes): the CPU seconds of each pass, its statements' CPU
-    #: a pass, the requests of each pass, the spans' active parts before each pass, and the
-    #: granules the last pass's trace ids keep
-    serve: tuple[list[float], dict[str, float], list[int], list[int], tuple[int, int]] | None = None
+    #: the serve-cadence set (_serve_passes)
+    serve: Serve | None = None
 
 
 def insertable_spans(store: Any) -> pa.Table:
@@ -257,24 +269,33 @@ def _spans_parts(store: Any) -> int:
     )
 
 
-def _serve_passes(
-    store: Any, feed: _Feed, passes: int
-) -> tuple[list[float], dict[str, float], list[int], list[int], tuple[int, int]]:
-    """Serve's cadence with the merges running (set 3 of the module's doc): the first
-    ``passes`` passes that attributed requests. Returns each one's CPU seconds, their
-    statements' CPU a pass by name, each one's requests, the spans' active parts before each,
-    and the granules the last one's trace ids keep (after the bloom filter, after the key)."""
+def _slice_ids(store: Any, after_us: int, hi_us: int) -> list[str]:
+    """The trace ids with spans ingested in ``(after_us, hi_us]`` (a pass's slice), sorted."""
+    from latscope.storage import SPANS_TABLE
+
+    return sorted(
+        row[0]
+        for row in store.query_rows(
+            f"SELECT DISTINCT TraceId FROM {SPANS_TABLE} "
+            "WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({lo:Int64}) "
+            "AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({hi:Int64})",
+            {"lo": after_us, "hi": hi_us},
+        )
+    )
+
+
+def _serve_passes(store: Any, feed: _Feed, passes: int) -> Serve:
+    """Serve's cadence with the merges running (set 3 of the module's doc): ``passes`` passes
+    that attributed requests, after the first (the part of a second that settled first)."""
     from bench.attribution.run import _cpu_of, spans_merges_stopped, statements_timed
     from latscope.attribution.attributor import Attributor
     from latscope.storage import SPANS_TABLE
 
     attributor = Attributor(store, settle_s=SERVE_SETTLE_S)
     attributor.watermark_us = int(store.query_rows("SELECT toUnixTimestamp64Micro(now64(6))")[0][0])
-    statements: dict[str, list[float]] = {}
-    cpus: list[float] = []
-    written: list[int] = []
-    parts: list[int] = []
-    last = (0, 0)
+    out = Serve()
+    spent: dict[str, list[float]] = {}
+    first = True
     step = 1.0 / INSERTS_A_SECOND
     second = time.monotonic()
     for _ in range(_serve_seconds(passes)):
@@ -285,35 +306,30 @@ def _serve_passes(
             store.insert_arrow(SPANS_TABLE, chunk.slice(i * rows, rows))
         second += 1.0
         time.sleep(max(0.0, second - time.monotonic()))
-        before, after_us = _spans_parts(store), attributor.watermark_us
-        spent: dict[str, list[float]] = {}
-        with spans_merges_stopped(store), statements_timed(store, attributor, spent):
-            cpu, n = _cpu_of(lambda: attributor.run_until_idle(max_batches=1000))
-        if n and len(cpus) < passes:
-            cpus.append(cpu)
-            written.append(n)
-            parts.append(before)
-            last = (after_us, attributor.watermark_us)
-            for name, (c, k) in spent.items():
-                total = statements.setdefault(name, [0.0, 0])
-                total[0] += c
-                total[1] += k
+        counted = not first and len(out.cpus) < passes
+        parts, after_us = _spans_parts(store), attributor.watermark_us
+        with spans_merges_stopped(store):
+            statements: dict[str, list[float]] = {}
+            with statements_timed(store, attributor, statements):
+                cpu, n = _cpu_of(lambda: attributor.run_until_idle(max_batches=1000))
+            if n and counted:
+                out.cpus.append(cpu)
+                out.written.append(n)
+                out.parts.append(parts)
+                # What the pass's ids kept, in the parts the pass read (merges still stopped).
+                ids = _slice_ids(store, after_us, attributor.watermark_us)
+                out.granules.append(_granules(store, ids))
+                for name, (c, k) in statements.items():
+                    total = spent.setdefault(name, [0.0, 0])
+                    total[0] += c
+                    total[1] += k
+        first = first and not n
         # A pass's own time is not taken from the cadence: serve's passes run beside ingest.
         second = time.monotonic()
-    if len(cpus) < passes:
-        raise RuntimeError(f"{len(cpus)} passes at serve's cadence had requests, not {passes}")
-    # The last counted pass's traces: those with spans ingested in its slice.
-    ids = [
-        row[0]
-        for row in store.query_rows(
-            f"SELECT DISTINCT TraceId FROM {SPANS_TABLE} "
-            "WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({lo:Int64}) "
-            "AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({hi:Int64})",
-            {"lo": last[0], "hi": last[1]},
-        )
-    ]
-    calls = {name: cpu / passes for name, (cpu, _) in statements.items()}
-    return cpus, calls, written, parts, _granules(store, sorted(ids))
+    if len(out.cpus) < passes:
+        raise RuntimeError(f"{len(out.cpus)} passes at serve's cadence had requests, not {passes}")
+    out.statements = {name: cpu / passes for name, (cpu, _) in spent.items()}
+    return out
 
 
 def live_passes(spans: pa.Table, store_dir: Any, t0_ns: int, passes: int) -> Live:
@@ -370,21 +386,24 @@ def print_live(live: Live) -> None:
             "granules the primary key kept"
         )
     if live.serve is not None:
-        cpus, statements, written, parts, (kept, considered) = live.serve
-        rate = sum(written) / sum(cpus)
+        serve = live.serve
+        rate = sum(serve.written) / sum(serve.cpus)
         # The sets at the schema's index with the merges stopped (every other set from the 2nd).
         stopped = [cpu for _, set_cpus, _ in live.sets[1::2] for cpu in set_cpus]
         stopped_rate = LIVE_REQUESTS * len(stopped) / sum(stopped)
-        spent = sorted(statements.items(), key=lambda kv: -kv[1])[:3]
+        spent = sorted(serve.statements.items(), key=lambda kv: -kv[1])[:3]
+        kept = [k for k, _ in serve.granules]
+        considered = [c for _, c in serve.granules]
         print(
             f"  serve's cadence, merges running ({live.history_spans:,} spans earlier, the "
             f"schema's index; {LIVE_REQUESTS:,} requests a second in {INSERTS_A_SECOND} inserts, "
             f"settle window {SERVE_SETTLE_S} s): {rate:,.0f} requests per CPU s against "
             f"{stopped_rate:,.0f} with the merges stopped ({stopped_rate / rate:.2f}x the CPU a "
-            f"request); {len(cpus)} passes of {min(written):,}-{max(written):,} requests, "
-            f"{statistics.median(cpus) * 1e3:.0f} ms a pass ({min(cpus) * 1e3:.0f}-"
-            f"{max(cpus) * 1e3:.0f}); the spans' parts before a pass: {min(parts)}-{max(parts)}; "
-            f"the last pass's {written[-1]:,} trace ids kept {kept} of the {considered} granules "
-            f"the primary key kept; mean a pass: "
+            f"request); {len(serve.cpus)} passes of {min(serve.written):,}-"
+            f"{max(serve.written):,} requests, {statistics.median(serve.cpus) * 1e3:.0f} ms a "
+            f"pass ({min(serve.cpus) * 1e3:.0f}-{max(serve.cpus) * 1e3:.0f}); the spans' parts "
+            f"before a pass: {min(serve.parts)}-{max(serve.parts)}; a pass's trace ids kept "
+            f"{min(kept)}-{max(kept)} of the {min(considered)}-{max(considered)} granules the "
+            f"primary key kept; mean a pass: "
             f"{', '.join(f'{n} {c * 1e3:.0f} ms' for n, c in spent)}"
         )
