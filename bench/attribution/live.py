@@ -258,6 +258,7 @@ def _passes(
 
 
 def _spans_parts(store: Any) -> int:
+    """The spans table's active parts."""
     from latscope.storage import SPANS_TABLE
 
     return int(
@@ -388,8 +389,13 @@ def print_live(live: Live) -> None:
     if live.serve is not None:
         serve = live.serve
         rate = sum(serve.written) / sum(serve.cpus)
-        # The sets at the schema's index with the merges stopped (every other set from the 2nd).
-        stopped = [cpu for _, set_cpus, _ in live.sets[1::2] for cpu in set_cpus]
+        # The sets at the schema's index (the serve-cadence set's) with the merges stopped.
+        stopped = [
+            cpu
+            for name, set_cpus, _ in live.sets
+            if name not in ("none", OLD_INDEX)
+            for cpu in set_cpus
+        ]
         stopped_rate = LIVE_REQUESTS * len(stopped) / sum(stopped)
         spent = sorted(serve.statements.items(), key=lambda kv: -kv[1])[:3]
         kept = [k for k, _ in serve.granules]
