@@ -24,14 +24,16 @@ Use ``agent_run(seed, ...)`` directly, or ``agent_runs()`` as a hypothesis strat
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from hypothesis import strategies as st
 
+from latscope.attribution.model import SpanRecord
 from latscope.semconv import BUCKETS
 from tests.upstream_traces import (
+    BUILDERS,
     CLIENT,
     INTERNAL,
     MS,
@@ -48,6 +50,7 @@ from tests.upstream_traces import (
     finish,
     random_client,
     random_server,
+    span_records,
 )
 
 TOOLS: Final = ("search", "retrieve", "calculator", "fetch_url", "sql_query", "summarize")
@@ -486,6 +489,20 @@ def agent_run(seed: int, *, start_ns: int = T0, **knobs: Any) -> AgentRun:
     rng = random.Random(seed)
     k = Knobs(**knobs)
     return write_run(draw_plan(rng, k), rng, k, start_ns)
+
+
+def mixed_traces(shape_seeds: Iterable[int], runs: int) -> dict[str, list[SpanRecord]]:
+    """One batch of real traffic's shapes: every upstream shape (``BUILDERS``) at each of
+    ``shape_seeds``, and the agent runs of seeds 0 to ``runs`` - 1 with parallel calls, gateways,
+    retries and skew; the spans of each trace, by trace id."""
+    traces: dict[str, list[SpanRecord]] = {}
+    for _, build in BUILDERS:
+        for seed in shape_seeds:
+            traces.update(span_records(build(seed).resource_spans))
+    for seed in range(runs):
+        run = agent_run(seed, parallel=True, gateways=True, retries=True, skew=True)
+        traces.update(span_records(run.built.resource_spans))
+    return traces
 
 
 def agent_runs(**knobs: Any) -> st.SearchStrategy[AgentRun]:

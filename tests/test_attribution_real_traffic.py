@@ -10,7 +10,7 @@ from hypothesis import given, settings
 
 from latscope.attribution import attribute_requests, explain_run, find_requests
 from latscope.attribution.model import RequestAttribution
-from tests.agent_traces import AgentRun, agent_run, agent_runs
+from tests.agent_traces import AgentRun, agent_run, agent_runs, mixed_traces
 from tests.attribution_support import sql_check
 from tests.hypothesis_support import examples
 from tests.serve_support import embedded_store
@@ -98,11 +98,4 @@ def test_the_sql_attributor_agrees_on_every_shape_and_agent_run(
 ) -> None:
     """The SQL attributor over one batch mixing every upstream shape (every seed above) and the
     agent runs above writes exactly the reference engine's rows."""
-    traces = {}
-    for _, build in BUILDERS:
-        for seed in SEEDS:
-            traces.update(span_records(build(seed).resource_spans))
-    for seed in range(12):
-        run = agent_run(seed, parallel=True, gateways=True, retries=True, skew=True)
-        traces.update(span_records(run.built.resource_spans))
-    sql_check(embedded_store(tmp_path_factory), traces)
+    sql_check(embedded_store(tmp_path_factory), mixed_traces(SEEDS, runs=12))

@@ -11,10 +11,9 @@ import pytest
 
 from latscope.attribution.sql import CODES, KEYS
 from latscope.storage import SPANS_TABLE, Store, ddl_files
-from tests.agent_traces import agent_run
+from tests.agent_traces import mixed_traces
 from tests.attribution_support import check_stored, store_traces
 from tests.serve_support import release_embedded_store
-from tests.upstream_traces import BUILDERS, span_records
 
 DDL = "007_rule_attributes.sql"
 COLUMN = "LatscopeRuleAttributes"
@@ -55,12 +54,7 @@ def test_spans_stored_before_the_column_are_attributed_as_after(
     version = int(DDL[:3])
     try:
         store.apply_schema(upto=version - 1)  # the schema as it was before the column
-        traces = {}
-        for _, build in BUILDERS:
-            traces.update(span_records(build(0).resource_spans))
-        for seed in range(3):
-            run = agent_run(seed, parallel=True, gateways=True, retries=True, skew=True)
-            traces.update(span_records(run.built.resource_spans))
+        traces = mixed_traces([0], runs=3)
         before = store_traces(store, traces)
         assert store.apply_schema() >= version
         assert COLUMN not in _columns_of_parts(store)  # read by computing it from SpanAttributes

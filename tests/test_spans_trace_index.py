@@ -13,10 +13,9 @@ import pytest
 
 from latscope.attribution.attributor import Attributor
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
-from tests.agent_traces import agent_run
+from tests.agent_traces import mixed_traces
 from tests.attribution_support import check_stored, store_traces
 from tests.serve_support import release_embedded_store
-from tests.upstream_traces import BUILDERS, span_records
 
 DDL = "009_trace_id_bloom.sql"
 INDEX = "idx_trace_id"
@@ -118,12 +117,7 @@ def test_a_store_from_before_the_file_gets_the_new_index_and_attributes_as_befor
     version = int(DDL[:3])
     store.apply_schema(upto=version - 1)  # the schema as it was before the file
     assert _index(store) == _index(store, ATTRIBUTION_TABLE) == OLD
-    traces = {}
-    for _, build in BUILDERS:
-        traces.update(span_records(build(0).resource_spans))
-    for seed in range(2):
-        run = agent_run(seed, parallel=True, gateways=True, retries=True, skew=True)
-        traces.update(span_records(run.built.resource_spans))
+    traces = mixed_traces([0], runs=2)
     before = store_traces(store, traces)
     # Rows written before the file (the attribution table's parts get the new index too).
     written = Attributor(store, settle_s=0.0).run_until_idle(max_batches=100)
