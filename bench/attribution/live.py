@@ -40,6 +40,7 @@ from typing import Any
 import pyarrow as pa
 
 from bench.attribution.traces import SPANS
+from bench.sqlids import hex_word
 
 #: Requests a live pass attributes (one insert): serve's pass at about 1,000 requests a second.
 LIVE_REQUESTS = 1_000
@@ -145,13 +146,9 @@ def _store_history(store: Any, spans: pa.Table, t0_ns: int) -> int:
         store.insert_arrow("latscope_bench_live_src", spans)
         for k in range(HISTORY_COPIES):
             exprs = {c: c for c in columns}
-            exprs["TraceId"] = (
-                f"lower(hex(cityHash64(TraceId, {k}))) || lower(hex(cityHash64(TraceId, {k}, 1)))"
-            )
-            exprs["SpanId"] = f"lower(hex(cityHash64(SpanId, {k})))"
-            exprs["ParentSpanId"] = (
-                f"if(ParentSpanId = '', '', lower(hex(cityHash64(ParentSpanId, {k}))))"
-            )
+            exprs["TraceId"] = f"{hex_word('TraceId', k)} || {hex_word('TraceId', k, 1)}"
+            exprs["SpanId"] = hex_word("SpanId", k)
+            exprs["ParentSpanId"] = f"if(ParentSpanId = '', '', {hex_word('ParentSpanId', k)})"
             exprs["Timestamp"] = (
                 f"fromUnixTimestamp64Nano(toInt64({t0_ns - HOUR_NS} + "
                 f"intDiv(toUnixTimestamp64Nano(Timestamp) - {t0_ns}, 2) + {k}))"

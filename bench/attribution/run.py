@@ -88,6 +88,7 @@ from bench.attribution.live import (
     requests_needed,
 )
 from bench.attribution.traces import SPANS, Traces
+from bench.sqlids import hex_word
 from latscope.config import DEFAULT_REACH_S
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -111,12 +112,6 @@ SMALL_PASSES = 40
 HISTORY_CHUNK = 2_000_000
 #: Low traffic: after the last Export, serve's default settle window (5 s) and a poll to spare.
 TRICKLE_TAIL_S = 7.0
-#: The spans' columns the attributor reads (attribution/sql/00_span_rows.sql), for the bare
-#: read beside each of its runs.
-BARE_COLUMNS = (
-    "TraceId, SpanId, ParentSpanId, ServiceName, Timestamp, Duration, SpanKind, StatusCode, "
-    "ResourceAttributes, SpanName, LatscopeRuleAttributes, Events.Name, Events.Timestamp"
-)
 BARE_SINK = "latscope_bench_bare_read"
 #: Passes of each set of the live passes (part 7), unless --live-passes says otherwise.
 LIVE_PASSES = 10
@@ -469,19 +464,46 @@ def statements_timed(store: Any, attributor: Any, into: dict[str, list[float]]) 
             delattr(store, method)
 
 
-def bare_read(store: Any) -> float:
-    """CPU seconds of reading the columns the attributor reads, of every stored span, into a Null
-    table: what any attributor inside ClickHouse pays at least for these requests, and a baseline
-    measured after each of its runs (this machine's speed swings between runs: the ratio of the
-    two moves less than either)."""
+def read_columns(store: Any) -> list[str]:
+    """The spans' columns the single-call statement reads (the statement these requests take), as
+    ClickHouse plans its read of the batch's spans: the header of that step of its plan."""
+    from latscope.attribution.attributor import Attributor
     from latscope.storage import SPANS_TABLE
 
+    attributor = Attributor(store, settle_s=0.0)
+    insert, select = attributor._sql.insert_simple.split("\n", 1)
+    assert insert.startswith("INSERT INTO") and select.startswith("WITH"), insert
+    params = attributor._params(
+        **dict.fromkeys(("after_us", "hi_us", "through_us", "settled_us", "from_ns", "to_ns"), 0),
+        **dict.fromkeys(("id_lo", "id_hi"), ""),
+        stall_ns=0,
+    )
+    plan = "\n".join(row[0] for row in store.query_rows(f"EXPLAIN header = 1 {select}", params))
+    reads = re.findall(
+        rf"ReadFromMergeTree \((?:\w+\.)?{SPANS_TABLE}\)\s*\n\s*Header: (.*?)\n\s*Read type",
+        plan,
+        re.S,
+    )
+    # The widest read of the spans is the batch's spans; the others are its trace ids.
+    columns = [line.split()[0] for line in max(reads, key=len).splitlines()]
+    assert "TraceId" in columns and "Duration" in columns, columns
+    return columns
+
+
+def bare_read(store: Any) -> float:
+    """CPU seconds of reading the columns the attributor reads (``read_columns``), of every stored
+    span, into a Null table: what any attributor inside ClickHouse pays at least for these
+    requests, and a baseline measured after each of its runs (this machine's speed swings between
+    runs: the ratio of the two moves less than either)."""
+    from latscope.storage import SPANS_TABLE
+
+    columns = ", ".join(read_columns(store))
     store.command(
         f"CREATE TABLE IF NOT EXISTS {BARE_SINK} ENGINE = Null "
-        f"AS SELECT {BARE_COLUMNS} FROM {SPANS_TABLE} LIMIT 0"
+        f"AS SELECT {columns} FROM {SPANS_TABLE} LIMIT 0"
     )
     try:
-        sql = f"INSERT INTO {BARE_SINK} SELECT {BARE_COLUMNS} FROM {SPANS_TABLE}"
+        sql = f"INSERT INTO {BARE_SINK} SELECT {columns} FROM {SPANS_TABLE}"
         cpu, _ = _cpu_of(lambda: store.command(sql))
     finally:
         store.command(f"DROP TABLE IF EXISTS {BARE_SINK}")
@@ -635,8 +657,8 @@ def with_history(store_dir: Path, requests: int, spans: int) -> History:
 INSERT INTO {SPANS_TABLE} (Timestamp, TraceId, SpanId, ParentSpanId, ServiceName, SpanName,
     SpanKind, Duration, SpanAttributes, LatscopeIngestedAt)
 SELECT fromUnixTimestamp64Nano(toInt64({{t0:Int64}} + n * {{step:Int64}})),
-       lower(hex(cityHash64(intDiv(n, 7), 1))) || lower(hex(cityHash64(intDiv(n, 7), 2))),
-       lower(hex(cityHash64(n, 3))), '', 'history', 'step', 'Internal', 1000000,
+       {hex_word("intDiv(n, 7)", 1)} || {hex_word("intDiv(n, 7)", 2)},
+       {hex_word("n", 3)}, '', 'history', 'step', 'Internal', 1000000,
        map('history.step', toString(n % 7)), fromUnixTimestamp64Micro({{ingested_us:Int64}})
 FROM (SELECT number + {{lo:UInt64}} AS n FROM numbers({{count:UInt64}}))""",
                 {

@@ -1,0 +1,12 @@
+"""Synthetic span and trace ids made in SQL, shaped as the collector stores OTLP's: lowercase hex,
+16 characters a span id, 32 a trace id (two words).
+
+``hex`` of an integer drops its leading zero bytes, so ``lower(hex(cityHash64(...)))`` alone
+came out two or more characters short for 1 id in 256."""
+
+from __future__ import annotations
+
+
+def hex_word(*args: object) -> str:
+    """SQL for 16 lowercase hex characters from ``cityHash64`` of ``args`` (SQL expressions)."""
+    return f"leftPad(lower(hex(cityHash64({', '.join(str(a) for a in args)}))), 16, '0')"
