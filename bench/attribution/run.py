@@ -490,14 +490,13 @@ def read_columns(store: Any) -> list[str]:
     return columns
 
 
-def bare_read(store: Any) -> float:
-    """CPU seconds of reading the columns the attributor reads (``read_columns``), of every stored
-    span, into a Null table: what any attributor inside ClickHouse pays at least for these
+def bare_read(store: Any, columns: str) -> float:
+    """CPU seconds of reading ``columns`` (those the attributor reads, ``read_columns``), of every
+    stored span, into a Null table: what any attributor inside ClickHouse pays at least for these
     requests, and a baseline measured after each of its runs (this machine's speed swings between
     runs: the ratio of the two moves less than either)."""
     from latscope.storage import SPANS_TABLE
 
-    columns = ", ".join(read_columns(store))
     store.command(
         f"CREATE TABLE IF NOT EXISTS {BARE_SINK} ENGINE = Null "
         f"AS SELECT {columns} FROM {SPANS_TABLE} LIMIT 0"
@@ -554,6 +553,8 @@ def alone(store_dir: Path, requests: int, runs: int) -> Alone:
     store = Store.open(f"chdb://{store_dir}")
     try:
         with spans_merges_stopped(store):
+            # The bare read's columns, planned once before the runs.
+            columns = ", ".join(read_columns(store))
             attributor = Attributor(store, settle_s=0.0)
             passes = [0]
             slice_ = attributor.attribute_slice
@@ -570,13 +571,13 @@ def alone(store_dir: Path, requests: int, runs: int) -> Alone:
             rollups = Rollups(store, settle_s=0.0, margin_s=0.0)
             rollup_cpu, hours = _cpu_of(rollups.run_until_idle)
             costs = statement_costs(store)
-            bare = [bare_read(store)]
+            bare = [bare_read(store, columns)]
             # The same work again (the machine's load swings between runs): a new attributor starts
             # from an empty attribution table, so it attributes every request again.
             repeats = []
             for _ in range(runs - 1):
                 repeats.append(_attribute_again(store, requests))
-                bare.append(bare_read(store))
+                bare.append(bare_read(store, columns))
             return Alone(
                 written, cpu, passes[0], costs, hours, rollup_cpu, statements, repeats, bare
             )
