@@ -288,7 +288,10 @@ def single_calls(draw: st.DrawFn) -> list[SpanRecord]:
 
 
 @pytest.mark.slow
-@settings(max_examples=examples(25))
+# The same examples every run: the check below that they reach both paths is then a fact about
+# the strategy, not a draw (random, 4 of 79 traces once took the single-call path, under the
+# floor of 5 it had; now 21 of 89 under the ci profile, 1 of 3 under dev's 2 examples).
+@settings(max_examples=examples(25), derandomize=True, database=None)
 @given(st.lists(single_calls(), min_size=1, max_size=12))
 def test_the_single_call_path_agrees_with_the_general_one_and_the_reference(
     store: Store, batch: list
@@ -361,6 +364,6 @@ def test_the_single_call_path_takes_its_shape_and_leaves_the_rest(store: Store) 
     taken = SIMPLE_ANSWERED - before
     assert len(taken) == 1  # only "common"; the stored ids are fresh, the order is the dict's
     assert sorted(taken)[0].endswith(f"{0:024x}")
-    if _TAKEN:  # the random examples above ran in this process
+    if _TAKEN:  # the examples above ran in this process
         took, total = map(sum, zip(*_TAKEN, strict=True))
-        assert max(5, 0.05 * total) <= took < total, (took, total)
+        assert max(1, 0.05 * total) <= took < total, (took, total)
