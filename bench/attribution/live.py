@@ -238,7 +238,7 @@ def _passes(
     from latscope.storage import SPANS_TABLE
 
     attributor = Attributor(store, settle_s=0.0)
-    attributor.watermark_us = int(store.query_rows("SELECT toUnixTimestamp64Micro(now64(6))")[0][0])
+    attributor.watermark_us = attributor._now_us()  # the store's clock, as its passes read it
     statements: dict[str, list[float]] = {}
     cpus: list[float] = []
     # The spans' inserts go through insert_arrow, which is not timed.
@@ -290,7 +290,7 @@ def _serve_passes(store: Any, feed: _Feed, passes: int) -> Serve:
     from latscope.storage import SPANS_TABLE
 
     attributor = Attributor(store, settle_s=SERVE_SETTLE_S)
-    attributor.watermark_us = int(store.query_rows("SELECT toUnixTimestamp64Micro(now64(6))")[0][0])
+    attributor.watermark_us = attributor._now_us()  # the store's clock, as its passes read it
     out = Serve()
     spent: dict[str, list[float]] = {}
     first = True
