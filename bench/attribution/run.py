@@ -473,11 +473,11 @@ def read_columns(store: Any) -> list[str]:
     attributor = Attributor(store, settle_s=0.0)
     insert, select = attributor._sql.insert_simple.split("\n", 1)
     assert insert.startswith("INSERT INTO") and select.startswith("WITH"), insert
-    params = attributor._params(
-        **dict.fromkeys(("after_us", "hi_us", "through_us", "settled_us", "from_ns", "to_ns"), 0),
-        **dict.fromkeys(("id_lo", "id_hi"), ""),
-        stall_ns=0,
-    )
+    # Any value of each of its parameters: the plan's columns do not depend on them.
+    params = {
+        name: "" if type_ == "String" else 0
+        for name, type_ in re.findall(r"\{(\w+):(\w+)\}", select)
+    }
     plan = "\n".join(row[0] for row in store.query_rows(f"EXPLAIN header = 1 {select}", params))
     reads = re.findall(
         rf"ReadFromMergeTree \((?:\w+\.)?{SPANS_TABLE}\)\s*\n\s*Header: (.*?)\n\s*Read type",
