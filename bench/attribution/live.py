@@ -40,6 +40,7 @@ from typing import Any
 import pyarrow as pa
 
 from bench.attribution.traces import SPANS
+from bench.parts import active_parts
 from bench.sqlids import hex_word
 
 #: Requests a live pass attributes (one insert): serve's pass at about 1,000 requests a second.
@@ -254,19 +255,6 @@ def _passes(
     return cpus, {name: cpu / passes for name, (cpu, _) in statements.items()}, ids
 
 
-def _spans_parts(store: Any) -> int:
-    """The spans table's active parts."""
-    from latscope.storage import SPANS_TABLE
-
-    return int(
-        store.query_rows(
-            "SELECT count() FROM system.parts WHERE database = currentDatabase() "
-            "AND table = {t:String} AND active",
-            {"t": SPANS_TABLE},
-        )[0][0]
-    )
-
-
 def _slice_ids(store: Any, after_us: int, hi_us: int) -> list[str]:
     """The trace ids with spans ingested in ``(after_us, hi_us]`` (a pass's slice), sorted."""
     from latscope.storage import SPANS_TABLE
@@ -305,7 +293,7 @@ def _serve_passes(store: Any, feed: _Feed, passes: int) -> Serve:
         second += 1.0
         time.sleep(max(0.0, second - time.monotonic()))
         counted = not first and len(out.cpus) < passes
-        parts, after_us = _spans_parts(store), attributor.watermark_us
+        parts, after_us = active_parts(store, SPANS_TABLE), attributor.watermark_us
         with spans_merges_stopped(store):
             statements: dict[str, list[float]] = {}
             with statements_timed(store, attributor, statements):

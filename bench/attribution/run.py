@@ -484,6 +484,12 @@ def read_columns(store: Any) -> list[str]:
         plan,
         re.S,
     )
+    if not reads:
+        # The plan of a statement over an empty table reads nothing: no columns to copy.
+        raise RuntimeError(
+            f"the single-call statement's plan reads no {SPANS_TABLE}: its columns are "
+            "planned on a store that holds spans"
+        )
     # The widest read of the spans is the batch's spans; the others are its trace ids.
     columns = [line.split()[0] for line in max(reads, key=len).splitlines()]
     assert "TraceId" in columns and "Duration" in columns, columns

@@ -38,6 +38,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from bench.ingest.traces import make_batch
+from bench.parts import active_parts
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 T0 = 1_763_000_000_000_000_000
@@ -312,9 +313,7 @@ def bench(args: argparse.Namespace) -> None:
     cpu1 = _cpu()
     settle_s = _merges_settle(store, SPANS_TABLE)
     settle_cpu = _cpu() - cpu1
-    parts_left = store.query_rows(
-        "SELECT count() FROM system.parts WHERE active AND table = {t:String}", {"t": SPANS_TABLE}
-    )[0][0]
+    parts_left = active_parts(store, SPANS_TABLE)
     grpc_server.stop(5).wait()
     stop_components(parts, time.monotonic() + 30)
     store.command(f"OPTIMIZE TABLE {SPANS_TABLE} FINAL")

@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Callable
 
+from bench.parts import active_parts
 from bench.query.generate import NEW_PODS, SCALE_UP_S, SLOW_POD, SLOW_POD_S, generate
 from latscope.attribution import aggregates as ag
 from latscope.attribution.answers import coldstart as cs
@@ -102,9 +103,7 @@ def main() -> None:
     # Nothing else writes to this store: build at once, with no settle time or margin.
     hours = Rollups(store, settle_s=0, margin_s=0).run_until_idle()
     print(f"rollup: built {hours} hours in {time.perf_counter() - t:.1f} s")
-    parts = store.query_rows(
-        f"SELECT count() FROM system.parts WHERE table = '{ATTRIBUTION_TABLE}' AND active"
-    )[0][0]
+    parts = active_parts(store, ATTRIBUTION_TABLE)
     print(f"{args.rows:,} attributed requests, {parts} active parts")
     for table in (ATTRIBUTION_TABLE, ROLLUP_TABLE):
         n, size = store.query_rows(SIZE_SQL, {"table": table})[0]
