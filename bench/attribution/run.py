@@ -464,14 +464,13 @@ def statements_timed(store: Any, attributor: Any, into: dict[str, list[float]]) 
             delattr(store, method)
 
 
-def read_columns(store: Any) -> list[str]:
-    """The spans' columns the single-call statement reads (the statement these requests take), as
-    ClickHouse plans its read of the batch's spans: the header of that step of its plan."""
-    from latscope.attribution.attributor import Attributor
+def read_columns(store: Any, insert_simple: str) -> list[str]:
+    """The spans' columns the single-call statement ``insert_simple`` reads (the statement these
+    requests take), as ClickHouse plans its read of the batch's spans: the header of that step of
+    its plan."""
     from latscope.storage import SPANS_TABLE
 
-    attributor = Attributor(store, settle_s=0.0)
-    insert, select = attributor._sql.insert_simple.split("\n", 1)
+    insert, select = insert_simple.split("\n", 1)
     assert insert.startswith("INSERT INTO") and select.startswith("WITH"), insert
     # Any value of each of its parameters: the plan's columns do not depend on them.
     params = {
@@ -559,9 +558,9 @@ def alone(store_dir: Path, requests: int, runs: int) -> Alone:
     store = Store.open(f"chdb://{store_dir}")
     try:
         with spans_merges_stopped(store):
-            # The bare read's columns, planned once before the runs.
-            columns = ", ".join(read_columns(store))
             attributor = Attributor(store, settle_s=0.0)
+            # The bare read's columns, planned once before the runs.
+            columns = ", ".join(read_columns(store, attributor._sql.insert_simple))
             passes = [0]
             slice_ = attributor.attribute_slice
 
