@@ -20,11 +20,12 @@ span_rows AS (
         SpanName AS name,
         LatscopeRuleAttributes.keys AS codes,
         LatscopeRuleAttributes.values AS vals,
-        -- latscope's first-token event on a client span (its time, as a payload value).
-        if(kind = $CLIENT AND has(Events.Name, $FIRST_TOKEN_EVENT),
-            toString(arrayMin(arrayMap(t -> toUnixTimestamp64Nano(t),
-                arrayFilter((t, n) -> n = $FIRST_TOKEN_EVENT, Events.Timestamp, Events.Name)))),
-            '') AS first_token_event
+        -- What the rules test on every span, computed as it was stored
+        -- (deploy/clickhouse/010_span_facts.sql): its latscope.phase code, the facts of its
+        -- attributes, latscope's first-token event on a CLIENT span (its time, as a payload value).
+        LatscopePhase AS phase_code,
+        LatscopeFacts AS facts,
+        LatscopeFirstToken AS first_token_event
     FROM $SPANS_TABLE
     WHERE TraceId IN (SELECT trace_id FROM batch) AND $SPAN_BOUNDS
 )

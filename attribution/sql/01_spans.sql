@@ -1,9 +1,9 @@
 -- Stage 1: the batch's spans (stage 0) reduced to what the rules read: times, kind, phase
 -- bucket, a set of flags ($F_*), and the raw values of the attributes a later stage may read.
 --
--- Values are parsed here only where a flag needs it (a latency or GPU figure that is a number, a
--- valid token offsets list); the rest is parsed in stage 5, and only for the few spans a request
--- picks. `payload` keeps, per span, just the values a span of its kind can contribute (merged
+-- The flags that test values (a latency or GPU figure that is a number, a valid token offsets
+-- list) were computed as the span was stored (stage 0); values are parsed in stage 5, and only
+-- for the few spans a request picks. `payload` keeps, per span, just the values a span of its kind can contribute (merged
 -- attributes and latency figures of a server-like span, client-side figures of a CLIENT span,
 -- token offsets of a decode span, GPU figures of a prefill or decode span), non-empty ones only:
 -- empty counts as absent, as in the reference engine.
@@ -11,14 +11,13 @@ span_facts AS (
     SELECT
         trace_id, span_id, parent_id, service, start_ns, end_ns, kind, status, resource, codes,
         vals, first_token_event,
-        vals[indexOf(codes, $K_PHASE)] IN $PHASES AS latscope_phase,
+        phase_code != 0 AS latscope_phase,
         -- The bucket this span stands for, if it is a phase (its rank + 1; 0: none):
         -- latscope.phase, else an SGLang stage slice by name (which only counts under an SGLang
         -- request root: stage 2 checks).
-        if(latscope_phase, $PHASE_BUCKET(vals[indexOf(codes, $K_PHASE)]), $STAGE_BUCKET(name))
+        if(latscope_phase, $PHASE_BUCKET(phase_code), $STAGE_BUCKET(name))
             AS bucket,
-        arrayExists((c, v) -> bitTest($LATENCY_MASK, c) AND $IS_NUMBER(v), codes, vals)
-            AS has_latency,
+        $FACT(LATENCY_NUMBER) AS has_latency,
         kind = $SERVER OR has_latency AS server_like,
         vals[indexOf(codes, $K_OPERATION)] = $EXECUTE_TOOL AS is_tool,
         -- A decode span with token offsets (a JSON array of integers, not empty), and a prefill

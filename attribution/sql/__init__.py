@@ -39,7 +39,7 @@ from latscope.attribution.engine import (
     OTHER_RANK,
     RANK,
 )
-from latscope.attribution.model import INT_ARRAY, INTEGER, NUMBER
+from latscope.attribution.model import INTEGER, NUMBER
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import (
     SGLANG_STAGES,
@@ -120,6 +120,14 @@ PAYLOAD: dict[str, tuple[str, ...]] = {
     "GPU": tuple(GPU),
 }
 
+#: What ClickHouse computes for each span as it is stored (deploy/clickhouse/010_span_facts.sql,
+#: a test holds the two equal): ``LatscopePhase``, the code of its latscope.phase value (its
+#: position in Phase.ALL plus one; 0: none), and ``LatscopeFacts``, these bits of its rule
+#: attributes: a gen_ai.latency.* key, a gen_ai.latency.* value that is a number, token offsets
+#: that are a JSON array of integers (not empty), a GPU figure that is a number.
+PHASE_CODES: dict[str, int] = {phase: code for code, phase in enumerate(Phase.ALL, 1)}
+FACTS: dict[str, int] = {"LATENCY_KEY": 1, "LATENCY_NUMBER": 2, "OFFSETS": 4, "GPU_NUMBER": 8}
+
 #: Per-span flags (stage 1 packs them into one UInt16, stage 2 unpacks them into arrays): the
 #: kind (SERVER, CLIENT), latscope.phase set, gen_ai.latency.* figures, server-like, a tool call,
 #: a decode span with token offsets, a phase span with GPU figures; the phase bucket (rank + 1)
@@ -194,14 +202,9 @@ def int_at(payload: str, code: str) -> str:
     return f"if(mapContains({payload}, {code}), {integer(f'{payload}[{code}]')}, NULL)"
 
 
-def is_int_array(expr: str) -> str:
-    """model.parse_int_list gives a non-empty list."""
-    return f"(match({expr}, {literal(INT_ARRAY.pattern)}) AND match({expr}, '[0-9]'))"
-
-
 def int_list(expr: str) -> str:
-    """model.parse_int_list of a value ``is_int_array`` accepted: its integers, in order (such
-    a value is a JSON array of integers that fit Int64)."""
+    """model.parse_int_list of the token offsets of a span with the ``OFFSETS`` fact: its
+    integers, in order (such a value is a JSON array of integers that fit Int64)."""
     return f"JSONExtract({expr}, 'Array(Int64)')"
 
 
@@ -236,18 +239,20 @@ def quantile(sorted_values: str, n: str, q: str, scale: int = 1) -> str:
     )
 
 
+def fact(name: str) -> str:
+    """Whether stage 0's span has fact ``name`` (a ``FACTS`` name) among its stored facts."""
+    return f"bitTest(facts, {FACTS[name].bit_length() - 1})"
+
+
 def timed(bucket: str) -> str:
     """A decode span with token offsets (a JSON array of integers, not empty)."""
-    return f"({bucket} = {_bucket(Phase.DECODE)} AND {is_int_array(_value('OFFSETS'))})"
+    return f"({bucket} = {_bucket(Phase.DECODE)} AND {fact('OFFSETS')})"
 
 
 def has_gpu(bucket: str) -> str:
     """A prefill or decode span with a GPU figure that is a number."""
     buckets = ", ".join(str(_bucket(p)) for p in GPU_PHASES)
-    return (
-        f"({bucket} IN ({buckets}) AND arrayExists((c, v) -> "
-        f"bitTest({_mask(tuple(GPU))}, c) AND match(v, {literal(NUMBER.pattern)}), codes, vals))"
-    )
+    return f"({bucket} IN ({buckets}) AND {fact('GPU_NUMBER')})"
 
 
 def _value(name: str) -> str:
@@ -556,11 +561,9 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
         ),
         "SERVER": str(FLAGS["SERVER"]),
         "CLIENT": str(FLAGS["CLIENT"]),
-        "PHASES": "(" + ", ".join(literal(p) for p in Phase.ALL) + ")",
         "DECODE_BUCKET": str(_bucket(Phase.DECODE)),
         "EXECUTE_TOOL": literal(GenAIOperation.EXECUTE_TOOL),
         "FIRST_TOKEN_EVENT": literal(LatscopeAttributes.FIRST_TOKEN_EVENT),
-        "LATENCY_MASK": _mask(tuple(LATENCY)),
         **{f"{kind}_MASK": _mask(names) for kind, names in PAYLOAD.items()},
         **{f"K_{name}": str(code) for name, code in CODES.items()},
         **{f"F_{name}": str(value) for name, value in FLAGS.items()},
@@ -580,7 +583,6 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
         "SIMPLE_GPU_MAP": _simple_gpu_map(),
         "SIMPLE_MERGED": _simple_merged(),
         "SIMPLE_NUMS": _simple_nums(),
-        "LATENCY_CODES": "[" + ", ".join(str(CODES[n]) for n in LATENCY) + "]",
         "PREFILL_BUCKET": str(_bucket(Phase.PREFILL)),
         "GPU_SPANS": _gpu_spans(),
         "ITL_FIGURES": _itl_figures(),
@@ -588,9 +590,12 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
     return values
 
 
-def _phase_bucket(expr: str) -> str:
-    names = list(Phase.ALL)
-    return f"toUInt8(transform({expr}, {_array(names)}, {[_bucket(n) for n in names]}, 0))"
+def _phase_bucket(code: str) -> str:
+    """The bucket (rank + 1; 0: none) of a stored ``LatscopePhase`` code."""
+    buckets = [0] * (len(PHASE_CODES) + 1)
+    for phase, at in PHASE_CODES.items():
+        buckets[at] = _bucket(phase)
+    return f"{buckets}[{code} + 1]"
 
 
 def _stage_bucket(expr: str) -> str:
@@ -605,8 +610,6 @@ _MACROS: dict[str, Callable[..., str]] = {
     "PARSE_INT": parse_int,
     "NUM_AT": num_at,
     "INT_AT": int_at,
-    "IS_NUMBER": lambda v: f"match({v}, {literal(NUMBER.pattern)})",
-    "IS_INT_ARRAY": is_int_array,
     "INT_LIST": int_list,
     "S2NS": s2ns,
     "TOKENS": tokens,
@@ -616,6 +619,7 @@ _MACROS: dict[str, Callable[..., str]] = {
     "SV": sv,
     "TIMED": timed,
     "HAS_GPU": has_gpu,
+    "FACT": fact,
     "TIMELINE": timeline,
     "CUTS": cuts,
     "SEGMENTS": segments,

@@ -1,15 +1,16 @@
 -- The single-call path, stage 1: the batch's spans (stage 0) with what the shape check and the
 -- request's figures read. Values are looked up by code with indexOf (no lambda), and only the
--- lookups every span needs are made here.
+-- lookups every span needs are made here; what every span is tested for was computed as it was
+-- stored (stage 0).
 simple_spans AS (
     SELECT
         trace_id, span_id, parent_id, service, start_ns, end_ns, kind, status, resource, codes,
         vals, first_token_event,
         -- A latscope phase's bucket (rank + 1; 0: not a phase). SGLang's stage slices are phases
         -- only under a span with gen_ai.latency.*, which sends a trace to the general path.
-        $PHASE_BUCKET(vals[indexOf(codes, $K_PHASE)]) AS bucket,
+        $PHASE_BUCKET(phase_code) AS bucket,
         -- Any gen_ai.latency.* key, a number or not: the general path decides what it means.
-        hasAny(codes, $LATENCY_CODES) AS latency_key,
+        $FACT(LATENCY_KEY) AS latency_key,
         $TIMED(bucket) AS timed,
         $HAS_GPU(bucket) AS has_gpu
     FROM span_rows
