@@ -55,7 +55,7 @@ parsed AS (
         $TOKENS(last_counts.1, last_counts.2) AS last_output,
         -- Token offsets (us) from the decode span's start: the token times are start + offset
         -- * 1000, read only where a figure needs one ($GAPS).
-        if(decode_span = 0, [], $INT_LIST(payloads[decode_span][$K_OFFSETS])) AS offsets,
+        $INT_LIST(decode_span != 0, payloads[decode_span][$K_OFFSETS]) AS offsets,
         starts[decode_span] AS decode_start,
         $INT_AT(payloads[decode_span], $K_TOKEN_COUNT) AS token_count,
         starts[owner[decode_span]] AS decode_attempt_start,

@@ -106,7 +106,7 @@ simple_parsed AS (
         $FLAT_SUMS,
         -- Token offsets (us) from the decode span's start: the token times are start + offset
         -- * 1000, read only where a figure needs one ($GAPS).
-        if(n_timed = 0, [], $INT_LIST(decode.3)) AS offsets,
+        $INT_LIST(n_timed != 0, decode.3) AS offsets,
         decode.1 AS decode_start,
         ints[9] AS token_count,
         $SIMPLE_GPU_MAP AS gpu,
