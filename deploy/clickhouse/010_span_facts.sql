@@ -4,8 +4,8 @@
 -- first-token event on a CLIENT span. The attributor then reads two bytes and a (mostly empty)
 -- string per span where it ran two regular expressions and read the span's event arrays.
 -- Measured on the attribution benchmark's 200,000 requests (1.4 M spans): the single-call
--- statement 13 % less CPU, the same rows; computing the columns at insert about 1 CPU s per
--- 1.4 M spans (docs/benchmarks.md).
+-- statement 14 % less CPU, the same rows; computing the columns at insert about 0.45 CPU s for
+-- the 1.4 M spans, about 1 % of storing them (docs/benchmarks.md).
 --
 -- Like 007's codes, the values stored here never change meaning (they are in the parts):
 -- * LatscopePhase: the latscope.phase value's code, its position in semconv.Phase.ALL plus one
