@@ -3,10 +3,10 @@
 --
 -- The flags that test values (a latency or GPU figure that is a number, a valid token offsets
 -- list) were computed as the span was stored (stage 0); values are parsed in stage 5, and only
--- for the few spans a request picks. `payload` keeps, per span, just the values a span of its kind can contribute (merged
--- attributes and latency figures of a server-like span, client-side figures of a CLIENT span,
--- token offsets of a decode span, GPU figures of a prefill or decode span), non-empty ones only:
--- empty counts as absent, as in the reference engine.
+-- for the few spans a request picks. `payload` keeps, per span, just the values a span of its
+-- kind can contribute (merged attributes and latency figures of a server-like span, client-side
+-- figures of a CLIENT span, token offsets of a decode span, GPU figures of a prefill or decode
+-- span), non-empty ones only: empty counts as absent, as in the reference engine.
 span_facts AS (
     SELECT
         trace_id, span_id, parent_id, service, start_ns, end_ns, kind, status, resource, codes,

@@ -258,11 +258,6 @@ def has_gpu(bucket: str) -> str:
     return f"({bucket} IN ({buckets}) AND {fact('GPU_NUMBER')})"
 
 
-def _value(name: str) -> str:
-    """A span's value of attribute ``name`` (a ``KEYS`` name) in stage 0's codes and values."""
-    return f"vals[indexOf(codes, {CODES[name]})]"
-
-
 def timeline(client: str, c_lo: str, c_dur: str, hull_lo: str, hull_hi: str, whole: str) -> str:
     """engine.timeline: ``offset`` (the skew correction), ``lo`` and ``hi`` (the window) of a
     request whose attempts span ``[hull_lo, hull_hi]``, with a client span starting at ``c_lo``
