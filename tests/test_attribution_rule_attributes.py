@@ -59,9 +59,8 @@ def test_the_stored_facts_are_the_rules_facts() -> None:
         r"LatscopeRuleAttributes\[(\d+)\],\s*\[(.*?)\], \[(.*?)\], 0\)", ddl, re.S
     ).groups()[1:]  # type: ignore[union-attr]
     assert re.search(rf"LatscopeRuleAttributes\[{CODES['PHASE']}\],\s*\[", ddl)
-    assert dict(
-        zip(re.findall(r"'([^']*)'", phases), map(int, codes.split(", ")), strict=True)
-    ) == (PHASE_CODES)
+    names = re.findall(r"'([^']*)'", phases)
+    assert dict(zip(names, map(int, codes.split(", ")), strict=True)) == PHASE_CODES
     assert list(PHASE_CODES) == list(Phase.ALL)
     latency = [CODES[n] for n in LATENCY]
     gpu = [CODES[n] for n in GPU]

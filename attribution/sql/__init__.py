@@ -561,7 +561,6 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
         "CLIENT": str(FLAGS["CLIENT"]),
         "DECODE_BUCKET": str(_bucket(Phase.DECODE)),
         "EXECUTE_TOOL": literal(GenAIOperation.EXECUTE_TOOL),
-        "FIRST_TOKEN_EVENT": literal(LatscopeAttributes.FIRST_TOKEN_EVENT),
         **{f"{kind}_MASK": _mask(names) for kind, names in PAYLOAD.items()},
         **{f"K_{name}": str(code) for name, code in CODES.items()},
         **{f"F_{name}": str(value) for name, value in FLAGS.items()},
