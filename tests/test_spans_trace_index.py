@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.sqlids import hex_word
+from bench.sqlids import hex_trace_id, hex_word
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
 from tests.agent_traces import mixed_traces
 from tests.attribution_support import check_stored, store_traces
@@ -81,13 +81,13 @@ def test_a_pass_of_new_trace_ids_skips_the_parts_without_them(own_store: Store) 
         f"""INSERT INTO {SPANS_TABLE} (Timestamp, TraceId, SpanId, ServiceName, SpanName, SpanKind,
     SpanAttributes)
 SELECT toDateTime64('2025-11-13 10:00:00', 9) + toIntervalMillisecond(number % 3600000),
-       {hex_word("intDiv(number, 7)", 1)} || {hex_word("intDiv(number, 7)", 2)},
+       {hex_trace_id("intDiv(number, 7)")},
        {hex_word("number", 3)}, 'earlier', 'step', 'Internal', map('step', '1')
 FROM numbers(1400000)"""
     )
     store.command(f"OPTIMIZE TABLE {SPANS_TABLE} FINAL")
-    new_ids = f"SELECT {hex_word('number', 11)} || {hex_word('number', 12)} FROM numbers({IDS})"
-    stored = f"SELECT {hex_word(42, 1)} || {hex_word(42, 2)}"
+    new_ids = f"SELECT {hex_trace_id('number', 11)} FROM numbers({IDS})"
+    stored = f"SELECT {hex_trace_id(42)}"
     by_id = f"SELECT count() FROM {SPANS_TABLE} WHERE TraceId IN ({stored})"
     kept, considered = _kept(store, new_ids)
     assert considered > 50, considered  # the key cannot skip most: the ids fall in every range

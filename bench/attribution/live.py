@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from bench.attribution.traces import SPANS
 from bench.parts import active_parts
-from bench.sqlids import hex_word
+from bench.sqlids import hex_trace_id, hex_word
 
 #: Requests a live pass attributes (one insert): serve's pass at about 1,000 requests a second.
 LIVE_REQUESTS = 1_000
@@ -147,7 +147,7 @@ def _store_history(store: Any, spans: pa.Table, t0_ns: int) -> int:
         store.insert_arrow("latscope_bench_live_src", spans)
         for k in range(HISTORY_COPIES):
             exprs = {c: c for c in columns}
-            exprs["TraceId"] = f"{hex_word('TraceId', k)} || {hex_word('TraceId', k, 1)}"
+            exprs["TraceId"] = hex_trace_id("TraceId", k)
             exprs["SpanId"] = hex_word("SpanId", k)
             exprs["ParentSpanId"] = f"if(ParentSpanId = '', '', {hex_word('ParentSpanId', k)})"
             exprs["Timestamp"] = (

@@ -88,7 +88,7 @@ from bench.attribution.live import (
     requests_needed,
 )
 from bench.attribution.traces import SPANS, Traces
-from bench.sqlids import hex_word
+from bench.sqlids import hex_trace_id, hex_word
 from latscope.config import DEFAULT_REACH_S
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -663,7 +663,7 @@ def with_history(store_dir: Path, requests: int, spans: int) -> History:
 INSERT INTO {SPANS_TABLE} (Timestamp, TraceId, SpanId, ParentSpanId, ServiceName, SpanName,
     SpanKind, Duration, SpanAttributes, LatscopeIngestedAt)
 SELECT fromUnixTimestamp64Nano(toInt64({{t0:Int64}} + n * {{step:Int64}})),
-       {hex_word("intDiv(n, 7)", 1)} || {hex_word("intDiv(n, 7)", 2)},
+       {hex_trace_id("intDiv(n, 7)")},
        {hex_word("n", 3)}, '', 'history', 'step', 'Internal', 1000000,
        map('history.step', toString(n % 7)), fromUnixTimestamp64Micro({{ingested_us:Int64}})
 FROM (SELECT number + {{lo:UInt64}} AS n FROM numbers({{count:UInt64}}))""",

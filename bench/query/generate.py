@@ -18,7 +18,7 @@ it). Each request's resource attributes name its replica (``service.instance.id`
 
 from __future__ import annotations
 
-from bench.sqlids import hex_word
+from bench.sqlids import hex_trace_id
 from latscope.storage import ATTRIBUTION_TABLE, Store
 
 _S = 10**9
@@ -39,7 +39,7 @@ INSERT INTO {ATTRIBUTION_TABLE} (Timestamp, TraceId, ServiceName, Model, Operati
     SpansIngestedAt, Version, IsDeleted)
 SELECT
     fromUnixTimestamp64Nano(ts_ns) AS Timestamp,
-    {hex_word("number", 2)} || {hex_word("number", 3)} AS TraceId,
+    {hex_trace_id("number")} AS TraceId,
     ['chat-api', 'embed-api', 'rag-api'][1 + cityHash64(number, 4) % 3] AS ServiceName,
     ['llama-3-8b', 'llama-3-70b', 'mistral-7b', 'qwen-2-72b'][1 + cityHash64(number, 5) % 4]
         AS Model,
