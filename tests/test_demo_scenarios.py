@@ -68,7 +68,8 @@ def test_scenario_gets_its_diagnosis_and_matches_the_truth(tmp_path: Path, name:
     # enough that the traffic itself changes (the load generator starved: its requests' time
     # between client and server grows, the simulator measures it as network), the expectation is
     # not testable in this run: everything else is checked, then the test says so.
-    traffic_as_designed = max(truth, key=truth.__getitem__) == expect.dominant
+    truth_dominant = max(truth, key=truth.__getitem__)
+    traffic_as_designed = truth_dominant == expect.dominant
     if traffic_as_designed:
         assert diagnosis["dominant"] == expect.dominant, (diagnosis, proc.stdout)
         assert set(expect.verdicts) <= set(verdicts), (verdicts, proc.stdout)
@@ -112,7 +113,7 @@ def test_scenario_gets_its_diagnosis_and_matches_the_truth(tmp_path: Path, name:
     assert "Diagnosis" in proc.stdout and "http://127.0.0.1:" in proc.stdout
     if not traffic_as_designed:
         pytest.skip(
-            f"the traffic's measured truth had {max(truth, key=truth.__getitem__)} dominant, "
+            f"the traffic's measured truth had {truth_dominant} dominant, "
             f"not {expect.dominant} (machine load); latscope named it right: {truth}"
         )
 
