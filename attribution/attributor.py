@@ -289,13 +289,16 @@ class Attributor(Poller):
         last = hi if hi not in self._taken or not free else free.pop()
         return free, last
 
-    def _plan(self, after_us: int, hi: int, settled_us: int) -> list[_Batch]:
+    def _plan(
+        self, after_us: int, hi: int, settled_us: int, markers: tuple[list[int], int]
+    ) -> list[_Batch]:
         """The batches of the slice ``(after_us, hi]``: its settled traces cut by trace id into
         ranges of at most ``batch_traces`` traces and about ``batch_spans`` spans (each a run of
         the spans table's sort key, so a batch reads its own share of the slice's granules
         instead of all of them). Each batch's ``first_ns`` / ``last_ns`` are the first start and
-        last end of the slice's spans."""
-        free, last = self._markers(after_us, hi)
+        last end of the slice's spans. ``markers``: the slice's free ones (``_markers``); those
+        its batches take are taken."""
+        free, last = markers
         params = self._params(
             after_us=after_us,
             upto_us=hi,
@@ -310,14 +313,14 @@ class Attributor(Poller):
             return []
         bounds = ["", *cuts, ""]
         firsts = [0, *(int(i) for i in starts), traces]
-        markers = [*free[: count - 1], last]
-        self._taken.update(markers)
+        taken = [*free[: count - 1], last]
+        self._taken.update(taken)
         return [
             _Batch(
                 after_us=after_us,
                 hi_us=hi,
                 settled_us=settled_us,
-                marker_us=markers[j],
+                marker_us=taken[j],
                 id_lo=bounds[j],
                 id_hi=bounds[j + 1],
                 traces=firsts[j + 1] - firsts[j],
@@ -392,7 +395,8 @@ class Attributor(Poller):
                 # attributed now from what is there and again when a slice reaches its later
                 # spans.
                 hi = min(upto, self.watermark_us + self.step_us)
-                batches[:] = self._plan(self.watermark_us, hi, upto)
+                markers = self._markers(self.watermark_us, hi)
+                batches[:] = self._plan(self.watermark_us, hi, upto, markers)
                 # The pass's last slice also takes the complete traces of the early window.
                 early = (
                     self._early_window(upto, complete_us)
@@ -400,7 +404,9 @@ class Attributor(Poller):
                     else None
                 )
                 if early is not None and not batches:
-                    marker = self._markers(self.watermark_us, hi)[1]
+                    # No settled trace: one batch of the early window's alone, with the marker
+                    # a last batch takes.
+                    marker = markers[1]
                     self._taken.add(marker)
                     batches[:] = [
                         _Batch(self.watermark_us, hi, upto, marker, "", "", 0, early[2], early[3])
