@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from latscope.attribution.engine import attribute_requests
 from latscope.attribution.model import RequestAttribution, SpanRecord
-from latscope.attribution.sql import STORED_STALL_NS, attribution_select, simple_select
+from latscope.attribution.sql import attribution_select, simple_select
 from latscope.attribution.table import attribution_row
 from latscope.collector.mapping import SPANS_SCHEMA
 from latscope.semconv import LatscopeAttributes, SpanKind
@@ -135,8 +135,7 @@ def sql_rows(
         "through_us": 0,
     }
     general = _rows(store, attribution_select(_BY_IDS, SPANS_TABLE, "1"), params)
-    stored = params["stall_ns"] == STORED_STALL_NS
-    simple = _rows(store, simple_select(_BY_IDS, SPANS_TABLE, "1", stored), params)
+    simple = _rows(store, simple_select(_BY_IDS, SPANS_TABLE, "1"), params)
     answered = {r["TraceId"] for r in simple}
     key = lambda r: (r["TraceId"], r["RequestSpanId"])  # noqa: E731
     by_general = {key(r): r for r in general if r["TraceId"] in answered}

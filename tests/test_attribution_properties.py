@@ -15,7 +15,6 @@ from latscope.attribution.attributor import Attributor
 from latscope.attribution.engine import attribute_requests
 from latscope.attribution.model import SpanRecord
 from latscope.attribution.spans import normalized
-from latscope.attribution.sql import STORED_STALL_NS
 from latscope.semconv import (
     ClientAttributes,
     GenAIAttributes,
@@ -309,48 +308,6 @@ def test_the_single_call_path_agrees_with_the_general_one_and_the_reference(
 
 
 _TAKEN: list[tuple[int, int]] = []
-
-
-@pytest.mark.slow
-@settings(max_examples=examples(10), derandomize=True, database=None)
-@given(st.lists(single_calls(), min_size=1, max_size=12))
-def test_the_single_call_path_computes_the_token_figures_at_another_stall_threshold(
-    store: Store, batch: list
-) -> None:
-    """At a stall threshold other than the one the stored token figures counted
-    (``STORED_STALL_NS``), the single-call path computes the figures from the offsets: its rows
-    are still the general path's and the reference's (whose stalls differ at this threshold)."""
-    traces_ = {f"t{i}": spans for i, spans in enumerate(batch)}
-    sql_check(
-        store,
-        traces_,
-        reference={k: _as_loaded(v) for k, v in traces_.items()},
-        stall_threshold_ns=STALL_NS,
-    )
-
-
-#: Another stall threshold than the stored figures': 10 ms, under most of the drawn gaps.
-STALL_NS = 10 * MS
-assert STALL_NS != STORED_STALL_NS
-
-
-@pytest.mark.parametrize("stall_ns", [STORED_STALL_NS, STALL_NS])
-def test_the_single_call_path_counts_stalls_at_its_threshold(store: Store, stall_ns: int) -> None:
-    """A call of the common shape whose token gaps (5, 15, 280 and 1 ms) straddle both
-    thresholds: the single-call path takes it, and counts 1 stall at the stored figures'
-    threshold (250 ms) and 2 at 10 ms, as the general path and the reference do."""
-    from tests.attribution_support import SIMPLE_ANSWERED
-
-    tb = TraceBuilder()
-    c = tb.client(0, 400, attrs={ClientAttributes.LAST_BYTE_NS: T0 + 400 * MS})
-    s = tb.server(5, 395, parent=c)
-    tb.phase(Phase.PREFILL, 10, 20, parent=s)
-    offsets = "[0,5000,20000,300000,301000]"
-    tb.phase(Phase.DECODE, 20, 330, parent=s, attrs={LatscopeAttributes.TOKEN_OFFSETS_US: offsets})
-    before = set(SIMPLE_ANSWERED)
-    (got,) = sql_check(store, {"stalls": tb.spans}, stall_threshold_ns=stall_ns)["stalls"]
-    assert len(SIMPLE_ANSWERED - before) == 1
-    assert got.stalls == (1 if stall_ns == STORED_STALL_NS else 2)
 
 
 @pytest.mark.parametrize("offsets", OFFSETS_EDGES)

@@ -1,34 +1,18 @@
 """What ClickHouse computes for the rules as spans are stored: ``LatscopeRuleAttributes``
-(deploy/clickhouse/007_rule_attributes.sql), the attributes the rules read, by code, the span
-facts (010_span_facts.sql), what the rules test on every span, and the token figures
-(011_token_figures.sql) of a span with token offsets. Their codes are the rules' codes, the facts
-are what the reference engine's parsers say, the token figures what the reference engine computes
-from the offsets, and spans stored before the columns existed (parts without them) are
-attributed exactly as spans stored after them, before and after the columns are materialized for
-them."""
+(deploy/clickhouse/007_rule_attributes.sql), the attributes the rules read, by code, and the span
+facts (010_span_facts.sql), what the rules test on every span. Their codes are the rules' codes,
+the facts are what the reference engine's parsers say, and spans stored before the columns
+existed (parts without them) are attributed exactly as spans stored after them, before and after
+the columns are materialized for them."""
 
 from __future__ import annotations
 
-import itertools
-import random
 import re
 
 import pytest
 
-from latscope.attribution.engine import linear_quantile
 from latscope.attribution.model import NUMBER, SpanRecord, parse_int_list
-from latscope.attribution.sql import (
-    CODES,
-    FACTS,
-    GPU,
-    KEYS,
-    LATENCY,
-    PHASE_CODES,
-    STORED_STALL_NS,
-    TOKEN_FIGURES_TYPE,
-    int_list,
-    token_figures,
-)
+from latscope.attribution.sql import CODES, FACTS, GPU, KEYS, LATENCY, PHASE_CODES
 from latscope.semconv import LatscopeAttributes, Phase, SpanKind
 from latscope.storage import SPANS_TABLE, Store, ddl_files
 from tests.agent_traces import mixed_traces
@@ -39,8 +23,6 @@ DDL = "007_rule_attributes.sql"
 COLUMN = "LatscopeRuleAttributes"
 FACTS_DDL = "010_span_facts.sql"
 FACTS_COLUMNS = ("LatscopePhase", "LatscopeFacts", "LatscopeFirstToken")
-TOKENS_DDL = "011_token_figures.sql"
-TOKENS_COLUMN = "LatscopeTokenFigures"
 
 
 def _ddl(name: str = DDL) -> str:
@@ -188,77 +170,8 @@ def test_stored_facts_are_what_the_reference_parsers_say(store: Store) -> None:
     assert any(t for _, _, t in got.values()) and not all(t for _, _, t in got.values())
 
 
-def test_the_stored_token_figures_are_the_single_call_paths() -> None:
-    """011's column is ``sql.token_figures`` (what the single-call path computes when the stall
-    threshold is another) of the span's start and its offsets where fact 4 holds, with the stalls
-    counted above ``STORED_STALL_NS``, and of ``TOKEN_FIGURES_TYPE``."""
-    offsets = int_list(
-        f"bitTest(LatscopeFacts, {FACTS['OFFSETS'].bit_length() - 1})",
-        f"LatscopeRuleAttributes[{CODES['OFFSETS']}]",
-    )
-    expr = token_figures("toUnixTimestamp64Nano(Timestamp)", offsets, str(STORED_STALL_NS))
-    column = f"ADD COLUMN IF NOT EXISTS {TOKENS_COLUMN} {TOKEN_FIGURES_TYPE} MATERIALIZED {expr};"
-    assert re.sub(r"\s+", "", column) in re.sub(r"\s+", "", _ddl(TOKENS_DDL))
-
-
-def _token_figures(span: SpanRecord) -> tuple:
-    """What 011 stores for ``span``: the reference engine's streaming figures (engine._streaming)
-    of its offsets, at the stored stall threshold."""
-    offsets = parse_int_list(span.attributes.get(LatscopeAttributes.TOKEN_OFFSETS_US))
-    if not offsets:
-        return (0, None, None, None, None, 0, 0)
-    tokens = [span.start_ns + off * 1000 for off in offsets]
-    gaps = [b - a for a, b in itertools.pairwise(tokens)]
-    if not gaps:
-        return (tokens[0], None, None, None, None, 0, 1)
-    return (
-        tokens[0],
-        (tokens[-1] - tokens[0]) / len(gaps),
-        linear_quantile(gaps, 0.5),
-        linear_quantile(gaps, 0.99),
-        float(max(gaps)),
-        sum(1 for g in gaps if g > STORED_STALL_NS),
-        len(tokens),
-    )
-
-
-def test_stored_token_figures_are_the_reference_engines(store: Store) -> None:
-    """Each span's stored token figures are what the reference engine computes from its offsets:
-    the edge values above (not lists, or lists JSON refuses: the defaults) and random streams
-    whose gaps cross the stall threshold."""
-    rng = random.Random(11)
-    values = [*_OFFSETS]
-    for n in (1, 2, 3, 17, 64, 300):
-        at = itertools.accumulate(
-            rng.choice([0, 900, 40_000, 260_000, 3_000_000]) for _ in range(n)
-        )
-        values.append(str(list(at)).replace(" ", ""))
-    spans = [
-        SpanRecord(f"{i:016x}", "", "decode", SpanKind.INTERNAL, "svc", 1_700_000_000_000_000_000
-                   + i * 7_919, 10**9, {LatscopeAttributes.PHASE: Phase.DECODE,
-                   LatscopeAttributes.TOKEN_OFFSETS_US: v})
-        for i, v in enumerate(values)
-    ]  # fmt: skip
-    (trace_id,) = store_traces(store, {"tokens": spans})
-    rows = store.query_rows(
-        f"SELECT SpanId, {TOKENS_COLUMN} FROM {SPANS_TABLE} WHERE TraceId = {{t:String}} "
-        "ORDER BY SpanId",
-        {"t": trace_id},
-    )
-    # A named tuple reads as a dict of its elements.
-    got = {r[0]: tuple(r[1].values()) for r in rows}
-    assert got == {s.span_id: _token_figures(s) for s in spans}
-    # Not vacuous: streams with and without stalls, with and without gaps, and spans without.
-    stalls = [f[5] for f in got.values()]
-    assert 0 in stalls and max(stalls) > 0
-    assert {f[6] for f in got.values()} >= {0, 1, 2, 300}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("ddl", "columns"),
-    [(DDL, (COLUMN,)), (FACTS_DDL, FACTS_COLUMNS), (TOKENS_DDL, (TOKENS_COLUMN,))],
-)
+@pytest.mark.parametrize(("ddl", "columns"), [(DDL, (COLUMN,)), (FACTS_DDL, FACTS_COLUMNS)])
 def test_spans_stored_before_the_column_are_attributed_as_after(
     tmp_path_factory: pytest.TempPathFactory, ddl: str, columns: tuple[str, ...]
 ) -> None:

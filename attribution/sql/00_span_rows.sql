@@ -25,10 +25,7 @@ span_rows AS (
         -- attributes, latscope's first-token event on a CLIENT span (its time, as a payload value).
         LatscopePhase AS phase_code,
         LatscopeFacts AS facts,
-        LatscopeFirstToken AS first_token_event,
-        -- The figures of its token offsets, computed as it was stored (011_token_figures.sql;
-        -- the single-call path reads them, the general path the offsets).
-        LatscopeTokenFigures AS token_figures
+        LatscopeFirstToken AS first_token_event
     FROM $SPANS_TABLE
     WHERE TraceId IN (SELECT trace_id FROM batch) AND $SPAN_BOUNDS
 )

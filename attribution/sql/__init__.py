@@ -29,7 +29,6 @@ from importlib import resources
 
 from latscope import sqltext
 from latscope.attribution.engine import (
-    DEFAULT_STALL_NS,
     GPU_KEYS,
     GPU_PHASES,
     LATENCY_KEYS,
@@ -144,17 +143,6 @@ FLAGS: dict[str, int] = {
     "GPU": 128,
     "BUCKET": 256,
 }
-
-
-#: The token figures ClickHouse stores for each span with token offsets as it is stored
-#: (``LatscopeTokenFigures``, deploy/clickhouse/011_token_figures.sql, a test holds the two equal;
-#: ``token_figures``), with the stalls counted above ``STORED_STALL_NS``: the single-call path
-#: reads them instead of the offsets when its stall threshold is that one.
-TOKEN_FIGURES_TYPE = (
-    "Tuple(first_token_ns Int64, tpot_ns Nullable(Float64), itl_p50_ns Nullable(Float64), "
-    "itl_p99_ns Nullable(Float64), itl_max_ns Nullable(Float64), stalls UInt32, tokens UInt32)"
-)
-STORED_STALL_NS = DEFAULT_STALL_NS
 
 
 def literal(value: str) -> str:
@@ -321,33 +309,6 @@ def gaps(offsets: str) -> str:
     return (
         f"arrayPopFront(arrayDifference({offsets})) AS gaps_us,\n"
         "        arraySort(gaps_us) AS sorted_gaps_us,\n        length(gaps_us) AS n_gaps"
-    )
-
-
-def token_figures(start: str, offsets: str, stall_ns: str) -> str:
-    """engine.timed_decode's figures of a span starting at ``start`` (ns) with the token offsets
-    ``offsets`` (us, an Array(Int64)), as a ``TOKEN_FIGURES_TYPE``: the first token's time, TPOT,
-    ITL p50 / p99 / max (ns; NULL with fewer than two tokens), the gaps longer than ``stall_ns``
-    and the number of tokens (offsets); with no offsets, the type's defaults. The same figures,
-    by the same arithmetic, as ``gaps`` and ``_itl_figures`` give the general path: the offsets,
-    their gaps and the sorted gaps are a lambda's arguments, bound once each."""
-    n = "length(tok_gaps)"
-    p50, p99 = (quantile("tok_sorted", n, q, scale=1000) for q in ("0.5", "0.99"))
-    figures = ", ".join(
-        [
-            f"if(empty(tok_offsets), 0, {start} + tok_offsets[1] * 1000)",
-            f"if({n} > 0, (tok_offsets[-1] - tok_offsets[1]) * 1000 / {n}, NULL)",
-            f"if({n} > 0, {p50}, NULL)",
-            f"if({n} > 0, {p99}, NULL)",
-            f"if({n} > 0, toFloat64(tok_sorted[{n}] * 1000), NULL)",
-            f"toUInt32(arrayCount(tok_gap -> tok_gap * 1000 > {stall_ns}, tok_gaps))",
-            "toUInt32(length(tok_offsets))",
-        ]
-    )
-    gaps = "arrayPopFront(arrayDifference(tok_offsets))"
-    by_gaps = f"arrayMap((tok_gaps, tok_sorted) -> ({figures}), [{gaps}], [arraySort({gaps})])[1]"
-    return (
-        f"CAST(arrayMap(tok_offsets -> {by_gaps}, [{offsets}])[1], {literal(TOKEN_FIGURES_TYPE)})"
     )
 
 
@@ -573,7 +534,7 @@ def _dedup_columns() -> str:
     )
 
 
-def _values(spans_table: str, span_bounds: str, stored_figures: bool = True) -> dict[str, str]:
+def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
     kinds = {
         SpanKind.SERVER: FLAGS["SERVER"],
         SpanKind.CLIENT: FLAGS["CLIENT"],
@@ -622,16 +583,6 @@ def _values(spans_table: str, span_bounds: str, stored_figures: bool = True) -> 
         "PREFILL_BUCKET": str(_bucket(Phase.PREFILL)),
         "GPU_SPANS": _gpu_spans(),
         "ITL_FIGURES": _itl_figures(),
-        # The single-call path's decode span: its stored token figures, or its offsets' text and
-        # the figures computed from it (at the statement's stall threshold).
-        "TOKENS_CARRIED": (
-            "token_figures" if stored_figures else f"vals[indexOf(codes, {CODES['OFFSETS']})]"
-        ),
-        "TOKEN_FIGURES": (
-            "decode.3"
-            if stored_figures
-            else token_figures("decode.1", int_list("n_timed != 0", "decode.3"), "{stall_ns:Int64}")
-        ),
     }
     return values
 
@@ -721,16 +672,12 @@ def attribution_select(batch_sql: str, spans_table: str, span_bounds: str) -> st
 
 
 @cache
-def simple_select(
-    batch_sql: str, spans_table: str, span_bounds: str, stored_figures: bool = True
-) -> str:
+def simple_select(batch_sql: str, spans_table: str, span_bounds: str) -> str:
     """``attribution_select`` for the traces of ``batch_sql`` that hold one call of the common
     shape (``simple_2_traces.sql`` says which); the other traces give no row here and are left to
     ``attribution_select``. Same parameters, same columns, the same rows for the traces it
-    answers. ``stored_figures``: the decode span's token figures are read as stored
-    (``LatscopeTokenFigures``), which holds for the ``stall_ns`` parameter ``STORED_STALL_NS``
-    only; else they are computed from its token offsets."""
-    values = _values(spans_table, span_bounds, stored_figures)
+    answers."""
+    values = _values(spans_table, span_bounds)
     ctes = [f"batch AS ({batch_sql})"] + [render(_stage(s), values).strip() for s in SIMPLE_STAGES]
     final = render(_stage(FINAL), values).strip()
     return "WITH\n" + ",\n".join(ctes) + "\n" + final + "\n" + SETTINGS

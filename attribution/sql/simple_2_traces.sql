@@ -33,12 +33,10 @@ simple_traces AS (
             kind = $CLIENT) AS clients,
         groupArrayIf((toUInt8(bucket - 1), start_ns, end_ns), bucket != 0) AS phases,
         -- The last (start, span id) decode phase with token offsets, and the last prefill and
-        -- decode phases with GPU figures. A decode span carries its token figures as stored
-        -- (a tuple of seven numbers) when the stall threshold is the stored one, else its
-        -- offsets' text (stage 3 computes the figures from it).
+        -- decode phases with GPU figures.
         countIf(timed) AS n_timed,
-        groupArrayIf((start_ns, span_id, $TOKENS_CARRIED, vals[indexOf(codes, $K_TOKEN_COUNT)]),
-            timed) AS decodes,
+        groupArrayIf((start_ns, span_id, vals[indexOf(codes, $K_OFFSETS)],
+            vals[indexOf(codes, $K_TOKEN_COUNT)]), timed) AS decodes,
         groupArrayIf((start_ns, span_id, codes, vals), has_gpu AND bucket = $PREFILL_BUCKET)
             AS gpu_prefills,
         groupArrayIf((start_ns, span_id, codes, vals), has_gpu AND bucket = $DECODE_BUCKET)

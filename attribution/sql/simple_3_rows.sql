@@ -104,9 +104,10 @@ simple_parsed AS (
     SELECT
         * EXCEPT (segments, decode, gpu_prefill, gpu_decode, s_length, phase_ivs, flat),
         $FLAT_SUMS,
-        -- The last timed decode span's token figures (sql.token_figures: as stored, or from
-        -- its offsets).
-        $TOKEN_FIGURES AS figures,
+        -- Token offsets (us) from the decode span's start: the token times are start + offset
+        -- * 1000, read only where a figure needs one ($GAPS).
+        $INT_LIST(n_timed != 0, decode.3) AS offsets,
+        decode.1 AS decode_start,
         ints[9] AS token_count,
         $SIMPLE_GPU_MAP AS gpu,
         toUInt16(1) AS tries
@@ -121,6 +122,7 @@ simple_streaming AS (
         $TOKENS(ints[1], ints[2]) AS try_output,
         if(try_output IS NOT NULL, least(try_output, $MAX_TOKENS),
             $TOKENS(ints[3], ints[4])) AS output0,
+        $GAPS(offsets),
         multiIf(client = 0, NULL,
             ints[8] IS NOT NULL, ints[8] - c_lo,
             first_token_event != '', toInt64(first_token_event) - c_lo,
@@ -133,14 +135,11 @@ simple_streaming AS (
 rows AS (
     SELECT
         *,
-        if(n_timed != 0, figures.first_token_ns - s_start, NULL) AS ttft_server,
-        figures.tpot_ns AS tpot,
-        figures.itl_p50_ns AS itl_p50,
-        figures.itl_p99_ns AS itl_p99,
-        figures.itl_max_ns AS itl_max,
-        figures.stalls AS stalls,
+        if(n_timed != 0, decode_start + offsets[1] * 1000 - s_start, NULL) AS ttft_server,
+        if(n_timed != 0 AND n_gaps > 0, (offsets[-1] - offsets[1]) * 1000 / n_gaps, NULL) AS tpot,
+        $ITL_FIGURES,
         if(output0 IS NULL AND n_timed != 0,
-            if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, figures.tokens),
+            if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, length(offsets)),
             output0) AS output_tokens
     FROM simple_streaming
 )
