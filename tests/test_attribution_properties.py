@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from latscope.attribution import aggregates as ag
 from latscope.attribution.attributor import Attributor
-from latscope.attribution.engine import attribute_requests
+from latscope.attribution.engine import DEFAULT_STALL_NS, attribute_requests
 from latscope.attribution.model import SpanRecord
 from latscope.attribution.spans import normalized
 from latscope.semconv import (
@@ -308,6 +308,25 @@ def test_the_single_call_path_agrees_with_the_general_one_and_the_reference(
 
 
 _TAKEN: list[tuple[int, int]] = []
+
+
+@pytest.mark.parametrize("stall_ns", [DEFAULT_STALL_NS, 10 * MS])
+def test_the_single_call_path_counts_stalls_at_its_threshold(store: Store, stall_ns: int) -> None:
+    """A call of the common shape whose token gaps (5, 15, 280 and 1 ms) straddle both
+    thresholds: the single-call path takes it, and counts 1 stall at the default threshold
+    (250 ms) and 2 at 10 ms, as the general path and the reference do."""
+    from tests.attribution_support import SIMPLE_ANSWERED
+
+    tb = TraceBuilder()
+    c = tb.client(0, 400, attrs={ClientAttributes.LAST_BYTE_NS: T0 + 400 * MS})
+    s = tb.server(5, 395, parent=c)
+    tb.phase(Phase.PREFILL, 10, 20, parent=s)
+    offsets = "[0,5000,20000,300000,301000]"
+    tb.phase(Phase.DECODE, 20, 330, parent=s, attrs={LatscopeAttributes.TOKEN_OFFSETS_US: offsets})
+    before = set(SIMPLE_ANSWERED)
+    (got,) = sql_check(store, {"stalls": tb.spans}, stall_threshold_ns=stall_ns)["stalls"]
+    assert len(SIMPLE_ANSWERED - before) == 1
+    assert got.stalls == (1 if stall_ns == DEFAULT_STALL_NS else 2)
 
 
 @pytest.mark.parametrize("offsets", OFFSETS_EDGES)
