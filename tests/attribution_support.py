@@ -14,7 +14,7 @@ from latscope.attribution.model import RequestAttribution, SpanRecord
 from latscope.attribution.sql import attribution_select, simple_select
 from latscope.attribution.table import attribution_row
 from latscope.collector.mapping import SPANS_SCHEMA
-from latscope.semconv import LatscopeAttributes, SpanKind
+from latscope.semconv import ClientAttributes, LatscopeAttributes, Phase, SpanKind
 from latscope.storage import SPANS_TABLE, Store
 
 MS = 1_000_000
@@ -224,6 +224,18 @@ def assert_rows_equal(want: dict[str, Any], got: dict[str, Any]) -> None:
                 assert _close(w[k], g[k]), (key, k, w[k], g[k])
             continue
         assert _close(w, g), (key, w, g)
+
+
+def stalls_call() -> list[SpanRecord]:
+    """One call of the single-call path's shape whose token gaps (5, 15, 280 and 1 ms) straddle
+    the default stall threshold (250 ms) and 10 ms: 1 stall at the first, 2 at the second."""
+    tb = TraceBuilder()
+    c = tb.client(0, 400, attrs={ClientAttributes.LAST_BYTE_NS: T0 + 400 * MS})
+    s = tb.server(5, 395, parent=c)
+    tb.phase(Phase.PREFILL, 10, 20, parent=s)
+    offsets = "[0,5000,20000,300000,301000]"
+    tb.phase(Phase.DECODE, 20, 330, parent=s, attrs={LatscopeAttributes.TOKEN_OFFSETS_US: offsets})
+    return tb.spans
 
 
 def _close(w: Any, g: Any) -> bool:

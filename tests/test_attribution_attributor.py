@@ -21,9 +21,8 @@ from opentelemetry.trace import SpanKind, set_span_in_context
 
 from latscope.attribution.attributor import Attributor, attributor_parts
 from latscope.config import ConfigError, Settings
-from latscope.semconv import ClientAttributes, LatscopeAttributes, Phase
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
-from tests.attribution_support import MS, T0, TraceBuilder, server_spans, span_rows, store_traces
+from tests.attribution_support import MS, T0, server_spans, span_rows, stalls_call, store_traces
 from tests.serve_support import Server, start_serve
 from tests.skeleton_support import EXPECTED, LAYOUT, provider
 
@@ -162,13 +161,7 @@ def test_an_attributor_at_another_stall_threshold_counts_the_stalls_at_it(store:
     """The attributor's stall threshold reaches its statements: these token gaps (5, 15, 280 and
     1 ms) are 2 stalls at 10 ms (1 at the default, 250 ms)."""
     Attributor(store, settle_s=0).run_until_idle()  # whatever the module stored before
-    tb = TraceBuilder()
-    c = tb.client(0, 400, attrs={ClientAttributes.LAST_BYTE_NS: T0 + 400 * MS})
-    s = tb.server(5, 395, parent=c)
-    tb.phase(Phase.PREFILL, 10, 20, parent=s)
-    offsets = "[0,5000,20000,300000,301000]"
-    tb.phase(Phase.DECODE, 20, 330, parent=s, attrs={LatscopeAttributes.TOKEN_OFFSETS_US: offsets})
-    (trace_id,) = store_traces(store, {"stalls": tb.spans})
+    (trace_id,) = store_traces(store, {"stalls": stalls_call()})
     assert Attributor(store, settle_s=0, stall_threshold_ns=10 * MS).run_until_idle() == 1
     stalls = store.query_rows(
         f"SELECT Stalls FROM {ATTRIBUTION_TABLE} FINAL WHERE TraceId = {{t:String}}",

@@ -26,7 +26,7 @@ from latscope.semconv import (
 )
 from latscope.storage import SPANS_TABLE, Store
 from tests.agent_traces import agent_run
-from tests.attribution_support import MS, T0, TraceBuilder, spans_table, sql_check
+from tests.attribution_support import MS, T0, TraceBuilder, spans_table, sql_check, stalls_call
 from tests.hypothesis_support import examples
 from tests.upstream_traces import span_records
 
@@ -317,14 +317,8 @@ def test_the_single_call_path_counts_stalls_at_its_threshold(store: Store, stall
     (250 ms) and 2 at 10 ms, as the general path and the reference do."""
     from tests.attribution_support import SIMPLE_ANSWERED
 
-    tb = TraceBuilder()
-    c = tb.client(0, 400, attrs={ClientAttributes.LAST_BYTE_NS: T0 + 400 * MS})
-    s = tb.server(5, 395, parent=c)
-    tb.phase(Phase.PREFILL, 10, 20, parent=s)
-    offsets = "[0,5000,20000,300000,301000]"
-    tb.phase(Phase.DECODE, 20, 330, parent=s, attrs={LatscopeAttributes.TOKEN_OFFSETS_US: offsets})
     before = set(SIMPLE_ANSWERED)
-    (got,) = sql_check(store, {"stalls": tb.spans}, stall_threshold_ns=stall_ns)["stalls"]
+    (got,) = sql_check(store, {"stalls": stalls_call()}, stall_threshold_ns=stall_ns)["stalls"]
     assert len(SIMPLE_ANSWERED - before) == 1
     assert got.stalls == (1 if stall_ns == DEFAULT_STALL_NS else 2)
 
