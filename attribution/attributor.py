@@ -73,7 +73,13 @@ from prometheus_client import Counter, Gauge
 
 from latscope.attribution.engine import DEFAULT_STALL_NS, LATENCY_KEYS
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
-from latscope.attribution.sql import NO_JIT, attribution_select, literal, simple_select
+from latscope.attribution.sql import (
+    NO_JIT,
+    STORED_STALL_NS,
+    attribution_select,
+    literal,
+    simple_select,
+)
 from latscope.attribution.table import ATTRIBUTION_SCHEMA
 from latscope.config import (
     DEFAULT_BATCH_SPANS,
@@ -205,8 +211,16 @@ class Attributor(Poller):
         self._due = 0.0
         #: When to look next whether ingest has paused (monotonic s; inf: a poll after the pass).
         self._look = math.inf
+        #: The single-call path reads the token figures the collector stored with each span
+        #: when they counted the stalls at this threshold (sql.STORED_STALL_NS), else it
+        #: computes them from the offsets.
+        self.stored_figures = stall_threshold_ns == STORED_STALL_NS
         self._sql = _Statements(
-            self.spans_table, self.table, shard, early=self.complete_us is not None
+            self.spans_table,
+            self.table,
+            shard,
+            early=self.complete_us is not None,
+            stored_figures=self.stored_figures,
         )
         #: With early attribution off, the statements with it (built when first needed), by
         #: whether they take the Version check: with it for the slices that may hold traces a
@@ -269,7 +283,12 @@ class Attributor(Poller):
             return self._sql
         if versioned not in self._early_sql:
             self._early_sql[versioned] = _Statements(
-                self.spans_table, self.table, self.shard, early=True, versioned=versioned
+                self.spans_table,
+                self.table,
+                self.shard,
+                early=True,
+                versioned=versioned,
+                stored_figures=self.stored_figures,
             )
         return self._early_sql[versioned]
 
@@ -639,7 +658,14 @@ class _Statements:
     """The attributor's SQL for one spans table, attribution table and shard."""
 
     def __init__(
-        self, spans: str, table: str, shard: tuple[int, int], *, early: bool, versioned: bool = True
+        self,
+        spans: str,
+        table: str,
+        shard: tuple[int, int],
+        *,
+        early: bool,
+        versioned: bool = True,
+        stored_figures: bool = True,
     ) -> None:
         self.early = early
         mine = (
@@ -752,7 +778,7 @@ WHERE {early_window} {mine}""")
         )
         #: The single-call path over the batch (attribution/sql/simple_*.sql): one row per trace
         #: of the common shape, none for the others.
-        self.insert_simple = into + simple_select(batch, spans, bounds)
+        self.insert_simple = into + simple_select(batch, spans, bounds, stored_figures)
         #: The batch's traces left without a row that have a span that could be a call's server
         #: (SERVER, or a gen_ai.latency.* figure): a trace with none has no call.
         left = (

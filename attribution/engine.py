@@ -157,6 +157,36 @@ def linear_quantile(values: Sequence[float], q: float) -> float:
     return float(ordered[i] + (ordered[i + 1] - ordered[i]) * (pos - i))
 
 
+#: What ``token_figures`` gives, by position.
+FIRST_OFFSET_US, TPOT_NS, ITL_P50_NS, ITL_P99_NS, ITL_MAX_NS, STALLS, TOKENS = range(7)
+
+
+def token_figures(offsets_us: Sequence[int], stall_threshold_ns: int) -> list[float]:
+    """The streaming figures of a decode span's token offsets (us from its start; not empty):
+    the first offset (us), TPOT, ITL p50 / p99 / max (ns), the gaps longer than
+    ``stall_threshold_ns`` and the number of tokens, indexed by ``FIRST_OFFSET_US`` .. ``TOKENS``.
+    With one token there are no gaps, and the four gap figures are 0. Every figure is a double
+    computed as ClickHouse and C compute it (TPOT: the span's length, rounded to a double, over
+    the gaps), so the three give the same bits.
+
+    The one arithmetic of these figures: the rules (``_streaming``) read them from here, the
+    collector stores them with each span at the default stall threshold (its C decoder by the
+    same operations, a test holds the two equal), and the SQL attributor reads those or computes
+    them from the offsets by the same formulas (``latscope.attribution.sql.token_figures``)."""
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(offsets_us)]
+    if not gaps:
+        return [float(offsets_us[0]), 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    return [
+        float(offsets_us[0]),
+        float((offsets_us[-1] - offsets_us[0]) * 1000) / len(gaps),
+        linear_quantile(gaps, 0.5),
+        linear_quantile(gaps, 0.99),
+        float(max(gaps)),
+        float(sum(1 for g in gaps if g > stall_threshold_ns)),
+        float(len(offsets_us)),
+    ]
+
+
 # -- which spans make each request ---------------------------------------------------------------
 
 
@@ -530,23 +560,20 @@ def _streaming(result: RequestAttribution, request: Request, stall_threshold_ns:
     last = request.attempts[-1]
     if found is not None:
         decode, attempt = found
-        tokens = [
-            decode.start_ns + off * 1000
-            for off in decode.attr_int_list(LatscopeAttributes.TOKEN_OFFSETS_US)
-        ]
-        result.ttft_server_ns = tokens[0] - attempt.start_ns
+        offsets = decode.attr_int_list(LatscopeAttributes.TOKEN_OFFSETS_US)
+        figures = token_figures(offsets, stall_threshold_ns)
+        result.ttft_server_ns = decode.start_ns + offsets[0] * 1000 - attempt.start_ns
         if result.output_tokens is None:
             count = decode.attr_int(LatscopeAttributes.TOKEN_COUNT)
-            result.output_tokens = count if count and 0 < count <= MAX_TOKENS else len(tokens)
-        gaps = [b - a for a, b in itertools.pairwise(tokens)]
-        if gaps:
-            result.tpot_ns = (tokens[-1] - tokens[0]) / len(gaps)
+            result.output_tokens = count if count and 0 < count <= MAX_TOKENS else len(offsets)
+        if len(offsets) > 1:
+            result.tpot_ns = figures[TPOT_NS]
             result.itl_ns = {
-                "p50": linear_quantile(gaps, 0.5),
-                "p99": linear_quantile(gaps, 0.99),
-                "max": float(max(gaps)),
+                "p50": figures[ITL_P50_NS],
+                "p99": figures[ITL_P99_NS],
+                "max": figures[ITL_MAX_NS],
             }
-            result.stalls = sum(1 for g in gaps if g > stall_threshold_ns)
+            result.stalls = int(figures[STALLS])
     else:
         # The earliest first token of the last try (vLLM's n > 1 samples start together).
         firsts = [

@@ -24,6 +24,7 @@
 #include <Python.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,7 @@ enum {
     B_EV_O, B_EV_TS, B_EVN_O, B_EVN_D, B_EVA_O, B_EVA_KO, B_EVA_KD, B_EVA_VO, B_EVA_VD,
     B_LN_O, B_LNT_O, B_LNT_D, B_LNS_O, B_LNS_D, B_LNST_O, B_LNST_D,
     B_LNA_O, B_LNA_KO, B_LNA_KD, B_LNA_VO, B_LNA_VD,
+    B_TF_O, B_TF_D,
     NB
 };
 #define B_ROLLBACK B_ATT_O
@@ -73,6 +75,7 @@ static const unsigned char IS_OFFSETS[NB] = {
     [B_EV_O] = 1, [B_EVN_O] = 1, [B_EVA_O] = 1, [B_EVA_KO] = 1, [B_EVA_VO] = 1,
     [B_LN_O] = 1, [B_LNT_O] = 1, [B_LNS_O] = 1, [B_LNST_O] = 1,
     [B_LNA_O] = 1, [B_LNA_KO] = 1, [B_LNA_VO] = 1,
+    [B_TF_O] = 1,
 };
 
 typedef struct {
@@ -117,6 +120,8 @@ typedef struct {
     RowCache seen[3];
     long long max_attrs, max_value;
     size_t max_bytes, total;
+    int64_t *tokens;       /* scratch for a span's token offsets, then their gaps */
+    size_t tokens_cap;
     Py_ssize_t rows, rejected;
     PyObject *first_problem;
     PyObject *render;      /* Python callable: AnyValue bytes -> str (arrays, kvlists) */
@@ -1043,6 +1048,174 @@ static int dedup_row(Ctx *c, Buf *m, size_t e0, RowCache *seen)
     return rc ? -1 : 0;
 }
 
+/* -- token figures ------------------------------------------------------------------------- */
+
+/* The streaming figures of a span's latscope.token_offsets_us, stored with it
+ * (LatscopeTokenFigures, deploy/clickhouse/011_token_figures.sql): engine.token_figures at the
+ * default stall threshold, by the same double operations in the same order, so the figures are
+ * the same to the bit (tests/test_collector_token_figures.py holds the two equal). The build
+ * turns off the contraction of a multiply and an add into one fused operation (pyproject.toml),
+ * which would round once where Python rounds twice. */
+static const char OFFSETS_KEY[] = "latscope.token_offsets_us";
+#define STORED_STALL_NS 250000000LL /* engine.DEFAULT_STALL_NS */
+#define N_FIGURES 7
+
+static inline int is_ws(uint8_t ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; }
+
+/* model.parse_int_list: a JSON array of integers of at most 15 digits (model.INT_ARRAY), else
+ * nothing. The integers go to c->tokens; returns how many (0: not such an array, or empty), -1
+ * when out of memory. */
+static Py_ssize_t parse_offsets(Ctx *c, const uint8_t *p, size_t n)
+{
+    size_t i = 0, count = 0;
+    /* Every scan below stops at the last byte, ']', so only the ends need a bound. */
+    if (n < 2 || p[0] != '[' || p[n - 1] != ']')
+        return 0;
+    /* At most one integer per two bytes of the text. */
+    if (c->tokens_cap < n / 2 + 1) {
+        int64_t *t = realloc(c->tokens, (n / 2 + 1) * sizeof(int64_t));
+        if (t == NULL) {
+            c->err = E_NOMEM;
+            return -1;
+        }
+        c->tokens = t;
+        c->tokens_cap = n / 2 + 1;
+    }
+    for (i = 1; i < n && is_ws(p[i]); i++)
+        ;
+    if (i < n && p[i] == ']')
+        return 0; /* empty, or text after it */
+    for (;;) {
+        int negative = p[i] == '-'; /* i < n: the text ends with ']' */
+        i += negative;
+        unsigned d = (unsigned)(p[i] - '0');
+        if (d > 9)
+            return 0;
+        int64_t v = d;
+        size_t first = i++;
+        if (d != 0) {
+            while ((d = (unsigned)(p[i] - '0')) <= 9 && i - first < 15) {
+                v = v * 10 + d;
+                i++;
+            }
+        }
+        if ((unsigned)(p[i] - '0') <= 9)
+            return 0; /* 16 digits or more, or a leading zero */
+        c->tokens[count++] = negative ? -v : v;
+        while (is_ws(p[i]))
+            i++;
+        if (p[i] == ',') {
+            i++;
+            while (is_ws(p[i]))
+                i++;
+            continue;
+        }
+        if (p[i] == ']' && i + 1 == n)
+            return (Py_ssize_t)count;
+        return 0;
+    }
+}
+
+/* Moves the k-th smallest (0-based) of t[lo..hi] to t[k], the smaller ones before it and the
+ * larger after (Hoare's selection; a sort of every span's gaps cost four times as much). */
+static void select_kth(int64_t *t, ptrdiff_t lo, ptrdiff_t hi, ptrdiff_t k)
+{
+    while (lo < hi) {
+        int64_t pivot = t[lo + (hi - lo) / 2];
+        ptrdiff_t i = lo, j = hi;
+        while (i <= j) {
+            while (t[i] < pivot)
+                i++;
+            while (t[j] > pivot)
+                j--;
+            if (i <= j) {
+                int64_t x = t[i];
+                t[i++] = t[j];
+                t[j--] = x;
+            }
+        }
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            return;
+    }
+}
+
+/* The smallest of t[lo..hi]. */
+static int64_t min_of(const int64_t *t, ptrdiff_t lo, ptrdiff_t hi)
+{
+    int64_t m = t[lo];
+    for (ptrdiff_t i = lo + 1; i <= hi; i++)
+        m = t[i] < m ? t[i] : m;
+    return m;
+}
+
+/* engine.linear_quantile of the n >= 1 values t[0..n), of which t[0..from) are already the
+ * smallest, in order or not, and no larger than the rest. Partitions t further. */
+static double linear_quantile(int64_t *t, ptrdiff_t n, ptrdiff_t from, double q, ptrdiff_t *at)
+{
+    double pos = q * (double)(n - 1);
+    double fi = floor(pos);
+    ptrdiff_t i = (ptrdiff_t)fi;
+    select_kth(t, from, n - 1, i);
+    *at = i + 1;
+    if (i + 1 >= n)
+        return (double)t[n - 1];
+    double step = (double)(min_of(t, i + 1, n - 1) - t[i]) * (pos - fi);
+    return (double)t[i] + step;
+}
+
+/* The figures of one span: its attributes are the map entries from e0 on. Appends the seven
+ * figures, or none when it has no token offsets, and the row's end. */
+static int add_token_figures(Ctx *c, size_t e0)
+{
+    Buf *b = c->b;
+    Buf *ko = &b[B_ATT_KO];
+    size_t e1 = n_offsets(ko);
+    size_t klen = sizeof(OFFSETS_KEY) - 1;
+    for (size_t e = e0; e < e1; e++) {
+        size_t k0 = (size_t)get_i32(ko, e), k1 = (size_t)get_i32(ko, e + 1);
+        if (k1 - k0 != klen || memcmp(ko[1].p + k0, OFFSETS_KEY, klen) != 0)
+            continue;
+        Buf *vo = &b[B_ATT_VO];
+        size_t v0 = (size_t)get_i32(vo, e), v1 = (size_t)get_i32(vo, e + 1);
+        Py_ssize_t n = parse_offsets(c, (const uint8_t *)vo[1].p + v0, v1 - v0);
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            break;
+        int64_t *t = c->tokens;
+        double figures[N_FIGURES] = {(double)t[0], 0.0, 0.0, 0.0, 0.0, 0.0, (double)n};
+        if (n > 1) {
+            size_t gaps = (size_t)n - 1;
+            int64_t span_ns = (t[gaps] - t[0]) * 1000;
+            /* The gaps (ns) in place of the offsets, then sorted. */
+            size_t stalls = 0;
+            int64_t max = INT64_MIN;
+            for (size_t g = 0; g < gaps; g++) {
+                t[g] = (t[g + 1] - t[g]) * 1000;
+                stalls += t[g] > STORED_STALL_NS;
+                max = t[g] > max ? t[g] : max;
+            }
+            ptrdiff_t at = 0;
+            figures[1] = (double)span_ns / (double)gaps;
+            figures[2] = linear_quantile(t, (ptrdiff_t)gaps, 0, 0.5, &at);
+            /* The p99 is at or above the median: only the values above it are searched. */
+            figures[3] = linear_quantile(t, (ptrdiff_t)gaps, at, 0.99, &at);
+            figures[4] = (double)max;
+            figures[5] = (double)stalls;
+        }
+        if (need(c, &b[B_TF_D], sizeof(figures)))
+            return -1;
+        memcpy(b[B_TF_D].p + b[B_TF_D].len, figures, sizeof(figures));
+        b[B_TF_D].len += sizeof(figures);
+        break;
+    }
+    return push_off(c, &b[B_TF_O], b[B_TF_D].len / sizeof(double));
+}
+
 /* -- spans ---------------------------------------------------------------------------------- */
 
 static const char *const KINDS[] = {"Unspecified", "Internal", "Server", "Client", "Producer",
@@ -1452,6 +1625,7 @@ static int do_span(Ctx *c, Slice span, int depth, const Scope *sc)
         return note_problem(c, sid, &pr, 0);
     }
     if (dedup_row(c, &b[B_ATT_KO], e0, &c->seen[0]) || push_off(c, &b[B_ATT_O], n_offsets(&b[B_ATT_KO])) ||
+        add_token_figures(c, e0) ||
         push_off(c, &b[B_EV_O], n_offsets(&b[B_EVN_O])) ||
         push_off(c, &b[B_LN_O], n_offsets(&b[B_LNT_O])))
         return -1;
@@ -1750,6 +1924,7 @@ static void ctx_free(Ctx *c)
     free(c->events.v);
     free(c->links.v);
     free(c->htab);
+    free(c->tokens);
     Py_XDECREF(c->first_problem);
 }
 

@@ -33,7 +33,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
 
-from latscope.semconv import ResourceAttributes
+from latscope.attribution.engine import DEFAULT_STALL_NS, token_figures
+from latscope.attribution.model import parse_int_list
+from latscope.semconv import LatscopeAttributes, ResourceAttributes
 
 _otlp: ModuleType | None
 try:
@@ -44,6 +46,7 @@ except ImportError:  # built without a C compiler: decode_spans falls back to Sp
 _MAP = pa.map_(pa.string(), pa.string())
 _MAP_FIELDS = [_MAP.key_field, _MAP.item_field]
 _TS = pa.timestamp("ns")
+_FIGURES = pa.list_(pa.float64())
 # The resource attributes the spans of one ResourceSpans share are held once, as an Arrow
 # dictionary with an index per row: copied onto every span, they made one 7.9 MB Export half a
 # gigabyte of columns. ClickHouse expands the dictionary on insert, so the stored table is the
@@ -75,6 +78,9 @@ SPANS_SCHEMA = pa.schema(
         ("Links.SpanId", pa.list_(pa.string())),
         ("Links.TraceState", pa.list_(pa.string())),
         ("Links.Attributes", pa.list_(_MAP)),
+        # latscope's own column (deploy/clickhouse/011_token_figures.sql): the figures of the
+        # span's token offsets, which other writers leave empty.
+        ("LatscopeTokenFigures", _FIGURES),
     ]
 )
 
@@ -308,6 +314,15 @@ def _dedup(keys: list[str], values: list[str]) -> tuple[list[str], list[str]]:
     return list(merged), list(merged.values())
 
 
+def stored_token_figures(offsets: str) -> list[float]:
+    """What the collector stores in ``LatscopeTokenFigures`` for a span whose
+    latscope.token_offsets_us is ``offsets``: engine.token_figures at the default stall
+    threshold, or nothing when it is not a JSON array of integers (the C decoder computes the
+    same; the attributor computes them from the offsets where a writer stored none)."""
+    tokens = parse_int_list(offsets)
+    return token_figures(tokens, DEFAULT_STALL_NS) if tokens else []
+
+
 def span_problem(span: Span) -> str | None:
     """Why a span cannot be stored as sent (ids and times only), or None when it can."""
     tid, sid = span.trace_id, span.span_id
@@ -363,6 +378,9 @@ class SpanColumns:
         self.ln_span: list[str] = []
         self.ln_state: list[str] = []
         self.ln_attrs = _MapColumn()
+        # LatscopeTokenFigures: a list column as offsets into the flat figures.
+        self.tf_offsets: list[int] = [0]
+        self.tf: list[float] = []
 
     def _reject(self, span: Span, problem: str) -> None:
         self.rejected += 1
@@ -396,6 +414,8 @@ class SpanColumns:
         add_resource_ix = self.resource_ix.append
         add_code, add_message = self.status_code.append, self.status_message.append
         add_events_links = self._add_events_links
+        offsets_key = LatscopeAttributes.TOKEN_OFFSETS_US
+        add_figures, tf_offsets = self.tf.extend, self.tf_offsets
         rows = 0
         for rs in resource_spans:
             rkeys: list[str] = []
@@ -440,6 +460,9 @@ class SpanColumns:
                     if len(set(akeys)) != len(akeys):
                         akeys, avalues = _dedup(akeys, avalues)
                     add_attrs(akeys, avalues)
+                    if offsets_key in akeys:
+                        add_figures(stored_token_figures(avalues[akeys.index(offsets_key)]))
+                    tf_offsets.append(len(self.tf))
                     if resource_ix < 0:  # the resource's first accepted span
                         resource_ix = len(self.resources.offsets) - 1
                         self.resources.add(rkeys, rvalues)
@@ -529,6 +552,9 @@ class SpanColumns:
             pa.ListArray.from_arrays(ln, pa.array(self.ln_span, s)),
             pa.ListArray.from_arrays(ln, pa.array(self.ln_state, s)),
             pa.ListArray.from_arrays(ln, self.ln_attrs.array()),
+            pa.ListArray.from_arrays(
+                pa.array(self.tf_offsets, pa.int32()), pa.array(self.tf, pa.float64())
+            ),
         ]
         return pa.Table.from_arrays(arrays, schema=DECODED_SPANS_SCHEMA)
 
@@ -749,6 +775,9 @@ def table_from_buffers(rows: int, buffers: tuple[Any, ...]) -> pa.Table:
     ln = next(b)
     ln_trace, ln_span, ln_state = strings(), strings(), strings()
     ln_attrs = map_()
+    tf = next(b)
+    tf_values = next(b)
+    figures = pa.Array.from_buffers(pa.float64(), tf_values.size // 8, [None, tf_values])
     arrays = [
         ts,
         *ids_to_service,
@@ -764,6 +793,7 @@ def table_from_buffers(rows: int, buffers: tuple[Any, ...]) -> pa.Table:
         listed(ln, ln_span),
         listed(ln, ln_state),
         listed(ln, ln_attrs),
+        listed(tf, figures),
     ]
     return pa.Table.from_arrays(arrays, schema=DECODED_SPANS_SCHEMA)
 
@@ -1057,6 +1087,7 @@ __all__ = [
     "insert_slices",
     "span_problem",
     "spans_table",
+    "stored_token_figures",
     "table_bytes",
     "table_from_buffers",
     "value_to_string",

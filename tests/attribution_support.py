@@ -11,9 +11,9 @@ import pyarrow as pa
 
 from latscope.attribution.engine import attribute_requests
 from latscope.attribution.model import RequestAttribution, SpanRecord
-from latscope.attribution.sql import attribution_select, simple_select
+from latscope.attribution.sql import STORED_STALL_NS, attribution_select, simple_select
 from latscope.attribution.table import attribution_row
-from latscope.collector.mapping import SPANS_SCHEMA
+from latscope.collector.mapping import SPANS_SCHEMA, stored_token_figures
 from latscope.semconv import ClientAttributes, LatscopeAttributes, Phase, SpanKind
 from latscope.storage import SPANS_TABLE, Store
 
@@ -74,8 +74,11 @@ class TraceBuilder:
         return self.add(SpanKind.INTERNAL, start, end, parent=parent, attrs=attrs, **kw)
 
 
-def spans_table(traces: dict[str, list[SpanRecord]]) -> pa.Table:
-    """SpanRecords -> rows of the spans table, as the collector writes them."""
+def spans_table(traces: dict[str, list[SpanRecord]], *, figures: bool = True) -> pa.Table:
+    """SpanRecords -> rows of the spans table, as the collector writes them; ``figures=False``:
+    as other writers do (the OpenTelemetry Collector's exporter), without latscope's column of
+    token figures (LatscopeTokenFigures), which ClickHouse then stores empty."""
+    offsets_key = LatscopeAttributes.TOKEN_OFFSETS_US
     cols: dict[str, list] = {name: [] for name in SPANS_SCHEMA.names}
     for trace_id, spans in traces.items():
         for s in spans:
@@ -99,9 +102,12 @@ def spans_table(traces: dict[str, list[SpanRecord]]) -> pa.Table:
                 "Events.Name": [n for n, _ in s.events],
                 "Events.Attributes": [[] for _ in s.events],
             }
+            if offsets_key in s.attributes:
+                row["LatscopeTokenFigures"] = stored_token_figures(s.attributes[offsets_key])
             for name in SPANS_SCHEMA.names:
                 cols[name].append(row.get(name, []))
-    return pa.Table.from_pydict(cols, schema=SPANS_SCHEMA)
+    table = pa.Table.from_pydict(cols, schema=SPANS_SCHEMA)
+    return table if figures else table.drop_columns(["LatscopeTokenFigures"])
 
 
 #: The SQL attributor over an explicit list of traces (the attributor proper selects them by
@@ -129,13 +135,11 @@ def sql_rows(
     single-call rows, then the general rows of the other traces)."""
     from latscope.attribution.engine import DEFAULT_STALL_NS
 
-    params = {
-        "trace_ids": trace_ids,
-        "stall_ns": DEFAULT_STALL_NS if stall_threshold_ns is None else stall_threshold_ns,
-        "through_us": 0,
-    }
+    stall_ns = DEFAULT_STALL_NS if stall_threshold_ns is None else stall_threshold_ns
+    params = {"trace_ids": trace_ids, "stall_ns": stall_ns, "through_us": 0}
     general = _rows(store, attribution_select(_BY_IDS, SPANS_TABLE, "1"), params)
-    simple = _rows(store, simple_select(_BY_IDS, SPANS_TABLE, "1"), params)
+    stored = stall_ns == STORED_STALL_NS  # as the Attributor decides
+    simple = _rows(store, simple_select(_BY_IDS, SPANS_TABLE, "1", stored), params)
     answered = {r["TraceId"] for r in simple}
     key = lambda r: (r["TraceId"], r["RequestSpanId"])  # noqa: E731
     by_general = {key(r): r for r in general if r["TraceId"] in answered}
@@ -159,22 +163,26 @@ def sql_check(
     traces: dict[str, list[SpanRecord]],
     *,
     reference: dict[str, list[SpanRecord]] | None = None,
+    figures: bool = True,
     **kw: Any,
 ) -> dict[str, list[RequestAttribution]]:
     """The reference results of these traces, after checking the SQL attributor writes the same
     rows for them (stored under fresh trace ids so tests never see each other's spans).
     ``reference``: the spans the reference engine reads, when they differ from those stored
-    (older exporters' spellings, which the loader normalizes)."""
-    return check_stored(store, store_traces(store, traces), reference=reference, **kw)
+    (older exporters' spellings, which the loader normalizes). ``figures``: stored with the
+    token figures, as latscope's collector writes spans, or without, as other writers do."""
+    renamed = store_traces(store, traces, figures=figures)
+    return check_stored(store, renamed, reference=reference, **kw)
 
 
 def store_traces(
-    store: Store, traces: dict[str, list[SpanRecord]]
+    store: Store, traces: dict[str, list[SpanRecord]], *, figures: bool = True
 ) -> dict[str, tuple[str, list[SpanRecord]]]:
     """Store these traces under fresh trace ids: {stored id: (trace id, spans)}."""
     run = next(_COUNTER)
     renamed = {f"{run:08x}{i:024x}": (t, spans) for i, (t, spans) in enumerate(traces.items())}
-    store.insert_arrow(SPANS_TABLE, spans_table({k: v[1] for k, v in renamed.items()}))
+    table = spans_table({k: v[1] for k, v in renamed.items()}, figures=figures)
+    store.insert_arrow(SPANS_TABLE, table)
     return renamed
 
 

@@ -292,17 +292,19 @@ def single_calls(draw: st.DrawFn) -> list[SpanRecord]:
 # the strategy, not a draw (random, 4 of 79 traces once took the single-call path, under the
 # floor of 5 it had; now 21 of 89 under the ci profile, 1 of 3 under dev's 2 examples).
 @settings(max_examples=examples(25), derandomize=True, database=None)
-@given(st.lists(single_calls(), min_size=1, max_size=12))
+@given(st.lists(single_calls(), min_size=1, max_size=12), st.booleans())
 def test_the_single_call_path_agrees_with_the_general_one_and_the_reference(
-    store: Store, batch: list
+    store: Store, batch: list, figures: bool
 ) -> None:
     """sql_check runs both statements: every trace the single-call path answers gets the general
-    path's row, and both the reference engine's."""
+    path's row, and both the reference engine's; with the token figures stored as latscope's
+    collector stores them, or without, as other writers leave them."""
     from tests.attribution_support import SIMPLE_ANSWERED
 
     before = len(SIMPLE_ANSWERED)
     traces_ = {f"t{i}": spans for i, spans in enumerate(batch)}
-    sql_check(store, traces_, reference={k: _as_loaded(v) for k, v in traces_.items()})
+    reference = {k: _as_loaded(v) for k, v in traces_.items()}
+    sql_check(store, traces_, reference=reference, figures=figures)
     # Not vacuous: over the examples the path takes some traces and leaves others (checked below).
     _TAKEN.append((len(SIMPLE_ANSWERED) - before, len(batch)))
 
@@ -310,22 +312,28 @@ def test_the_single_call_path_agrees_with_the_general_one_and_the_reference(
 _TAKEN: list[tuple[int, int]] = []
 
 
+@pytest.mark.parametrize("figures", [True, False], ids=["figures stored", "no figures"])
 @pytest.mark.parametrize("stall_ns", [DEFAULT_STALL_NS, 10 * MS])
-def test_the_single_call_path_counts_stalls_at_its_threshold(store: Store, stall_ns: int) -> None:
+def test_the_single_call_path_counts_stalls_at_its_threshold(
+    store: Store, stall_ns: int, figures: bool
+) -> None:
     """A call of the common shape whose token gaps (5, 15, 280 and 1 ms) straddle both
     thresholds: the single-call path takes it, and counts 1 stall at the default threshold
-    (250 ms) and 2 at 10 ms, as the general path and the reference do."""
+    (250 ms) and 2 at 10 ms, as the general path and the reference do, whether the collector
+    stored the span's token figures (at 250 ms) or not."""
     from tests.attribution_support import SIMPLE_ANSWERED
 
     before = set(SIMPLE_ANSWERED)
-    (got,) = sql_check(store, {"stalls": stalls_call()}, stall_threshold_ns=stall_ns)["stalls"]
+    call = {"stalls": stalls_call()}
+    (got,) = sql_check(store, call, stall_threshold_ns=stall_ns, figures=figures)["stalls"]
     assert len(SIMPLE_ANSWERED - before) == 1
     assert got.stalls == (1 if stall_ns == DEFAULT_STALL_NS else 2)
 
 
+@pytest.mark.parametrize("figures", [True, False], ids=["figures stored", "no figures"])
 @pytest.mark.parametrize("offsets", OFFSETS_EDGES)
 def test_attribute_values_read_as_numbers_the_same_in_sql_and_the_reference(
-    store: Store, offsets: str
+    store: Store, offsets: str, figures: bool
 ) -> None:
     """A value is a number, or a list of them, in both engines or in neither: a final newline
     makes a count absent in both (Python's `$` alone matched before it, RE2's does not), and the
@@ -335,7 +343,7 @@ def test_attribute_values_read_as_numbers_the_same_in_sql_and_the_reference(
     s = tb.server(10, 90, parent=c, attrs={GenAIAttributes.USAGE_INPUT_TOKENS: "7\n"})
     tb.phase(Phase.PREFILL, 10, 20, parent=s)
     tb.phase(Phase.DECODE, 20, 80, parent=s, attrs={LatscopeAttributes.TOKEN_OFFSETS_US: offsets})
-    (got,) = sql_check(store, {"edge": tb.spans})["edge"]
+    (got,) = sql_check(store, {"edge": tb.spans}, figures=figures)["edge"]
     assert got.input_tokens is None
     valid = {"[ 0 ,\n1000 ,\t2500\r]": 3, "[-0,7]": 2}
     assert got.output_tokens == valid.get(offsets), (offsets, got.output_tokens)

@@ -25,7 +25,11 @@ span_rows AS (
         -- attributes, latscope's first-token event on a CLIENT span (its time, as a payload value).
         LatscopePhase AS phase_code,
         LatscopeFacts AS facts,
-        LatscopeFirstToken AS first_token_event
+        LatscopeFirstToken AS first_token_event,
+        -- The figures of its token offsets, as latscope's collector stored them; empty from
+        -- other writers (deploy/clickhouse/011_token_figures.sql). The single-call path reads
+        -- them, the general path the offsets.
+        LatscopeTokenFigures AS token_figures
     FROM $SPANS_TABLE
     WHERE TraceId IN (SELECT trace_id FROM batch) AND $SPAN_BOUNDS
 )

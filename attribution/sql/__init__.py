@@ -29,6 +29,7 @@ from importlib import resources
 
 from latscope import sqltext
 from latscope.attribution.engine import (
+    DEFAULT_STALL_NS,
     GPU_KEYS,
     GPU_PHASES,
     LATENCY_KEYS,
@@ -312,6 +313,36 @@ def gaps(offsets: str) -> str:
     )
 
 
+def token_figures(offsets: str) -> str:
+    """engine.token_figures of the token offsets ``offsets`` (us, an Array(Int64)) at the
+    statement's stall threshold, an Array(Float64) of seven (all 0 where there are no offsets),
+    by the same arithmetic: the figures the collector stores with each span
+    (``LatscopeTokenFigures``, deploy/clickhouse/011_token_figures.sql), computed where a writer
+    stored none. Reads the offsets' gaps as ``gaps`` names them beside the offsets (they stay in
+    us, and the few values the figures read are scaled to ns: the same Int64 products)."""
+    p50, p99 = (quantile("sorted_gaps_us", "n_gaps", q, scale=1000) for q in ("0.5", "0.99"))
+    figures = [
+        f"toFloat64({offsets}[1])",
+        f"if(n_gaps > 0, toFloat64(({offsets}[-1] - {offsets}[1]) * 1000) / n_gaps, 0)",
+        f"if(n_gaps > 0, {p50}, 0)",
+        f"if(n_gaps > 0, {p99}, 0)",
+        "if(n_gaps > 0, toFloat64(sorted_gaps_us[n_gaps] * 1000), 0)",
+        "toFloat64(arrayCount(g -> g * 1000 > {stall_ns:Int64}, gaps_us))",
+        f"toFloat64(length({offsets}))",
+    ]
+    return "[" + ", ".join(figures) + "]"
+
+
+#: The figures ``token_figures`` gives, by position (1-based, as ClickHouse indexes them): the
+#: single-call path's rows read them by these names.
+FIGURE_AT: dict[str, int] = {
+    name: at
+    for at, name in enumerate(
+        ("FIRST_OFFSET", "TPOT", "ITL_P50", "ITL_P99", "ITL_MAX", "STALLS", "TOKENS"), 1
+    )
+}
+
+
 def _itl_figures() -> str:
     """ITL p50 / p99 / max (ns) and stalls over ``gaps_us`` (``gaps`` names them)."""
     p50, p99 = (quantile("sorted_gaps_us", "n_gaps", q, scale=1000) for q in ("0.5", "0.99"))
@@ -534,7 +565,7 @@ def _dedup_columns() -> str:
     )
 
 
-def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
+def _values(spans_table: str, span_bounds: str, stored_figures: bool = False) -> dict[str, str]:
     kinds = {
         SpanKind.SERVER: FLAGS["SERVER"],
         SpanKind.CLIENT: FLAGS["CLIENT"],
@@ -583,6 +614,17 @@ def _values(spans_table: str, span_bounds: str) -> dict[str, str]:
         "PREFILL_BUCKET": str(_bucket(Phase.PREFILL)),
         "GPU_SPANS": _gpu_spans(),
         "ITL_FIGURES": _itl_figures(),
+        # The single-call path's decode span: the token figures the collector stored with it,
+        # and its offsets' text where it has none (or every time, when the statement's stall
+        # threshold is not the stored one).
+        "DECODE_FIGURES": ", token_figures" if stored_figures else "",
+        "STORED_FIGURES": "decode.5" if stored_figures else "emptyArrayFloat64()",
+        "DECODE_OFFSETS": (
+            f"if(empty(token_figures), vals[indexOf(codes, {CODES['OFFSETS']})], '')"
+            if stored_figures
+            else f"vals[indexOf(codes, {CODES['OFFSETS']})]"
+        ),
+        **{f"AT_{name}": str(at) for name, at in FIGURE_AT.items()},
     }
     return values
 
@@ -621,6 +663,7 @@ _MACROS: dict[str, Callable[..., str]] = {
     "CUTS": cuts,
     "SEGMENTS": segments,
     "GAPS": gaps,
+    "TOKEN_FIGURES": token_figures,
     "PHASE_BUCKET": _phase_bucket,
     "STAGE_BUCKET": _stage_bucket,
 }
@@ -671,13 +714,21 @@ def attribution_select(batch_sql: str, spans_table: str, span_bounds: str) -> st
     return "WITH\n" + ",\n".join(ctes) + "\n" + final + "\n" + SETTINGS
 
 
+#: The stall threshold of the token figures the collector stores (``LatscopeTokenFigures``).
+STORED_STALL_NS = DEFAULT_STALL_NS
+
+
 @cache
-def simple_select(batch_sql: str, spans_table: str, span_bounds: str) -> str:
+def simple_select(
+    batch_sql: str, spans_table: str, span_bounds: str, stored_figures: bool = True
+) -> str:
     """``attribution_select`` for the traces of ``batch_sql`` that hold one call of the common
     shape (``simple_2_traces.sql`` says which); the other traces give no row here and are left to
     ``attribution_select``. Same parameters, same columns, the same rows for the traces it
-    answers."""
-    values = _values(spans_table, span_bounds)
+    answers. ``stored_figures``: a decode span's token figures are read as the collector stored
+    them where it did, which holds for the ``stall_ns`` parameter ``STORED_STALL_NS`` only;
+    without, they are always computed from its token offsets."""
+    values = _values(spans_table, span_bounds, stored_figures)
     ctes = [f"batch AS ({batch_sql})"] + [render(_stage(s), values).strip() for s in SIMPLE_STAGES]
     final = render(_stage(FINAL), values).strip()
     return "WITH\n" + ",\n".join(ctes) + "\n" + final + "\n" + SETTINGS

@@ -48,7 +48,7 @@ simple_values AS (
         -- the parse in the statement, and one call per row).
         arrayMap(raw -> $PARSE_INT(raw), [$SV(s, OUTPUT), $SV(s, COMPLETION), c_output,
             c_completion, m_input, m_prompt, $SV((c.5, c.6), LAST_BYTE),
-            $SV((c.5, c.6), FIRST_TOKEN_NS), decode.4]) AS ints,
+            $SV((c.5, c.6), FIRST_TOKEN_NS), decode.3]) AS ints,
         arrayMap(raw -> $NUM(raw), [$SIMPLE_NUMS]) AS nums,
         c.2 AS c_lo,
         c.3 - c.2 AS c_dur,
@@ -104,9 +104,10 @@ simple_parsed AS (
     SELECT
         * EXCEPT (segments, decode, gpu_prefill, gpu_decode, s_length, phase_ivs, flat),
         $FLAT_SUMS,
-        -- Token offsets (us) from the decode span's start: the token times are start + offset
-        -- * 1000, read only where a figure needs one ($GAPS).
-        $INT_LIST(n_timed != 0, decode.3) AS offsets,
+        -- The last timed decode span's token figures as the collector stored them, else its
+        -- token offsets (us from the span's start) to compute them from.
+        $STORED_FIGURES AS stored_figures,
+        $INT_LIST(n_timed != 0 AND empty(stored_figures), decode.4) AS offsets,
         decode.1 AS decode_start,
         ints[9] AS token_count,
         $SIMPLE_GPU_MAP AS gpu,
@@ -119,10 +120,10 @@ simple_streaming AS (
         if(m_model != '', m_model, m_response_model) AS model,
         if(m_provider != '', m_provider, m_system) AS provider,
         $TOKENS(ints[5], ints[6]) AS input_tokens,
+        $GAPS(offsets),
         $TOKENS(ints[1], ints[2]) AS try_output,
         if(try_output IS NOT NULL, least(try_output, $MAX_TOKENS),
             $TOKENS(ints[3], ints[4])) AS output0,
-        $GAPS(offsets),
         multiIf(client = 0, NULL,
             ints[8] IS NOT NULL, ints[8] - c_lo,
             first_token_event != '', toInt64(first_token_event) - c_lo,
@@ -135,11 +136,19 @@ simple_streaming AS (
 rows AS (
     SELECT
         *,
-        if(n_timed != 0, decode_start + offsets[1] * 1000 - s_start, NULL) AS ttft_server,
-        if(n_timed != 0 AND n_gaps > 0, (offsets[-1] - offsets[1]) * 1000 / n_gaps, NULL) AS tpot,
-        $ITL_FIGURES,
+        -- engine.token_figures: as stored, else from the offsets.
+        if(notEmpty(stored_figures), stored_figures, $TOKEN_FIGURES(offsets)) AS figures,
+        if(n_timed != 0, decode_start + toInt64(figures[$AT_FIRST_OFFSET]) * 1000 - s_start, NULL)
+            AS ttft_server,
+        -- With one token there are no gaps: no TPOT or ITL.
+        figures[$AT_TOKENS] > 1 AS has_gaps,
+        if(has_gaps, figures[$AT_TPOT], NULL) AS tpot,
+        if(has_gaps, figures[$AT_ITL_P50], NULL) AS itl_p50,
+        if(has_gaps, figures[$AT_ITL_P99], NULL) AS itl_p99,
+        if(has_gaps, figures[$AT_ITL_MAX], NULL) AS itl_max,
+        toUInt32(figures[$AT_STALLS]) AS stalls,
         if(output0 IS NULL AND n_timed != 0,
-            if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, length(offsets)),
+            if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, toUInt64(figures[$AT_TOKENS])),
             output0) AS output_tokens
     FROM simple_streaming
 )
