@@ -33,7 +33,16 @@ def _mostly(usual: st.SearchStrategy, odd: st.SearchStrategy) -> st.SearchStrate
 
 
 text = st.text(max_size=10)
-keys = st.one_of(st.sampled_from(["service.name", "a", "b", "é", "k" * 70, ""]), text)
+#: latscope's token offsets, whose figures the decoders compute: a JSON array of integers (some of
+#: more than 15 digits), or text that nearly is one.
+OFFSETS_KEY = "latscope.token_offsets_us"
+offsets_texts = st.one_of(
+    st.lists(_mostly(st.integers(0, 10**6), st.integers(-(10**16), 10**16)), max_size=8).map(
+        lambda v: "[" + ",".join(map(str, v)) + "]"
+    ),
+    st.text(alphabet="[]0123456789-, \t\n", max_size=16),
+)
+keys = st.one_of(st.sampled_from(["service.name", "a", "b", "é", "k" * 70, "", OFFSETS_KEY]), text)
 int64 = st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-3, 3))
 doubles = st.one_of(
     st.floats(),  # nan, ±inf, ±0.0, subnormals, the largest and the smallest
@@ -41,7 +50,9 @@ doubles = st.one_of(
 )
 
 scalar_values = st.one_of(
-    st.builds(lambda s: AnyValue(string_value=s), st.one_of(text, st.text(min_size=15))),
+    st.builds(
+        lambda s: AnyValue(string_value=s), st.one_of(text, st.text(min_size=15), offsets_texts)
+    ),
     st.builds(lambda b: AnyValue(bool_value=b), st.booleans()),
     st.builds(lambda i: AnyValue(int_value=i), int64),
     st.builds(lambda d: AnyValue(double_value=d), doubles),
@@ -69,8 +80,10 @@ values = st.recursive(
 )
 # Mostly scalars, as real spans carry them, but arrays and kvlists often enough.
 attribute_values = _mostly(scalar_values, values)
-attributes = st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), keys, attribute_values),
-                      max_size=6)  # fmt: skip
+attributes = st.lists(_mostly(
+    st.builds(lambda k, v: KeyValue(key=k, value=v), keys, attribute_values),
+    st.builds(lambda t: KeyValue(key=OFFSETS_KEY, value=AnyValue(string_value=t)), offsets_texts),
+), max_size=6)  # fmt: skip
 times = st.one_of(st.integers(0, 2**40), st.integers(2**63 - 3, 2**64 - 1), st.just(0))
 
 
