@@ -30,8 +30,12 @@ from importlib import resources
 from latscope import sqltext
 from latscope.attribution.engine import (
     DEFAULT_STALL_NS,
+    FIRST_OFFSET_US,
     GPU_KEYS,
     GPU_PHASES,
+    ITL_MAX_NS,
+    ITL_P50_NS,
+    ITL_P99_NS,
     LATENCY_KEYS,
     MAX_ANCESTRY,
     MAX_PHASE_DEPTH,
@@ -39,6 +43,9 @@ from latscope.attribution.engine import (
     NETWORK_RANK,
     OTHER_RANK,
     RANK,
+    STALLS,
+    TOKENS,
+    TPOT_NS,
 )
 from latscope.attribution.model import INTEGER, NUMBER
 from latscope.attribution.table import BUCKET_COLUMNS
@@ -321,25 +328,31 @@ def token_figures(offsets: str) -> str:
     stored none. Reads the offsets' gaps as ``gaps`` names them beside the offsets (they stay in
     us, and the few values the figures read are scaled to ns: the same Int64 products)."""
     p50, p99 = (quantile("sorted_gaps_us", "n_gaps", q, scale=1000) for q in ("0.5", "0.99"))
-    figures = [
-        f"toFloat64({offsets}[1])",
-        f"if(n_gaps > 0, toFloat64(({offsets}[-1] - {offsets}[1]) * 1000) / n_gaps, 0)",
-        f"if(n_gaps > 0, {p50}, 0)",
-        f"if(n_gaps > 0, {p99}, 0)",
-        "if(n_gaps > 0, toFloat64(sorted_gaps_us[n_gaps] * 1000), 0)",
-        "toFloat64(arrayCount(g -> g * 1000 > {stall_ns:Int64}, gaps_us))",
-        f"toFloat64(length({offsets}))",
-    ]
-    return "[" + ", ".join(figures) + "]"
+    figures = {
+        FIRST_OFFSET_US: f"toFloat64({offsets}[1])",
+        TPOT_NS: f"if(n_gaps > 0, toFloat64(({offsets}[-1] - {offsets}[1]) * 1000) / n_gaps, 0)",
+        ITL_P50_NS: f"if(n_gaps > 0, {p50}, 0)",
+        ITL_P99_NS: f"if(n_gaps > 0, {p99}, 0)",
+        ITL_MAX_NS: "if(n_gaps > 0, toFloat64(sorted_gaps_us[n_gaps] * 1000), 0)",
+        STALLS: "toFloat64(arrayCount(g -> g * 1000 > {stall_ns:Int64}, gaps_us))",
+        TOKENS: f"toFloat64(length({offsets}))",
+    }
+    return "[" + ", ".join(figures[at] for at in sorted(figures)) + "]"
 
 
-#: The figures ``token_figures`` gives, by position (1-based, as ClickHouse indexes them): the
-#: single-call path's rows read them by these names.
+#: The figures of ``engine.token_figures`` by the names the single-call path's rows read them
+#: (``$AT_<name>``), at the engine's positions plus one (ClickHouse indexes arrays from 1).
 FIGURE_AT: dict[str, int] = {
-    name: at
-    for at, name in enumerate(
-        ("FIRST_OFFSET", "TPOT", "ITL_P50", "ITL_P99", "ITL_MAX", "STALLS", "TOKENS"), 1
-    )
+    name: at + 1
+    for name, at in {
+        "FIRST_OFFSET": FIRST_OFFSET_US,
+        "TPOT": TPOT_NS,
+        "ITL_P50": ITL_P50_NS,
+        "ITL_P99": ITL_P99_NS,
+        "ITL_MAX": ITL_MAX_NS,
+        "STALLS": STALLS,
+        "TOKENS": TOKENS,
+    }.items()
 }
 
 

@@ -33,10 +33,10 @@ simple_traces AS (
             kind = $CLIENT) AS clients,
         groupArrayIf((toUInt8(bucket - 1), start_ns, end_ns), bucket != 0) AS phases,
         -- The last (start, span id) decode phase with token offsets, and the last prefill and
-        -- decode phases with GPU figures. A decode span carries its token count and offsets'
-        -- text, and the token figures the collector stored ($DECODE_FIGURES: when the stall
-        -- threshold is the stored one), then its offsets' text only where there are none: the
-        -- text (about 500 characters at 64 tokens) was a fifth of this GROUP BY.
+        -- decode phases with GPU figures. A decode span carries its token count, its offsets'
+        -- text only where it has no stored token figures ($DECODE_OFFSETS: the text, about 500
+        -- characters at 64 tokens, was a fifth of this GROUP BY), and the figures the collector
+        -- stored ($DECODE_FIGURES: when the stall threshold is the stored one).
         countIf(timed) AS n_timed,
         groupArrayIf((start_ns, span_id, vals[indexOf(codes, $K_TOKEN_COUNT)], $DECODE_OFFSETS
             $DECODE_FIGURES), timed) AS decodes,
