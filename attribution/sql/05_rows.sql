@@ -87,14 +87,19 @@ streaming AS (
 rows AS (
     SELECT
         *,
-        -- Server TTFT, TPOT, ITL and stalls from the token times, else from the latency figures.
+        -- Server TTFT, TPOT, ITL and stalls from the token times (engine.token_figures, as the
+        -- single-call path reads them), else from the latency figures.
+        $TOKEN_FIGURES(offsets) AS figures,
         multiIf(decode_span != 0, decode_start + offsets[1] * 1000 - decode_attempt_start,
             notEmpty(try_ttfts), arrayMin(try_ttfts), NULL) AS ttft_server,
-        multiIf(decode_span != 0 AND n_gaps > 0, (offsets[-1] - offsets[1]) * 1000 / n_gaps,
+        multiIf(decode_span != 0 AND n_gaps > 0, figures[$AT_TPOT],
             decode_span = 0 AND last_ttft IS NOT NULL AND last_decode IS NOT NULL
                 AND last_output > 1, last_decode / (last_output - 1),
             NULL) AS tpot,
-        $ITL_FIGURES,
+        if(n_gaps > 0, figures[$AT_ITL_P50], NULL) AS itl_p50,
+        if(n_gaps > 0, figures[$AT_ITL_P99], NULL) AS itl_p99,
+        if(n_gaps > 0, figures[$AT_ITL_MAX], NULL) AS itl_max,
+        toUInt32(figures[$AT_STALLS]) AS stalls,
         if(output0 IS NULL AND decode_span != 0,
             if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, length(offsets)),
             output0) AS output_tokens

@@ -312,7 +312,7 @@ def gaps(offsets: str) -> str:
 
     The token times are the span's start plus each offset * 1000, so their gaps (ns) are these
     * 1000, exactly (the same Int64 arithmetic, wrapping included). The figures scale the few
-    values they read (``_itl_figures``) instead of every token's time being computed: the
+    values they read (``token_figures``) instead of every token's time being computed: the
     single-call statement 3-5 % cheaper for 64 tokens a request, the same rows."""
     return (
         f"arrayPopFront(arrayDifference({offsets})) AS gaps_us,\n"
@@ -354,19 +354,6 @@ FIGURE_AT: dict[str, int] = {
         "TOKENS": TOKENS,
     }.items()
 }
-
-
-def _itl_figures() -> str:
-    """ITL p50 / p99 / max (ns) and stalls over ``gaps_us`` (``gaps`` names them)."""
-    p50, p99 = (quantile("sorted_gaps_us", "n_gaps", q, scale=1000) for q in ("0.5", "0.99"))
-    return ",\n        ".join(
-        [
-            f"if(n_gaps > 0, {p50}, NULL) AS itl_p50",
-            f"if(n_gaps > 0, {p99}, NULL) AS itl_p99",
-            "if(n_gaps > 0, toFloat64(sorted_gaps_us[n_gaps] * 1000), NULL) AS itl_max",
-            "toUInt32(arrayCount(g -> g * 1000 > {stall_ns:Int64}, gaps_us)) AS stalls",
-        ]
-    )
 
 
 def flag(flags: str, name: str) -> str:
@@ -626,7 +613,6 @@ def _values(spans_table: str, span_bounds: str, stored_figures: bool = False) ->
         "SIMPLE_NUMS": _simple_nums(),
         "PREFILL_BUCKET": str(_bucket(Phase.PREFILL)),
         "GPU_SPANS": _gpu_spans(),
-        "ITL_FIGURES": _itl_figures(),
         # The single-call path's decode span: the token figures the collector stored with it,
         # and its offsets' text where it has none (or every time, when the statement's stall
         # threshold is not the stored one).
