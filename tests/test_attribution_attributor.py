@@ -116,42 +116,66 @@ def test_once_ingest_pauses_a_busy_pass_waits_one_poll_not_until_the_newest_sett
     assert store.query_rows(ALL_ROWS, {"t": last})[0][0] == 0
 
 
+def _stored_at(store: Store, trace_id: str) -> float:
+    """When ``trace_id``'s newest span was stored, on this process's monotonic clock: its ingest
+    time on the store's clock, less how long ago that was by the store's clock. The attributor
+    times its waits from ingest times, so a test that times them from before its insert would
+    be off by the insert's latency (under load, more than the tolerances below)."""
+    ago_us = store.query_rows(
+        "SELECT toUnixTimestamp64Micro(now64(6)) - toUnixTimestamp64Micro(max(LatscopeIngestedAt))"
+        " FROM otel_traces WHERE TraceId = {t:String}",
+        {"t": trace_id},
+    )[0][0]
+    return time.monotonic() - int(ago_us) / 1e6
+
+
+def _sleep_until(deadline: float) -> None:
+    time.sleep(max(0.0, deadline - time.monotonic()))
+
+
 @pytest.mark.slow
 def test_during_a_long_wait_the_loop_passes_as_soon_as_ingest_pauses(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A busy pass under load waits long (here the settle window); the loop still looks whether
     ingest has paused (at most a poll apart, and when the newest span will have gone a poll
-    without a newer one), and once it has it passes then instead of when the wait ends."""
+    without a newer one), and once it has it passes then instead of when the wait ends.
+
+    Times are taken from the spans' ingest times (``_stored_at``). The tolerances allow for a
+    loaded machine (the time between the attributor reading the store's clock and this test
+    reading its own) and stay well short of what they tell apart: a wait a settle window (4 s)
+    too long, a look a poll (1 s) late."""
     monkeypatch.setattr("latscope.attribution.attributor.BUSY_PAUSE", 1000.0)
-    settle_s, idle_poll_s = 4.0, 1.0
+    settle_s, idle_poll_s, slack_s = 4.0, 1.0, 0.4
     a, b, c = (uuid.uuid4().hex for _ in range(3))
     Attributor(store, settle_s=0).run_until_idle()  # whatever the module stored before
     att = Attributor(store, settle_s=settle_s, poll_s=idle_poll_s)  # resumes after it
-    started = time.monotonic()
     store.insert_arrow(SPANS_TABLE, span_rows(a, server_spans()))
-    time.sleep(1.0)
-    store.insert_arrow(SPANS_TABLE, span_rows(b, server_spans()))  # settles at ~5 s
-    # `a` has settled (its insert, the first into a fresh store, may take a while)
-    time.sleep(max(0.0, started + settle_s + 0.3 - time.monotonic()))
-    c_stored = time.monotonic()
+    a_stored = _stored_at(store, a)
+    _sleep_until(a_stored + 1.0)
+    store.insert_arrow(SPANS_TABLE, span_rows(b, server_spans()))
+    b_stored = _stored_at(store, b)  # settles a settle window later
+    _sleep_until(a_stored + settle_s + 0.3)  # `a` has settled, `b` has not
     store.insert_arrow(SPANS_TABLE, span_rows(c, server_spans()))  # ingest goes on, then stops
-    att.poll()  # its first: writes `a`, then waits until `c` settles (~8 s), ingest being busy
+    c_stored = _stored_at(store, c)
+    att.poll()  # its first: writes `a`, then waits until `c` settles, ingest being busy
     waits_until = time.monotonic() + att.poll_s
     rows = "SELECT count() FROM latscope_attribution WHERE TraceId IN {t:Array(String)}"
     assert store.query_rows(rows, {"t": [a]})[0][0] == 1
     # The wait ends when `c` settles, however long the pass took (not a settle window later).
-    assert abs(waits_until - (c_stored + settle_s)) < 0.3, (waits_until - c_stored, att.poll_s)
+    assert abs(waits_until - (c_stored + settle_s)) < slack_s, (waits_until - c_stored, att.poll_s)
     assert 0 < att.next_wake_s() <= idle_poll_s  # but wakes every poll to look
-    watermark = att.watermark_us
-    time.sleep(0.4)
-    att.poll()  # spans came less than a poll ago: no pass (a pass moves the watermark)
-    assert att.watermark_us == watermark
+    if time.monotonic() < c_stored + idle_poll_s - 0.2:
+        watermark = att.watermark_us
+        att.poll()  # spans came less than a poll ago: no pass (a pass moves the watermark)
+        assert att.watermark_us == watermark
     # The next look comes when `c` will have gone a poll without a newer span, not a poll later.
     looks_at = time.monotonic() + att.next_wake_s()
-    assert -0.05 <= looks_at - (c_stored + idle_poll_s) < 0.2, looks_at - c_stored
+    assert -0.05 <= looks_at - (c_stored + idle_poll_s) < slack_s, looks_at - c_stored
     assert store.query_rows(rows, {"t": [b, c]})[0][0] == 0
-    time.sleep(max(0.0, started + 5.6 - time.monotonic()))  # `b` settled, the wait not over
+    # `b` settled, the wait for `c` not over: ingest has paused, so the loop passes now.
+    _sleep_until(b_stored + settle_s + 0.3)
+    assert time.monotonic() < c_stored + settle_s - slack_s
     att.poll()
     assert store.query_rows(rows, {"t": [b]})[0][0] == 1
     assert store.query_rows(rows, {"t": [c]})[0][0] == 0  # still settling
