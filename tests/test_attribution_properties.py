@@ -349,6 +349,31 @@ def test_attribute_values_read_as_numbers_the_same_in_sql_and_the_reference(
     assert got.output_tokens == valid.get(offsets), (offsets, got.output_tokens)
 
 
+#: Integers at the edge of what parse_int reads exactly: the Int64 range's ends and one past
+#: them, signs, leading zeros, whitespace, and numbers that are not integers.
+INTEGER_EDGES = [
+    "0", "-0", "7", "+7", "007", "-007", " 7", "7 ", "7\n", "", "-", "x7", "1e3", "1.9", "-1.9",
+    "9223372036854775807", "9223372036854775808", "-9223372036854775808",
+    "-9223372036854775809", "99999999999999999999", "1" * 19, "0" * 20 + "1", "1e19", "-1e19",
+    "9.2e18", "12.0", "１２",
+]  # fmt: skip
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(extra=st.lists(st.from_regex(r"[-+ 0-9.eE]{0,21}", fullmatch=True), max_size=40))
+def test_integers_read_the_same_in_sql_and_the_reference(store: Store, extra: list[str]) -> None:
+    """The statements' integer parse (sql.parse_int, with its fast path for an integer written
+    as ClickHouse writes it) reads every value as model.parse_int does."""
+    from latscope.attribution.model import parse_int
+    from latscope.attribution.sql import parse_int as sql_parse_int
+
+    values = INTEGER_EDGES + extra
+    (got,) = store.query_rows(
+        f"SELECT arrayMap(raw -> {sql_parse_int('raw')}, {{v:Array(String)}})", {"v": values}
+    )[0]
+    assert dict(zip(values, got, strict=True)) == {v: parse_int(v) for v in values}
+
+
 def _as_loaded(spans: list[SpanRecord]) -> list[SpanRecord]:
     """What the reference reads (load_trace): each span once, current spellings."""
     once = {s.span_id: s for s in reversed(spans)}

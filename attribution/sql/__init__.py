@@ -180,12 +180,19 @@ def num(expr: str) -> str:
 
 
 def parse_int(raw: str) -> str:
-    """model.parse_int of ``raw``, a name bound once (a lambda's argument): see ``integer``."""
+    """model.parse_int of ``raw``, a name bound once (a lambda's argument): see ``integer``.
+
+    Most values are an integer written as ClickHouse writes it (no sign but a minus, no leading
+    zero): those are read without the regular expressions, which cost more than the rest of
+    the parse (the single-call statement over 99,801 requests, 1.6-1.8 CPU s: -0.085, -0.039
+    and -0.026 in three sets of 13-21 rounds, docs/benchmarks.md). Such a value matches the
+    integer pattern, so the answer is the same; any other value takes the patterns."""
     exact = f"toInt64OrNull({raw})"
     return (
+        f"if({exact} IS NOT NULL AND toString({exact}) = {raw}, {exact}, "
         f"if(match({raw}, {literal(INTEGER.pattern)}) AND {exact} IS NOT NULL, {exact}, "
         f"if(match({raw}, {literal(NUMBER.pattern)}), "
-        f"accurateCastOrNull(trunc(toFloat64OrNull({raw})), 'Int64'), NULL))"
+        f"accurateCastOrNull(trunc(toFloat64OrNull({raw})), 'Int64'), NULL)))"
     )
 
 
