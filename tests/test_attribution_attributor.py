@@ -123,7 +123,7 @@ def _stored_at(store: Store, trace_id: str) -> float:
     be off by the insert's latency (under load, more than the tolerances below)."""
     ago_us = store.query_rows(
         "SELECT toUnixTimestamp64Micro(now64(6)) - toUnixTimestamp64Micro(max(LatscopeIngestedAt))"
-        " FROM otel_traces WHERE TraceId = {t:String}",
+        f" FROM {SPANS_TABLE} WHERE TraceId = {{t:String}}",
         {"t": trace_id},
     )[0][0]
     return time.monotonic() - int(ago_us) / 1e6

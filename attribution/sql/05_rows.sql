@@ -96,10 +96,7 @@ rows AS (
             decode_span = 0 AND last_ttft IS NOT NULL AND last_decode IS NOT NULL
                 AND last_output > 1, last_decode / (last_output - 1),
             NULL) AS tpot,
-        if(n_gaps > 0, figures[$AT_ITL_P50], NULL) AS itl_p50,
-        if(n_gaps > 0, figures[$AT_ITL_P99], NULL) AS itl_p99,
-        if(n_gaps > 0, figures[$AT_ITL_MAX], NULL) AS itl_max,
-        toUInt32(figures[$AT_STALLS]) AS stalls,
+        $ITL_COLUMNS(n_gaps > 0),
         if(output0 IS NULL AND decode_span != 0,
             if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, length(offsets)),
             output0) AS output_tokens

@@ -363,6 +363,21 @@ FIGURE_AT: dict[str, int] = {
 }
 
 
+def itl_columns(has_gaps: str) -> str:
+    """A row's ITL p50 / p99 / max (ns; NULL where ``has_gaps`` is false: one token has no gaps)
+    and its stall count, read from its ``figures`` (``token_figures``' array, or the figures the
+    collector stored): the same columns on both paths."""
+    return ",\n        ".join(
+        [
+            *(
+                f"if({has_gaps}, figures[{FIGURE_AT[name]}], NULL) AS {name.lower()}"
+                for name in ("ITL_P50", "ITL_P99", "ITL_MAX")
+            ),
+            f"toUInt32(figures[{FIGURE_AT['STALLS']}]) AS stalls",
+        ]
+    )
+
+
 def flag(flags: str, name: str) -> str:
     """Whether a span's packed flags have ``FLAGS[name]``."""
     return f"(bitAnd({flags}, {FLAGS[name]}) != 0)"
@@ -670,6 +685,7 @@ _MACROS: dict[str, Callable[..., str]] = {
     "SEGMENTS": segments,
     "GAPS": gaps,
     "TOKEN_FIGURES": token_figures,
+    "ITL_COLUMNS": itl_columns,
     "PHASE_BUCKET": _phase_bucket,
     "STAGE_BUCKET": _stage_bucket,
 }

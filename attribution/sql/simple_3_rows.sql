@@ -143,10 +143,7 @@ rows AS (
         -- With one token there are no gaps: no TPOT or ITL.
         figures[$AT_TOKENS] > 1 AS has_gaps,
         if(has_gaps, figures[$AT_TPOT], NULL) AS tpot,
-        if(has_gaps, figures[$AT_ITL_P50], NULL) AS itl_p50,
-        if(has_gaps, figures[$AT_ITL_P99], NULL) AS itl_p99,
-        if(has_gaps, figures[$AT_ITL_MAX], NULL) AS itl_max,
-        toUInt32(figures[$AT_STALLS]) AS stalls,
+        $ITL_COLUMNS(has_gaps),
         if(output0 IS NULL AND n_timed != 0,
             if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, toUInt64(figures[$AT_TOKENS])),
             output0) AS output_tokens
