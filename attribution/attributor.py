@@ -58,7 +58,9 @@ a look that finds the newest span younger than ``poll_s`` sets the next one for 
 Scale-out: ``shard=(i, n)`` takes only the traces with ``cityHash64(TraceId) % n = i``, so ``n``
 attributors split a store's traces with none done twice and none missed; on a cluster (spans and
 attribution rows sharded by the same hash) attributor ``i`` runs against shard ``i``'s local
-tables (``tables="local"``) and every read and write stays on that shard (docs/deploy.md).
+tables (``tables="local"``) and every read and write of spans and rows stays on that shard
+(docs/deploy.md); the resources by id (a few rows each) are read through the cluster's
+``Distributed`` table, which holds every shard's.
 """
 
 from __future__ import annotations
@@ -132,6 +134,8 @@ class _Batch(NamedTuple):
     traces: int
     first_ns: int
     last_ns: int
+    #: every span of the slice has a resource id (the single-call path carries the ids)
+    named: bool = False
 
 
 class Attributor(Poller):
@@ -326,7 +330,9 @@ class Attributor(Poller):
             batch_spans=self.batch_spans,
             max_batches=len(free) + 1,
         )
-        traces, first_ns, last_ns, cuts, starts = self.store.query_rows(self._sql.plan, params)[0]
+        traces, first_ns, last_ns, cuts, starts, unnamed = self.store.query_rows(
+            self._sql.plan, params
+        )[0]
         traces, count = int(traces), len(cuts) + 1
         if not traces:
             return []
@@ -345,6 +351,7 @@ class Attributor(Poller):
                 traces=firsts[j + 1] - firsts[j],
                 first_ns=int(first_ns),
                 last_ns=int(last_ns),
+                named=not int(unnamed),
             )
             for j in range(count)
         ]
@@ -459,6 +466,8 @@ class Attributor(Poller):
                     # A batch is exactly the traces it was planned with; one with early
                     # attribution also holds the early window's.
                     traces=batch.traces if with_early is None else None,
+                    # The early window's spans were not planned: they may have no ids.
+                    resource_ids=batch.named and with_early is None,
                 )
                 if with_early is not None:
                     self._early_us = with_early[1]
@@ -523,6 +532,7 @@ class Attributor(Poller):
         ids: tuple[str, str] = ("", ""),
         marker_us: int | None = None,
         traces: int | None = None,
+        resource_ids: bool = False,
     ) -> int:
         """Attribute the settled traces with spans ingested in ``(after_us, through_us]`` and
         trace ids in ``[ids[0], ids[1])`` ('': unbounded) (and, with early attribution on, the
@@ -530,7 +540,8 @@ class Attributor(Poller):
         started within ``around`` (ns), and retract the keys they moved from; returns the rows
         written. ``marker_us`` (default ``through_us``), recorded as SpansIngestedAt, tells this
         pass's rows from every other pass's. ``traces``, when known, is how many traces that
-        batch holds."""
+        batch holds. ``resource_ids``: the slice's spans all have resource ids (``_plan``), and
+        the single-call path carries them instead of the resources' attributes."""
         params = self._params(
             after_us=after_us,
             hi_us=through_us,
@@ -549,7 +560,7 @@ class Attributor(Poller):
         # Traces of the common single-call shape first (a cheap statement); the general one runs
         # only when some trace of the batch got no row from it and may hold a call. The simple
         # path writes one row per trace it answers: a row for every trace means none is left.
-        self.store.command(sql.insert_simple, params)
+        self.store.command(sql.insert_simple_ids if resource_ids else sql.insert_simple, params)
         written, with_row, older = self.store.query_rows(sql.count_simple, params)[0]
         if (traces is None or int(with_row) < traces) and self._any_left(sql, params):
             self.store.command(sql.insert, params)
@@ -705,10 +716,11 @@ WHERE SpansIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}})
         #: capacity (at most ``max_batches``), evenly by weight: a batch is the traces whose
         #: weight before them falls in its share. So a batch holds at most batch_traces traces
         #: and fewer than batch_spans spans before its last trace (with more than max_batches
-        #: batches' worth, more).
+        #: batches' worth, more). Last, how many of the slice's spans have no resource id
+        #: (``insert_simple_ids``).
         self.plan = _no_jit(f"""
-SELECT n, first_ns, last_ns, arrayMap(i -> ids[i + 1], starts), starts FROM (
-    SELECT n, first_ns, last_ns, ids,
+SELECT n, first_ns, last_ns, arrayMap(i -> ids[i + 1], starts), starts, unnamed FROM (
+    SELECT n, first_ns, last_ns, ids, unnamed,
         arrayFilter((i, d) -> d != 0, range(n), arrayDifference(arrayMap(
             (through, weight) -> intDiv(through - weight, share), arrayCumSum(weights), weights)))
             AS starts
@@ -718,17 +730,18 @@ SELECT n, first_ns, last_ns, arrayMap(i -> ids[i + 1], starts), starts FROM (
                 {{max_batches:UInt64}}) AS k,
             greatest(intDiv(total + k - 1, k), 1) AS share
         FROM (
-            SELECT length(pairs) AS n, first_ns, last_ns, arrayMap(p -> p.1, pairs) AS ids,
+            SELECT length(pairs) AS n, first_ns, last_ns, unnamed, arrayMap(p -> p.1, pairs) AS ids,
                 arrayMap(p -> greatest(p.2 * {{batch_traces:UInt64}}, {{batch_spans:UInt64}}),
                     pairs) AS weights,
                 arraySum(weights) AS total,
                 {{batch_spans:UInt64}} * {{batch_traces:UInt64}} AS capacity
             FROM (
-                SELECT min(first) AS first_ns, max(last) AS last_ns,
+                SELECT min(first) AS first_ns, max(last) AS last_ns, sum(unnamed) AS unnamed,
                        arraySort(p -> p.1, groupArray((TraceId, spans))) AS pairs
                 FROM (
                     SELECT TraceId, toUnixTimestamp64Nano(min(Timestamp)) AS first,
-                           max({span_end}) AS last, count() AS spans
+                           max({span_end}) AS last, count() AS spans,
+                           countIf(LatscopeResourceId = 0) AS unnamed
                     FROM {spans}
                     WHERE {slice_ % "upto_us"} {mine} AND {settled}
                     GROUP BY TraceId)))))""")
@@ -779,6 +792,13 @@ WHERE {early_window} {mine}""")
         #: The single-call path over the batch (attribution/sql/simple_*.sql): one row per trace
         #: of the common shape, none for the others.
         self.insert_simple = into + simple_select(batch, spans, bounds, stored_figures)
+        #: The same, for a batch whose slice has every span's resource id: the server span's
+        #: resource is carried as its id and its attributes looked up after the GROUP BY
+        #: (deploy/clickhouse/012_resource_ids.sql). A trace whose resource is not found there
+        #: is left to the general path.
+        self.insert_simple_ids = into + simple_select(
+            batch, spans, bounds, stored_figures, resource_ids=True
+        )
         #: The batch's traces left without a row that have a span that could be a call's server
         #: (SERVER, or a gen_ai.latency.* figure): a trace with none has no call.
         left = (

@@ -17,6 +17,7 @@ values), and validation runs in the same pass, so a span is touched once.
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import json
 import math
@@ -625,6 +626,87 @@ def combine(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=table.schema)
 
 
+#: The spans table's column of resource ids (deploy/clickhouse/012_resource_ids.sql).
+RESOURCE_ID = "LatscopeResourceId"
+
+
+def resource_id(pairs: Iterable[tuple[str, str]]) -> int:
+    """A resource's id: a 64-bit hash of its attributes as rendered, in order (never 0, which
+    means "no id"). The same attributes give the same id in every collector process."""
+    h = hashlib.blake2b(digest_size=8)
+    for key, value in pairs:
+        k, v = key.encode(), value.encode()
+        h.update(len(k).to_bytes(4, "little"))
+        h.update(k)
+        h.update(len(v).to_bytes(4, "little"))
+        h.update(v)
+    return int.from_bytes(h.digest(), "little") or 1
+
+
+def _per_entry(strings: pa.Array, bounds: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """Each map entry's keys (or values) as one binary value: their bytes, and their lengths'
+    bytes, without copying either (views over ``strings``' buffers cut at the entries'
+    ``bounds``)."""
+    offsets = pa.Array.from_buffers(
+        pa.int32(), len(strings) + 1, [None, strings.buffers()[1]], offset=strings.offset
+    )
+    n = len(bounds) - 1
+    joined = pa.Array.from_buffers(
+        pa.binary(), n, [None, pc.take(offsets, bounds).buffers()[1], strings.buffers()[2]]
+    )
+    lengths = pc.binary_length(strings).cast(pa.int32())
+    scaled = pc.multiply(bounds, pa.scalar(4, pa.int32()))
+    sizes = pa.Array.from_buffers(
+        pa.binary(), n, [None, scaled.buffers()[1], lengths.buffers()[1]], offset=scaled.offset
+    )
+    return joined, sizes
+
+
+def _code(*arrays: pa.Array) -> pa.Array:
+    """One int32 code per position, equal where all ``arrays`` are equal (in order of first
+    appearance)."""
+    code = pc.dictionary_encode(arrays[0]).indices.cast(pa.int64())
+    for array in arrays[1:]:
+        other = pc.dictionary_encode(array).indices.cast(pa.int64())
+        combined = pc.add(pc.multiply(code, pa.scalar(len(array) + 1, pa.int64())), other)
+        code = pc.dictionary_encode(combined).indices.cast(pa.int64())
+    return code
+
+
+def resource_ids(column: pa.Array) -> tuple[pa.Array, dict[int, pa.Scalar]]:
+    """A ``ResourceAttributes`` column (dictionary-encoded, as decoded, or a plain map) -> each
+    row's resource id (``resource_id``), and one entry of the attributes of each id.
+
+    The ids are computed once per distinct entry: a batch holds a dictionary entry per
+    ResourceSpans of each Export (thousands), mostly the same few resources. Equal entries are
+    found by Arrow's hashing of each entry's keys, values and their lengths (views over the
+    buffers), so only the distinct ones are hashed here.
+    """
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if isinstance(column, pa.DictionaryArray):
+        indices, entries = column.indices, column.dictionary
+    else:
+        indices, entries = pa.array(range(len(column)), pa.int32()), column
+    if not len(entries):
+        return pa.array([], pa.uint64()).take(indices.cast(pa.int64())), {}
+    bounds = entries.offsets
+    keys, key_sizes = _per_entry(entries.keys, bounds)
+    values, value_sizes = _per_entry(entries.items, bounds)
+    groups = _code(keys, key_sizes, values, value_sizes)
+    count = pc.max(groups).as_py() + 1
+    firsts = pc.index_in(pa.array(range(count), pa.int64()), value_set=groups)
+    found: dict[int, pa.Scalar] = {}
+    ids = []
+    for at in firsts.to_pylist():
+        entry = entries[at]
+        rid = resource_id(entry.as_py() or ())
+        found.setdefault(rid, entry)
+        ids.append(rid)
+    per_entry = pc.take(pa.array(ids, pa.uint64()), groups)
+    return pc.take(per_entry, indices), found
+
+
 def insert_slices(table: pa.Table, max_bytes: int) -> list[pa.Table]:
     """``table`` cut into consecutive slices of at most about ``max_bytes`` expanded bytes each.
 
@@ -1072,6 +1154,7 @@ __all__ = [
     "MAX_DECODED_BYTES",
     "METRICS_SCHEMA",
     "NATIVE",
+    "RESOURCE_ID",
     "SPANS_SCHEMA",
     "DecodedSpans",
     "ExportTooLarge",
@@ -1085,6 +1168,8 @@ __all__ = [
     "expanded_bytes",
     "format_double",
     "insert_slices",
+    "resource_id",
+    "resource_ids",
     "span_problem",
     "spans_table",
     "stored_token_figures",

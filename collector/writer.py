@@ -27,6 +27,7 @@ acknowledged.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -36,12 +37,30 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from latscope.collector import telemetry
-from latscope.collector.mapping import Limits, combine, insert_slices
+from latscope.collector.mapping import (
+    RESOURCE_ID,
+    Limits,
+    combine,
+    insert_slices,
+    resource_ids,
+)
 from latscope.collector.memory import MemoryLimit
 from latscope.collector.spool import Segment, Spool, SpoolEntry, SpoolError
-from latscope.storage import Store, StoreError, StoreUnavailable
+from latscope.storage import (
+    RESOURCE_REFRESH_S,
+    RESOURCES_TABLE,
+    Store,
+    StoreError,
+    StoreUnavailable,
+)
 
 log = logging.getLogger(__name__)
+
+#: A resource's row is written again once this process wrote it this long ago (half the refresh
+#: the attributor counts on: a row is never older than RESOURCE_REFRESH_S before a span naming it).
+REWRITE_S = RESOURCE_REFRESH_S / 2
+#: The most resource ids remembered before the ones due again are forgotten.
+MAX_RESOURCES = 65_536
 
 
 class _Throttled:
@@ -211,9 +230,13 @@ class _StoreWriter:
         table = combine(table)
         slices = insert_slices(table, self.config.insert_bytes)
         for i, part in enumerate(slices):
-            if not self._insert(part, token if len(slices) == 1 else f"{token}-{i}"):
+            if not self._insert(self._prepare(part), token if len(slices) == 1 else f"{token}-{i}"):
                 return False
         return True
+
+    def _prepare(self, part: pa.Table) -> pa.Table:
+        """A slice as it is inserted (after the cut, which depends on the decoded rows alone)."""
+        return part
 
     def _count_failure(self, entry: SpoolEntry, rows: int) -> None:
         # Only rejections count: an unreachable store may stay down for days without loss.
@@ -459,6 +482,45 @@ class JournalWriter(_StoreWriter):
         # Export survives a power failure too. (inserted at, entry), oldest first.
         self._unsynced: list[tuple[float, SpoolEntry]] = []
         self._sync_works = True
+        # Resource ids whose row in latscope_resources this process wrote, and when (monotonic).
+        self._resources: dict[int, float] = {}
+        self._resources_failed = _Throttled(logging.WARNING)
+
+    # -- resources -----------------------------------------------------------------------------
+
+    def _prepare(self, part: pa.Table) -> pa.Table:
+        """The slice with each span's resource id (``LatscopeResourceId``), the ids' attributes
+        written to ``latscope_resources`` first where this process has not written them within
+        half of ``RESOURCE_REFRESH_S`` (deploy/clickhouse/012_resource_ids.sql)."""
+        if "ResourceAttributes" not in part.column_names or RESOURCE_ID in part.column_names:
+            return part
+        ids, found = resource_ids(part.column("ResourceAttributes"))
+        now = time.monotonic()
+        due = [rid for rid in found if now - self._resources.get(rid, -math.inf) >= REWRITE_S]
+        if due:
+            rows = pa.table(
+                {
+                    "ResourceId": pa.array(due, pa.uint64()),
+                    "ResourceAttributes": pa.array(
+                        [found[rid].as_py() for rid in due], found[due[0]].type
+                    ),
+                }
+            )
+            try:
+                self.store.insert_arrow(RESOURCES_TABLE, rows)
+            except StoreError as exc:
+                # Nothing depends on the row: the attributor reads a request whose resource it
+                # does not find from the spans. Tried again with the next batch.
+                self._resources_failed.log(
+                    "%s: writing %d resources failed: %s", self.name, len(due), exc
+                )
+            else:
+                if len(self._resources) > MAX_RESOURCES:
+                    self._resources = {
+                        r: t for r, t in self._resources.items() if now - t < REWRITE_S
+                    }
+                self._resources.update(dict.fromkeys(due, now))
+        return part.append_column(RESOURCE_ID, ids)
 
     # -- intake --------------------------------------------------------------------------------
 

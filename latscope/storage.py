@@ -45,6 +45,11 @@ SPANS_TABLE = "otel_traces"
 ATTRIBUTION_TABLE = "latscope_attribution"
 METRICS_TABLE = "latscope_metrics"
 SCHEMA_VERSION_TABLE = "latscope_schema_version"
+#: Resource attributes by id (deploy/clickhouse/012_resource_ids.sql).
+RESOURCES_TABLE = "latscope_resources"
+#: The collector writes a resource's row again at least this often while it stores its spans, so
+#: a row's Timestamp is never older than this before the ingest time of a span that names it.
+RESOURCE_REFRESH_S = 600
 
 _DDL_FILE = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 #: Attribute column types latscope reads: a map of strings (keys may be LowCardinality).

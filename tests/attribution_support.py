@@ -13,9 +13,14 @@ from latscope.attribution.engine import attribute_requests
 from latscope.attribution.model import RequestAttribution, SpanRecord
 from latscope.attribution.sql import STORED_STALL_NS, attribution_select, simple_select
 from latscope.attribution.table import attribution_row
-from latscope.collector.mapping import SPANS_SCHEMA, stored_token_figures
+from latscope.collector.mapping import (
+    RESOURCE_ID,
+    SPANS_SCHEMA,
+    resource_ids,
+    stored_token_figures,
+)
 from latscope.semconv import ClientAttributes, LatscopeAttributes, Phase, SpanKind
-from latscope.storage import SPANS_TABLE, Store
+from latscope.storage import RESOURCES_TABLE, SPANS_TABLE, Store
 
 MS = 1_000_000
 T0 = 1_763_000_000_000_000_000
@@ -75,9 +80,10 @@ class TraceBuilder:
 
 
 def spans_table(traces: dict[str, list[SpanRecord]], *, figures: bool = True) -> pa.Table:
-    """SpanRecords -> rows of the spans table, as the collector writes them; ``figures=False``:
-    as other writers do (the OpenTelemetry Collector's exporter), without latscope's column of
-    token figures (LatscopeTokenFigures), which ClickHouse then stores empty."""
+    """SpanRecords -> rows of the spans table, as the collector writes them (with the token
+    figures and the resource ids: ``write_resources`` writes the ids' rows); ``figures=False``:
+    as other writers do (the OpenTelemetry Collector's exporter), without latscope's columns of
+    token figures (LatscopeTokenFigures) and resource ids, which ClickHouse then stores empty."""
     offsets_key = LatscopeAttributes.TOKEN_OFFSETS_US
     cols: dict[str, list] = {name: [] for name in SPANS_SCHEMA.names}
     for trace_id, spans in traces.items():
@@ -107,7 +113,22 @@ def spans_table(traces: dict[str, list[SpanRecord]], *, figures: bool = True) ->
             for name in SPANS_SCHEMA.names:
                 cols[name].append(row.get(name, []))
     table = pa.Table.from_pydict(cols, schema=SPANS_SCHEMA)
-    return table if figures else table.drop_columns(["LatscopeTokenFigures"])
+    if not figures:
+        return table.drop_columns(["LatscopeTokenFigures"])
+    return table.append_column(RESOURCE_ID, resource_ids(table.column("ResourceAttributes"))[0])
+
+
+def write_resources(store: Store, table: pa.Table) -> None:
+    """The rows of latscope_resources for the resources of these spans, as the collector writes
+    them."""
+    _, found = resource_ids(table.column("ResourceAttributes"))
+    if found:
+        ids = list(found)
+        attributes = pa.array([found[i].as_py() for i in ids], found[ids[0]].type)
+        rows = pa.table(
+            {"ResourceId": pa.array(ids, pa.uint64()), "ResourceAttributes": attributes}
+        )
+        store.insert_arrow(RESOURCES_TABLE, rows)
 
 
 #: The SQL attributor over an explicit list of traces (the attributor proper selects them by
@@ -124,6 +145,8 @@ def _rows(store: Store, sql: str, params: dict[str, Any]) -> list[dict]:
 
 #: Traces the single-call path answered in this process (tests read it to know it was taken).
 SIMPLE_ANSWERED: set[str] = set()
+#: Those it answered carrying resource ids too.
+BY_ID_ANSWERED: set[str] = set()
 
 
 def sql_rows(
@@ -136,11 +159,24 @@ def sql_rows(
     from latscope.attribution.engine import DEFAULT_STALL_NS
 
     stall_ns = DEFAULT_STALL_NS if stall_threshold_ns is None else stall_threshold_ns
-    params = {"trace_ids": trace_ids, "stall_ns": stall_ns, "through_us": 0}
+    params = {"trace_ids": trace_ids, "stall_ns": stall_ns, "through_us": 0, "after_us": 0}
     general = _rows(store, attribution_select(_BY_IDS, SPANS_TABLE, "1"), params)
     stored = stall_ns == STORED_STALL_NS  # as the Attributor decides
     simple = _rows(store, simple_select(_BY_IDS, SPANS_TABLE, "1", stored), params)
     answered = {r["TraceId"] for r in simple}
+    # The same statement carrying resource ids: the same rows, for the traces whose server
+    # span's resource has an id with a row in latscope_resources (the rest it leaves).
+    by_id = _rows(store, simple_select(_BY_IDS, SPANS_TABLE, "1", stored, True), params)
+    simple_rows = {(r["TraceId"], r["RequestSpanId"]): r for r in simple}
+    for row in by_id:
+        want = simple_rows.get((row["TraceId"], row["RequestSpanId"]))
+        assert want is not None, ("answered by id alone", row["TraceId"])
+        for column, value in want.items():
+            assert _close(value, row[column]) or (
+                column in ("Gpu", "ResourceAttributes")
+                and dict(value or []) == dict(row[column] or [])
+            ), (row["TraceId"], column, value, row[column])
+    BY_ID_ANSWERED.update(r["TraceId"] for r in by_id)
     key = lambda r: (r["TraceId"], r["RequestSpanId"])  # noqa: E731
     by_general = {key(r): r for r in general if r["TraceId"] in answered}
     assert len(simple) == len(answered) == len(by_general), "one request per simple trace"
@@ -182,6 +218,8 @@ def store_traces(
     run = next(_COUNTER)
     renamed = {f"{run:08x}{i:024x}": (t, spans) for i, (t, spans) in enumerate(traces.items())}
     table = spans_table({k: v[1] for k, v in renamed.items()}, figures=figures)
+    if figures:
+        write_resources(store, table)
     store.insert_arrow(SPANS_TABLE, table)
     return renamed
 

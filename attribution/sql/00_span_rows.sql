@@ -17,6 +17,10 @@ span_rows AS (
         $KIND_CODE AS kind,
         $STATUS AS status,
         ResourceAttributes AS resource,
+        -- The resource's id where latscope's collector stored one, else 0
+        -- (deploy/clickhouse/012_resource_ids.sql): the single-call path carries it instead of
+        -- the attributes when the batch's slice has no span without one.
+        LatscopeResourceId AS resource_id,
         SpanName AS name,
         LatscopeRuleAttributes.keys AS codes,
         LatscopeRuleAttributes.values AS vals,

@@ -61,6 +61,7 @@ from latscope.semconv import (
     StatusCode,
     VllmAttributes,
 )
+from latscope.storage import RESOURCE_REFRESH_S, RESOURCES_TABLE
 
 #: Read by both paths: the batch's spans with their attribute codes.
 SPAN_ROWS = "00_span_rows.sql"
@@ -587,7 +588,26 @@ def _dedup_columns() -> str:
     )
 
 
-def _values(spans_table: str, span_bounds: str, stored_figures: bool = False) -> dict[str, str]:
+#: The resources by id the single-call path looks up (``resource_ids``): a constant of the
+#: statement, ``(ids, attributes, positions)`` with id 0 first at position 0 (not found), so
+#: ``transform`` finds a resource's position with a hash table whatever their number. Rows
+#: written within RESOURCE_REFRESH_S before the slice's start: the collector writes a resource's
+#: row again at least that often while it stores spans that name it.
+RESOURCES_BY_ID = f"""(
+    SELECT (arrayConcat([toUInt64(0)], groupArray(ResourceId)), groupArray(attributes),
+            range(toUInt32(count() + 1)))
+    FROM (
+        SELECT ResourceId, argMax(ResourceAttributes, Timestamp) AS attributes
+        FROM {RESOURCES_TABLE}
+        WHERE Timestamp >= fromUnixTimestamp64Micro(
+            {{after_us:Int64}} - {int(RESOURCE_REFRESH_S * 1_000_000)})
+        GROUP BY ResourceId)
+) AS resources"""
+
+
+def _values(
+    spans_table: str, span_bounds: str, stored_figures: bool = False, resource_ids: bool = False
+) -> dict[str, str]:
     kinds = {
         SpanKind.SERVER: FLAGS["SERVER"],
         SpanKind.CLIENT: FLAGS["CLIENT"],
@@ -646,6 +666,15 @@ def _values(spans_table: str, span_bounds: str, stored_figures: bool = False) ->
             else f"vals[indexOf(codes, {CODES['OFFSETS']})]"
         ),
         **{f"AT_{name}": str(at) for name, at in FIGURE_AT.items()},
+        # The single-call path's server span carries its resource's id (looked up after the
+        # GROUP BY in RESOURCES_BY_ID), or its attributes.
+        "SIMPLE_RESOURCE": "resource_id AS resource" if resource_ids else "resource",
+        "RESOURCE_AT": (
+            "toUInt32(transform(server.7, resources.1, resources.3, toUInt32(0)))"
+            if resource_ids
+            else "toUInt32(1)"
+        ),
+        "RESOURCE_OF": "resources.2[resource_at]" if resource_ids else "server.7",
     }
     return values
 
@@ -742,15 +771,24 @@ STORED_STALL_NS = DEFAULT_STALL_NS
 
 @cache
 def simple_select(
-    batch_sql: str, spans_table: str, span_bounds: str, stored_figures: bool = True
+    batch_sql: str,
+    spans_table: str,
+    span_bounds: str,
+    stored_figures: bool = True,
+    resource_ids: bool = False,
 ) -> str:
     """``attribution_select`` for the traces of ``batch_sql`` that hold one call of the common
     shape (``simple_2_traces.sql`` says which); the other traces give no row here and are left to
     ``attribution_select``. Same parameters, same columns, the same rows for the traces it
     answers. ``stored_figures``: a decode span's token figures are read as the collector stored
     them where it did, which holds for the ``stall_ns`` parameter ``STORED_STALL_NS`` only;
-    without, they are always computed from its token offsets."""
-    values = _values(spans_table, span_bounds, stored_figures)
+    without, they are always computed from its token offsets. ``resource_ids``: the server span's
+    resource is carried as its id and its attributes looked up in ``latscope_resources``
+    (``RESOURCES_BY_ID``, which takes the ``after_us`` parameter); a trace whose resource has no
+    id or no row there is left to ``attribution_select``."""
+    values = _values(spans_table, span_bounds, stored_figures, resource_ids)
     ctes = [f"batch AS ({batch_sql})"] + [render(_stage(s), values).strip() for s in SIMPLE_STAGES]
+    if resource_ids:
+        ctes.insert(0, RESOURCES_BY_ID)
     final = render(_stage(FINAL), values).strip()
     return "WITH\n" + ",\n".join(ctes) + "\n" + final + "\n" + SETTINGS

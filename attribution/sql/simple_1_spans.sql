@@ -4,7 +4,8 @@
 -- stored (stage 0).
 simple_spans AS (
     SELECT
-        trace_id, span_id, parent_id, service, start_ns, end_ns, kind, status, resource, codes,
+        trace_id, span_id, parent_id, service, start_ns, end_ns, kind, status, $SIMPLE_RESOURCE,
+        codes,
         vals, first_token_event, token_figures,
         -- A latscope phase's bucket (rank + 1; 0: not a phase). SGLang's stage slices are phases
         -- only under a span with gen_ai.latency.*, which sends a trace to the general path.

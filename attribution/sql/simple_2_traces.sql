@@ -45,10 +45,14 @@ simple_traces AS (
         groupArrayIf((start_ns, span_id, codes, vals), has_gpu AND bucket = $DECODE_BUCKET)
             AS gpu_decodes,
         -- The client: the CLIENT span that is S's parent (its position in clients; 0: none).
-        toUInt32(indexOf(client_ids, server.2)) AS client
+        toUInt32(indexOf(client_ids, server.2)) AS client,
+        -- S's resource: its position among the resources by id (0: not found, and the trace
+        -- is left to the general path, which reads the attributes from the spans), or 1 when
+        -- S carries its attributes.
+        $RESOURCE_AT AS resource_at
     FROM simple_spans
     GROUP BY trace_id
-    HAVING n_rows = n AND n_servers = 1 AND n_latency = 0 AND n_phases > 0
+    HAVING n_rows = n AND n_servers = 1 AND n_latency = 0 AND n_phases > 0 AND resource_at != 0
         AND phase_parent_lo = server.1 AND phase_parent_hi = server.1
         AND if(client != 0, clients[client].4 = 0,
             server.2 = '' OR NOT has(id_hashes, cityHash64(server.2)))

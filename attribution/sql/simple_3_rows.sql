@@ -14,7 +14,7 @@ simple_requests AS (
         server.4 AS s_start,
         server.5 AS s_end,
         server.6 AS status,
-        server.7 AS resource,
+        $RESOURCE_OF AS resource,
         (server.8, server.9) AS s,
         client,
         clients[client] AS c,

@@ -134,6 +134,17 @@ def insertable_spans(store: Any) -> pa.Table:
     )
 
 
+def stored_resources(store: Any) -> pa.Table:
+    """The resources by id the collector wrote with those spans (their ids are among the spans'
+    columns), to be written again with them elsewhere."""
+    from latscope.storage import RESOURCES_TABLE
+
+    return store.query_arrow(
+        f"SELECT ResourceId, any(ResourceAttributes) AS ResourceAttributes FROM {RESOURCES_TABLE} "
+        "GROUP BY ResourceId"
+    )
+
+
 def _store_history(store: Any, spans: pa.Table, t0_ns: int) -> int:
     """HISTORY_COPIES copies of ``spans`` with new trace and span ids, their 4 h of timestamps
     folded onto the 2 h around ``t0_ns``, ingested an hour ago, attributed, and the spans and
@@ -318,13 +329,18 @@ def _serve_passes(store: Any, feed: _Feed, passes: int) -> Serve:
     return out
 
 
-def live_passes(spans: pa.Table, store_dir: Any, t0_ns: int, passes: int) -> Live:
-    """The live passes over a fresh store in ``store_dir`` (removed by the caller)."""
-    from latscope.storage import Store
+def live_passes(
+    spans: pa.Table, resources: pa.Table, store_dir: Any, t0_ns: int, passes: int
+) -> Live:
+    """The live passes over a fresh store in ``store_dir`` (removed by the caller), which holds
+    the spans' ``resources`` (``stored_resources``), as the collector would have written them."""
+    from latscope.storage import RESOURCES_TABLE, Store
 
     store = Store.open(f"chdb://{store_dir}")
     try:
         store.apply_schema()
+        if resources.num_rows:
+            store.insert_arrow(RESOURCES_TABLE, resources)
         feed = _Feed(spans)
         index = _index(store)
         live = Live()

@@ -86,6 +86,7 @@ from bench.attribution.live import (
     passes_possible,
     print_live,
     requests_needed,
+    stored_resources,
 )
 from bench.attribution.traces import SPANS, Traces
 from bench.sqlids import hex_trace_id, hex_word
@@ -349,15 +350,20 @@ def statement_costs(store: Any) -> dict[str, dict[str, float]]:
         return min(_cpu_of(fn)[0] for _ in range(3))
 
     out = {}
-    for name, select in (("single-call", simple_select), ("general", attribution_select)):
-        sql = select(first_ids, SPANS_TABLE, "1")
+    statements = (
+        ("single-call", simple_select(first_ids, SPANS_TABLE, "1")),
+        # The same by resource id (the statement the collector's spans take).
+        ("single-call by id", simple_select(first_ids, SPANS_TABLE, "1", True, True)),
+        ("general", attribution_select(first_ids, SPANS_TABLE, "1")),
+    )
+    for name, sql in statements:
 
         def run(trace_ids: list[str], sql: str = sql) -> Any:
             params = {"last": trace_ids[-1], "stall_ns": DEFAULT_STALL_NS, "through_us": 0}
-            return store.query_arrow(sql, params)
+            return store.query_arrow(sql, {**params, "after_us": 0})
 
         run(ids[:1])  # warm-up
-        params = {"last": ids[0], "stall_ns": DEFAULT_STALL_NS, "through_us": 0}
+        params = {"last": ids[0], "stall_ns": DEFAULT_STALL_NS, "through_us": 0, "after_us": 0}
         analysis = best(lambda: store.query_rows("EXPLAIN QUERY TREE " + sql, params))  # noqa: B023
         one = best(lambda: run(ids[:1]))
         many = best(lambda: run(ids))
@@ -553,14 +559,22 @@ def spans_merges_stopped(store: Any) -> Iterator[None]:
 def alone(store_dir: Path, requests: int, runs: int) -> Alone:
     from latscope.attribution.attributor import Attributor
     from latscope.attribution.rollups import Rollups
-    from latscope.storage import Store
+    from latscope.storage import SPANS_TABLE, Store
 
     store = Store.open(f"chdb://{store_dir}")
     try:
         with spans_merges_stopped(store):
             attributor = Attributor(store, settle_s=0.0)
             # The bare read's columns, planned once before the runs.
-            columns = ", ".join(read_columns(store, attributor._sql.insert_simple))
+            # The statement these requests take: by resource id when the collector stored every
+            # span's (deploy/clickhouse/012_resource_ids.sql), else with the attributes.
+            unnamed = store.query_rows(
+                f"SELECT countIf(LatscopeResourceId = 0) FROM {SPANS_TABLE}"
+            )[0][0]
+            simple = attributor._sql.insert_simple_ids
+            if int(unnamed):
+                simple = attributor._sql.insert_simple
+            columns = ", ".join(read_columns(store, simple))
             passes = [0]
             slice_ = attributor.attribute_slice
 
@@ -784,10 +798,10 @@ def main() -> None:
 
             store = Store.open(f"chdb://{off.store_dir}")
             try:
-                spans = insertable_spans(store)
+                spans, resources = insertable_spans(store), stored_resources(store)
             finally:
                 store.close()
-            live = live_passes(spans, workdir / "live" / "store", T0, args.live_passes)
+            live = live_passes(spans, resources, workdir / "live" / "store", T0, args.live_passes)
             del spans
             shutil.rmtree(workdir / "live", ignore_errors=True)
         history = (

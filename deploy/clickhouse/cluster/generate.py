@@ -57,6 +57,8 @@ RETENTION_DAYS = {
     # The rollup serves the same windows as the rows it summarises.
     "latscope_attribution_hourly": 90,
     "latscope_metrics": 30,
+    # Ids of the spans' resources: as long as the spans that name them.
+    "latscope_resources": 30,
 }
 DEFAULT_RETENTION_DAYS = 30
 

@@ -6,3 +6,4 @@ ALTER TABLE latscope_metrics MODIFY TTL toDateTime(Timestamp) + INTERVAL 30 DAY;
 ALTER TABLE latscope_attribution_hourly MODIFY TTL toDateTime(Timestamp) + INTERVAL 90 DAY;
 ALTER TABLE latscope_metrics_histogram MODIFY TTL toDateTime(Timestamp) + INTERVAL 30 DAY;
 ALTER TABLE latscope_metrics_exponential_histogram MODIFY TTL toDateTime(Timestamp) + INTERVAL 30 DAY;
+ALTER TABLE latscope_resources MODIFY TTL toDateTime(Timestamp) + INTERVAL 30 DAY;
