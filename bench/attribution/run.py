@@ -122,8 +122,8 @@ _METRIC = re.compile(r"^(latscope_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 # -- the load ------------------------------------------------------------------------------------
 
 
-def build_exports(requests: int, seed: int = 1) -> list[bytes]:
-    traces = Traces(seed)
+def build_exports(requests: int, seed: int = 1, *, pod_resources: bool = False) -> list[bytes]:
+    traces = Traces(seed, pod_resources=pod_resources)
     spacing = HOURS * HOUR_NS // requests
     return [
         traces.export(T0 + i * spacing, min(PER_EXPORT, requests - i), spacing)

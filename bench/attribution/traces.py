@@ -32,6 +32,29 @@ TEMPLATES = 16
 SKEWED = 0.1
 MAX_SKEW_MS = 5000
 
+#: The resource of a model server in a Kubernetes pod, as the OpenTelemetry operator and SDK
+#: describe it (``Traces(pod_resources=True)``; 23 attributes with the server's own four, about
+#: 800 bytes): what real resources weigh, where the benchmark's own have 2-4 attributes.
+POD_RESOURCE = {
+    "k8s.namespace.name": "inference-prod",
+    "k8s.deployment.name": "llm-server",
+    "k8s.replicaset.name": "llm-server-7c9d8f6b5",
+    "k8s.cluster.name": "gpu-cluster-us-east-1",
+    "k8s.container.name": "vllm",
+    "container.image.name": "registry.example.com/ml/vllm-openai",
+    "container.image.tag": "v0.9.2-cu124",
+    "cloud.provider": "aws",
+    "cloud.region": "us-east-1",
+    "cloud.availability_zone": "us-east-1b",
+    "telemetry.sdk.name": "opentelemetry",
+    "telemetry.sdk.language": "python",
+    "telemetry.sdk.version": "1.27.0",
+    "process.runtime.name": "cpython",
+    "process.runtime.version": "3.11.9",
+    "os.type": "linux",
+    "host.arch": "amd64",
+}
+
 CLIENT, SERVER = 0, 1  # span positions; the phases follow
 SPANS = 2 + len(PHASES)
 _TRACE_MARK = b"\xfeTRACE-ID-MARK\xfe\xfe"
@@ -65,7 +88,7 @@ def _varint(value: int) -> bytes:
 class _Template:
     """One request's serialized Export with marker ids and times, and where each marker is."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, pod_resources: bool = False) -> None:
         model = rng.choice(MODELS)
         gaps = [rng.randint(8, 30) for _ in range(TOKENS - 1)]
         if rng.random() < 0.5:  # a stall somewhere in the stream
@@ -107,14 +130,23 @@ class _Template:
         client.attributes.append(_kv("latscope.first_token_ns", _FIRST_TOKEN_MARK))
         spans.append(client)
         rs = req.resource_spans.add()
+        node = rng.randint(1, 4)
         rs.resource.attributes.extend(
             [
                 _kv("service.name", "llm-server"),
-                _kv("host.name", f"gpu-node-{rng.randint(1, 4)}"),
+                _kv("host.name", f"gpu-node-{node}"),
                 _kv("service.version", "1.4.2"),
                 _kv("deployment.environment", "prod"),
             ]
         )
+        if pod_resources:  # (no draw from rng: the requests are the same otherwise)
+            pod = {
+                **POD_RESOURCE,
+                "k8s.pod.name": f"llm-server-7c9d8f6b5-n{node}x",
+                "k8s.pod.uid": f"5f0c2b7e-{node:04d}-4c1a-9d3e-8b6f2a1c7d90",
+                "k8s.node.name": f"ip-10-0-3-{node}.ec2.internal",
+            }
+            rs.resource.attributes.extend(_kv(k, v) for k, v in pod.items())
         ss = rs.scope_spans.add()
         ss.scope.name, ss.scope.version = "latscope.sdk", "0.1.0"
         server = ss.spans.add(
@@ -156,9 +188,9 @@ class _Template:
 class Traces:
     """Unique requests from ``seed``: the same seed gives the same requests, byte for byte."""
 
-    def __init__(self, seed: int = 1) -> None:
+    def __init__(self, seed: int = 1, *, pod_resources: bool = False) -> None:
         self.rng = random.Random(seed)
-        self.templates = [_Template(self.rng) for _ in range(TEMPLATES)]
+        self.templates = [_Template(self.rng, pod_resources) for _ in range(TEMPLATES)]
 
     def request(self, t0_ns: int) -> bytes:
         """One request starting at ``t0_ns`` (the client span's start), as a serialized Export."""
