@@ -2,7 +2,7 @@
 -- Replicated local table + Distributed table under the single-node name.
 
 ALTER TABLE latscope.otel_traces_local ON CLUSTER '{cluster}'
-    ADD COLUMN IF NOT EXISTS LatscopeResourceId UInt64 DEFAULT 0 CODEC(LZ4);
+    ADD COLUMN IF NOT EXISTS LatscopeResourceId UInt64 DEFAULT 0 CODEC(ZSTD(1));
 
 ALTER TABLE latscope.otel_traces ON CLUSTER '{cluster}'
     ADD COLUMN IF NOT EXISTS LatscopeResourceId UInt64 DEFAULT 0;
