@@ -58,9 +58,8 @@ a look that finds the newest span younger than ``poll_s`` sets the next one for 
 Scale-out: ``shard=(i, n)`` takes only the traces with ``cityHash64(TraceId) % n = i``, so ``n``
 attributors split a store's traces with none done twice and none missed; on a cluster (spans and
 attribution rows sharded by the same hash) attributor ``i`` runs against shard ``i``'s local
-tables (``tables="local"``) and every read and write of spans and rows stays on that shard
-(docs/deploy.md); the resources by id (a few rows each) are read through the cluster's
-``Distributed`` table, which holds every shard's.
+tables (``tables="local"``) and every read and write stays on that shard (docs/deploy.md; the
+resources by id are on every node).
 """
 
 from __future__ import annotations
@@ -95,7 +94,13 @@ from latscope.config import (
 from latscope.metrics import REGISTRY
 from latscope.parts import Parts, Poller
 from latscope.semconv import SpanKind
-from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store, StoreError
+from latscope.storage import (
+    ATTRIBUTION_TABLE,
+    RESOURCES_TABLE,
+    SPANS_TABLE,
+    Store,
+    StoreError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -797,7 +802,14 @@ WHERE {early_window} {mine}""")
         #: (deploy/clickhouse/012_resource_ids.sql). A trace whose resource is not found there
         #: is left to the general path.
         self.insert_simple_ids = into + simple_select(
-            batch, spans, bounds, stored_figures, resource_ids=True
+            batch,
+            spans,
+            bounds,
+            stored_figures,
+            resource_ids=True,
+            # On a cluster node's local tables, its own copy (every node holds them all).
+            resources_table=RESOURCES_TABLE
+            + (LOCAL_SUFFIX if spans.endswith(LOCAL_SUFFIX) else ""),
         )
         #: The batch's traces left without a row that have a span that could be a call's server
         #: (SERVER, or a gen_ai.latency.* figure): a trace with none has no call.

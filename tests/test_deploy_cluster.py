@@ -100,6 +100,31 @@ def test_every_cluster_statement_is_on_cluster_and_replicated() -> None:
     assert "{shard}" in text and "{replica}" in text
 
 
+def test_tables_on_every_node_share_one_keeper_path_and_the_rest_one_per_shard() -> None:
+    engines = {}
+    for statement in cluster_statements():
+        if match := re.search(
+            rf"CREATE TABLE IF NOT EXISTS {DB}\.(\w+)_local .*ENGINE = Replicated\w*MergeTree"
+            r"\('([^']*)', '([^']*)'",
+            statement,
+            re.S,
+        ):
+            engines[match.group(1)] = match.group(2, 3)
+    assert set(engines) == set(single_node_tables())
+    for table, (path, replica) in engines.items():
+        if table in generate.EVERY_NODE:
+            assert (path, replica) == (
+                f"/clickhouse/tables/all/{DB}/{table}_local",
+                "{shard}-{replica}",
+            )
+        else:
+            assert (path, replica) == (
+                f"/clickhouse/tables/{{shard}}/{DB}/{table}_local",
+                "{replica}",
+            )
+    assert set(engines) >= generate.EVERY_NODE
+
+
 def _columns(store: Store, db: str, table: str) -> list[tuple]:
     return store.query_rows(
         "SELECT name, type, default_kind, default_expression, compression_codec "

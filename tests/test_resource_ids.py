@@ -294,3 +294,34 @@ def test_a_failed_resource_write_holds_no_span_back(store: Store, tmp_path: Path
     assert store.query_rows(
         f"SELECT count() FROM {SPANS_TABLE} WHERE ServiceName = {{s:String}}", {"s": service}
     ) == [(20,)]
+
+
+def test_a_cluster_nodes_attributor_looks_resources_up_in_its_own_copy(store: Store) -> None:
+    """--attributor-tables local: the node's latscope_resources_local (every node holds the
+    whole table, deploy/clickhouse/cluster), not the Distributed table."""
+    for table in (SPANS_TABLE, "latscope_attribution", RESOURCES_TABLE):
+        store.command(f"CREATE TABLE IF NOT EXISTS {table}_local AS {table}")
+    att = Attributor(store, settle_s=0, tables="local", step_s=3600)
+    assert f"FROM {RESOURCES_TABLE}_local\n" in att._sql.insert_simple_ids
+    att.run_until_idle()  # what earlier tests left
+    resource = {**POD, "k8s.pod.name": f"pod-{uuid.uuid4().hex[:8]}"}
+    trace_id = uuid.uuid4().hex
+    table = spans_table({trace_id: _call(resource)})
+    _, found = resource_ids(table.column("ResourceAttributes"))
+    rows = pa.table(
+        {
+            "ResourceId": pa.array(list(found), pa.uint64()),
+            "ResourceAttributes": pa.array([v.as_py() for v in found.values()], _MAP),
+        }
+    )
+    store.insert_arrow(f"{RESOURCES_TABLE}_local", rows)
+    store.insert_arrow(f"{SPANS_TABLE}_local", table)
+    time.sleep(0.01)
+    with _Ran(store, att) as ran:
+        assert att.run_until_idle() == 1
+    assert ran == ["single-call by id"]
+    [(got,)] = store.query_rows(
+        "SELECT ResourceAttributes FROM latscope_attribution_local WHERE TraceId = {t:String}",
+        {"t": trace_id},
+    )
+    assert dict(got) == resource

@@ -588,17 +588,18 @@ def _dedup_columns() -> str:
     )
 
 
-#: The resources by id the single-call path looks up (``resource_ids``): a constant of the
-#: statement, ``(ids, attributes, positions)`` with id 0 first at position 0 (not found), so
-#: ``transform`` finds a resource's position with a hash table whatever their number. Rows
-#: written within RESOURCE_REFRESH_S before the slice's start: the collector writes a resource's
-#: row again at least that often while it stores spans that name it.
-RESOURCES_BY_ID = f"""(
+def resources_by_id(table: str) -> str:
+    """The resources by id the single-call path looks up (``resource_ids``), from ``table``: a
+    constant of the statement, ``(ids, attributes, positions)`` with id 0 first at position 0
+    (not found), so ``transform`` finds a resource's position with a hash table whatever their
+    number. Rows written within RESOURCE_REFRESH_S before the slice's start: the collector writes
+    a resource's row again at least that often while it stores spans that name it."""
+    return f"""(
     SELECT (arrayConcat([toUInt64(0)], groupArray(ResourceId)), groupArray(attributes),
             range(toUInt32(count() + 1)))
     FROM (
         SELECT ResourceId, argMax(ResourceAttributes, Timestamp) AS attributes
-        FROM {RESOURCES_TABLE}
+        FROM {table}
         WHERE Timestamp >= fromUnixTimestamp64Micro(
             {{after_us:Int64}} - {int(RESOURCE_REFRESH_S * 1_000_000)})
         GROUP BY ResourceId)
@@ -667,7 +668,7 @@ def _values(
         ),
         **{f"AT_{name}": str(at) for name, at in FIGURE_AT.items()},
         # The single-call path's server span carries its resource's id (looked up after the
-        # GROUP BY in RESOURCES_BY_ID), or its attributes.
+        # GROUP BY in resources_by_id), or its attributes.
         "SIMPLE_RESOURCE": "resource_id AS resource" if resource_ids else "resource",
         "RESOURCE_AT": (
             "toUInt32(transform(server.7, resources.1, resources.3, toUInt32(0)))"
@@ -776,6 +777,7 @@ def simple_select(
     span_bounds: str,
     stored_figures: bool = True,
     resource_ids: bool = False,
+    resources_table: str = RESOURCES_TABLE,
 ) -> str:
     """``attribution_select`` for the traces of ``batch_sql`` that hold one call of the common
     shape (``simple_2_traces.sql`` says which); the other traces give no row here and are left to
@@ -783,12 +785,12 @@ def simple_select(
     answers. ``stored_figures``: a decode span's token figures are read as the collector stored
     them where it did, which holds for the ``stall_ns`` parameter ``STORED_STALL_NS`` only;
     without, they are always computed from its token offsets. ``resource_ids``: the server span's
-    resource is carried as its id and its attributes looked up in ``latscope_resources``
-    (``RESOURCES_BY_ID``, which takes the ``after_us`` parameter); a trace whose resource has no
+    resource is carried as its id and its attributes looked up in ``resources_table``
+    (``resources_by_id``, which takes the ``after_us`` parameter); a trace whose resource has no
     id or no row there is left to ``attribution_select``."""
     values = _values(spans_table, span_bounds, stored_figures, resource_ids)
     ctes = [f"batch AS ({batch_sql})"] + [render(_stage(s), values).strip() for s in SIMPLE_STAGES]
     if resource_ids:
-        ctes.insert(0, RESOURCES_BY_ID)
+        ctes.insert(0, resources_by_id(resources_table))
     final = render(_stage(FINAL), values).strip()
     return "WITH\n" + ",\n".join(ctes) + "\n" + final + "\n" + SETTINGS

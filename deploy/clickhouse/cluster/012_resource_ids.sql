@@ -13,7 +13,7 @@ CREATE TABLE IF NOT EXISTS latscope.latscope_resources_local ON CLUSTER '{cluste
     ResourceId         UInt64 CODEC(LZ4),
     ResourceAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1))
 )
-ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/latscope/latscope_resources_local', '{replica}', Timestamp)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/all/latscope/latscope_resources_local', '{shard}-{replica}', Timestamp)
 PARTITION BY toDate(Timestamp)
 ORDER BY ResourceId
 TTL toDateTime(Timestamp) + INTERVAL 30 DAY

@@ -11,7 +11,10 @@ An ``ALTER TABLE X`` (a column or index added by a later file) applies to ``X_lo
 when it changes columns.
 
 Sharding keeps all spans and all attribution versions of a trace on one shard (the attributor reads
-a trace's spans together; ``ReplacingMergeTree`` collapses versions only within a shard).
+a trace's spans together; ``ReplacingMergeTree`` collapses versions only within a shard). A table
+in ``EVERY_NODE`` (small, read beside every shard's spans) has one Keeper path for all shards
+instead: every node is a replica of it, so each holds all its rows and reads them locally (its
+``Distributed`` table, written through at random, then reads them once per shard).
 
 Regenerate after changing ``deploy/clickhouse/NNN_*.sql`` (a test fails until you do)::
 
@@ -49,6 +52,9 @@ SHARDING_KEYS = {
     "latscope_attribution": "cityHash64(TraceId)",
     "latscope_metrics": "rand()",
 }
+#: Tables every node holds whole (one Keeper path for all shards, a replica per node): the resources
+#: by id, which each shard's attributor looks up beside its own spans.
+EVERY_NODE = {"latscope_resources"}
 #: Days each table keeps its rows (whole days: tables are partitioned by day and set
 #: ttl_only_drop_parts, so expiry drops parts instead of rewriting them).
 RETENTION_DAYS = {
@@ -106,8 +112,12 @@ def cluster_statements(statement: str, opts: Options) -> list[str]:
     local = f"{table}_local"
     args = [a.strip() for a in (engine.group(2) or "").split(",") if a.strip()]
     zk_path = f"/clickhouse/tables/{{shard}}/{db}/{local}"
+    replica = "{replica}"
+    if table in EVERY_NODE:
+        # One replica set across the cluster: replica names must be unique in it.
+        zk_path, replica = f"/clickhouse/tables/all/{db}/{local}", "{shard}-{replica}"
     replicated = (
-        f"Replicated{engine.group(1)}(" + ", ".join([f"'{zk_path}'", "'{replica}'", *args]) + ")"
+        f"Replicated{engine.group(1)}(" + ", ".join([f"'{zk_path}'", f"'{replica}'", *args]) + ")"
     )
     body = statement[match.end() - 1 :]
     body = body.replace(engine.group(0), f"ENGINE = {replicated}", 1)
