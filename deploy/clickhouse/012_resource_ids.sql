@@ -3,10 +3,11 @@
 -- attributor carries a number per request through its GROUP BY and looks the attributes up after
 -- it, where it copied every request's resource map into its per-trace state.
 --
--- Measured on 99,801 requests of the attribution benchmark, the same rows: the single-call
--- statement 1.49 -> 1.28 CPU s with the benchmark's small resources (2-4 attributes), 1.56 -> 1.15
--- with resources like a Kubernetes pod's (23 attributes, about 800 bytes); the collector's ids
--- 0.09 us a span, against 5.9 for its C decoder (docs/benchmarks.md).
+-- Measured on 99,801 requests of the attribution benchmark (bench/attribution/resources.py), the
+-- same rows: the single-call statement 1.21 -> 1.09 CPU s with the benchmark's small resources
+-- (the server's 4 attributes), 1.60 -> 1.18 with resources like a Kubernetes pod's (24
+-- attributes, 836 bytes); the collector's ids 0.09 us a span, against 5.9 for its C decoder
+-- (docs/benchmarks.md).
 --
 -- LatscopeResourceId (ZSTD: a few ids repeat along the sort order; 0.34 bytes a span on the
 -- attribution benchmark's spans against 0.83 with LZ4): a 64-bit hash of the resource's attributes as the collector rendered them
