@@ -663,7 +663,7 @@ def _per_entry(strings: pa.Array, bounds: pa.Array) -> tuple[pa.Array, pa.Array]
 
 
 def _code(*arrays: pa.Array) -> pa.Array:
-    """One int32 code per position, equal where all ``arrays`` are equal (in order of first
+    """One int64 code per position, equal where all ``arrays`` are equal (in order of first
     appearance)."""
     code = pc.dictionary_encode(arrays[0]).indices.cast(pa.int64())
     for array in arrays[1:]:
@@ -705,6 +705,19 @@ def resource_ids(column: pa.Array) -> tuple[pa.Array, dict[int, pa.Scalar]]:
         ids.append(rid)
     per_entry = pc.take(pa.array(ids, pa.uint64()), groups)
     return pc.take(per_entry, indices), found
+
+
+def resource_rows(found: dict[int, pa.Scalar], ids: Iterable[int] | None = None) -> pa.Table:
+    """Rows of ``latscope_resources`` for these ids (default: all) of ``resource_ids``'s
+    ``found``; the table's Timestamp is the store's clock at the insert."""
+    ids = list(found if ids is None else ids)
+    attributes = [found[rid].as_py() for rid in ids]
+    return pa.table(
+        {
+            "ResourceId": pa.array(ids, pa.uint64()),
+            "ResourceAttributes": pa.array(attributes, _MAP),
+        }
+    )
 
 
 def insert_slices(table: pa.Table, max_bytes: int) -> list[pa.Table]:
@@ -1170,6 +1183,7 @@ __all__ = [
     "insert_slices",
     "resource_id",
     "resource_ids",
+    "resource_rows",
     "span_problem",
     "spans_table",
     "stored_token_figures",

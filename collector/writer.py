@@ -43,6 +43,7 @@ from latscope.collector.mapping import (
     combine,
     insert_slices,
     resource_ids,
+    resource_rows,
 )
 from latscope.collector.memory import MemoryLimit
 from latscope.collector.spool import Segment, Spool, SpoolEntry, SpoolError
@@ -498,16 +499,8 @@ class JournalWriter(_StoreWriter):
         now = time.monotonic()
         due = [rid for rid in found if now - self._resources.get(rid, -math.inf) >= REWRITE_S]
         if due:
-            rows = pa.table(
-                {
-                    "ResourceId": pa.array(due, pa.uint64()),
-                    "ResourceAttributes": pa.array(
-                        [found[rid].as_py() for rid in due], found[due[0]].type
-                    ),
-                }
-            )
             try:
-                self.store.insert_arrow(RESOURCES_TABLE, rows)
+                self.store.insert_arrow(RESOURCES_TABLE, resource_rows(found, due))
             except StoreError as exc:
                 # Nothing depends on the row: the attributor reads a request whose resource it
                 # does not find from the spans. Tried again with the next batch.

@@ -17,6 +17,7 @@ from latscope.collector.mapping import (
     RESOURCE_ID,
     SPANS_SCHEMA,
     resource_ids,
+    resource_rows,
     stored_token_figures,
 )
 from latscope.semconv import ClientAttributes, LatscopeAttributes, Phase, SpanKind
@@ -123,12 +124,7 @@ def write_resources(store: Store, table: pa.Table) -> None:
     them."""
     _, found = resource_ids(table.column("ResourceAttributes"))
     if found:
-        ids = list(found)
-        attributes = pa.array([found[i].as_py() for i in ids], found[ids[0]].type)
-        rows = pa.table(
-            {"ResourceId": pa.array(ids, pa.uint64()), "ResourceAttributes": attributes}
-        )
-        store.insert_arrow(RESOURCES_TABLE, rows)
+        store.insert_arrow(RESOURCES_TABLE, resource_rows(found))
 
 
 #: The SQL attributor over an explicit list of traces (the attributor proper selects them by
@@ -145,8 +141,14 @@ def _rows(store: Store, sql: str, params: dict[str, Any]) -> list[dict]:
 
 #: Traces the single-call path answered in this process (tests read it to know it was taken).
 SIMPLE_ANSWERED: set[str] = set()
-#: Those it answered carrying resource ids too.
-BY_ID_ANSWERED: set[str] = set()
+
+
+def _assert_same_row(want: dict[str, Any], got: dict[str, Any]) -> None:
+    """Two statements' rows of one request: every column equal (maps in any order)."""
+    for column, value in want.items():
+        assert _close(value, got[column]) or (
+            column in ("Gpu", "ResourceAttributes") and dict(value or []) == dict(got[column] or [])
+        ), (got["TraceId"], column, value, got[column])
 
 
 def sql_rows(
@@ -171,22 +173,13 @@ def sql_rows(
     for row in by_id:
         want = simple_rows.get((row["TraceId"], row["RequestSpanId"]))
         assert want is not None, ("answered by id alone", row["TraceId"])
-        for column, value in want.items():
-            assert _close(value, row[column]) or (
-                column in ("Gpu", "ResourceAttributes")
-                and dict(value or []) == dict(row[column] or [])
-            ), (row["TraceId"], column, value, row[column])
-    BY_ID_ANSWERED.update(r["TraceId"] for r in by_id)
+        _assert_same_row(want, row)
     key = lambda r: (r["TraceId"], r["RequestSpanId"])  # noqa: E731
     by_general = {key(r): r for r in general if r["TraceId"] in answered}
     assert len(simple) == len(answered) == len(by_general), "one request per simple trace"
     for row in simple:
         assert key(row) in by_general, key(row)
-        for column, value in by_general[key(row)].items():
-            assert _close(value, row[column]) or (
-                column in ("Gpu", "ResourceAttributes")
-                and dict(value or []) == dict(row[column] or [])
-            ), (row["TraceId"], column, value, row[column])
+        _assert_same_row(by_general[key(row)], row)
     SIMPLE_ANSWERED.update(answered)
     return simple + [r for r in general if r["TraceId"] not in answered]
 

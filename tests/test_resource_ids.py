@@ -20,7 +20,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from latscope.attribution.attributor import Attributor
 from latscope.attribution.engine import attribute_requests
 from latscope.attribution.model import SpanRecord
-from latscope.collector.mapping import RESOURCE_ID, resource_id, resource_ids
+from latscope.collector.mapping import RESOURCE_ID, resource_id, resource_ids, resource_rows
 from latscope.semconv import ClientAttributes, Phase
 from latscope.storage import RESOURCES_TABLE, SPANS_TABLE, Store
 from tests.attribution_support import (
@@ -308,13 +308,7 @@ def test_a_cluster_nodes_attributor_looks_resources_up_in_its_own_copy(store: St
     trace_id = uuid.uuid4().hex
     table = spans_table({trace_id: _call(resource)})
     _, found = resource_ids(table.column("ResourceAttributes"))
-    rows = pa.table(
-        {
-            "ResourceId": pa.array(list(found), pa.uint64()),
-            "ResourceAttributes": pa.array([v.as_py() for v in found.values()], _MAP),
-        }
-    )
-    store.insert_arrow(f"{RESOURCES_TABLE}_local", rows)
+    store.insert_arrow(f"{RESOURCES_TABLE}_local", resource_rows(found))
     store.insert_arrow(f"{SPANS_TABLE}_local", table)
     time.sleep(0.01)
     with _Ran(store, att) as ran:

@@ -20,21 +20,20 @@ import argparse
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.attribution.run import SENDERS, build_exports, serve_run, spans_merges_stopped
+from bench.attribution.run import (
+    SENDERS,
+    _cpu_of,
+    build_exports,
+    serve_run,
+    spans_merges_stopped,
+)
 
 #: The batch: the trace ids below this (random hex ids: about half of them).
 LAST_ID = "8"
 NULL_SINK = "latscope_bench_resources_null"
-
-
-def _cpu_of(fn: Any) -> float:
-    started = time.process_time()
-    fn()
-    return time.process_time() - started
 
 
 def compare(store_dir: Path, rounds: int) -> dict[str, Any]:
@@ -67,7 +66,7 @@ def compare(store_dir: Path, rounds: int) -> dict[str, Any]:
             cpu: dict[str, list[float]] = {name: [] for name in statements}
             for _ in range(rounds):
                 for name, sql in statements.items():
-                    cpu[name].append(_cpu_of(lambda sql=sql: store.command(into + sql, params)))
+                    cpu[name].append(_cpu_of(lambda sql=sql: store.command(into + sql, params))[0])
             resource_bytes = store.query_rows(
                 "SELECT avg(length(toString(ResourceAttributes))), "
                 f"avg(length(ResourceAttributes)) FROM {RESOURCES_TABLE} "
