@@ -71,6 +71,7 @@ from tests.upstream_traces import (
     LlmCall,
     TraceBuilder,
     Truth,
+    VllmV0Server,
     VllmV1Server,
     finish,
     random_client,
@@ -160,9 +161,19 @@ class EngineTruth(Truth):
 
 
 class EnginePlan:
-    """What the engine plans add to ``ServerPlan``: their name, KV transfer and own figures."""
+    """What the engine plans add to ``ServerPlan``: their name, KV transfer and own figures
+    (and the ``ServerPlan`` methods most plans share)."""
 
     engine: str = ""
+
+    def first_token_ns(self) -> int:
+        raise NotImplementedError
+
+    def server_ttft_ns(self) -> int | None:
+        return self.first_token_ns()
+
+    def tokens(self) -> tuple[int | None, int | None]:
+        return None, None
 
     def kv_transfer_ns(self) -> int | None:
         return None
@@ -200,14 +211,38 @@ def _trtllm_attributes(
     }
 
 
+def _trtllm_span(
+    tb: TraceBuilder,
+    host: Host,
+    parent: bytes | None,
+    start: int,
+    duration: int,
+    attributes: Mapping[str, Any],
+    events: Sequence[tuple[str, int, Mapping[str, Any]]] = (),
+) -> bytes:
+    """TensorRT-LLM's ``llm_request`` (SERVER) of one server."""
+    return tb.add(
+        host,
+        SCOPE_TRTLLM,
+        "llm_request",
+        SERVER,
+        start,
+        start + duration,
+        parent=parent,
+        attributes=attributes,
+        events=events,
+    )
+
+
 @dataclass(frozen=True)
-class TrtllmServer(EnginePlan):
+class TrtllmServer(VllmV0Server, EnginePlan):
     """``trtllm-serve`` with ``--otlp_traces_endpoint`` (and ``return_perf_metrics``): one
     ``llm_request`` SERVER span per request, from the executor's arrival (child of the request's
     ``traceparent``), ended when the result is traced after the last token; latencies in float
     seconds from the request's perf metrics: ``time_in_queue`` = first scheduled - arrival,
     ``time_to_first_token`` = first token - arrival, ``e2e`` = last token - arrival. No model
-    name. ``tail``: last token -> span end."""
+    name. The timeline is the older vLLM engine's (``VllmV0Server``): queue, prefill, decode
+    from the arrival, ``tail`` after the last token."""
 
     engine = "trtllm"
     model: str = "llama-3.1-8b"
@@ -217,27 +252,7 @@ class TrtllmServer(EnginePlan):
     tail: int = 2 * MS
     prompt_tokens: int = 700
     completion_tokens: int = 80
-    request_id: int = 7
-
-    def duration(self) -> int:
-        return self.queue + self.prefill + self.decode + self.tail
-
-    def first_token_ns(self) -> int:
-        return self.queue + self.prefill
-
-    def server_ttft_ns(self) -> int | None:
-        return self.first_token_ns()
-
-    def tokens(self) -> tuple[int | None, int | None]:
-        return self.prompt_tokens, self.completion_tokens
-
-    def buckets(self) -> dict[str, int]:
-        return {
-            "queue": self.queue,
-            "prefill": self.prefill,
-            "decode": self.decode,
-            "other": self.tail,
-        }
+    request_id: int = 7  # the executor's integer id
 
     def figures(self) -> dict[str, int]:
         return {
@@ -246,8 +261,8 @@ class TrtllmServer(EnginePlan):
             "e2e": self.queue + self.prefill + self.decode,
         }
 
-    def emit(self, tb: TraceBuilder, host: Host, parent: bytes | None, start: int) -> bytes:
-        attrs = _trtllm_attributes(
+    def attributes(self) -> dict[str, Any]:
+        return _trtllm_attributes(
             queue=self.queue,
             ttft=self.queue + self.prefill,
             e2e=self.queue + self.prefill + self.decode,
@@ -256,10 +271,9 @@ class TrtllmServer(EnginePlan):
             request_id=self.request_id,
             finish_reason="stop",
         )
-        end = start + self.duration()
-        return tb.add(
-            host, SCOPE_TRTLLM, "llm_request", SERVER, start, end, parent=parent, attributes=attrs
-        )
+
+    def emit(self, tb: TraceBuilder, host: Host, parent: bytes | None, start: int) -> bytes:
+        return _trtllm_span(tb, host, parent, start, self.duration(), self.attributes())
 
 
 @dataclass(frozen=True)
@@ -295,16 +309,7 @@ class TrtllmContextLeg:
             request_id=self.request_id,
             finish_reason="not_finished",
         )
-        return tb.add(
-            host,
-            SCOPE_TRTLLM,
-            "llm_request",
-            SERVER,
-            start,
-            start + self.duration(),
-            parent=parent,
-            attributes=attrs,
-        )
+        return _trtllm_span(tb, host, parent, start, self.duration(), attrs)
 
 
 @dataclass(frozen=True)
@@ -357,16 +362,14 @@ class TrtllmGenerationLeg:
         )
         attrs["gen_ai.latency.kv_cache_transfer_time"] = seconds(self.kv)
         ts = start + self.setup
-        return tb.add(
+        return _trtllm_span(
+            tb,
             host,
-            SCOPE_TRTLLM,
-            "llm_request",
-            SERVER,
+            parent,
             start,
-            start + self.duration(),
-            parent=parent,
-            attributes=attrs,
-            events=[
+            self.duration(),
+            attrs,
+            [
                 ("kv_cache_transfer_start", ts, {}),
                 ("kv_cache_transfer_end", ts + self.kv, {"kv_cache_size": self.kv_cache_size}),
             ],
@@ -418,9 +421,6 @@ class TrtllmDisaggServer(EnginePlan):
 
     def first_token_ns(self) -> int:
         return self.route + self.ctx.first_token_ns()
-
-    def server_ttft_ns(self) -> int | None:
-        return self.first_token_ns()
 
     def tokens(self) -> tuple[int | None, int | None]:
         return self.ctx.prompt_tokens, self.gen.completion_tokens
@@ -740,12 +740,6 @@ class TritonServer(EnginePlan):
     def first_token_ns(self) -> int:
         return self._layout().first_token
 
-    def server_ttft_ns(self) -> int | None:
-        return self.first_token_ns()
-
-    def tokens(self) -> tuple[int | None, int | None]:
-        return None, None
-
     def buckets(self) -> dict[str, int]:
         layout = self._layout()
         return paint((0, layout.end), layout.intervals)
@@ -869,12 +863,6 @@ class TgiServer(EnginePlan):
     def first_token_ns(self) -> int:
         return self._marks()["first"]
 
-    def server_ttft_ns(self) -> int | None:
-        return self.first_token_ns()
-
-    def tokens(self) -> tuple[int | None, int | None]:
-        return None, None
-
     def buckets(self) -> dict[str, int]:
         m = self._marks()
         return {
@@ -980,10 +968,10 @@ class TgiServer(EnginePlan):
 
 
 @dataclass(frozen=True)
-class VllmDetailedServer(EnginePlan):
+class VllmDetailedServer(VllmV0Server, EnginePlan):
     """vLLM's older engine with ``--collect-detailed-traces`` (vllm/engine/llm_engine.py
     ``create_trace_span``): the ``llm_request`` of ``VllmV0Server`` (queue, TTFT and e2e in float
-    seconds, ``gen_ai.response.model``, no prefill/decode split) plus, per ``modules``, sums over
+    seconds, ``gen_ai.response.model``, no prefill/decode split) with, per ``modules``, sums over
     the request's steps: ``time_in_scheduler`` (seconds the scheduler spent on the steps it was
     in), ``time_in_model_forward`` (``model``/``all``: the GPU forward time, measured in ms with
     CUDA events and written divided by 1000, so seconds) and ``time_in_model_execute``
@@ -992,42 +980,14 @@ class VllmDetailedServer(EnginePlan):
     accepts the flag and writes none of them."""
 
     engine = "vllm-detailed"
-    model: str = "llama-3-8b"
-    queue: int = 50 * MS
-    prefill: int = 150 * MS
-    decode: int = 500 * MS
-    tail: int = 1 * MS
     scheduler: int = 4 * MS
     forward: int = 560 * MS
     execute: int = 610 * MS
     modules: tuple[str, ...] = ("all",)
-    prompt_tokens: int = 600
-    completion_tokens: int = 64
-    request_id: str = "cmpl-0"
 
     def __post_init__(self) -> None:
         if not self.forward <= self.execute <= self.prefill + self.decode:
             raise ValueError("forward <= execute <= prefill + decode")
-
-    def duration(self) -> int:
-        return self.queue + self.prefill + self.decode + self.tail
-
-    def first_token_ns(self) -> int:
-        return self.queue + self.prefill
-
-    def server_ttft_ns(self) -> int | None:
-        return self.first_token_ns()
-
-    def tokens(self) -> tuple[int | None, int | None]:
-        return self.prompt_tokens, self.completion_tokens
-
-    def buckets(self) -> dict[str, int]:
-        return {
-            "queue": self.queue,
-            "prefill": self.prefill,
-            "decode": self.decode,
-            "other": self.tail,
-        }
 
     def _forward_on(self) -> bool:
         return bool({"model", "all"} & set(self.modules))
@@ -1043,36 +1003,19 @@ class VllmDetailedServer(EnginePlan):
             out["time_in_model_execute"] = self.execute
         return out
 
-    def emit(self, tb: TraceBuilder, host: Host, parent: bytes | None, start: int) -> bytes:
-        attrs: dict[str, Any] = {
-            "gen_ai.response.model": self.model,
-            "gen_ai.request.id": self.request_id,
-            "gen_ai.request.temperature": 0.7,
-            "gen_ai.request.top_p": 0.9,
-            "gen_ai.request.max_tokens": 1024,
-            "gen_ai.request.n": 1,
-            "gen_ai.usage.num_sequences": 1,
-            "gen_ai.usage.prompt_tokens": self.prompt_tokens,
-            "gen_ai.usage.completion_tokens": self.completion_tokens,
-            "gen_ai.latency.time_in_queue": seconds(self.queue),
-            "gen_ai.latency.time_to_first_token": seconds(self.queue + self.prefill),
-            "gen_ai.latency.e2e": seconds(self.queue + self.prefill + self.decode),
-            "gen_ai.latency.time_in_scheduler": seconds(self.scheduler),
+    def attributes(self) -> dict[str, Any]:
+        detailed = ("scheduler", "model_forward", "model_execute")
+        attrs = {
+            k: v
+            for k, v in super().attributes().items()
+            if k.removeprefix("gen_ai.latency.time_in_") not in detailed
         }
+        attrs["gen_ai.latency.time_in_scheduler"] = seconds(self.scheduler)
         if self._forward_on():
             attrs["gen_ai.latency.time_in_model_forward"] = (self.forward / MS) / 1000.0
         if self._execute_on():
             attrs["gen_ai.latency.time_in_model_execute"] = seconds(self.execute)
-        return tb.add(
-            host,
-            SCOPE_VLLM,
-            "llm_request",
-            SERVER,
-            start,
-            start + self.duration(),
-            parent=parent,
-            attributes=attrs,
-        )
+        return attrs
 
 
 #: Child span names of ``llm_request`` per style: the upstream proposal (vllm-project/vllm PR
@@ -1085,27 +1028,18 @@ VLLM_STAGE_NAMES: Final = {
 
 
 @dataclass(frozen=True)
-class VllmStageServer(EnginePlan):
-    """vLLM v1's ``llm_request`` with the request's lifecycle as child spans (INTERNAL):
-    queue [queued, scheduled], prefill [scheduled, first token], decode [first token, last token],
-    named per ``style`` (``VLLM_STAGE_NAMES``). ``kv`` (upstream style only): a decode instance of
-    a prefill/decode pair waiting for the remote KV cache, ``vllm_async_kv_transfer`` between
-    scheduling and its prefill; the span's own ``time_in_model_prefill`` (first token -
-    scheduled) includes that wait, the child spans tell it apart. ``lead``: arrival -> queued,
-    ``tail``: last token -> span end."""
+class VllmStageServer(VllmV1Server, EnginePlan):
+    """vLLM v1's ``llm_request`` (``VllmV1Server``) with the request's lifecycle as child spans
+    (INTERNAL): queue [queued, scheduled], prefill [scheduled, first token], decode [first token,
+    last token], named per ``style`` (``VLLM_STAGE_NAMES``). ``kv`` (upstream style only): a
+    decode instance of a prefill/decode pair waiting for the remote KV cache,
+    ``vllm_async_kv_transfer`` between scheduling and its prefill; the span's own
+    ``time_in_model_prefill`` (first token - scheduled) includes that wait, the child spans tell
+    it apart. ``lead``: arrival -> queued, ``tail``: last token -> span end."""
 
     engine = "vllm-stages"
-    model: str = "llama-3-8b"
     style: str = "upstream"
-    lead: int = 3 * MS
-    queue: int = 50 * MS
     kv: int = 0
-    prefill: int = 150 * MS
-    decode: int = 500 * MS
-    tail: int = 2 * MS
-    prompt_tokens: int = 600
-    completion_tokens: int = 64
-    request_id: str = "chatcmpl-0"
 
     def __post_init__(self) -> None:
         if self.style not in VLLM_STAGE_NAMES:
@@ -1113,39 +1047,14 @@ class VllmStageServer(EnginePlan):
         if self.kv and self.style != "upstream":
             raise ValueError("only the upstream style names the KV transfer")
 
-    def _v1(self) -> VllmV1Server:
-        """The same request as vLLM's own attributes tell it (KV wait inside prefill)."""
-        return VllmV1Server(
-            model=self.model,
-            lead=self.lead,
-            queue=self.queue,
-            prefill=self.kv + self.prefill,
-            decode=self.decode,
-            tail=self.tail,
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens,
-            request_id=self.request_id,
-        )
-
     def duration(self) -> int:
-        return self._v1().duration()
+        return super().duration() + self.kv
 
     def first_token_ns(self) -> int:
-        return self._v1().first_token_ns()
-
-    def server_ttft_ns(self) -> int | None:
-        return self.first_token_ns()
-
-    def tokens(self) -> tuple[int | None, int | None]:
-        return self.prompt_tokens, self.completion_tokens
+        return super().first_token_ns() + self.kv
 
     def buckets(self) -> dict[str, int]:
-        return {
-            "queue": self.queue,
-            "prefill": self.prefill,
-            "decode": self.decode,
-            "other": self.lead + self.kv + self.tail,
-        }
+        return {**super().buckets(), "other": self.lead + self.kv + self.tail}
 
     def kv_transfer_ns(self) -> int | None:
         return self.kv or None
@@ -1153,8 +1062,16 @@ class VllmStageServer(EnginePlan):
     def figures(self) -> dict[str, int]:
         return {"time_in_queue": self.queue, "time_in_model_prefill": self.kv + self.prefill}
 
+    def attributes(self) -> dict[str, Any]:
+        # vLLM's own figures count the KV wait as prefill: first token - scheduled.
+        return {
+            **super().attributes(),
+            "gen_ai.latency.time_in_model_prefill": seconds(self.kv + self.prefill),
+            "gen_ai.latency.time_in_model_inference": seconds(self.kv + self.prefill + self.decode),
+        }
+
     def emit(self, tb: TraceBuilder, host: Host, parent: bytes | None, start: int) -> bytes:
-        sid = self._v1().emit(tb, host, parent, start)
+        sid = super().emit(tb, host, parent, start)
         queue, prefill, decode = VLLM_STAGE_NAMES[self.style]
         t = start + self.lead
         stages = [(queue, self.queue)]
@@ -1273,9 +1190,6 @@ class DynamoServer(EnginePlan):
 
     def first_token_ns(self) -> int:
         return self._starts()[0] + self.wlead + self.legs[0].first_token_ns()
-
-    def server_ttft_ns(self) -> int | None:
-        return self.first_token_ns()
 
     def tokens(self) -> tuple[int | None, int | None]:
         first, last = self.legs[0], self.legs[-1]

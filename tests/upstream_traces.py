@@ -571,9 +571,9 @@ class VllmV0Server:
             "other": self.tail,
         }
 
-    def emit(self, tb: TraceBuilder, host: Host, parent: bytes | None, start: int) -> bytes:
+    def attributes(self) -> dict[str, Any]:
         e2e = self.queue + self.prefill + self.decode
-        attrs = {
+        return {
             "gen_ai.response.model": self.model,
             "gen_ai.request.id": self.request_id,
             "gen_ai.request.temperature": 0.7,
@@ -592,6 +592,8 @@ class VllmV0Server:
             ),
             "gen_ai.latency.time_in_model_execute": _seconds(self.prefill + self.decode),
         }
+
+    def emit(self, tb: TraceBuilder, host: Host, parent: bytes | None, start: int) -> bytes:
         return tb.add(
             host,
             SCOPE_VLLM,
@@ -600,7 +602,7 @@ class VllmV0Server:
             start,
             start + self.duration(),
             parent=parent,
-            attributes=attrs,
+            attributes=self.attributes(),
         )
 
 
