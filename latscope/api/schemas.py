@@ -323,6 +323,7 @@ RUN_EXAMPLE = {
     "path": [{"span_id": "00f067aa0ba902b7", "name": "chat llama-3-8b", "category": "llm",
               "bucket": "queue", "request_id": ATTRIBUTION_EXAMPLE["request_id"],
               "start_ms": 100.0, "end_ms": 200.0}],
+    "cycles": [],
 }  # fmt: skip
 
 
@@ -340,6 +341,10 @@ class Run(Answer):
     calls: list[RunCall] = Field(description="every inference call, by start")
     tools: list[RunTool] = Field(description="every tool call, by start")
     path: list[PathStep]
+    cycles: list[str] = Field(
+        description="spans whose parent link closed a cycle (a span its own ancestor, as a "
+        "client sent it): that link is left out and the rest of the trace explained"
+    )
 
 
 class TraceExplain(Answer):

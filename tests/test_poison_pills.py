@@ -1,0 +1,185 @@
+"""No poison pill: what one client sends can neither stop attribution nor fail an answer for a
+trace (issue 44). Values beyond any sensible range, cycles in the parent links and chains deeper
+than Python's stack go through the real server and both attribution paths."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+import grpc
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from latscope.attribution.engine import attribute_requests
+from latscope.attribution.model import SpanRecord
+from latscope.attribution.runs import explain_run
+from latscope.semconv import SpanKind, VllmAttributes
+from latscope.storage import Store
+from tests.attribution_support import sql_check
+from tests.serve_support import Server
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+MS = 1_000_000
+#: Values a client can write where the rules read a number: past every range a figure can have.
+EXTREMES = ("1e308", "-1e308", "1e999", "-1e999", "9" * 40, "-" + "9" * 40, "1e-320", "0")
+
+
+def _value(v: float | int | str) -> common_pb2.AnyValue:
+    if isinstance(v, float):
+        return common_pb2.AnyValue(double_value=v)
+    if isinstance(v, int):
+        return common_pb2.AnyValue(int_value=v)
+    return common_pb2.AnyValue(string_value=v)
+
+
+def _span(
+    trace_id: bytes,
+    span_id: bytes,
+    parent: bytes = b"",
+    *,
+    name: str = "op",
+    kind: int = trace_pb2.Span.SPAN_KIND_INTERNAL,
+    start: int,
+    duration: int = 100 * MS,
+    attrs: Sequence[tuple[str, float | int | str]] = (),
+) -> trace_pb2.Span:
+    return trace_pb2.Span(
+        trace_id=trace_id, span_id=span_id, parent_span_id=parent, name=name, kind=kind,
+        start_time_unix_nano=start, end_time_unix_nano=start + duration,
+        attributes=[common_pb2.KeyValue(key=k, value=_value(v)) for k, v in attrs],
+    )  # fmt: skip
+
+
+def _send(server: Server, spans: list[trace_pb2.Span], service: str = "poison") -> None:
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.add(key="service.name", value=_value(service))
+    rs.scope_spans.add().spans.extend(spans)
+    with grpc.insecure_channel(server.grpc) as channel:
+        call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+        call(request.SerializeToString(), timeout=30)
+
+
+def _metric(server: Server, name: str) -> float:
+    for line in httpx.get(server.url("/metrics"), timeout=10).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not on /metrics")
+
+
+def _vllm_trace(trace_id: bytes, start: int, ttft: float | str) -> list[trace_pb2.Span]:
+    """One vLLM ``llm_request`` span (no client) with its latency figures."""
+    figures = [
+        (VllmAttributes.TIME_TO_FIRST_TOKEN, ttft),
+        (VllmAttributes.E2E, 0.3),
+        (VllmAttributes.TIME_IN_QUEUE, ttft),
+        (VllmAttributes.TIME_IN_MODEL_DECODE, ttft),
+    ]
+    server = trace_pb2.Span.SPAN_KIND_SERVER
+    return [
+        _span(
+            trace_id,
+            os.urandom(8),
+            name="llm_request",
+            kind=server,
+            start=start,
+            duration=300 * MS,
+            attrs=figures,
+        )
+    ]
+
+
+def _record(span_id: str, parent: str, start_ms: int, end_ms: int, **attrs: str) -> SpanRecord:
+    return SpanRecord(
+        span_id=span_id, parent_span_id=parent, name=span_id, kind=SpanKind.SERVER,
+        service="svc", start_ns=start_ms * MS, duration_ns=(end_ms - start_ms) * MS,
+        attributes=dict(attrs),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("value", EXTREMES)
+def test_extreme_figures_attribute_alike_in_both_paths(store: Store, value: str) -> None:
+    # Each latency figure and GPU-free value the rules read, at a value no figure can have:
+    # both paths answer (the reference engine without OverflowError, the SQL without
+    # CANNOT_CONVERT_TYPE) and answer the same.
+    keys = [
+        VllmAttributes.TIME_IN_QUEUE, VllmAttributes.TIME_TO_FIRST_TOKEN,
+        VllmAttributes.TIME_IN_MODEL_PREFILL, VllmAttributes.TIME_IN_MODEL_DECODE,
+        VllmAttributes.E2E, "gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens",
+    ]  # fmt: skip
+    spans = [_record("00000000000000a1", "", 0, 300, **dict.fromkeys(keys, value))]
+    got = sql_check(store, {"extreme": spans})["extreme"]
+    assert len(got) == 1 and sum(v or 0 for v in got[0].buckets_ns.values()) == 300 * MS
+
+
+def test_a_cycle_or_a_deep_chain_is_walked_without_recursion() -> None:
+    self_parent = [_record("0000000000000001", "0000000000000001", 0, 100)]
+    two = [
+        _record("0000000000000001", "0000000000000002", 0, 100),
+        _record("0000000000000002", "0000000000000001", 10, 90),
+    ]
+    three = [
+        _record("0000000000000001", "0000000000000003", 0, 100),
+        _record("0000000000000002", "0000000000000001", 10, 90),
+        _record("0000000000000003", "0000000000000002", 20, 80),
+    ]
+    for spans in (self_parent, two, three):
+        run = explain_run("t", spans)
+        assert run is not None and run.cycles, spans
+        assert run.app_ns + run.tool_ns + sum(run.llm_ns.values()) == run.e2e_ns
+        attribute_requests("t", spans)
+    # Far deeper than Python's recursion limit, each span inside its parent.
+    deep = [
+        _record(f"{i + 1:016x}", f"{i:016x}" if i else "", i, 100_000 - i) for i in range(20_000)
+    ]
+    run = explain_run("t", deep)
+    assert run is not None and not run.cycles and run.app_ns == run.e2e_ns
+
+
+@pytest.mark.subprocess
+def test_a_poison_figure_neither_stops_attribution_nor_fails_a_route(serve: Server) -> None:
+    # A TTFT of 1e308 once failed every attribution pass that read it, for good, and the
+    # per-request routes with a 500; the traces around it were never attributed.
+    now = time.time_ns()
+    poison, good = os.urandom(16), os.urandom(16)
+    before = _metric(serve, "latscope_attributed_requests_total")
+    _send(serve, _vllm_trace(poison, now - 2_000 * MS, 1e308) + _vllm_trace(good, now, 0.05))
+    for trace_id in (poison, good):
+        r = httpx.get(serve.url(f"/v1/requests/{trace_id.hex()}/attribution"), timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["e2e_ms"] == 300.0
+    deadline = time.monotonic() + 60
+    while _metric(serve, "latscope_attributed_requests_total") < before + 2:
+        assert time.monotonic() < deadline, "the attributor stopped at the poison figure"
+        time.sleep(0.2)
+    assert "CANNOT_CONVERT_TYPE" not in serve.text()
+
+
+@pytest.mark.subprocess
+def test_cycles_in_a_trace_are_answered_with_the_cycle_named(serve: Server) -> None:
+    now = time.time_ns() - 1_000 * MS
+    a, b, c = os.urandom(8), os.urandom(8), os.urandom(8)
+    traces = {
+        "self": (os.urandom(16), [(a, a)]),
+        "two": (os.urandom(16), [(a, b), (b, a)]),
+        "three": (os.urandom(16), [(a, c), (b, a), (c, b)]),
+    }
+    for trace_id, links in traces.values():
+        _send(serve, [
+            _span(trace_id, span_id, parent, start=now + i * MS, duration=(50 - 2 * i) * MS,
+                  kind=trace_pb2.Span.SPAN_KIND_SERVER)
+            for i, (span_id, parent) in enumerate(links)
+        ])  # fmt: skip
+    for name, (trace_id, links) in traces.items():
+        for route in ("/run", "", "/spans", "/requests"):
+            r = httpx.get(serve.url(f"/v1/traces/{trace_id.hex()}{route}"), timeout=30)
+            assert r.status_code == 200, (name, route, r.text[:300])
+        run = httpx.get(serve.url(f"/v1/traces/{trace_id.hex()}/run"), timeout=30).json()
+        assert run["cycles"], (name, run)
+        spans = httpx.get(serve.url(f"/v1/traces/{trace_id.hex()}"), timeout=30).json()["spans"]
+        assert len(spans) == len(links) and max(s["depth"] for s in spans) < len(links)
