@@ -40,9 +40,10 @@ tells the rows of one pass from every other's: the slice's end for its last batc
 earlier batch of a cut slice a time just after the slice's start (``after_us + 1``, ``+ 2``, ...,
 fewer than ``MAX_CUTS``), never one that rows of this shard may already hold (``_markers``: a
 slice planned again, or the first after a restart, whose start another attributor's or the last
-run's markers follow). After a restart the watermark resumes ``MAX_CUTS`` us before the largest
-one, so a slice stopped between its batches is redone from its start (work after it is redone,
-harmlessly).
+run's markers follow). After a restart the watermark resumes a slice's width (``step_s``) and
+``MAX_CUTS`` us before the largest one, so the last slice written is redone from its start,
+whether it stopped between its batches or between a batch's rows and its tombstones (work after
+it is redone, harmlessly: the same rows, and the tombstones that were missing).
 
 Cadence. A pass with work costs ClickHouse's analysis of its statements (~1 s of CPU whatever the
 slice's size) on top of the work itself, so under load the attributor waits longer between
@@ -371,8 +372,12 @@ class Attributor(Poller):
     def _resume(self) -> int:
         value = self.store.query_rows(self._sql.resume, self._params())[0][0]
         # An empty table answers the epoch: start from the beginning of the spans table. Back by
-        # MAX_CUTS: a slice's batches but its last record times within that of its start.
-        start = max(0, int(value or 0) - MAX_CUTS)
+        # a whole slice and MAX_CUTS, so the last slice written is redone from its start: a kill
+        # between a batch's rows and its tombstones (a request whose key moved, left with two
+        # live rows), or between its two statements, is mended by the redo, which writes the
+        # same rows again and the tombstones it finds missing (issue 44). A slice spans at most
+        # step_us; its batches but the last record times within MAX_CUTS of its start.
+        start = max(0, int(value or 0) - self.step_us - MAX_CUTS)
         # The markers the first slice's batches could be given that rows of this shard hold.
         taken = self.store.query_rows(self._sql.markers, self._params(after_us=start))
         self._taken = {int(m) for (m,) in taken}

@@ -18,6 +18,7 @@ from latscope.collector.spool import Spool, SpoolError
 from latscope.collector.writer import BatchWriter, JournalWriter, WriterConfig
 from latscope.config import Settings
 from latscope.parts import Parts
+from latscope.rpc import register
 from latscope.storage import METRICS_TABLE, SPANS_TABLE, Store
 
 log = logging.getLogger("latscope.collector")
@@ -123,8 +124,10 @@ def collector_parts(settings: Settings, store: Store) -> Parts:
     return Parts(
         grpc_servicers=[
             TraceReceiver(collector.ingest).register,
-            lambda server: metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
-                MetricsReceiver(collector.ingest), server
+            lambda server: register(
+                metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server,
+                MetricsReceiver(collector.ingest),
+                server,
             ),
         ],
         http_routers=[otlp_http_router(collector.ingest, settings.grpc_max_message_bytes)],

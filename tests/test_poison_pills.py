@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 import httpx
@@ -183,3 +184,187 @@ def test_cycles_in_a_trace_are_answered_with_the_cycle_named(serve: Server) -> N
         assert run["cycles"], (name, run)
         spans = httpx.get(serve.url(f"/v1/traces/{trace_id.hex()}"), timeout=30).json()["spans"]
         assert len(spans) == len(links) and max(s["depth"] for s in spans) < len(links)
+
+
+class _Killed(BaseException):
+    """The process dies here (kill -9): nothing after it runs."""
+
+
+class _DiesBeforeTombstones:
+    """The store, but the attributor's process is killed as it is about to write tombstones."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    def command(self, sql: str, parameters: dict | None = None) -> object:
+        if "IsDeleted, SpansIngestedAt)" in sql:
+            raise _Killed
+        return self._store.command(sql, parameters)
+
+
+def test_a_kill_between_a_moved_row_and_its_tombstone_leaves_one_live_row(store: Store) -> None:
+    from latscope.attribution.attributor import Attributor
+    from latscope.storage import SPANS_TABLE
+    from tests.attribution_support import T0, server_spans, span_rows
+
+    trace_id = os.urandom(16).hex()
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))
+    Attributor(store, settle_s=0).run_until_idle()  # a row keyed by the server span
+    time.sleep(0.01)
+    # The client span arrives late: the request's key moves to it (another start, another hour).
+    client = {"id": "c1" * 8, "kind": "Client", "start": T0 - 3_600_000 * MS, "end": T0 + 2000 * MS}
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [client]))
+    with pytest.raises(_Killed):
+        Attributor(_DiesBeforeTombstones(store), settle_s=0).run_until_idle()  # type: ignore[arg-type]
+    live = "SELECT RequestSpanId FROM latscope_attribution FINAL WHERE TraceId = {t:String}"
+    assert len(store.query_rows(live, {"t": trace_id})) == 2  # killed between the two
+    Attributor(store, settle_s=0).run_until_idle()  # the restarted process
+    assert store.query_rows(live, {"t": trace_id}) == [("c1" * 8,)]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _live_rows(server: Server) -> dict[str, int]:
+    """Trace id -> live attribution rows (after FINAL), from the API's Parquet export."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    r = httpx.get(server.url("/v1/export/requests"), params={"since": "2d"}, timeout=60)
+    r.raise_for_status()
+    counts: dict[str, int] = {}
+    for trace_id in pq.read_table(io.BytesIO(r.content)).column("TraceId").to_pylist():
+        counts[trace_id] = counts.get(trace_id, 0) + 1
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_repeated_kills_while_client_spans_arrive_late_leave_one_live_row_per_call(
+    tmp_path: Path,
+) -> None:
+    # Each call's server span is sent first and its client span 0.5-4 s later (a client exporting
+    # later than its server, as in production), so the attributor often writes a row keyed by
+    # the server span and must then move it to the client's key. latscope serve is killed -9
+    # every few seconds meanwhile; every call must end with exactly one live row.
+    import random
+    import signal
+    import threading
+
+    from tests.serve_support import start_serve
+
+    rng = random.Random(44)
+    ports = ("--otlp-grpc", f"127.0.0.1:{_free_port()}", "--http", f"127.0.0.1:{_free_port()}")
+    args = (*ports, "--attribution-settle-s", "0.5", "--attribution-poll-s", "0.2")
+    server = start_serve(tmp_path / "store", *args)
+    halt = threading.Event()
+    sent: list[str] = []
+    pending: list[tuple[float, list[trace_pb2.Span]]] = []
+
+    def export(spans: list[trace_pb2.Span]) -> None:
+        request = trace_service_pb2.ExportTraceServiceRequest()
+        rs = request.resource_spans.add()
+        rs.resource.attributes.add(key="service.name", value=_value("kill-test"))
+        rs.scope_spans.add().spans.extend(spans)
+        while True:  # until acknowledged: the server may be down or starting
+            try:
+                with grpc.insecure_channel(ports[1]) as channel:
+                    call = channel.unary_unary(
+                        EXPORT, request_serializer=None, response_deserializer=None
+                    )
+                    call(request.SerializeToString(), timeout=10)
+                return
+            except grpc.RpcError:
+                time.sleep(0.2)
+
+    def sender() -> None:
+        while not halt.is_set() or pending:
+            now = time.time_ns()
+            due = [spans for at, spans in pending if at <= time.monotonic()]
+            pending[:] = [(at, spans) for at, spans in pending if at > time.monotonic()]
+            if not halt.is_set():
+                trace_id, client, server_id = os.urandom(16), os.urandom(8), os.urandom(8)
+                start = now - 500 * MS
+                client_span = _span(
+                    trace_id, client, name="chat", kind=trace_pb2.Span.SPAN_KIND_CLIENT,
+                    start=start, duration=400 * MS,
+                )  # fmt: skip
+                server_span = _span(
+                    trace_id, server_id, client, name="generate",
+                    kind=trace_pb2.Span.SPAN_KIND_SERVER, start=start + 20 * MS,
+                    duration=300 * MS, attrs=[("gen_ai.request.model", "m")],
+                )  # fmt: skip
+                due.append([server_span])
+                pending.append((time.monotonic() + rng.uniform(0.5, 4.0), [client_span]))
+                sent.append(trace_id.hex())
+            for spans in due:
+                export(spans)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    try:
+        for _ in range(10):
+            time.sleep(rng.uniform(2.0, 4.0))
+            server.stop(signal.SIGKILL)
+            server = start_serve(tmp_path / "store", *args)
+        time.sleep(2)
+    finally:
+        halt.set()
+        thread.join(120)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            counts = _live_rows(server)
+            twice = {t: n for t, n in counts.items() if n > 1}
+            missing = [t for t in sent if t not in counts]
+            if not twice and not missing:
+                break
+            assert time.monotonic() < deadline, (len(sent), len(missing), twice)
+            time.sleep(1)
+    finally:
+        server.stop()
+    assert len(sent) > 200
+
+
+@pytest.mark.subprocess
+def test_garbage_to_grpc_methods_is_invalid_argument_logged_once_a_minute(serve: Server) -> None:
+    methods = [
+        "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+        "/latscope.v1.QueryService/GetAttribution",
+        "/latscope.v1.QueryService/ListRequests",
+        "/latscope.v1.QueryService/GetRun",
+        "/latscope.v1.QueryService/Summary",
+    ]
+    garbage = b"\xff\xff\xff\xff\x0f"  # a field number past the largest protobuf allows
+    with grpc.insecure_channel(serve.grpc) as channel:
+        for method in methods:
+            call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+            for _ in range(20):
+                with pytest.raises(grpc.RpcError) as info:
+                    call(garbage, timeout=10)
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, info.value)
+                assert "not a valid message" in info.value.details()
+        # Watch streams its answers; its garbage is refused the same way.
+        watch = channel.unary_stream(
+            "/latscope.v1.QueryService/Watch", request_serializer=None, response_deserializer=None
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            list(watch(garbage, timeout=10))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    deadline = time.monotonic() + 10
+    while sum("malformed gRPC request" in line for line in serve.output) < len(methods):
+        assert time.monotonic() < deadline, serve.text()[-2000:]
+        time.sleep(0.1)
+    lines = [line for line in serve.output if "malformed gRPC request" in line]
+    assert len(lines) == len(methods) + 1, lines  # one per method and cause, Watch's included
+    assert "Traceback" not in serve.text() and "Exception deserializing" not in serve.text()
