@@ -130,6 +130,10 @@ def collector_parts(settings: Settings, store: Store) -> Parts:
                 server,
             ),
         ],
-        http_routers=[otlp_http_router(collector.ingest, settings.grpc_max_message_bytes)],
+        http_routers=[
+            otlp_http_router(
+                collector.ingest, settings.grpc_max_message_bytes, settings.http_body_timeout_s
+            )
+        ],
         components=[collector],
     )

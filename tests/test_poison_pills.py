@@ -4,6 +4,7 @@ than Python's stack go through the real server and both attribution paths."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -368,3 +369,85 @@ def test_garbage_to_grpc_methods_is_invalid_argument_logged_once_a_minute(serve:
     lines = [line for line in serve.output if "malformed gRPC request" in line]
     assert len(lines) == len(methods) + 1, lines  # one per method and cause, Watch's included
     assert "Traceback" not in serve.text() and "Exception deserializing" not in serve.text()
+
+
+def _big_export(size: int) -> bytes:
+    """A valid Export of about ``size`` bytes: spans of 60 kB attribute values."""
+    trace_id, now = os.urandom(16), time.time_ns()
+    spans = [
+        _span(
+            trace_id,
+            os.urandom(8),
+            start=now - 10**9,
+            attrs=[(f"k{j}", "x" * 60_000) for j in range(16)],
+        )
+        for _ in range(max(1, size // 960_000))
+    ]
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.add(key="service.name", value=_value("big"))
+    rs.scope_spans.add().spans.extend(spans)
+    return request.SerializeToString()
+
+
+@pytest.mark.subprocess
+def test_peers_without_the_token_cannot_starve_authenticated_ingest(tmp_path: Path) -> None:
+    # 24 connections without the token each send the headers of a 15 MB body and 3 MB of it,
+    # then hold: the body once counted against the memory limit (64 MiB here) as it arrived, and
+    # authenticated Exports were refused over HTTP and gRPC alike. The token is checked first.
+    import socket
+
+    from tests.serve_support import start_serve
+
+    (tmp_path / "token").write_text("s3cret-token\n")
+    server = start_serve(
+        tmp_path / "store", "--token-file", str(tmp_path / "token"),
+        "--memory-limit-bytes", str(64 << 20), "--attributor", "off",
+        "--http-body-timeout-s", "3",
+    )  # fmt: skip
+    host, port = server.http.removeprefix("http://").split(":")
+    held = []
+    try:
+        for _ in range(24):
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            sock.sendall(
+                b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                b"Content-Length: 15000000\r\n\r\n"
+            )
+            # (answered and closed before all of it went: what is wanted)
+            with contextlib.suppress(OSError):
+                sock.sendall(b"\0" * (3 << 20))
+            held.append(sock)
+        for sock in held:
+            answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 401"), answer[:100]
+        payload = _big_export(5 << 20)
+        auth = {"authorization": "Bearer s3cret-token"}
+        for _ in range(5):
+            r = httpx.post(
+                server.url("/v1/traces"), content=payload, timeout=30,
+                headers={**auth, "content-type": "application/x-protobuf"},
+            )  # fmt: skip
+            assert r.status_code == 200, r.text
+            with grpc.insecure_channel(server.grpc, options=[
+                ("grpc.max_send_message_length", 16 << 20)
+            ]) as channel:  # fmt: skip
+                call = channel.unary_unary(
+                    EXPORT, request_serializer=None, response_deserializer=None
+                )
+                call(payload, timeout=30, metadata=(("authorization", "Bearer s3cret-token"),))
+        # An authenticated body that stops coming gives back what it holds after the timeout.
+        sock = socket.create_connection((host, int(port)), timeout=30)
+        sock.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-token\r\n"
+            b"Content-Type: application/x-protobuf\r\nContent-Length: 15000000\r\n\r\n"
+            + b"\0"
+            * (1 << 20)
+        )
+        assert sock.recv(4096).startswith(b"HTTP/1.1 408")
+        sock.close()
+        assert _metric(server, "latscope_collector_memory_bytes") < (1 << 20)
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
