@@ -86,6 +86,7 @@ class Collector:
             settings.token,
             histograms=self.histograms,
             memory=self.memory,
+            span_window=(settings.max_span_age_s, settings.max_span_future_s),
         )
         if not mapping.NATIVE:
             log.warning(
