@@ -160,6 +160,8 @@ def test_a_poison_figure_neither_stops_attribution_nor_fails_a_route(serve: Serv
         assert time.monotonic() < deadline, "the attributor stopped at the poison figure"
         time.sleep(0.2)
     assert "CANNOT_CONVERT_TYPE" not in serve.text()
+    set_aside = httpx.get(serve.url("/v1/attribution/set-aside"), timeout=30)
+    assert set_aside.status_code == 200 and set_aside.json() == {"traces": []}
 
 
 @pytest.mark.subprocess
@@ -581,3 +583,56 @@ def test_rows_clickhouse_refuses_take_no_other_senders_spans_with_them(tmp_path:
     assert _store_sql(store_dir, "SELECT count() FROM otel_traces WHERE SpanName = 'poison'") == [
         [1]
     ]
+
+
+def test_a_trace_attribution_fails_on_is_set_aside_and_the_others_go_on(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A value in the store that makes the attribution statement fail: token figures holding
+    # infinity, which another writer can store (latscope's collector computes them itself).
+    # The traces around it are attributed; it is set aside, counted, listed, and retried.
+    import math
+
+    import pyarrow as pa
+
+    from latscope.attribution import attributor as attributor_module
+    from latscope.attribution.attributor import Attributor
+    from latscope.storage import SPANS_TABLE
+    from tests.attribution_support import spans_table, stalls_call, write_resources
+
+    ids = [os.urandom(16).hex() for _ in range(5)]
+    poison = ids[2]
+    table = spans_table(dict.fromkeys(ids, stalls_call()))
+    figures = table.column("LatscopeTokenFigures").to_pylist()
+    rows = table.column("TraceId").to_pylist()
+    figures = [
+        [math.inf] * len(f) if t == poison and f else f for t, f in zip(rows, figures, strict=True)
+    ]
+    index = table.schema.get_field_index("LatscopeTokenFigures")
+    table = table.set_column(
+        index, "LatscopeTokenFigures", pa.array(figures, table.schema.field(index).type)
+    )
+    write_resources(store, table)
+    store.insert_arrow(SPANS_TABLE, table)
+    att = Attributor(store, settle_s=0)
+    att.run_until_idle()
+    attributed = (
+        "SELECT DISTINCT TraceId FROM latscope_attribution FINAL "
+        "WHERE has({t:Array(String)}, TraceId)"
+    )
+    assert {t for (t,) in store.query_rows(attributed, {"t": ids})} == set(ids) - {poison}
+    assert list(att.set_aside) == [poison]
+    assert "CANNOT_CONVERT_TYPE" in att.set_aside[poison].error
+    # Mended (here: the figures dropped, so they are computed from the offsets): the retry after
+    # the backoff attributes it.
+    store.command(
+        "ALTER TABLE otel_traces UPDATE LatscopeTokenFigures = [] WHERE TraceId = {t:String} "
+        "SETTINGS mutations_sync = 1",
+        {"t": poison},
+    )
+    monkeypatch.setattr(attributor_module, "RETRY_FIRST_S", 0.0)
+    att.set_aside[poison] = att.set_aside[poison]._replace(retry_at=0.0)
+    time.sleep(0.01)
+    att.run_until_idle()
+    assert not att.set_aside
+    assert {t for (t,) in store.query_rows(attributed, {"t": ids})} == set(ids)

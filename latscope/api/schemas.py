@@ -1258,3 +1258,19 @@ class BudgetSplit(Answer):
 # ObjectiveStatus names BudgetSplit, defined with the newer answers above.
 ObjectiveStatus.model_rebuild()
 Slo.model_rebuild()
+
+
+class SetAsideTrace(Answer):
+    """A trace the attributor failed on alone: set aside, the others attributed without it."""
+
+    trace_id: str
+    error: str = Field(description="why ClickHouse refused the statement for it")
+    attempts: int = Field(description="how many passes failed on it")
+    retry_in_s: float = Field(description="seconds until it is tried again (0: at the next pass)")
+
+
+class SetAsideTraces(Answer):
+    """The traces the attributor of this process has set aside (``latscope_attribution_set_aside
+    _traces``), each retried with a backoff that doubles up to an hour."""
+
+    traces: list[SetAsideTrace]
