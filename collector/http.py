@@ -14,6 +14,7 @@ import asyncio
 import base64
 import json
 import math
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -167,8 +168,15 @@ def otlp_http_router(ingest: Ingest, max_bytes: int, body_timeout_s: float = 30.
             return _status_response(exc.status, str(exc), json_body)
         except Refused as exc:
             retry = str(max(1, math.ceil(exc.retry_after_s)))
+            # Shutting down: the client is told to close this connection too, so none is left
+            # idle for the server's exit to close under a request the client sends just then.
+            close = {} if exc.exhausted else {"Connection": "close"}
             return _status_response(
-                429 if exc.exhausted else 503, str(exc), json_body, **{"Retry-After": retry}
+                429 if exc.exhausted else 503,
+                str(exc),
+                json_body,
+                **{"Retry-After": retry},
+                **close,
             )
         reply = respond(outcome)
         if json_body:
@@ -200,6 +208,7 @@ def otlp_http_router(ingest: Ingest, max_bytes: int, body_timeout_s: float = 30.
         from starlette.concurrency import run_in_threadpool
 
         json_body = request.headers.get("content-type", "").split(";")[0].strip() == JSON
+        ingest.last_arrival = time.monotonic()
         # The token before a byte of the body: a peer without it holds nothing of the memory
         # limit, which authenticated Exports share over HTTP and gRPC (issue 44). The unread
         # body ends the connection after the answer.

@@ -90,6 +90,8 @@ class Ingest:
         self.span_window = span_window
         self.token = token
         self.memory = memory or MemoryLimit(1 << 62)
+        #: When the last Export arrived (monotonic s): shutdown waits for senders to go quiet.
+        self.last_arrival = 0.0
         # One Export is mapped at a time. The GIL serialises this work anyway, and letting a
         # dozen handler threads interleave through the Python mapping cost about a third more
         # CPU per span in bench/ingest (GIL hand-offs and cache churn).
@@ -271,6 +273,7 @@ def retry_status(error: Refused) -> tuple[grpc.StatusCode, list[tuple[str, bytes
 
 
 def _check(ingest: Ingest, context: grpc.ServicerContext) -> None:
+    ingest.last_arrival = time.monotonic()
     if not ingest.authorized(metadata_authorization(context.invocation_metadata())):
         context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
 

@@ -107,6 +107,10 @@ class Collector:
         for writer in (self.metrics, *self.histograms.values()):
             writer.close_intake()
 
+    def quiet_s(self) -> float:
+        """Seconds since the last Export arrived (over gRPC or HTTP)."""
+        return time.monotonic() - self.ingest.last_arrival
+
     def stop(self, deadline: float) -> None:
         # Stop every intake at once, then drain; the deadline is shared.
         self.close_intake()

@@ -636,3 +636,89 @@ def test_a_trace_attribution_fails_on_is_set_aside_and_the_others_go_on(
     att.run_until_idle()
     assert not att.set_aside
     assert {t for (t,) in store.query_rows(attributed, {"t": ids})} == set(ids)
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_sigterm_under_load_cancels_no_export_and_leaves_no_request_unanswered(
+    tmp_path: Path,
+) -> None:
+    # 8 gRPC and 2 HTTP senders that retry as OTLP exporters do (UNAVAILABLE / 503: back off
+    # about a second). At SIGTERM each Export gets an answer: OK, or UNAVAILABLE / 503; none is
+    # CANCELLED by gRPC's own shutdown, no HTTP connection closes without an answer.
+    import random
+    import signal
+    import threading
+    from collections import Counter
+
+    from tests.serve_support import start_serve
+
+    outcomes: Counter[str] = Counter()
+    lock = threading.Lock()
+    for round_ in range(3):
+        server = start_serve(tmp_path / f"store-{round_}", "--attributor", "off")
+        stopped = threading.Event()
+
+        def note(outcome: str) -> None:
+            with lock:
+                outcomes[outcome] += 1
+
+        def payload() -> bytes:
+            trace_id, now = os.urandom(16), time.time_ns()
+            return _export_of([_span(trace_id, os.urandom(8), start=now) for _ in range(50)], "t")
+
+        def grpc_sender(
+            seed: int, server: Server = server, stopped: threading.Event = stopped
+        ) -> None:
+            rng = random.Random(seed)
+            with grpc.insecure_channel(server.grpc) as channel:
+                call = channel.unary_unary(
+                    EXPORT, request_serializer=None, response_deserializer=None
+                )
+                while not (stopped.is_set() and server.proc.poll() is not None):
+                    try:
+                        call(payload(), timeout=10)
+                        note("OK")
+                    except grpc.RpcError as exc:
+                        if (
+                            exc.code() == grpc.StatusCode.UNAVAILABLE
+                            and server.proc.poll() is not None
+                        ):
+                            return  # gone: the exporter's retries end here
+                        note(exc.code().name)
+                        time.sleep(rng.uniform(0.8, 1.2))
+
+        def http_sender(
+            seed: int, server: Server = server, stopped: threading.Event = stopped
+        ) -> None:
+            rng = random.Random(seed)
+            with httpx.Client(timeout=10) as client:
+                while not (stopped.is_set() and server.proc.poll() is not None):
+                    try:
+                        r = client.post(
+                            server.url("/v1/traces"), content=payload(),
+                            headers={"content-type": "application/x-protobuf"},
+                        )  # fmt: skip
+                        note(f"HTTP {r.status_code}")
+                        if r.status_code != 200:
+                            time.sleep(rng.uniform(0.8, 1.2))
+                    except httpx.ConnectError:
+                        if server.proc.poll() is not None:
+                            return
+                        time.sleep(0.2)
+                    except httpx.HTTPError as exc:
+                        note(f"HTTP {type(exc).__name__}")
+                        time.sleep(rng.uniform(0.8, 1.2))
+
+        threads = [threading.Thread(target=grpc_sender, args=(i,)) for i in range(8)]
+        threads += [threading.Thread(target=http_sender, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(2)
+        assert server.stop(signal.SIGTERM) == 0
+        stopped.set()
+        for t in threads:
+            t.join(60)
+    assert outcomes["OK"] and outcomes["HTTP 200"], outcomes
+    assert set(outcomes) <= {"OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED", "HTTP 200", "HTTP 503",
+                             "HTTP 429"}, outcomes  # fmt: skip
