@@ -178,8 +178,14 @@ def _bucket(name: str) -> int:
 
 def num(expr: str) -> str:
     """model.parse_float: a decimal number clamped to +-MAX_FLOAT, else NULL."""
-    value = f"least(greatest(toFloat64OrNull({expr}), -{MAX_FLOAT}), {MAX_FLOAT})"
+    value = clamp(f"toFloat64OrNull({expr})", MAX_FLOAT)
     return f"if(match({expr}, {literal(NUMBER.pattern)}), {value}, NULL)"
+
+
+def clamp(value: str, bound: float) -> str:
+    """``value`` clamped to [-bound, bound]; NULL stays NULL (ClickHouse's least and greatest
+    skip a NULL argument, so they would turn NULL into a bound)."""
+    return f"if(abs({value}) > {bound}, sign({value}) * {bound}, {value})"
 
 
 def parse_int(raw: str) -> str:
@@ -231,7 +237,7 @@ def int_list(valid: str, expr: str) -> str:
 
 def s2ns(expr: str) -> str:
     """engine.seconds_to_ns: float seconds clamped to +-MAX_SECONDS -> ns, rounded half up."""
-    return f"toInt64(floor(least(greatest({expr}, -{MAX_SECONDS}), {MAX_SECONDS}) * 1e9 + 0.5))"
+    return f"toInt64(floor({clamp(expr, MAX_SECONDS)} * 1e9 + 0.5))"
 
 
 def tokens(first: str, second: str) -> str:
