@@ -40,10 +40,10 @@ tells the rows of one pass from every other's: the slice's end for its last batc
 earlier batch of a cut slice a time just after the slice's start (``after_us + 1``, ``+ 2``, ...,
 fewer than ``MAX_CUTS``), never one that rows of this shard may already hold (``_markers``: a
 slice planned again, or the first after a restart, whose start another attributor's or the last
-run's markers follow). After a restart the watermark resumes a slice's width (``step_s``) and
-``MAX_CUTS`` us before the largest one, so the last slice written is redone from its start,
-whether it stopped between its batches or between a batch's rows and its tombstones (work after
-it is redone, harmlessly: the same rows, and the tombstones that were missing).
+run's markers follow). After a restart the watermark resumes ``MAX_CUTS`` us before the largest
+one, so a slice stopped between its batches is redone from its start (work after it is redone,
+harmlessly), and the tombstones of the batch with the largest one are written if a stop left
+them out (``_mend_moved``).
 
 Cadence. A pass with work costs ClickHouse's analysis of its statements (~1 s of CPU whatever the
 slice's size) on top of the work itself, so under load the attributor waits longer between
@@ -337,6 +337,29 @@ class Attributor(Poller):
             )
         return self._early_sql[versioned]
 
+    def _mend_moved(self, marker_us: int) -> None:
+        """The tombstones of the last batch written before a restart, if they are missing.
+
+        A process killed between a batch's rows and its tombstones left a request whose key moved
+        (a late client span) with two live rows, and a restart resumes after that batch, never
+        redoing it (issue 44). The tombstones statement over its rows (their marker is the
+        largest, ``marker_us``) writes what is missing and nothing when none is."""
+        first_ns, last_ns, rows = self.store.query_rows(
+            self._sql.marked, self._params(through_us=marker_us)
+        )[0]
+        if not int(rows):
+            return
+        params = self._params(
+            through_us=marker_us,
+            from_ns=max(0, int(first_ns) - self.reach_ns),
+            to_ns=min(int(last_ns) + self.reach_ns, 2**63 - 1),
+        )
+        missing = int(self.store.query_rows(self._sql.count_moved, params)[0][0])
+        if missing:
+            self.store.command(self._sql.tombstones, params)
+            TOMBSTONES.inc(missing)
+            log.warning("wrote %d tombstones a stop before them had left out", missing)
+
     def _markers(self, after_us: int, hi: int) -> tuple[list[int], int]:
         """The SpansIngestedAt values free for the batches of the slice ``(after_us, hi]``: for
         all but its last batch, times inside the slice, fewer than ``MAX_CUTS`` us after its
@@ -534,12 +557,10 @@ class Attributor(Poller):
     def _resume(self) -> int:
         value = self.store.query_rows(self._sql.resume, self._params())[0][0]
         # An empty table answers the epoch: start from the beginning of the spans table. Back by
-        # a whole slice and MAX_CUTS, so the last slice written is redone from its start: a kill
-        # between a batch's rows and its tombstones (a request whose key moved, left with two
-        # live rows), or between its two statements, is mended by the redo, which writes the
-        # same rows again and the tombstones it finds missing (issue 44). A slice spans at most
-        # step_us; its batches but the last record times within MAX_CUTS of its start.
-        start = max(0, int(value or 0) - self.step_us - MAX_CUTS)
+        # MAX_CUTS: a slice's batches but its last record times within that of its start.
+        start = max(0, int(value or 0) - MAX_CUTS)
+        if value:
+            self._mend_moved(int(value))
         # The markers the first slice's batches could be given that rows of this shard hold.
         taken = self.store.query_rows(self._sql.markers, self._params(after_us=start))
         self._taken = {int(m) for (m,) in taken}
@@ -885,6 +906,11 @@ class _Statements:
         self.resume = _no_jit(
             f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {table} WHERE 1 {mine}"
         )
+        #: The first and last start of the rows with a marker, and how many (``_mend_moved``).
+        self.marked = _no_jit(f"""
+SELECT toUnixTimestamp64Nano(min(Timestamp)), toUnixTimestamp64Nano(max(Timestamp)), count()
+FROM {table}
+WHERE SpansIngestedAt = fromUnixTimestamp64Micro({{through_us:Int64}}) {mine}""")
         #: The SpansIngestedAt values within MAX_CUTS us after where a restart resumes.
         self.markers = _no_jit(f"""
 SELECT DISTINCT toUnixTimestamp64Micro(SpansIngestedAt) FROM {table}
@@ -1100,7 +1126,7 @@ LAG = Gauge(
 
 def set_aside_router(attributor: Attributor, token: str) -> Any:
     """``GET /v1/attribution/set-aside``: the traces ``attributor`` has set aside."""
-    from fastapi import APIRouter, Request
+    from fastapi import APIRouter, Header
 
     from latscope.api.errors import ApiError
     from latscope.api.schemas import SetAsideTraces
@@ -1109,10 +1135,10 @@ def set_aside_router(attributor: Attributor, token: str) -> Any:
     router = APIRouter(tags=["attribution"])
 
     @router.get("/v1/attribution/set-aside", response_model=SetAsideTraces)
-    def set_aside(request: Request) -> SetAsideTraces:
+    def set_aside(authorization: str | None = Header(default=None)) -> SetAsideTraces:
         """Traces attribution failed on alone (a value ClickHouse refused, say): set aside so the
         others go on, and retried with a backoff. Empty when attribution is healthy."""
-        if not bearer_ok(request.headers.get("authorization"), token):
+        if not bearer_ok(authorization, token):
             raise ApiError(401, "unauthorized", UNAUTHORIZED)
         now = time.time()
         return SetAsideTraces.model_validate({"traces": [

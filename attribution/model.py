@@ -47,8 +47,10 @@ def parse_int(raw: str | None) -> int | None:
         return None
     if INTEGER.fullmatch(raw) and -_INT64 <= (exact := int(raw)) < _INT64:
         return exact
-    value = parse_float(raw)
-    if value is None or not math.isfinite(value) or not -_INT64 <= value < _INT64:
+    if not NUMBER.fullmatch(raw):
+        return None
+    value = float(raw)  # unclamped: beyond Int64 is absent, as in SQL
+    if not math.isfinite(value) or not -_INT64 <= value < _INT64:
         return None
     return int(value)
 
