@@ -42,7 +42,8 @@ fewer than ``MAX_CUTS``), never one that rows of this shard may already hold (``
 slice planned again, or the first after a restart, whose start another attributor's or the last
 run's markers follow). After a restart the watermark resumes ``MAX_CUTS`` us before the largest
 one, so a slice stopped between its batches is redone from its start (work after it is redone,
-harmlessly).
+harmlessly), and the tombstones of the batch with the largest one are written if a stop left
+them out (``_mend_moved``).
 
 Cadence. A pass with work costs ClickHouse's analysis of its statements (~1 s of CPU whatever the
 slice's size) on top of the work itself, so under load the attributor waits longer between
@@ -100,6 +101,7 @@ from latscope.storage import (
     SPANS_TABLE,
     Store,
     StoreError,
+    StoreUnavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -123,6 +125,24 @@ MAX_CUTS = 1000
 #: A quiet pass (ingest paused, early attribution off) takes its early window in one statement,
 #: beside the slice's last batch, when it holds at most this many spans per ``batch_traces``.
 QUIET_EARLY_SPANS = 16
+
+
+#: A trace set aside is retried after RETRY_FIRST_S, then twice as long each time, at most
+#: RETRY_MAX_S; RETRY_BATCH of them in one statement.
+RETRY_FIRST_S = 10.0
+RETRY_MAX_S = 3600.0
+RETRY_BATCH = 100
+
+
+class SetAside(NamedTuple):
+    """A trace the attributor failed on alone: why, how often, when it is tried again (unix
+    seconds), and where its spans start and end (ns)."""
+
+    trace_id: str
+    error: str
+    attempts: int
+    retry_at: float
+    around: tuple[int, int]
 
 
 class _Batch(NamedTuple):
@@ -231,6 +251,18 @@ class Attributor(Poller):
             early=self.complete_us is not None,
             stored_figures=self.stored_figures,
         )
+        self._retry_sql = _Statements(
+            self.spans_table,
+            self.table,
+            shard,
+            early=False,
+            stored_figures=self.stored_figures,
+            retry=True,
+        )
+        #: Traces a pass failed on (ClickHouse refused the statement for them alone), by id:
+        #: retried with a backoff while the others go on (``_isolate``, ``_retry``). In memory:
+        #: after a restart, such a trace is attributed again when a span of it arrives.
+        self.set_aside: dict[str, SetAside] = {}
         #: With early attribution off, the statements with it (built when first needed), by
         #: whether they take the Version check: with it for the slices that may hold traces a
         #: quiet pass attributed, without it for a quiet pass's batch whose slice cannot hold
@@ -239,6 +271,10 @@ class Attributor(Poller):
 
     def failed(self, exc: Exception) -> None:
         BATCH_ERRORS.labels("store").inc()
+        # The lag goes on growing while passes fail (the store's clock cannot be asked: this
+        # one's stands in), so monitoring sees attribution stopped.
+        if self.watermark_us is not None:
+            LAG.set(max(0.0, time.time() - self.watermark_us / 1e6))
 
     def poll(self) -> None:
         """The background loop's wake-up: a pass when one is due, or before, once ingest has
@@ -301,6 +337,29 @@ class Attributor(Poller):
             )
         return self._early_sql[versioned]
 
+    def _mend_moved(self, marker_us: int) -> None:
+        """The tombstones of the last batch written before a restart, if they are missing.
+
+        A process killed between a batch's rows and its tombstones left a request whose key moved
+        (a late client span) with two live rows, and a restart resumes after that batch, never
+        redoing it (issue 44). The tombstones statement over its rows (their marker is the
+        largest, ``marker_us``) writes what is missing and nothing when none is."""
+        first_ns, last_ns, rows = self.store.query_rows(
+            self._sql.marked, self._params(through_us=marker_us)
+        )[0]
+        if not int(rows):
+            return
+        params = self._params(
+            through_us=marker_us,
+            from_ns=max(0, int(first_ns) - self.reach_ns),
+            to_ns=min(int(last_ns) + self.reach_ns, 2**63 - 1),
+        )
+        missing = int(self.store.query_rows(self._sql.count_moved, params)[0][0])
+        if missing:
+            self.store.command(self._sql.tombstones, params)
+            TOMBSTONES.inc(missing)
+            log.warning("wrote %d tombstones a stop before them had left out", missing)
+
     def _markers(self, after_us: int, hi: int) -> tuple[list[int], int]:
         """The SpansIngestedAt values free for the batches of the slice ``(after_us, hi]``: for
         all but its last batch, times inside the slice, fewer than ``MAX_CUTS`` us after its
@@ -361,6 +420,133 @@ class Attributor(Poller):
             for j in range(count)
         ]
 
+    def _spare_marker(self, after_us: int, hi: int) -> int | None:
+        """A marker of the slice ``(after_us, hi]`` no batch has (``_markers``), for a batch cut
+        from one that failed or for traces retried; None when all are taken."""
+        for marker in range(after_us + 1, min(after_us + MAX_CUTS, hi)):
+            if marker not in self._taken:
+                self._taken.add(marker)
+                return marker
+        return None
+
+    def _cut(
+        self,
+        groups: list[tuple[list[str], str]],
+        error: StoreError,
+        run: Any,
+        bounds: dict[str, tuple[int, int]],
+    ) -> int:
+        """Attribute ``groups`` of trace ids that a statement failed on, halving each group
+        that fails again, until the traces that fail alone are found: those are set aside
+        (``set_aside``). ``run(ids, id_hi, marker)`` attributes a group. Iterative: the number
+        of traces in a batch is the client's to choose."""
+        written = 0
+        while groups:
+            ids, id_hi = groups.pop()
+            if len(ids) == 1:
+                self._set_aside_trace(ids[0], error, bounds.get(ids[0]))
+                continue
+            mid = len(ids) // 2
+            for part, part_hi in ((ids[:mid], ids[mid]), (ids[mid:], id_hi)):
+                marker = self._spare_marker(*bounds["slice"])
+                if marker is None:
+                    for trace_id in part:
+                        self._set_aside_trace(trace_id, error, bounds.get(trace_id))
+                    continue
+                try:
+                    written += run(part, part_hi, marker)
+                except StoreUnavailable:
+                    raise
+                except StoreError as exc:
+                    error = exc
+                    groups.append((part, part_hi))
+        SET_ASIDE.set(len(self.set_aside))
+        return written
+
+    def _isolate(self, batch: _Batch, error: StoreError) -> int:
+        """A batch ClickHouse refused: cut it by trace id until the traces it fails on alone
+        are found and set aside; the others are attributed. Returns the rows written."""
+        params = self._params(
+            after_us=batch.after_us, hi_us=batch.hi_us, settled_us=batch.settled_us,
+            id_lo=batch.id_lo, id_hi=batch.id_hi,
+        )  # fmt: skip
+        ids = [str(t) for (t,) in self.store.query_rows(self._sql.batch_ids, params)]
+        log.warning("attribution of %d traces failed (%s); looking for the traces it fails on",
+                    len(ids), error)  # fmt: skip
+        around = (batch.first_ns - self.reach_ns, batch.last_ns + self.reach_ns)
+
+        def run(part: list[str], id_hi: str, marker: int) -> int:
+            return self.attribute_slice(
+                batch.after_us, batch.hi_us, settled_us=batch.settled_us, around=around,
+                ids=(part[0], id_hi), marker_us=marker,
+            )  # fmt: skip
+
+        bounds: dict[str, tuple[int, int]] = dict.fromkeys(ids, around)
+        bounds["slice"] = (batch.after_us, batch.hi_us)
+        if len(ids) <= 1:
+            for trace_id in ids:
+                self._set_aside_trace(trace_id, error, around)
+            SET_ASIDE.set(len(self.set_aside))
+            return 0
+        return self._cut([(ids, batch.id_hi)], error, run, bounds)
+
+    def _set_aside_trace(
+        self, trace_id: str, error: StoreError, around: tuple[int, int] | None
+    ) -> None:
+        old = self.set_aside.get(trace_id)
+        attempts = old.attempts + 1 if old is not None else 1
+        wait_s = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
+        if around is None and old is not None:
+            around = old.around
+        self.set_aside[trace_id] = SetAside(
+            trace_id, str(error)[:500], attempts, time.time() + wait_s, around or (0, 2**63 - 1)
+        )
+        if old is None:
+            BATCH_ERRORS.labels("set_aside").inc()
+            log.error("attribution fails on trace %s; set aside, retried in %.0f s: %s",
+                      trace_id, wait_s, str(error)[:500])  # fmt: skip
+
+    def _retry_due(self) -> bool:
+        now = time.time()
+        return any(s.retry_at <= now for s in self.set_aside.values())
+
+    def _retry(self, after_us: int, hi: int) -> int:
+        """Attribute again the set-aside traces whose backoff is over (a few at a time), with a
+        marker of the slice ``(after_us, hi]``; those that fail again wait longer."""
+        now = time.time()
+        due = sorted(t for t, s in self.set_aside.items() if s.retry_at <= now)[:RETRY_BATCH]
+        if not due or hi <= after_us + 1:
+            return 0
+        lo = min(self.set_aside[t].around[0] for t in due)
+        hi_ns = max(self.set_aside[t].around[1] for t in due)
+
+        def run(part: list[str], _id_hi: str, marker: int) -> int:
+            written = self.attribute_slice(
+                after_us, hi, settled_us=after_us, around=(lo, hi_ns), marker_us=marker,
+                retry_ids=part,
+            )  # fmt: skip
+            for trace_id in part:
+                self.set_aside.pop(trace_id, None)
+            return written
+
+        bounds: dict[str, tuple[int, int]] = {t: self.set_aside[t].around for t in due}
+        bounds["slice"] = (after_us, hi)
+        marker = self._spare_marker(after_us, hi)
+        if marker is None:
+            return 0
+        try:
+            written = run(due, "", marker)
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
+            if len(due) == 1:
+                self._set_aside_trace(due[0], exc, None)
+                written = 0
+            else:
+                written = self._cut([(due, "")], exc, run, bounds)
+        SET_ASIDE.set(len(self.set_aside))
+        return written
+
     def _any_left(self, sql: _Statements, params: dict[str, Any]) -> bool:
         """Whether the batch has a trace left without a row that may hold a call."""
         superset = sql.count_left_superset
@@ -373,6 +559,8 @@ class Attributor(Poller):
         # An empty table answers the epoch: start from the beginning of the spans table. Back by
         # MAX_CUTS: a slice's batches but its last record times within that of its start.
         start = max(0, int(value or 0) - MAX_CUTS)
+        if value:
+            self._mend_moved(int(value))
         # The markers the first slice's batches could be given that rows of this shard hold.
         taken = self.store.query_rows(self._sql.markers, self._params(after_us=start))
         self._taken = {int(m) for (m,) in taken}
@@ -421,6 +609,10 @@ class Attributor(Poller):
         for _ in range(max_batches):
             if self.watermark_us >= upto or (self.stopping and written):
                 break
+            if not batches and self._retry_due():
+                written += self._retry(
+                    self.watermark_us, min(upto, self.watermark_us + self.step_us)
+                )
             if not batches:
                 # A trace whose spans straddle the slice's end (but have all settled) is
                 # attributed now from what is there and again when a slice reaches its later
@@ -477,9 +669,13 @@ class Attributor(Poller):
                 if with_early is not None:
                     self._early_us = with_early[1]
                     self._early_done_us = with_early[1]
-            except StoreError:
+            except StoreUnavailable:
                 batches.clear()  # the slice is planned again, and retried, on the next poll
                 raise
+            except StoreError as exc:
+                # Refused (not unreachable): find the traces it fails on, set them aside, and
+                # attribute the others, so one trace cannot stop attribution (issue 44).
+                written += self._isolate(batch, exc)
             except Exception:
                 # A batch the statement cannot process would block every later one: count it,
                 # log it, and move on.
@@ -538,6 +734,7 @@ class Attributor(Poller):
         marker_us: int | None = None,
         traces: int | None = None,
         resource_ids: bool = False,
+        retry_ids: list[str] | None = None,
     ) -> int:
         """Attribute the settled traces with spans ingested in ``(after_us, through_us]`` and
         trace ids in ``[ids[0], ids[1])`` ('': unbounded) (and, with early attribution on, the
@@ -546,7 +743,8 @@ class Attributor(Poller):
         written. ``marker_us`` (default ``through_us``), recorded as SpansIngestedAt, tells this
         pass's rows from every other pass's. ``traces``, when known, is how many traces that
         batch holds. ``resource_ids``: the slice's spans all have resource ids (``_plan``), and
-        the single-call path carries them instead of the resources' attributes."""
+        the single-call path carries them instead of the resources' attributes. ``retry_ids``:
+        these traces instead (set aside by an earlier pass, ``_retry``)."""
         params = self._params(
             after_us=after_us,
             hi_us=through_us,
@@ -559,6 +757,9 @@ class Attributor(Poller):
             stall_ns=self.stall_threshold_ns,
         )
         sql = self._statements(after_us, early is not None)
+        if retry_ids is not None:
+            sql = self._retry_sql
+            params["retry_ids"] = retry_ids
         if sql.early:
             # No early window: an empty one at the settled bound (whose newer spans are few).
             params["early_lo_us"], params["early_hi_us"] = early or (settled_us, settled_us)
@@ -682,6 +883,7 @@ class _Statements:
         early: bool,
         versioned: bool = True,
         stored_figures: bool = True,
+        retry: bool = False,
     ) -> None:
         self.early = early
         mine = (
@@ -704,6 +906,11 @@ class _Statements:
         self.resume = _no_jit(
             f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {table} WHERE 1 {mine}"
         )
+        #: The first and last start of the rows with a marker, and how many (``_mend_moved``).
+        self.marked = _no_jit(f"""
+SELECT toUnixTimestamp64Nano(min(Timestamp)), toUnixTimestamp64Nano(max(Timestamp)), count()
+FROM {table}
+WHERE SpansIngestedAt = fromUnixTimestamp64Micro({{through_us:Int64}}) {mine}""")
         #: The SpansIngestedAt values within MAX_CUTS us after where a restart resumes.
         self.markers = _no_jit(f"""
 SELECT DISTINCT toUnixTimestamp64Micro(SpansIngestedAt) FROM {table}
@@ -769,6 +976,14 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
             f"SELECT DISTINCT TraceId AS trace_id FROM {spans} "
             f"WHERE {slice_ % 'hi_us'} {mine} AND {ids} AND {settled}"
         )
+        #: The batch's trace ids in order, to cut a batch that failed (``_isolate``).
+        self.batch_ids = _no_jit(f"SELECT trace_id FROM ({batch}) ORDER BY trace_id")
+        if retry:
+            # Traces set aside after a pass failed on them, by id (``_retry``).
+            batch = (
+                f"SELECT DISTINCT TraceId AS trace_id FROM {spans} "
+                f"WHERE has({{retry_ids:Array(String)}}, TraceId) {mine}"
+            )
         bounds = (
             "Timestamp >= fromUnixTimestamp64Nano({from_ns:Int64}) "
             "AND Timestamp <= fromUnixTimestamp64Nano({to_ns:Int64})"
@@ -896,6 +1111,12 @@ BATCH_ERRORS = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+SET_ASIDE = Gauge(
+    "latscope_attribution_set_aside_traces",
+    "Traces attribution failed on alone, set aside and retried with a backoff "
+    "(GET /v1/attribution/set-aside lists them)",
+    registry=REGISTRY,
+)
 LAG = Gauge(
     "latscope_attribution_lag_seconds",
     "Store time minus the attributor's watermark (includes the settle window)",
@@ -903,25 +1124,50 @@ LAG = Gauge(
 )
 
 
+def set_aside_router(attributor: Attributor, token: str) -> Any:
+    """``GET /v1/attribution/set-aside``: the traces ``attributor`` has set aside."""
+    from fastapi import APIRouter, Header
+
+    from latscope.api.errors import ApiError
+    from latscope.api.schemas import SetAsideTraces
+    from latscope.auth import UNAUTHORIZED, bearer_ok
+
+    router = APIRouter(tags=["attribution"])
+
+    @router.get("/v1/attribution/set-aside", response_model=SetAsideTraces)
+    def set_aside(authorization: str | None = Header(default=None)) -> SetAsideTraces:
+        """Traces attribution failed on alone (a value ClickHouse refused, say): set aside so the
+        others go on, and retried with a backoff. Empty when attribution is healthy."""
+        if not bearer_ok(authorization, token):
+            raise ApiError(401, "unauthorized", UNAUTHORIZED)
+        now = time.time()
+        return SetAsideTraces.model_validate({"traces": [
+            {"trace_id": s.trace_id, "error": s.error, "attempts": s.attempts,
+             "retry_in_s": max(0.0, s.retry_at - now)}
+            for s in sorted(attributor.set_aside.values())
+        ]})  # fmt: skip
+
+    return router
+
+
 def attributor_parts(settings: Settings, store: Store) -> Parts:
     """The attributor as a background component of ``latscope serve`` / ``collector``, with the
     rollup builder beside it: the process that writes attribution rows keeps their hourly
-    rollups fresh (latscope.attribution.rollups)."""
+    rollups fresh (latscope.attribution.rollups), and ``GET /v1/attribution/set-aside``."""
+    attributor = Attributor(
+        store,
+        settle_s=settings.attribution_settle_s,
+        complete_s=settings.attribution_complete_s,
+        early_when_quiet=settings.attribution_early_when_quiet == "on",
+        reach_s=settings.attribution_reach_s,
+        poll_s=settings.attribution_poll_s,
+        batch_traces=settings.attribution_batch_traces,
+        batch_spans=settings.attribution_batch_spans,
+        stall_threshold_ns=int(settings.stall_threshold_ms * 1e6),
+        shard=parse_shard(settings.attributor_shard),
+        tables=settings.attributor_tables,
+    )
     return Parts(
-        components=[
-            Attributor(
-                store,
-                settle_s=settings.attribution_settle_s,
-                complete_s=settings.attribution_complete_s,
-                early_when_quiet=settings.attribution_early_when_quiet == "on",
-                reach_s=settings.attribution_reach_s,
-                poll_s=settings.attribution_poll_s,
-                batch_traces=settings.attribution_batch_traces,
-                batch_spans=settings.attribution_batch_spans,
-                stall_threshold_ns=int(settings.stall_threshold_ms * 1e6),
-                shard=parse_shard(settings.attributor_shard),
-                tables=settings.attributor_tables,
-            ),
-            Rollups(store),
-        ]
+        components=[attributor, Rollups(store)],
+        http_routers=[set_aside_router(attributor, settings.token)],
     )

@@ -104,9 +104,15 @@ LATENCY_KEYS = (
 MAX_TOKENS = 2**32 - 1
 
 
+#: A figure in seconds reads as at most this many (11.6 days) in magnitude, so that every time the
+#: rules derive from a few of them stays far inside Int64 ns, in Python as in SQL.
+MAX_SECONDS = 1e6
+
+
 def seconds_to_ns(value: float) -> int:
-    """vLLM's float seconds -> integer ns, rounded half up (the SQL attributor rounds the same)."""
-    return math.floor(value * 1e9 + 0.5)
+    """vLLM's float seconds -> integer ns, rounded half up (the SQL attributor rounds the same),
+    the seconds clamped to [-MAX_SECONDS, MAX_SECONDS]."""
+    return math.floor(min(max(value, -MAX_SECONDS), MAX_SECONDS) * 1e9 + 0.5)
 
 
 def sweep(window: tuple[int, int], phases: Sequence[tuple[str, int, int]]) -> dict[str, int]:

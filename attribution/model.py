@@ -25,13 +25,20 @@ _INT64 = 2**63
 _WS = "[ \t\n\r]*"
 _INT15 = "-?(0|[1-9][0-9]{0,14})"
 INT_ARRAY = re.compile(rf"^\[{_WS}({_INT15}{_WS}(,{_WS}{_INT15}{_WS})*)?\]$")
+#: A decimal number reads as at most this in magnitude ("1e308", or "1e999", which a float reads
+#: as infinity, read as 1e18): a value a client wrote must never make a figure the attributor
+#: derives from it overflow (issue 44: one span with a TTFT of 1e308 failed every pass that read
+#: it). Clamped, not dropped: it is still a number, as the facts stored with each span say
+#: (deploy/clickhouse/010_span_facts.sql).
+MAX_FLOAT = 1e18
 
 
 def parse_float(raw: str | None) -> float | None:
-    """A decimal number, or None (also for inf / nan, which NUMBER does not match)."""
+    """A decimal number clamped to [-MAX_FLOAT, MAX_FLOAT], or None (also for inf / nan, which
+    NUMBER does not match)."""
     if raw is None or not NUMBER.fullmatch(raw):
         return None
-    return float(raw)
+    return min(max(float(raw), -MAX_FLOAT), MAX_FLOAT)
 
 
 def parse_int(raw: str | None) -> int | None:
@@ -40,8 +47,10 @@ def parse_int(raw: str | None) -> int | None:
         return None
     if INTEGER.fullmatch(raw) and -_INT64 <= (exact := int(raw)) < _INT64:
         return exact
-    value = parse_float(raw)
-    if value is None or not math.isfinite(value) or not -_INT64 <= value < _INT64:
+    if not NUMBER.fullmatch(raw):
+        return None
+    value = float(raw)  # unclamped: beyond Int64 is absent, as in SQL
+    if not math.isfinite(value) or not -_INT64 <= value < _INT64:
         return None
     return int(value)
 

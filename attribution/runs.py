@@ -20,7 +20,7 @@ category.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from latscope.attribution.engine import (
@@ -83,6 +83,8 @@ class RunExplanation:
     calls: list[CallOnPath]
     tools: list[ToolOnPath]
     path: list[PathStep]
+    #: spans whose parent link closed a cycle (a span its own ancestor) and was left out
+    cycles: list[str] = field(default_factory=list)
 
 
 def _calls_a_model(span: SpanRecord) -> bool:
@@ -167,7 +169,11 @@ def explain_run(
         for tool_id in tool_stack:
             tools[tool_id].on_path_ns += b - a
 
-    def walk(span: SpanRecord, lo: int, hi: int, category: str, offset: int) -> None:
+    def walk(
+        span: SpanRecord, lo: int, hi: int, category: str, offset: int
+    ) -> Iterator[tuple[SpanRecord, int, int, str, int]]:
+        """One span's part of the path; yields each child to walk (the driver below keeps the
+        stack, so a deep or cyclic trace, which a client controls, cannot exhaust Python's)."""
         hit = entry.get(span.span_id)
         if hit is not None:
             call, _, _, pieces = hit
@@ -191,10 +197,14 @@ def explain_run(
         elif span.span_id in holds_call and _calls_a_model(span):
             category = LLM
         # Children on this span's clock; a SERVER child of another service is on its own host's
-        # clock and is placed inside this span first.
+        # clock and is placed inside this span first. A child already on the way down here is a
+        # cycle in the parent links (a span its own ancestor): that link is left out.
         kids = []
         here = (span.start_ns + offset, span.end_ns + offset)
         for c in index.children.get(span.span_id, ()):
+            if c.span_id in walking:
+                broken.add(c.span_id)
+                continue
             shift = offset
             if c.kind == SpanKind.SERVER and c.service != span.service:
                 shift = offset + _placement(here, (c.start_ns + offset, c.end_ns + offset))
@@ -217,12 +227,23 @@ def explain_run(
             child, shift = best
             end, start = best_key[0], max(-best_key[1], lo)
             own(span, category, end, t)
-            walk(child, start, end, category, shift)
+            yield child, start, end, category, shift
             t = start
         if is_tool:
             tool_stack.pop()
 
-    walk(root, root.start_ns, root.end_ns, APP, 0)
+    # The spans being walked (the path from the root down), and the spans whose parent link
+    # closed a cycle and was left out.
+    walking: set[str] = {root.span_id}
+    broken: set[str] = set()
+    stack = [(root.span_id, walk(root, root.start_ns, root.end_ns, APP, 0))]
+    while stack:
+        step = next(stack[-1][1], None)
+        if step is None:
+            walking.discard(stack.pop()[0])
+            continue
+        walking.add(step[0].span_id)
+        stack.append((step[0].span_id, walk(*step)))
     path.sort(key=lambda p: p.start_ns)
     return RunExplanation(
         trace_id=trace_id,
@@ -234,4 +255,5 @@ def explain_run(
         calls=calls,
         tools=sorted(tools.values(), key=lambda t: (t.span.start_ns, t.span.span_id)),
         path=path,
+        cycles=sorted(broken),
     )

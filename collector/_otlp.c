@@ -90,7 +90,8 @@ typedef struct {
 
 enum { E_MALFORMED = 1, E_NOMEM, E_TOOBIG, E_PY };
 
-enum { P_NONE, P_TRACE, P_SPAN, P_PARENT, P_END, P_TIME, P_COUNT, P_LONG, P_EVENT_TIME };
+enum { P_NONE, P_TRACE, P_SPAN, P_PARENT, P_END, P_TIME, P_OLD, P_FUTURE, P_COUNT, P_LONG,
+       P_EVENT_TIME };
 enum { W_SPAN, W_EVENT, W_LINK };
 
 /* Why a span is rejected; formatted into text only for the first rejection of an Export. */
@@ -119,6 +120,8 @@ typedef struct {
      * next row with the same keys needs no check: consecutive spans mostly share them. */
     RowCache seen[3];
     long long max_attrs, max_value;
+    /* the span time window (ns since the epoch; 0: no bound) */
+    uint64_t oldest_start, latest_end;
     size_t max_bytes, total;
     int64_t *tokens;       /* scratch for a span's token offsets, then their gaps */
     size_t tokens_cap;
@@ -1284,6 +1287,14 @@ static int note_problem(Ctx *c, Slice span_id, const Problem *pr, int resource)
         inner = PyUnicode_FromString(
             "end_time_unix_nano is past the year 2262 (not a signed 64-bit nanosecond time)");
         break;
+    case P_OLD:
+        inner = PyUnicode_FromString(
+            "start_time_unix_nano is older than the collector accepts (--max-span-age-s)");
+        break;
+    case P_FUTURE:
+        inner = PyUnicode_FromString("end_time_unix_nano is further in the future than the "
+                                     "collector accepts (--max-span-future-s)");
+        break;
     case P_EVENT_TIME:
         inner = PyUnicode_FromString(
             "time_unix_nano is past the year 2262 (not a signed 64-bit nanosecond time)");
@@ -1596,6 +1607,10 @@ static int do_span(Ctx *c, Slice span, int depth, const Scope *sc)
         pr.kind = P_END;
     else if (end > (uint64_t)INT64_MAX)
         pr.kind = P_TIME;
+    else if (start < c->oldest_start)
+        pr.kind = P_OLD;
+    else if (c->latest_end && end > c->latest_end)
+        pr.kind = P_FUTURE;
     if (pr.kind != P_NONE) {
         if (check_all(c, T_KV, &c->span_kvs, 0, depth + 1) ||
             check_all(c, T_EVENT, &c->events, 0, depth + 1) ||
@@ -1929,7 +1944,8 @@ static void ctx_free(Ctx *c)
 }
 
 PyDoc_STRVAR(decode_doc,
-"decode_traces(data, max_attributes, max_value, max_bytes) -> (rows, rejected, problem, buffers)\n"
+"decode_traces(data, max_attributes, max_value, max_bytes, oldest_start=0, latest_end=0)\n"
+"    -> (rows, rejected, problem, buffers)\n"
 "\n"
 "Decode one serialized ExportTraceServiceRequest into the spans table's column buffers.\n"
 "Raises MalformedExport when data is not a valid Export, or would need more than max_bytes.");
@@ -1939,7 +1955,9 @@ static PyObject *decode_traces(PyObject *module, PyObject *args)
     Py_buffer view;
     long long max_attrs, max_value;
     Py_ssize_t max_bytes;
-    if (!PyArg_ParseTuple(args, "y*LLn:decode_traces", &view, &max_attrs, &max_value, &max_bytes))
+    unsigned long long oldest_start = 0, latest_end = 0;
+    if (!PyArg_ParseTuple(args, "y*LLn|KK:decode_traces", &view, &max_attrs, &max_value,
+                          &max_bytes, &oldest_start, &latest_end))
         return NULL;
     if (value_renderer == NULL) {
         PyBuffer_Release(&view);
@@ -1950,6 +1968,8 @@ static PyObject *decode_traces(PyObject *module, PyObject *args)
     memset(&c, 0, sizeof(c));
     c.max_attrs = max_attrs;
     c.max_value = max_value;
+    c.oldest_start = (uint64_t)oldest_start;
+    c.latest_end = (uint64_t)latest_end;
     c.max_bytes = max_bytes > 0 ? (size_t)max_bytes : 0;
     c.render = value_renderer;
     Py_INCREF(c.render);

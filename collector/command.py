@@ -146,6 +146,6 @@ def main(args: argparse.Namespace) -> int:
             make_app=create_app,
             open_store=open_store,
         )
-    except OSError as exc:
+    except (OSError, StoreError) as exc:
         print(f"latscope: {exc}", file=sys.stderr)
         return 1

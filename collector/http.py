@@ -10,9 +10,11 @@ bodies are parsed into messages and mapped in Python.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import math
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -116,8 +118,9 @@ def _status_response(status: int, message: str, json_body: bool, **headers: str)
     return Response(body.SerializeToString(), status, headers, media_type=PROTOBUF)
 
 
-def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
-    """The OTLP/HTTP routes over ``ingest``; bodies above ``max_bytes`` get a 413."""
+def otlp_http_router(ingest: Ingest, max_bytes: int, body_timeout_s: float = 30.0) -> APIRouter:
+    """The OTLP/HTTP routes over ``ingest``; bodies above ``max_bytes`` get a 413, bodies that
+    have not arrived ``body_timeout_s`` after their headers a 408."""
     router = APIRouter(tags=["otlp"])
 
     def handle(
@@ -165,8 +168,15 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
             return _status_response(exc.status, str(exc), json_body)
         except Refused as exc:
             retry = str(max(1, math.ceil(exc.retry_after_s)))
+            # Shutting down: the client is told to close this connection too, so none is left
+            # idle for the server's exit to close under a request the client sends just then.
+            close = {} if exc.exhausted else {"Connection": "close"}
             return _status_response(
-                429 if exc.exhausted else 503, str(exc), json_body, **{"Retry-After": retry}
+                429 if exc.exhausted else 503,
+                str(exc),
+                json_body,
+                **{"Retry-After": retry},
+                **close,
             )
         reply = respond(outcome)
         if json_body:
@@ -198,6 +208,12 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
         from starlette.concurrency import run_in_threadpool
 
         json_body = request.headers.get("content-type", "").split(";")[0].strip() == JSON
+        ingest.last_arrival = time.monotonic()
+        # The token before a byte of the body: a peer without it holds nothing of the memory
+        # limit, which authenticated Exports share over HTTP and gRPC (issue 44). The unread
+        # body ends the connection after the answer.
+        if not ingest.authorized(request.headers.get("authorization")):
+            return _status_response(401, UNAUTHORIZED, json_body, **{"WWW-Authenticate": "Bearer"})
         declared = request.headers.get("content-length", "")
         # Refused before a byte is read when its declared size does not fit.
         if declared.isdigit() and int(declared) <= max_bytes and not ingest.fits(int(declared)):
@@ -206,9 +222,13 @@ def otlp_http_router(ingest: Ingest, max_bytes: int) -> APIRouter:
         held = [0]
         try:
             try:
-                body = await _body(request, held, signal)
+                # What a sender was granted is given back if its body does not come in time.
+                body = await asyncio.wait_for(_body(request, held, signal), body_timeout_s)
             except Refused as exc:
                 return _status_response(429, str(exc), json_body, **{"Retry-After": "1"})
+            except TimeoutError:
+                message = f"the body did not arrive within {body_timeout_s:g} s of its headers"
+                return _status_response(408, message, json_body, Connection="close")
             return await run_in_threadpool(handle, body, request.headers, *args)
         finally:
             ingest.memory.release(held[0])

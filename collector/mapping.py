@@ -22,7 +22,7 @@ import itertools
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
@@ -187,6 +187,30 @@ class Limits:
     max_attributes: int = 1024
     #: longest rendered attribute value, in characters (strings) or bytes (bytes values)
     max_attribute_value: int = 64 * 1024
+    #: a span starting before this (ns since the epoch) is rejected; 0: no bound. Set per
+    #: Export from the collector's clock (``window``), never in a journal segment's header: a
+    #: span accepted once is replayed whatever the time.
+    oldest_start_ns: int = 0
+    #: a span ending after this (ns since the epoch) is rejected; 0: no bound
+    latest_end_ns: int = 0
+
+    def window(self, now_ns: int, max_age_s: float, max_future_s: float) -> Limits:
+        """These limits with the span time window of an Export received at ``now_ns``.
+
+        >>> Limits().window(10**18, 0, 60).latest_end_ns
+        1000000060000000000
+        """
+        return replace(
+            self,
+            oldest_start_ns=max(0, now_ns - int(max_age_s * 1e9)) if max_age_s else 0,
+            latest_end_ns=min(_MAX_TIME, now_ns + int(max_future_s * 1e9)) if max_future_s else 0,
+        )
+
+
+_OLD_PROBLEM = "start_time_unix_nano is older than the collector accepts (--max-span-age-s)"
+_FUTURE_PROBLEM = (
+    "end_time_unix_nano is further in the future than the collector accepts (--max-span-future-s)"
+)
 
 
 def format_double(value: float) -> str:
@@ -324,7 +348,7 @@ def stored_token_figures(offsets: str) -> list[float]:
     return token_figures(tokens, DEFAULT_STALL_NS) if tokens else []
 
 
-def span_problem(span: Span) -> str | None:
+def span_problem(span: Span, limits: Limits | None = None) -> str | None:
     """Why a span cannot be stored as sent (ids and times only), or None when it can."""
     tid, sid = span.trace_id, span.span_id
     if len(tid) != 16 or tid == _ZERO_TRACE:
@@ -338,6 +362,14 @@ def span_problem(span: Span) -> str | None:
         return "end_time_unix_nano is before start_time_unix_nano"
     if span.end_time_unix_nano > _MAX_TIME:
         return "end_time_unix_nano " + _TIME_PROBLEM
+    if limits is not None and span.start_time_unix_nano < limits.oldest_start_ns:
+        return _OLD_PROBLEM
+    if (
+        limits is not None
+        and limits.latest_end_ns
+        and span.end_time_unix_nano > limits.latest_end_ns
+    ):
+        return _FUTURE_PROBLEM
     return None
 
 
@@ -393,6 +425,7 @@ class SpanColumns:
         limits = self.limits
         kinds, codes = SPAN_KINDS, STATUS_CODES
         zero_trace, zero_span = _ZERO_TRACE, _ZERO_SPAN
+        oldest, latest = limits.oldest_start_ns, limits.latest_end_ns or _MAX_TIME
         service_key = ResourceAttributes.SERVICE_NAME
         # Bound methods once per Export, not per span: this loop runs for every span received.
         add_attrs = self.attributes.add
@@ -447,8 +480,10 @@ class SpanColumns:
                         or end > _MAX_TIME
                         or tid == zero_trace
                         or sid == zero_span
+                        or start < oldest
+                        or end > latest
                     ):
-                        self._reject(span, span_problem(span) or "invalid span")
+                        self._reject(span, span_problem(span, limits) or "invalid span")
                         continue
                     akeys: list[str] = []
                     avalues: list[str] = []
@@ -813,7 +848,12 @@ def decode_spans(
     if (NATIVE if native is None else native) and _otlp is not None:
         try:
             rows, rejected, problem, buffers = _otlp.decode_traces(
-                data, limits.max_attributes, limits.max_attribute_value, max_bytes
+                data,
+                limits.max_attributes,
+                limits.max_attribute_value,
+                max_bytes,
+                limits.oldest_start_ns,
+                limits.latest_end_ns,
             )
         except _otlp.TooLarge as exc:
             raise ExportTooLarge(str(exc)) from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -77,18 +78,31 @@ class Ingest:
         histograms: Mapping[str, BatchWriter] | None = None,
         *,
         memory: MemoryLimit | None = None,
+        span_window: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         self.spans = spans
         self.metrics = metrics
         #: table name -> writer, for the histogram kinds (``mapping.HISTOGRAM_TABLE``, ...)
         self.histograms = dict(histograms or {})
         self.limits = limits
+        #: How long ago a span may have started and how far in the future it may end, in
+        #: seconds on this process's clock (0: no bound); the rest is rejected at the door.
+        self.span_window = span_window
         self.token = token
         self.memory = memory or MemoryLimit(1 << 62)
+        #: When the last Export arrived (monotonic s): shutdown waits for senders to go quiet.
+        self.last_arrival = 0.0
         # One Export is mapped at a time. The GIL serialises this work anyway, and letting a
         # dozen handler threads interleave through the Python mapping cost about a third more
         # CPU per span in bench/ingest (GIL hand-offs and cache churn).
         self._mapping = threading.Lock()
+
+    def _limits(self) -> Limits:
+        """The limits an Export arriving now is checked against (with the span time window)."""
+        max_age_s, max_future_s = self.span_window
+        if not (max_age_s or max_future_s):
+            return self.limits
+        return self.limits.window(time.time_ns(), max_age_s, max_future_s)
 
     def authorized(self, header: str | None) -> bool:
         """Whether an ``authorization`` value carries the bearer token (always, without one)."""
@@ -134,7 +148,7 @@ class Ingest:
                 room = self.memory.available
                 try:
                     decoded = decode_spans(
-                        data, self.limits, max_bytes=min(MAX_DECODED_BYTES, room)
+                        data, self._limits(), max_bytes=min(MAX_DECODED_BYTES, room)
                     )
                 except ExportTooLarge:
                     if room < MAX_DECODED_BYTES:
@@ -151,7 +165,7 @@ class Ingest:
         """
         with self.spans.arriving():
             with self._mapping:
-                cols = SpanColumns(self.limits)
+                cols = SpanColumns(self._limits())
                 cols.add(request.resource_spans)
                 table = cols.table()
                 held = self._take(table)
@@ -259,6 +273,7 @@ def retry_status(error: Refused) -> tuple[grpc.StatusCode, list[tuple[str, bytes
 
 
 def _check(ingest: Ingest, context: grpc.ServicerContext) -> None:
+    ingest.last_arrival = time.monotonic()
     if not ingest.authorized(metadata_authorization(context.invocation_metadata())):
         context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
 

@@ -18,6 +18,7 @@ from latscope.collector.spool import Spool, SpoolError
 from latscope.collector.writer import BatchWriter, JournalWriter, WriterConfig
 from latscope.config import Settings
 from latscope.parts import Parts
+from latscope.rpc import register
 from latscope.storage import METRICS_TABLE, SPANS_TABLE, Store
 
 log = logging.getLogger("latscope.collector")
@@ -85,6 +86,7 @@ class Collector:
             settings.token,
             histograms=self.histograms,
             memory=self.memory,
+            span_window=(settings.max_span_age_s, settings.max_span_future_s),
         )
         if not mapping.NATIVE:
             log.warning(
@@ -105,6 +107,10 @@ class Collector:
         for writer in (self.metrics, *self.histograms.values()):
             writer.close_intake()
 
+    def quiet_s(self) -> float:
+        """Seconds since the last Export arrived (over gRPC or HTTP)."""
+        return time.monotonic() - self.ingest.last_arrival
+
     def stop(self, deadline: float) -> None:
         # Stop every intake at once, then drain; the deadline is shared.
         self.close_intake()
@@ -123,10 +129,16 @@ def collector_parts(settings: Settings, store: Store) -> Parts:
     return Parts(
         grpc_servicers=[
             TraceReceiver(collector.ingest).register,
-            lambda server: metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
-                MetricsReceiver(collector.ingest), server
+            lambda server: register(
+                metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server,
+                MetricsReceiver(collector.ingest),
+                server,
             ),
         ],
-        http_routers=[otlp_http_router(collector.ingest, settings.grpc_max_message_bytes)],
+        http_routers=[
+            otlp_http_router(
+                collector.ingest, settings.grpc_max_message_bytes, settings.http_body_timeout_s
+            )
+        ],
         components=[collector],
     )

@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ _SEGMENT = re.compile(r"^(\d{20})-([0-9a-f]{32})\.otlp$")
 #: First line of a journal segment; the second is its limits as JSON, then the records.
 _MAGIC = b"latscope otlp-traces journal 1\n"
 _LOCK = ".lock"
+#: Rows ClickHouse refused alone (``quarantine_rows``), in this folder of the spool directory.
+QUARANTINE = "quarantine"
 
 
 class SpoolError(Exception):
@@ -216,6 +219,30 @@ class Spool:
             for entry in entries:
                 entry.path.unlink(missing_ok=True)
                 self.bytes -= entry.size
+
+    def quarantine_rows(self, table: str, token: str, rows: pa.Table, reason: str) -> Path:
+        """Keep rows ClickHouse refused, with the reason, in ``quarantine/`` beside the batches:
+        ``<token>.arrow`` (the rows, as inserted into ``table``) and ``<token>.json``. The name
+        is the token of the insert that was refused, so a replay that is refused again writes
+        the same files. ``latscope quarantine`` lists them and inserts them again."""
+        folder = self.directory / QUARANTINE
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{token}.arrow"
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        note = {"table": table, "rows": rows.num_rows, "reason": reason, "token": token,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        for target, data in ((path, sink.getvalue().to_pybytes()),
+                             (path.with_suffix(".json"), json.dumps(note).encode())):  # fmt: skip
+            tmp = target.with_name(target.name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.rename(target)
+        _fsync_dir(folder)
+        return path
 
     def quarantine(self, entry: SpoolEntry) -> Path:
         """Move an unreadable or unstorable batch aside (kept for a human, never replayed)."""

@@ -41,6 +41,13 @@ REPLAYED = Counter(
 DROPPED = Counter(
     "latscope_collector_dropped", "Acknowledged items lost (must stay 0)", _L, registry=REGISTRY
 )
+QUARANTINED = Counter(
+    "latscope_collector_quarantined",
+    "Acknowledged items ClickHouse refused alone, kept in the spool's quarantine to replay "
+    "(latscope quarantine)",
+    _L,
+    registry=REGISTRY,
+)
 QUEUE_DEPTH = Gauge(
     "latscope_collector_queue_depth", "Items waiting in the batch queue", _L, registry=REGISTRY
 )
@@ -57,7 +64,8 @@ WRITE_SECONDS = Histogram(
 
 # Export every series from the start, so a dashboard sees dropped = 0 rather than nothing.
 for _signal in ("traces", "metrics"):
-    for _metric in (RECEIVED, ACCEPTED, REJECTED, REFUSED, SPOOLED, REPLAYED, DROPPED):
+    for _metric in (RECEIVED, ACCEPTED, REJECTED, REFUSED, SPOOLED, REPLAYED, DROPPED,
+                    QUARANTINED):  # fmt: skip
         _metric.labels(_signal)
 MEMORY_HELD = Gauge(
     "latscope_collector_memory_bytes",

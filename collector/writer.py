@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 import uuid
@@ -89,6 +90,29 @@ class _Throttled:
         if held:
             message += f" ({held} more like it in the last {self.every_s:.0f} s)"
         log.log(self.level, message, *args)
+
+
+#: ClickHouse error codes of an insert refused for a reason in its rows, not in the server or
+#: its state: CANNOT_PARSE_TEXT, CANNOT_PARSE_INPUT_ASSERTION_FAILED, CANNOT_PARSE_DATE,
+#: CANNOT_PARSE_DATETIME, TYPE_MISMATCH, ARGUMENT_OUT_OF_BOUND, CANNOT_CONVERT_TYPE,
+#: CANNOT_PARSE_NUMBER, INCORRECT_DATA, TOO_LARGE_STRING_SIZE, SIZES_OF_ARRAYS_DONT_MATCH,
+#: VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE, CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN, and
+#: VIOLATED_CONSTRAINT (a CHECK an operator put on the table).
+_DATA_CODES = frozenset({6, 27, 38, 41, 53, 69, 70, 72, 117, 131, 190, 321, 349, 469})
+_CODE = re.compile(r"Code: (\d+)\.")
+
+
+def in_the_data(error: StoreError) -> bool:
+    """Whether ClickHouse refused an insert for a reason in its rows (a value it cannot
+    convert; rows on more days than it takes in one insert), which a smaller insert avoids.
+    TOO_MANY_PARTS is that only for the partitions of one insert: for a partition with too many
+    parts (merges behind), it is backpressure, and the insert is retried whole."""
+    text = str(error)
+    match = _CODE.search(text)
+    if match is None:
+        return False
+    code = int(match.group(1))
+    return code in _DATA_CODES or (code == 252 and "partitions" in text.lower())
 
 
 class Refused(Exception):
@@ -191,6 +215,7 @@ class _StoreWriter:
         self._spool_bytes = telemetry.SPOOL_BYTES.labels(signal)
         self._spool_bytes.set(spool.bytes)
         self._write_failed = _Throttled(logging.ERROR)
+        self._quarantined = _Throttled(logging.ERROR)
 
     def arriving(self) -> _Arrival:
         """Context for a request being decoded: the writer treats the collector as busy while
@@ -205,20 +230,58 @@ class _StoreWriter:
             if not self._arriving:
                 self._cond.notify_all()
 
-    def _insert(self, table: pa.Table, token: str) -> bool:
-        """Insert a batch; False (and a backoff) when the store did not take it."""
-        started = time.perf_counter()
-        try:
-            self.store.insert_arrow(self.table, table, dedup_token=token)
-        except StoreError as exc:
-            self._retry_at = time.monotonic() + self.config.retry_backoff_s
-            level = logging.WARNING if isinstance(exc, StoreUnavailable) else logging.ERROR
-            log.log(level, "%s: insert of %d rows failed: %s", self.name, table.num_rows, exc)
-            return False
-        telemetry.WRITE_SECONDS.labels(self.signal).observe(time.perf_counter() - started)
+    def _insert(self, table: pa.Table, token: str, *, split_any: bool = False) -> bool:
+        """Insert a batch; False (and a backoff) when the store did not take it.
+
+        A batch ClickHouse refuses for a reason in its rows (``in_the_data``; any refusal with
+        ``split_any``) is split in two, by time, and each half inserted alone, down to single
+        rows: what can be inserted is, each piece with a token derived from the batch's (the
+        same pieces and tokens on a replay), and a row refused alone goes to the quarantine
+        with the reason (issue 44: one sender's spans on 150 days, past ClickHouse's 100
+        partitions per insert, once failed a segment holding every other sender's spans).
+        """
+        work = [(table, token)]
+        while work:
+            part, tok = work.pop()
+            started = time.perf_counter()
+            try:
+                self.store.insert_arrow(self.table, part, dedup_token=tok)
+            except StoreError as exc:
+                if isinstance(exc, StoreUnavailable) or not (split_any or in_the_data(exc)):
+                    self._retry_at = time.monotonic() + self.config.retry_backoff_s
+                    level = logging.WARNING if isinstance(exc, StoreUnavailable) else logging.ERROR
+                    log.log(level, "%s: insert of %d rows failed: %s", self.name, part.num_rows,
+                            exc)  # fmt: skip
+                    return False
+                if part.num_rows == 1:
+                    self._quarantine(part, tok, str(exc))
+                    continue
+                if part is table:
+                    log.warning("%s: ClickHouse refused %d rows for a reason in them; inserting "
+                                "them in parts to set aside only the rows it refuses: %s",
+                                self.name, part.num_rows, exc)  # fmt: skip
+                if "Timestamp" in part.column_names:
+                    part = part.sort_by("Timestamp")
+                half = part.num_rows // 2
+                work += [(part.slice(half), f"{tok}-b"), (part.slice(0, half), f"{tok}-a")]
+                continue
+            telemetry.WRITE_SECONDS.labels(self.signal).observe(time.perf_counter() - started)
         return True
 
-    def _insert_sliced(self, table: pa.Table, token: str) -> bool:
+    def _quarantine(self, row: pa.Table, token: str, reason: str) -> None:
+        """Keep a row ClickHouse refuses alone, with the reason, for an operator to replay."""
+        try:
+            path = self.spool.quarantine_rows(self.table, token, row, reason)
+        except OSError as exc:
+            telemetry.DROPPED.labels(self.signal).inc(row.num_rows)
+            log.error("%s: cannot quarantine a row ClickHouse refused (%s); lost: %s",
+                      self.name, reason, exc)  # fmt: skip
+            return
+        telemetry.QUARANTINED.labels(self.signal).inc(row.num_rows)
+        self._quarantined.log("%s: ClickHouse refused a row alone; kept in %s (latscope "
+                              "quarantine list): %s", self.name, path, reason)  # fmt: skip
+
+    def _insert_sliced(self, table: pa.Table, token: str, *, split_any: bool = False) -> bool:
         """Insert a segment's rows in slices of at most ``insert_bytes`` expanded bytes: what
         ClickHouse holds for one insert stays bounded whatever the spans or resources carry.
 
@@ -231,7 +294,8 @@ class _StoreWriter:
         table = combine(table)
         slices = insert_slices(table, self.config.insert_bytes)
         for i, part in enumerate(slices):
-            if not self._insert(self._prepare(part), token if len(slices) == 1 else f"{token}-{i}"):
+            tok = token if len(slices) == 1 else f"{token}-{i}"
+            if not self._insert(self._prepare(part), tok, split_any=split_any):
                 return False
         return True
 
@@ -239,12 +303,19 @@ class _StoreWriter:
         """A slice as it is inserted (after the cut, which depends on the decoded rows alone)."""
         return part
 
-    def _count_failure(self, entry: SpoolEntry, rows: int) -> None:
+    def _count_failure(self, entry: SpoolEntry, table: pa.Table) -> bool:
+        """After a failed insert of a spooled batch: True when, rejected (not merely
+        unreachable) ``max_replay_attempts`` times, it was inserted in parts at last, the rows
+        refused alone set aside in the quarantine (so it blocks nothing behind it)."""
         # Only rejections count: an unreachable store may stay down for days without loss.
-        if self._store_reachable():
-            self._failures[entry.seq] = self._failures.get(entry.seq, 0) + 1
-            if self._failures[entry.seq] >= self.config.max_replay_attempts:
-                self._lose(entry, "ClickHouse keeps rejecting it", rows=rows)
+        if not self._store_reachable():
+            return False
+        self._failures[entry.seq] = self._failures.get(entry.seq, 0) + 1
+        if self._failures[entry.seq] < self.config.max_replay_attempts:
+            return False
+        log.error("%s: ClickHouse keeps rejecting spooled batch %s; inserting it in parts",
+                  self.name, entry.path.name)  # fmt: skip
+        return self._insert_sliced(table, entry.token, split_any=True)
 
     def _store_reachable(self) -> bool:
         return self.store.ping()
@@ -426,8 +497,7 @@ class BatchWriter(_StoreWriter):
             except SpoolError as exc:
                 self._lose(entry, str(exc), rows=entry.rows)
                 continue
-            if not self._insert(table, entry.token):
-                self._count_failure(entry, table.num_rows)
+            if not self._insert(table, entry.token) and not self._count_failure(entry, table):
                 return
             self.spool.remove(entry)
             self._failures.pop(entry.seq, None)
@@ -811,14 +881,13 @@ class JournalWriter(_StoreWriter):
         if table is None or not table.num_rows:
             self._removed(entry, tables)
             return
-        if self._insert_sliced(table, entry.token):
+        if self._insert_sliced(table, entry.token) or self._count_failure(entry, table):
             self._removed(entry, tables)
             if tables is None:
                 telemetry.REPLAYED.labels(self.signal).inc(table.num_rows)
                 log.info("%s: replayed %d spooled rows", self.name, table.num_rows)
             return
         self._failed(tables)
-        self._count_failure(entry, table.num_rows)
 
     def _removed(self, entry: SpoolEntry, tables: list[pa.Table] | None) -> None:
         # Inserted: out of the queue, but on disk until ClickHouse's parts are (_sync_inserted).

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 COMMANDS: dict[str, str] = {
     "serve": "latscope.serve",
     "collector": "latscope.collector.command",
+    "quarantine": "latscope.collector.quarantine",
     "api": "latscope.cmd.api",
     "report": "latscope.cmd.report",
     "tail": "latscope.cmd.tail",

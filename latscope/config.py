@@ -200,6 +200,27 @@ class Settings:
         default=DEFAULT_QUERY_TIMEOUT_S,
         metadata={"help": "ClickHouse stops any query or command running longer (seconds)"},
     )
+    http_body_timeout_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "an OTLP/HTTP body must arrive within this many seconds of its headers "
+            "(408 otherwise), so a slow sender cannot hold the memory it was granted"
+        },
+    )
+    max_span_age_s: float = field(
+        default=7 * 86400.0,
+        metadata={
+            "help": "a span that started longer ago than this (seconds) is rejected at the "
+            "door (OTLP partial success); 0: no limit"
+        },
+    )
+    max_span_future_s: float = field(
+        default=3600.0,
+        metadata={
+            "help": "a span that starts or ends further than this (seconds) past the collector's "
+            "clock is rejected at the door (OTLP partial success); 0: no limit"
+        },
+    )
 
     @staticmethod
     def env_name(name: str) -> str:
@@ -275,6 +296,12 @@ class Settings:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         if self.query_timeout_s < 1:
             raise ConfigError("--query-timeout-s must be at least 1 (seconds)")
+        if self.http_body_timeout_s <= 0:
+            raise ConfigError("--http-body-timeout-s must be greater than 0 (seconds)")
+        if self.max_span_age_s < 0 or self.max_span_future_s < 0:
+            raise ConfigError(
+                "--max-span-age-s and --max-span-future-s must be >= 0 (seconds; 0: no limit)"
+            )
         if self.batch_timeout_s <= 0 or self.store_retry_s <= 0:
             raise ConfigError("--batch-timeout-s and --store-retry-s must be greater than 0")
         parse_shard(self.attributor_shard)

@@ -32,9 +32,11 @@ from latscope.storage import Store, StoreError, StoreUnavailable, redact_dsn
 log = logging.getLogger("latscope.serve")
 
 HELP = "OTLP receiver + REST API over one store (embedded chDB by default)"
-#: Seconds the gRPC port keeps answering UNAVAILABLE after intake closed on SIGTERM (at most half
-#: the shutdown grace), before gRPC's own shutdown starts.
+#: Seconds the gRPC port keeps answering UNAVAILABLE after intake closed on SIGTERM, at least;
+#: then until no Export has arrived for QUIET_S (senders backing off), at most half the grace,
+#: before gRPC's own shutdown starts.
 INTAKE_CLOSED_S = 0.5
+QUIET_S = 0.3
 
 
 class Shutdown:
@@ -199,6 +201,20 @@ def close_intake(parts: Parts) -> None:
             close()
 
 
+def wait_quiet(parts: Parts, deadline: float) -> None:
+    """After intake closed: answer UNAVAILABLE / 503 for INTAKE_CLOSED_S, then until senders have
+    gone QUIET_S without an Export (they back off after UNAVAILABLE), or ``deadline``.
+
+    gRPC's own shutdown cancels the calls it has received but not yet handed to a handler
+    (CANCELLED, seen under load about half a second after SIGTERM), and the HTTP server's exit
+    closes idle keep-alive connections under a request a client may send just then: both are
+    avoided by stopping the servers only once no Export is arriving."""
+    time.sleep(max(0.0, min(INTAKE_CLOSED_S, deadline - time.monotonic())))
+    quiet = [c for c in parts.components if hasattr(c, "quiet_s")]
+    while time.monotonic() < deadline and any(c.quiet_s() < QUIET_S for c in quiet):
+        time.sleep(0.02)
+
+
 def stop_components(parts: Parts, deadline: float) -> None:
     for component in reversed(parts.components):
         try:
@@ -289,7 +305,7 @@ def run(
     # The port stays open a moment after intake closed: Exports arriving now get latscope's own
     # UNAVAILABLE and their exporters back off, instead of racing gRPC's shutdown, which cancels
     # calls it received but had not handed to a handler yet (CANCELLED, seen under load).
-    time.sleep(min(INTAKE_CLOSED_S, settings.shutdown_grace_s / 2))
+    wait_quiet(parts, time.monotonic() + settings.shutdown_grace_s / 2)
     grpc_server.stop(max(0.0, deadline - time.monotonic())).wait()
     http_server.should_exit = True
     http_thread.join(max(0.0, deadline - time.monotonic()))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import clickhouse_connect
 import pyarrow as pa
@@ -173,13 +173,15 @@ class Store:
                 # More handles on the same engine (chDB allows any number in one process).
                 connect = functools.partial(clickhouse_connect.get_client, dsn=dsn, **kwargs)
             elif scheme in ("http", "https"):
+                target, named = _named_parameters(dsn)
+                kwargs = {**named, **kwargs}
                 kwargs.setdefault("connect_timeout", 5)
                 timeout = query_timeout_s + _CLIENT_TIMEOUT_MARGIN_S
                 kwargs.setdefault("send_receive_timeout", timeout)
                 # No session: a session pins every query to it, and ClickHouse refuses two
                 # concurrent requests in one session, which would serialise all the traffic.
                 kwargs.setdefault("autogenerate_session_id", False)
-                client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
+                client = clickhouse_connect.get_client(dsn=target, **kwargs)
             else:
                 raise StoreError(
                     f"unsupported store DSN {redact_dsn(dsn)!r}: use chdb:///path/to/dir for the "
@@ -342,6 +344,39 @@ class Store:
             if _is_unavailable(exc):
                 raise StoreUnavailable(message) from exc
             raise StoreError(message) from exc
+
+
+#: Query parameters of a server DSN that clickhouse-connect takes as arguments of its own: left in
+#: the query, it passes them a second time (a TypeError, "got multiple values for argument").
+_CLIENT_ARGUMENTS = ("password", "username", "database", "secure")
+
+
+def _named_parameters(dsn: str) -> tuple[str, dict[str, str]]:
+    """The DSN without the query parameters clickhouse-connect takes as arguments, and those
+    parameters; raises ``StoreError`` when one contradicts the DSN's own user info or path.
+
+    >>> _named_parameters("http://latscope@ch:8123/db?password=s3cret&async_insert=1")
+    ('http://latscope@ch:8123/db?async_insert=1', {'password': 's3cret'})
+    """
+    parts = urlsplit(dsn)
+    kept, named = [], {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key.lower() in _CLIENT_ARGUMENTS:
+            named[key.lower()] = value
+        else:
+            kept.append((key, value))
+    stated = {
+        "password": parts.password,
+        "username": parts.username,
+        "database": parts.path.strip("/").split("/")[0] or None,
+    }
+    for key, value in named.items():
+        if stated.get(key) not in (None, value):
+            raise StoreError(
+                f"store DSN {redact_dsn(dsn)!r} gives the {key} twice, with two values: keep one "
+                f"(http(s)://user:pass@host:8123/db, or ?{key}=...)"
+            )
+    return urlunsplit(parts._replace(query=urlencode(kept))), named
 
 
 def _has_session(client: Any) -> bool:

@@ -129,6 +129,9 @@ def start_collector(store: Store | FlakyStore, spool: Path, **overrides: Any) ->
         spool_dir=str(spool),
         batch_timeout_s=0.05,
         store_retry_s=0.2,
+        # The tests' spans are recorded at fixed times (T0), not relative to the clock.
+        max_span_age_s=0,
+        max_span_future_s=0,
     )
     settings = replace(base, **overrides)
     settings.validate()

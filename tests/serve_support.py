@@ -47,6 +47,11 @@ def release_embedded_store() -> None:
         _EMBEDDED.pop().close()
 
 
+#: The tests' spans are recorded at fixed times (T0), not relative to the clock: ``latscope
+#: serve`` takes spans of any time unless a test sets the window (issue 44's tests do).
+WINDOW_OFF = {"LATSCOPE_MAX_SPAN_AGE_S": "0", "LATSCOPE_MAX_SPAN_FUTURE_S": "0"}
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen
@@ -89,7 +94,7 @@ def start_serve(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **WINDOW_OFF, **(env or {})},
     )
     lines: list[str] = []
     grpc_addr = http_addr = None

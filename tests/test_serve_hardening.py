@@ -205,6 +205,24 @@ def test_the_store_password_never_appears_in_the_collectors_log_or_answers(
     text = "".join(lines)
     assert "unreachable" in text and "latscope:***@" in text
     assert secret not in text
+    # The README's DSN form (a password parameter) reaches ClickHouse's client as its password:
+    # the store is unreachable because nothing listens there, not because of the DSN.
+    assert "Connection refused" in text and "multiple values" not in text
+
+
+@pytest.mark.subprocess
+def test_a_dsn_with_two_different_passwords_is_refused_at_start(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "latscope.cli", "collector", "--store",
+         f"http://latscope:one-pw@127.0.0.1:{_free_port()}/latscope?password=other-pw",
+         "--otlp-grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
+         "--spool-dir", str(tmp_path / "spool")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "gives the password twice" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "one-pw" not in proc.stderr + proc.stdout and "other-pw" not in proc.stderr
 
 
 def _serve_app(app: object) -> tuple[uvicorn.Server, threading.Thread, str]:

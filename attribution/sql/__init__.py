@@ -39,6 +39,7 @@ from latscope.attribution.engine import (
     LATENCY_KEYS,
     MAX_ANCESTRY,
     MAX_PHASE_DEPTH,
+    MAX_SECONDS,
     MAX_TOKENS,
     NETWORK_RANK,
     OTHER_RANK,
@@ -47,7 +48,7 @@ from latscope.attribution.engine import (
     TOKENS,
     TPOT_NS,
 )
-from latscope.attribution.model import INTEGER, NUMBER
+from latscope.attribution.model import INTEGER, MAX_FLOAT, NUMBER
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import (
     SGLANG_STAGES,
@@ -176,8 +177,15 @@ def _bucket(name: str) -> int:
 
 
 def num(expr: str) -> str:
-    """model.parse_float: a decimal number, else NULL."""
-    return f"if(match({expr}, {literal(NUMBER.pattern)}), toFloat64OrNull({expr}), NULL)"
+    """model.parse_float: a decimal number clamped to +-MAX_FLOAT, else NULL."""
+    value = clamp(f"toFloat64OrNull({expr})", MAX_FLOAT)
+    return f"if(match({expr}, {literal(NUMBER.pattern)}), {value}, NULL)"
+
+
+def clamp(value: str, bound: float) -> str:
+    """``value`` clamped to [-bound, bound]; NULL stays NULL (ClickHouse's least and greatest
+    skip a NULL argument, so they would turn NULL into a bound)."""
+    return f"if(abs({value}) > {bound}, sign({value}) * {bound}, {value})"
 
 
 def parse_int(raw: str) -> str:
@@ -228,8 +236,8 @@ def int_list(valid: str, expr: str) -> str:
 
 
 def s2ns(expr: str) -> str:
-    """engine.seconds_to_ns: float seconds -> ns, rounded half up."""
-    return f"toInt64(floor({expr} * 1e9 + 0.5))"
+    """engine.seconds_to_ns: float seconds clamped to +-MAX_SECONDS -> ns, rounded half up."""
+    return f"toInt64(floor({clamp(expr, MAX_SECONDS)} * 1e9 + 0.5))"
 
 
 def tokens(first: str, second: str) -> str:

@@ -93,7 +93,8 @@ def main() -> None:
               f"{time.perf_counter() - start:.1f} s")  # fmt: skip
         proc = subprocess.Popen(
             [sys.executable, "-m", "latscope.cli", "serve", "--store", dsn,
-             "--http", "127.0.0.1:0", "--otlp-grpc", "127.0.0.1:0"],
+             "--http", "127.0.0.1:0", "--otlp-grpc", "127.0.0.1:0",
+             "--max-span-age-s", "0", "--max-span-future-s", "0"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         assert proc.stdout is not None

@@ -179,6 +179,7 @@ class Serve:
             sys.executable, "-m", "latscope.cli", "serve",
             "--store", f"chdb://{self.store_dir}",
             "--otlp-grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
+            "--max-span-age-s", "0", "--max-span-future-s", "0",
             "--spool-dir", str(workdir / "spool"),
             *args,
         ]  # fmt: skip

@@ -268,6 +268,7 @@ def bench(args: argparse.Namespace) -> None:
     settings = Settings(
         otlp_grpc="127.0.0.1:0", store=store.dsn, spool_dir=str(workdir / "spool"),
         grpc_max_message_bytes=64 << 20, grpc_workers=args.streams * 2,
+        max_span_age_s=0, max_span_future_s=0,  # the generated spans are at fixed times
         **{k: v for k, v in (("batch_max_spans", args.batch_max_spans),
                              ("batch_timeout_s", args.batch_timeout_s)) if v is not None},
     )  # fmt: skip

@@ -140,6 +140,7 @@ def bench(args: argparse.Namespace) -> None:
     cmd = [
         sys.executable, "-m", "latscope.cli", "serve", "--store", f"chdb://{store_dir}",
         "--otlp-grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
+        "--max-span-age-s", "0", "--max-span-future-s", "0",  # the spans are at fixed times
         "--spool-max-bytes", str(int(args.spool_max_bytes)),
     ]  # fmt: skip
     if args.memory_limit_bytes:

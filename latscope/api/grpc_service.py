@@ -2,8 +2,9 @@
 
 Served on the same gRPC server as the OTLP receiver. With a token configured, every call needs
 metadata ``authorization: Bearer <token>`` (UNAUTHENTICATED otherwise). Errors map to status
-codes: a malformed argument is INVALID_ARGUMENT, an unknown trace NOT_FOUND, a store that does
-not answer UNAVAILABLE.
+codes: a malformed argument, or a request that is not a valid message, is INVALID_ARGUMENT (the
+latter logged once a minute per cause: ``latscope.rpc``), an unknown trace NOT_FOUND, a store
+that does not answer UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from latscope.api.schemas import Attribution, LiveRequest, Run, Summary, TraceRe
 from latscope.auth import UNAUTHORIZED, bearer_ok, metadata_authorization
 from latscope.config import Settings
 from latscope.parts import Parts
+from latscope.rpc import register
 from latscope.storage import Store, StoreError, StoreUnavailable
 from latscope.v1 import query_pb2, query_pb2_grpc
 
@@ -295,8 +297,8 @@ def query_parts(settings: Settings, store: Store, *, poll_table: bool = True) ->
     Watch and the ``/metrics`` latency histograms from newly attributed rows."""
     servicer = QueryServicer(store, settings)
     parts = Parts(
-        grpc_servicers=[lambda server: query_pb2_grpc.add_QueryServiceServicer_to_server(
-            servicer, server
+        grpc_servicers=[lambda server: register(
+            query_pb2_grpc.add_QueryServiceServicer_to_server, servicer, server
         )],
         components=[servicer],
     )  # fmt: skip

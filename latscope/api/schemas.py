@@ -323,6 +323,7 @@ RUN_EXAMPLE = {
     "path": [{"span_id": "00f067aa0ba902b7", "name": "chat llama-3-8b", "category": "llm",
               "bucket": "queue", "request_id": ATTRIBUTION_EXAMPLE["request_id"],
               "start_ms": 100.0, "end_ms": 200.0}],
+    "cycles": [],
 }  # fmt: skip
 
 
@@ -340,6 +341,10 @@ class Run(Answer):
     calls: list[RunCall] = Field(description="every inference call, by start")
     tools: list[RunTool] = Field(description="every tool call, by start")
     path: list[PathStep]
+    cycles: list[str] = Field(
+        description="spans whose parent link closed a cycle (a span its own ancestor, as a "
+        "client sent it): that link is left out and the rest of the trace explained"
+    )
 
 
 class TraceExplain(Answer):
@@ -1253,3 +1258,19 @@ class BudgetSplit(Answer):
 # ObjectiveStatus names BudgetSplit, defined with the newer answers above.
 ObjectiveStatus.model_rebuild()
 Slo.model_rebuild()
+
+
+class SetAsideTrace(Answer):
+    """A trace the attributor failed on alone: set aside, the others attributed without it."""
+
+    trace_id: str
+    error: str = Field(description="why ClickHouse refused the statement for it")
+    attempts: int = Field(description="how many passes failed on it")
+    retry_in_s: float = Field(description="seconds until it is tried again (0: at the next pass)")
+
+
+class SetAsideTraces(Answer):
+    """The traces the attributor of this process has set aside (``latscope_attribution_set_aside
+    _traces``), each retried with a backoff that doubles up to an hour."""
+
+    traces: list[SetAsideTrace]

@@ -178,8 +178,24 @@ def _skews(spans: Sequence[SpanRecord], results: Sequence[RequestAttribution]) -
 
 
 def _depths(spans: Sequence[SpanRecord]) -> dict[str, int]:
+    """Span id -> how many stored ancestors it has, each span's chain walked once. Where the
+    parent links close a cycle (a client can send one), the span whose parent is already on the
+    chain counts as a root."""
     index = TraceIndex(spans)
-    return {s.span_id: sum(1 for _ in index.ancestors(s, 10_000)) for s in spans}
+    depth: dict[str, int] = {}
+    for span in spans:
+        chain: list[str] = []
+        on_chain: set[str] = set()
+        node: SpanRecord | None = span
+        while node is not None and node.span_id not in depth and node.span_id not in on_chain:
+            chain.append(node.span_id)
+            on_chain.add(node.span_id)
+            node = index.by_id.get(node.parent_span_id)
+        level = depth[node.span_id] + 1 if node is not None and node.span_id in depth else 0
+        for span_id in reversed(chain):
+            depth[span_id] = level
+            level += 1
+    return depth
 
 
 def _waterfall(
@@ -371,6 +387,7 @@ def run_answer(run: RunExplanation) -> Run:
             }
             for p in run.path
         ],
+        "cycles": run.cycles,
     })  # fmt: skip
 
 

@@ -127,7 +127,7 @@ class PathStep(_message.Message):
     def __init__(self, span_id: _Optional[str] = ..., name: _Optional[str] = ..., category: _Optional[str] = ..., bucket: _Optional[str] = ..., request_id: _Optional[str] = ..., start_ms: _Optional[float] = ..., end_ms: _Optional[float] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("trace_id", "root", "e2e_ms", "critical_path_ms", "calls", "tools", "path")
+    __slots__ = ("trace_id", "root", "e2e_ms", "critical_path_ms", "calls", "tools", "path", "cycles")
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     ROOT_FIELD_NUMBER: _ClassVar[int]
     E2E_MS_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class Run(_message.Message):
     CALLS_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    CYCLES_FIELD_NUMBER: _ClassVar[int]
     trace_id: str
     root: RunRoot
     e2e_ms: float
@@ -142,7 +143,8 @@ class Run(_message.Message):
     calls: _containers.RepeatedCompositeFieldContainer[RunCall]
     tools: _containers.RepeatedCompositeFieldContainer[RunTool]
     path: _containers.RepeatedCompositeFieldContainer[PathStep]
-    def __init__(self, trace_id: _Optional[str] = ..., root: _Optional[_Union[RunRoot, _Mapping]] = ..., e2e_ms: _Optional[float] = ..., critical_path_ms: _Optional[_Union[RunBudget, _Mapping]] = ..., calls: _Optional[_Iterable[_Union[RunCall, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[RunTool, _Mapping]]] = ..., path: _Optional[_Iterable[_Union[PathStep, _Mapping]]] = ...) -> None: ...
+    cycles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trace_id: _Optional[str] = ..., root: _Optional[_Union[RunRoot, _Mapping]] = ..., e2e_ms: _Optional[float] = ..., critical_path_ms: _Optional[_Union[RunBudget, _Mapping]] = ..., calls: _Optional[_Iterable[_Union[RunCall, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[RunTool, _Mapping]]] = ..., path: _Optional[_Iterable[_Union[PathStep, _Mapping]]] = ..., cycles: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Buckets(_message.Message):
     __slots__ = ("network", "queue", "preprocess", "prefill", "decode", "postprocess", "other")
