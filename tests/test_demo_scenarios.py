@@ -110,7 +110,11 @@ def test_scenario_gets_its_diagnosis_and_matches_the_truth(tmp_path: Path, name:
         assert "Check of the runs" in proc.stdout and "latscope explain" in proc.stdout
     else:
         assert report["run_check"] is None
-    assert "Diagnosis" in proc.stdout and "http://127.0.0.1:" in proc.stdout
+    assert "Diagnosis" in proc.stdout
+    # --exit: the page is gone when the report ends, so its address is not printed; and nothing
+    # reads as a crash (the slow network's proxy once logged a traceback per open connection).
+    assert "web page" not in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
     if not traffic_as_designed:
         pytest.skip(
             f"the traffic's measured truth had {truth_dominant} dominant, "

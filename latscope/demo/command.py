@@ -215,7 +215,7 @@ def main(args: argparse.Namespace) -> int:
         for child in replicas.children:
             if child in children:
                 children.remove(child)
-        report.print_report(console, run)
+        report.print_report(console, run, web_page=not args.exit)
         if args.json:
             Path(args.json).write_text(json.dumps(run.to_json(), indent=2))
         status = 0
