@@ -35,6 +35,8 @@ COMMANDS: dict[str, str] = {
     "diagnose": "latscope.cmd.diagnose",
     "why": "latscope.cmd.why",
     "timeline": "latscope.cmd.timeline",
+    "heatmap": "latscope.cmd.heatmap",
+    "coldstart": "latscope.cmd.coldstart",
     "explain": "latscope.cmd.explain",
     "export": "latscope.cmd.export",
     "slo": "latscope.cmd.slo",

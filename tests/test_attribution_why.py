@@ -208,6 +208,29 @@ def test_the_scale_up_is_flagged_as_warm_up(store: Store, gen) -> None:
     )
 
 
+def test_the_fleet_present_when_the_data_begins_is_not_a_cold_start(store: Store) -> None:
+    # Three replicas serving from the first request of the service's data (latscope just
+    # started): none appeared, so no request is warm-up; a replica added an hour later is.
+    service = _service("fleet")
+    start = T0 + H
+    df, _ = planted.scale_up(start, service=service, span_ns=2 * H, scale_at=start + H)
+    planted.insert(store, df)
+    rule = cs.WarmupRule(warmup_requests=5, warmup_s=0)
+    before = cs.coldstart(
+        store, since_ns=start - 10 * 60 * S, until_ns=start + 30 * 60 * S, service=service,
+        rule=rule,
+    )  # fmt: skip
+    assert before["appeared"] == 0 and before["warmup"]["count"] == 0
+    assert not any(r["appeared"] for r in before["replicas"])
+    assert before["warm"]["count"] == df.filter(pl.col("Timestamp") < start + 30 * 60 * S).height
+    assert cs.verdict(before) is None
+    after = cs.coldstart(store, since_ns=start, until_ns=start + 2 * H, service=service, rule=rule)
+    assert sorted(r["replica"] for r in after["replicas"] if r["appeared"]) == sorted(
+        planted.NEW_REPLICAS
+    )
+    assert after["warmup"]["count"] == 5 * len(planted.NEW_REPLICAS)
+
+
 def test_diagnose_names_where_and_since_when(store: Store, chat) -> None:
     _, service = chat
     got = ag.diagnose(store, since_ns=T0, until_ns=T0 + 3 * H, service=service)

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from latscope.cli import main
+from latscope.cmd import _render as r
 from tests.serve_support import Server
 from tests.surfaces import dataset_store
 
@@ -63,7 +64,7 @@ def test_report_shows_percentiles_and_budget(served, capsys) -> None:
     assert "llama-3-8b" in out and "mistral-7b" in out
     assert f"{summary['buckets_ms']['prefill']['p50']:.1f} ms" in out
     assert f"{summary['buckets_ms']['decode']['share'] * 100:.1f}%" in out
-    assert "█" in out  # the stacked bars
+    assert f"{r.GLYPHS['decode']} decode" in out  # the stacked bars' legend (piped: glyphs)
 
 
 @pytest.mark.subprocess

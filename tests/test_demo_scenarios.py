@@ -86,12 +86,14 @@ def test_scenario_gets_its_diagnosis_and_matches_the_truth(tmp_path: Path, name:
     if name == "slow-network":
         assert check["proxy_added_ms"] >= 2 * scenarios.get(name).network_delay_ms
     if name == "scale-up":
-        # Every replica found, the requests they served cold found as warm-up, their extra
-        # time and its bucket as the simulator measured them.
+        # Every replica of the scale-up found (the one serving from the start is not a cold
+        # start), the requests they served cold found as warm-up, their extra time and its
+        # bucket as the simulator measured them.
+        scenario = scenarios.get(name)
         cold = report["cold_check"]
         assert cold["ok"], (cold, proc.stdout)
-        assert cold["replicas_found"] == scenarios.get(name).scale_to
-        assert report["coldstart"]["appeared"] == scenarios.get(name).scale_to
+        assert cold["replicas_found"] == scenario.scale_to - scenario.replicas
+        assert report["coldstart"]["appeared"] == scenario.scale_to - scenario.replicas
         assert "Cold-start check" in proc.stdout
     if name == "agent":
         # Every call of every run found and graded above; each run's critical path (e2e, the
@@ -110,7 +112,11 @@ def test_scenario_gets_its_diagnosis_and_matches_the_truth(tmp_path: Path, name:
         assert "Check of the runs" in proc.stdout and "latscope explain" in proc.stdout
     else:
         assert report["run_check"] is None
-    assert "Diagnosis" in proc.stdout and "http://127.0.0.1:" in proc.stdout
+    assert "Diagnosis" in proc.stdout
+    # --exit: the page is gone when the report ends, so its address is not printed; and nothing
+    # reads as a crash (the slow network's proxy once logged a traceback per open connection).
+    assert "web page" not in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
     if not traffic_as_designed:
         pytest.skip(
             f"the traffic's measured truth had {truth_dominant} dominant, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -114,3 +115,36 @@ def test_proxy_delays_both_ways_and_records_what_it_added() -> None:
     rec = records["abc123"]
     assert rec.up_ns >= delay * 1e9 and rec.down_ns >= delay * 1e9
     assert rec.added_ns == rec.up_ns + rec.down_ns
+
+
+@pytest.mark.subprocess
+def test_proxy_stop_with_open_connections_reports_no_error() -> None:
+    # stop() while clients still hold connections: asyncio must report nothing (each one was a
+    # CancelledError traceback in the demo's output).
+    async def main() -> list[dict]:
+        errors: list[dict] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+
+        async def upstream(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await r.read()  # holds the connection until the other side closes
+            w.close()
+
+        server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+        proxy = DelayProxy(("127.0.0.1", server.sockets[0].getsockname()[1]), 0.0)
+        host, port = await proxy.start()
+        clients = [await asyncio.open_connection(host, port) for _ in range(4)]
+        for _, w in clients:
+            w.write(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+            await w.drain()
+        while proxy.connections < len(clients):
+            await asyncio.sleep(0.01)
+        await proxy.stop()
+        for _, w in clients:
+            w.close()
+            with contextlib.suppress(ConnectionError):  # the proxy closed its end first
+                await w.wait_closed()
+        server.close()
+        await server.wait_closed()
+        return errors
+
+    assert asyncio.run(main()) == []

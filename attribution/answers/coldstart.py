@@ -12,8 +12,11 @@ seven buckets.
 
 A replica is looked for ``lookback_s`` before the window, so one that appeared just before it
 still has its warm-up flagged; one first seen in the first ``LOOKBACK_GRACE_S`` of that lookback
-is taken to have been running before it (its first request there is not its first ever).
-Replicas appearing within ``SCALE_UP_GAP_S`` of each other make one scale-up.
+is taken to have been running before it (its first request there is not its first ever). So is
+one of the fleet present when its service's data begins (latscope just started, or the service
+was quiet): its first request came among the service's first ``INITIAL_FLEET_FACTOR`` x
+(replicas) requests, as a load balancer sends them to every replica it has. Replicas appearing
+within ``SCALE_UP_GAP_S`` of each other make one scale-up.
 
 >>> coldstart(store, since_ns=t0, until_ns=t1)  # doctest: +SKIP
 {"rule": {...}, "replicas": [{"service": "llm", "replica": "llm-7", "appeared": True, ...}],
@@ -38,6 +41,7 @@ from latscope.storage import Store
 
 __all__ = [
     "COLD_START_CAUSE",
+    "INITIAL_FLEET_FACTOR",
     "LOOKBACK_GRACE_S",
     "REPLICA_KEYS",
     "SCALE_UP_GAP_S",
@@ -56,6 +60,12 @@ REPLICA_KEYS = ("service.instance.id", "k8s.pod.name", "host.name")
 #: service rarely goes five minutes without a request, so one first seen that early in the
 #: lookback was most likely already serving.
 LOOKBACK_GRACE_S = 300
+#: A replica whose first request is among its service's first (this x replicas) requests was
+#: there when the data began: a load balancer reaches every replica it has within a few rounds
+#: (round-robin in one, random choice in about ln(replicas)).
+INITIAL_FLEET_FACTOR = 3
+#: The service's first requests are read up to this many (fleets up to a fifth of it).
+MAX_INITIAL_REQUESTS = 256
 #: Replicas appearing this close to each other are one scale-up: an autoscaler adds replicas in
 #: steps over a few minutes, while scale-ups for separate load peaks are further apart.
 SCALE_UP_GAP_S = 300
@@ -170,7 +180,9 @@ def coldstart(
         "lookback_ns": lookback_ns,
         "service": service or "",
         "model": model or "",
-        "n_first": max(1, rule.warmup_requests),
+        # Each replica's first requests, enough to know its warm-up cut and, merged, the
+        # service's first requests (``_initial_fleet``).
+        "n_first": max(rule.warmup_requests, MAX_INITIAL_REQUESTS),
     }
     grace_ns = lookback_ns + LOOKBACK_GRACE_S * 10**9
     warmup_ns = int(rule.warmup_s * 1e9)
@@ -179,9 +191,11 @@ def coldstart(
     # Reads skip FINAL where the hour is known clean (``window.raw_ranges``).
     looked = window.raw_ranges(store, [(lookback_ns, int(until_ns))])
     rows = window.raw_rows(looked, params, _COLUMNS, FILTERS, prefix="l")
-    for row in store.query_arrow(render(REPLICAS_SQL, {"ROWS": rows}), params).to_pylist():
+    found = store.query_arrow(render(REPLICAS_SQL, {"ROWS": rows}), params).to_pylist()
+    initial = _initial_fleet(found)
+    for row in found:
         first = int(row["first_ns"])
-        appeared = first >= grace_ns
+        appeared = first >= grace_ns and (row["service"], row["replica"]) not in initial
         cut = 0
         if appeared:
             firsts = row["firsts"]
@@ -266,6 +280,25 @@ def coldstart(
         "dominant": dominant,
         "scale_ups": _scale_ups(new_replicas, since_ns),
     }
+
+
+def _initial_fleet(found: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(service, replica) of the replicas there when each service's data begins: first seen
+    among the service's first ``INITIAL_FLEET_FACTOR`` x (its replicas) requests."""
+    firsts: dict[str, list[int]] = {}
+    replicas: dict[str, int] = {}
+    for row in found:
+        # The union of every replica's first requests holds the service's first ones.
+        firsts.setdefault(row["service"], []).extend(row["firsts"])
+        replicas[row["service"]] = replicas.get(row["service"], 0) + 1
+    initial = set()
+    for row in found:
+        service = row["service"]
+        times = sorted(firsts[service])[:MAX_INITIAL_REQUESTS]
+        among = min(INITIAL_FLEET_FACTOR * replicas[service], len(times))
+        if int(row["first_ns"]) <= times[among - 1]:
+            initial.add((service, row["replica"]))
+    return initial
 
 
 def _scale_ups(appeared: list[dict[str, Any]], since_ns: int) -> list[dict[str, Any]]:

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.measure import Measurement
+from rich.table import Column, Table
 from rich.text import Text
 
 from latscope.semconv import BUCKETS
@@ -25,11 +26,72 @@ COLOURS: dict[str, str] = {
     "postprocess": "yellow",
     "other": "grey50",
 }
+#: Without colour (piped, ``NO_COLOR``) a bar cell is its bucket's glyph, so stacked bars and
+#: legends still tell the buckets apart.
+GLYPHS: dict[str, str] = {
+    "network": "~",
+    "queue": ".",
+    "preprocess": ":",
+    "prefill": "#",
+    "decode": "=",
+    "postprocess": "+",
+    "other": "-",
+}
 BAR_WIDTH = 60
+#: The narrowest a wrapping column gets for its longest word (ids, UUIDs are cut beyond it).
+WORD_CAP = 16
 
 
 def console() -> Console:
     return Console(highlight=False, soft_wrap=False)
+
+
+def coloured(out: Console | None = None) -> bool:
+    """Whether the output shows colour (a terminal without ``NO_COLOR``)."""
+    out = out or console()
+    return out.color_system is not None and not out.no_color
+
+
+def fit(table: Table, drop: Sequence[str] = (), width: int | None = None) -> Table:
+    """Lay ``table`` out for ``width`` (default: the terminal's) instead of cutting every cell.
+
+    Columns that may wrap (``no_wrap=False``: names, values) share what the others leave, each
+    at least its longest word (up to ``WORD_CAP``: a longer one is cut with an ellipsis); while
+    even that is too wide, the columns named in ``drop`` are removed, in that order (the least
+    useful first). Returns ``table``.
+    """
+    out = console()
+    width = width or out.width
+    options = out.options.update(width=width)
+
+    def measure(column: Column) -> tuple[int, int]:
+        least = most = column.min_width or 0
+        for value in (column.header, *column.cells):
+            m = Measurement.get(out, options, Text(value) if isinstance(value, str) else value)
+            least = max(least, m.maximum if column.no_wrap else min(m.minimum, WORD_CAP))
+            most = max(most, m.maximum)
+        return least, most
+
+    def room() -> int:
+        left, right = table.padding[3], table.padding[1]
+        gaps = (left + right) * (len(table.columns) - (0 if table.pad_edge else 1))
+        return width - max(0, gaps)
+
+    for header in [None, *drop]:
+        if header is not None:
+            table.columns[:] = [c for c in table.columns if c.header != header]
+            for index, column in enumerate(table.columns):
+                column._index = index  # rich pads by it: the last column has no right edge
+        sizes = [measure(c) for c in table.columns]
+        if sum(least for least, _ in sizes) <= room():
+            break
+    spare = room() - sum(least for least, _ in sizes)
+    wanted = sum(most - least for least, most in sizes)
+    if spare < wanted:  # not everything fits on one line: wrapping columns share the spare room
+        for column, (least, most) in zip(table.columns, sizes, strict=True):
+            if not column.no_wrap:
+                column.max_width = least + (most - least) * spare // max(1, wanted)
+    return table
 
 
 @contextmanager
@@ -62,29 +124,38 @@ def pct(value: float | None) -> str:
     return "0.0%" if text == "-0.0%" else text  # a tiny negative share is nothing, not minus
 
 
-def stacked_bar(parts: Mapping[str, float | None], width: int = BAR_WIDTH) -> Text:
-    """A bar of ``width`` cells split among the buckets in proportion (largest remainder)."""
-    values = {b: max(0.0, parts.get(b) or 0.0) for b in BUCKETS}
+def stacked_bar(
+    parts: Mapping[str, float | None],
+    width: int = BAR_WIDTH,
+    *,
+    colours: Mapping[str, str] = COLOURS,
+    glyphs: Mapping[str, str] = GLYPHS,
+) -> Text:
+    """A bar of ``width`` cells split among the parts in proportion (largest remainder), in the
+    order of ``colours``: in colour, else in each part's glyph."""
+    values = {k: max(0.0, parts.get(k) or 0.0) for k in colours}
     total = sum(values.values())
     text = Text()
     if total <= 0:
         return text.append("·" * width, style="grey30")
-    exact = {b: v / total * width for b, v in values.items()}
-    cells = {b: int(x) for b, x in exact.items()}
-    for b in sorted(exact, key=lambda b: exact[b] - cells[b], reverse=True)[
+    exact = {k: v / total * width for k, v in values.items()}
+    cells = {k: int(x) for k, x in exact.items()}
+    for k in sorted(exact, key=lambda k: exact[k] - cells[k], reverse=True)[
         : width - sum(cells.values())
     ]:
-        cells[b] += 1
-    for b in BUCKETS:
-        if cells[b]:
-            text.append("█" * cells[b], style=COLOURS[b])
+        cells[k] += 1
+    colour = coloured()
+    for k, n in cells.items():
+        if n:
+            text.append(("█" if colour else glyphs[k]) * n, style=colours[k])
     return text
 
 
-def legend() -> Text:
+def legend(colours: Mapping[str, str] = COLOURS, glyphs: Mapping[str, str] = GLYPHS) -> Text:
     text = Text()
-    for b in BUCKETS:
-        text.append("█ ", style=COLOURS[b]).append(b + "  ")
+    colour = coloured()
+    for k, style in colours.items():
+        text.append(("█" if colour else glyphs[k]) + " ", style=style).append(k + "  ")
     return text
 
 
@@ -124,12 +195,15 @@ def waterfall(
     table.add_column("dur ms", justify="right", no_wrap=True)
     table.add_column("timeline", no_wrap=True)
     scale = width / total_ms if total_ms > 0 else 0.0
+    in_colour = coloured()
     for s in spans:
         start = max(0.0, s["start_ms"])
         lo = min(width, int(start * scale))
         hi = min(width, max(lo + 1, round((start + s["duration_ms"]) * scale)))
-        colour = COLOURS.get(s.get("phase") or "", "white" if s["kind"] != "Client" else "blue")
-        bar = Text(" " * lo).append("▇" * (hi - lo), style=colour).append(" " * (width - hi))
+        phase = s.get("phase") or ""
+        colour = COLOURS.get(phase, "white" if s["kind"] != "Client" else "blue")
+        glyph = "▇" if in_colour else GLYPHS.get(phase, "▇")
+        bar = Text(" " * lo).append(glyph * (hi - lo), style=colour).append(" " * (width - hi))
         name = "  " * s.get("depth", 0) + s["name"]
         cells = [name, s["service"], f"{s['start_ms']:.1f}", f"{s['duration_ms']:.1f}", bar]
         if marks:

@@ -53,7 +53,7 @@ def render(body: dict[str, Any]) -> None:
         return
     table = Table(header_style="bold", box=None, pad_edge=False)
     table.add_column("ms", no_wrap=True, min_width=11)
-    for col in ("p50 was", "now", "Δ", "p99 was", "now", "Δ", "Δmean", "Δshare"):
+    for col in ("p50 was", "p50 now", "Δp50", "p99 was", "p99 now", "Δp99", "Δmean", "Δshare"):
         table.add_column(col, justify="right", no_wrap=True)
 
     def row(name: Text, d: dict[str, Any], share: dict[str, Any] | None) -> None:
@@ -74,7 +74,8 @@ def render(body: dict[str, Any]) -> None:
         d = body["buckets_ms"][bucket]
         style = "bold " + r.COLOURS[bucket] if bucket == body["mover"] else r.COLOURS[bucket]
         row(Text(bucket, style=style), d, d["share"])
-    out.print(table)
+    # Narrow terminals keep the changes and drop what they were first.
+    out.print(r.fit(table, drop=("p50 was", "p99 was", "Δshare", "p50 now")))
     if body["mover"]:
         out.print(
             Text(

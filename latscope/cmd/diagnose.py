@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,13 +22,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _figure(key: str, value: Any) -> str:
+    """One evidence figure as the rest of the output writes it: ms, shares, times, lists."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int) and key.endswith("_ns"):
+        return _when(value)
     if isinstance(value, float):
         if key.endswith("_ms"):
             return r.ms(value)
         if "share" in key:
             return r.pct(value)
         return f"{value:.3g}"
+    if isinstance(value, Mapping):  # per bucket (or per part): the non-zero ones, largest first
+        parts = sorted(((k, v) for k, v in value.items() if v), key=lambda kv: -abs(kv[1]))
+        return "(" + ", ".join(f"{k} {_figure(key, v)}" for k, v in parts) + ")"
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value)
     return str(value)
+
+
+def _label(key: str) -> str:
+    """``since_ns`` reads as ``since``: the unit is in the figure."""
+    return key.removesuffix("_ns")
+
+
+def _when(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def where_text(where: dict[str, Any]) -> str:
@@ -71,7 +91,7 @@ def render(body: dict[str, Any]) -> None:
         if v.get("where"):
             out.print(Text("   where: ", style="bold").append(where_text(v["where"])))
         out.print("   evidence: " + ", ".join(
-            f"{k} {_figure(k, val)}" for k, val in v["evidence"].items() if val is not None
+            f"{_label(k)} {_figure(k, val)}" for k, val in v["evidence"].items() if val is not None
         ))  # fmt: skip
         for fix in v["fixes"]:
             out.print(f"   → {fix}")

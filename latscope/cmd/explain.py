@@ -22,6 +22,7 @@ _TRACE_ERRORS = ("several_requests", "no_inference_call")
 #: The run's budget beyond the LLM buckets, with their colours (the web page's hues).
 TOOL, APP = "tool", "app"
 RUN_COLOURS: dict[str, str] = {**r.COLOURS, TOOL: "dark_goldenrod", APP: "white"}
+RUN_GLYPHS: dict[str, str] = {**r.GLYPHS, TOOL: "*", APP: "o"}
 #: Calls and tools listed at most (the waterfall shows every span).
 MAX_ROWS = 50
 #: A request id: 32 hex digits, '-', 16 hex digits.
@@ -138,29 +139,8 @@ def run_parts(budget: Mapping[str, Any]) -> dict[str, float]:
 
 
 def run_bar(parts: Mapping[str, float], width: int = r.BAR_WIDTH) -> Text:
-    """A bar of ``width`` cells split among the parts in proportion (largest remainder)."""
-    values = {k: max(0.0, v) for k, v in parts.items()}
-    total = sum(values.values())
-    text = Text()
-    if total <= 0:
-        return text.append("·" * width, style="grey30")
-    exact = {k: v / total * width for k, v in values.items()}
-    cells = {k: int(x) for k, x in exact.items()}
-    for k in sorted(exact, key=lambda k: exact[k] - cells[k], reverse=True)[
-        : width - sum(cells.values())
-    ]:
-        cells[k] += 1
-    for k, n in cells.items():
-        if n:
-            text.append("█" * n, style=RUN_COLOURS[k])
-    return text
-
-
-def _run_legend() -> Text:
-    text = Text()
-    for k, colour in RUN_COLOURS.items():
-        text.append("█ ", style=colour).append(k + "  ")
-    return text
+    """A bar of ``width`` cells split among the run's parts in proportion."""
+    return r.stacked_bar(parts, width, colours=RUN_COLOURS, glyphs=RUN_GLYPHS)
 
 
 def dominant(buckets: Mapping[str, float | None]) -> str | None:
@@ -192,7 +172,8 @@ def _calls_table(run: Mapping[str, Any]) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("call", "service", "model", "start ms", "e2e", "on path", "dominant"):
         right = col in ("start ms", "e2e", "on path")
-        table.add_column(col, justify="right" if right else "left", no_wrap=True)
+        names = col in ("service", "model")  # these wrap; the figures never do
+        table.add_column(col, justify="right" if right else "left", no_wrap=not names)
     for n, call in enumerate(run["calls"][:MAX_ROWS], 1):
         a = call["attribution"]
         top = dominant(a["buckets_ms"])
@@ -221,7 +202,8 @@ def _ids_table(run: Mapping[str, Any]) -> Table:
 def _tools_table(run: Mapping[str, Any]) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("tool call", "start ms", "dur", "on path"):
-        table.add_column(col, justify="left" if col == "tool call" else "right", no_wrap=True)
+        name = col == "tool call"
+        table.add_column(col, justify="left" if name else "right", no_wrap=not name)
     for t in run["tools"][:MAX_ROWS]:
         table.add_row(
             t["name"],
@@ -246,19 +228,19 @@ def render_run(body: dict[str, Any]) -> None:
         "(what the root waited on), the time went to:"
     )
     out.print(run_bar(run_parts(run["critical_path_ms"])))
-    out.print(_run_legend())
+    out.print(r.legend(RUN_COLOURS, RUN_GLYPHS))
     out.print(_budget_table(run))
     if calls:
         out.print()
         out.print(Text("calls", style="bold"))
-        out.print(_calls_table(run))
+        out.print(r.fit(_calls_table(run), drop=("dominant", "start ms")))
         out.print(_ids_table(run))
         if len(calls) > MAX_ROWS:
             out.print(f"  … and {len(calls) - MAX_ROWS} more")
     if tools:
         out.print()
         out.print(Text("tools", style="bold"))
-        out.print(_tools_table(run))
+        out.print(r.fit(_tools_table(run), drop=("start ms",)))
     out.print()
     out.print(Text("spans", style="bold"))
     out.print(r.waterfall(spans, run["e2e_ms"], marks=_marks(spans)))

@@ -47,19 +47,21 @@ def render(body: dict[str, Any]) -> None:
         "e2e  " + "  ".join(f"{k} {r.ms(e2e[k])}" for k in ("p50", "p90", "p95", "p99", "mean"))
     )
     out.print()
+    rows = [("all", body["count"], _shares(body), e2e["p99"])] + [
+        (g["key"] or "(none)", g["count"], _shares(g), g["e2e_ms"]["p99"])
+        for g in body.get("groups") or []
+    ]
+    # The labels whole where they fit; the bars take what is left (10 to 40 cells).
+    label = max(len(row[0]) for row in rows)
+    figures = max(len(str(row[1])) for row in rows) + max(len(r.ms(row[3])) for row in rows)
+    bar = max(10, min(40, out.width - label - figures - 6))
     bars = Table(box=None, pad_edge=False, show_header=False)
-    bars.add_column("group", no_wrap=True, max_width=28)
-    bars.add_column("n", justify="right")
+    bars.add_column("group", overflow="fold")
+    bars.add_column("n", justify="right", no_wrap=True)
     bars.add_column("bar", no_wrap=True)
-    bars.add_column("p99", justify="right")
-    bars.add_row("all", str(body["count"]), r.stacked_bar(_shares(body), 40), r.ms(e2e["p99"]))
-    for group in body.get("groups") or []:
-        bars.add_row(
-            group["key"] or "(none)",
-            str(group["count"]),
-            r.stacked_bar(_shares(group), 40),
-            r.ms(group["e2e_ms"]["p99"]),
-        )
+    bars.add_column("p99", justify="right", no_wrap=True)
+    for key, count, shares, p99 in rows:
+        bars.add_row(key, str(count), r.stacked_bar(shares, bar), r.ms(p99))
     out.print(bars)
     out.print(r.legend())
     out.print()

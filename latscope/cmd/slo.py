@@ -54,9 +54,8 @@ def render(body: dict[str, Any]) -> None:
     out = r.console()
     table = Table(header_style="bold", box=None, pad_edge=False)
     for col in ("objective", "n", "met", "budget", "5m", "30m", "1h", "6h", "alert"):
-        table.add_column(
-            col, justify="left" if col in ("objective", "alert") else "right", no_wrap=True
-        )
+        text = col in ("objective", "alert")  # these wrap; the figures never do
+        table.add_column(col, justify="left" if text else "right", no_wrap=not text)
     for o in body["objectives"]:
         rates = o["burn_rates"]
         alerts = [name for name, on in o["alerts"].items() if on]
@@ -73,7 +72,8 @@ def render(body: dict[str, Any]) -> None:
             Text(", ".join(alerts) or "ok", style="bold red" if alerts else "green"),
         )
     out.print(Text(f"SLOs as of {body['at']}", style="bold"))
-    out.print(table)
+    # Narrow terminals keep the fast-burn pair (1h, 5m) longest: what pages first.
+    out.print(r.fit(table, drop=("30m", "6h", "n", "5m")))
     for o in body["objectives"]:
         if (line := spent_on(o)) is not None:
             out.print(line)

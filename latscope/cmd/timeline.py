@@ -59,6 +59,17 @@ def _clock(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%m-%d %H:%M:%S")
 
 
+def step_label(ns: int, step_s: float) -> str:
+    """A step's start as precise as the step: seconds below a minute, no time of day for days."""
+    if step_s < 60:
+        fmt = "%m-%d %H:%M:%S"
+    elif step_s < 86_400:
+        fmt = "%m-%d %H:%M"
+    else:
+        fmt = "%Y-%m-%d"
+    return datetime.fromtimestamp(ns / 1e9, UTC).strftime(fmt)
+
+
 def _peak(values: list[float | None]) -> str:
     known = [v for v in values if v is not None]
     return r.ms(max(known)) if known else "—"
@@ -79,7 +90,7 @@ def render(body: dict[str, Any], *, table: bool = False) -> None:
         out.print("no attributed requests in this window (widen it with --since)")
         return
     if table:
-        _table(out, points)
+        _table(out, points, body["step_s"])
         return
     rows = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     rows.add_column("figure", no_wrap=True)
@@ -110,7 +121,7 @@ def _num(value: float | None, digits: int = 0) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def _table(out: Any, points: list[dict[str, Any]]) -> None:
+def _table(out: Any, points: list[dict[str, Any]], step_s: float) -> None:
     grid = Table(header_style="bold", box=None, pad_edge=False)
     for col in ("step (UTC)", "n", "e2e p50", "e2e p99", "where the time went", "ttft p99",
                 "tpot p99"):  # fmt: skip
@@ -118,7 +129,7 @@ def _table(out: Any, points: list[dict[str, Any]]) -> None:
     for p in points:
         shares = {b: p["buckets_ms"][b]["share"] for b in BUCKETS}
         grid.add_row(
-            datetime.fromtimestamp(p["start_ns"] / 1e9, UTC).strftime("%m-%d %H:%M"),
+            step_label(p["start_ns"], step_s),
             str(p["count"]),
             _num(p["e2e_ms"]["p50"]),
             _num(p["e2e_ms"]["p99"]),
@@ -126,7 +137,7 @@ def _table(out: Any, points: list[dict[str, Any]]) -> None:
             _num(p["ttft_ms"]["p99"]),
             _num(p["tpot_ms"]["p99"], 1),
         )
-    out.print(grid)
+    out.print(r.fit(grid, drop=("e2e p50", "tpot p99")))
     out.print("times in ms", style="dim")
     out.print(r.legend())
 

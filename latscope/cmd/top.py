@@ -260,6 +260,10 @@ def open_feed(args: argparse.Namespace) -> Feed:
     return RestFeed(args)
 
 
+def _ended_ns(request: dict[str, Any]) -> float:
+    return request["start_unix_nano"] + request["e2e_ms"] * 1e6
+
+
 def _screen(recent: deque[dict[str, Any]], seen: int, source: str, note: str = "") -> Group:
     head = Text("latscope top", style="bold").append(f"  {source}  {seen} requests seen", style="")
     if note:
@@ -269,7 +273,9 @@ def _screen(recent: deque[dict[str, Any]], seen: int, source: str, note: str = "
         groups.setdefault((req["service"], req["model"]), []).append(req)
     budget = Table(header_style="bold", box=None, pad_edge=False, title_justify="left")
     for col in ("service", "model", "n", "p50", "p99", "budget"):
-        budget.add_column(col, justify="right" if col in ("n", "p50", "p99") else "left")
+        names = col in ("service", "model")  # these wrap; the figures and bars never do
+        budget.add_column(col, justify="left" if names or col == "budget" else "right",
+                          no_wrap=not names)  # fmt: skip
     for (service, model), reqs in sorted(groups.items()):
         e2e = sorted(q["e2e_ms"] for q in reqs)
         totals = {b: sum(q["buckets_ms"].get(b) or 0.0 for q in reqs) for b in BUCKETS}
@@ -282,12 +288,17 @@ def _screen(recent: deque[dict[str, Any]], seen: int, source: str, note: str = "
     # The whole request id: what `latscope explain` takes (trace id '-' span id).
     latest.add_column("request id (latscope explain ID)", no_wrap=True, min_width=49)
     for col in ("service", "model", "e2e", "ttft", "budget"):
-        latest.add_column(col, justify="right" if col in ("e2e", "ttft") else "left", no_wrap=True)
-    for req in list(recent)[-LATEST:][::-1]:
+        names = col in ("service", "model")
+        latest.add_column(col, justify="right" if col in ("e2e", "ttft") else "left",
+                          no_wrap=not names)  # fmt: skip
+    # Newest first by when each request ended: a poll brings a batch in no time order.
+    for req in sorted(recent, key=_ended_ns)[-LATEST:][::-1]:
         latest.add_row(
             req.get("request_id") or req["trace_id"], req["service"], req["model"],
             r.ms(req["e2e_ms"]), r.ms(req.get("ttft_ms")), r.stacked_bar(req["buckets_ms"], 24),
         )  # fmt: skip
+    r.fit(budget, drop=("p50", "model"))
+    r.fit(latest, drop=("budget", "model", "ttft"))
     parts: list[Any] = [head, budget, r.legend(), Text("latest", style="bold"), latest]
     if not seen:
         parts.append(Text("waiting for requests to be attributed…", style="italic"))

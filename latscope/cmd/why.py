@@ -21,6 +21,8 @@ from latscope.cmd._source import (
 
 HELP = "what is different about the slowest requests: dimensions ranked, extra time by bucket"
 
+#: Fewer requests than this on either side are too few to tell a pattern from chance.
+FEW = 5
 #: Dimensions shown, and values per dimension.
 SHOW_DIMENSIONS = 6
 
@@ -138,16 +140,30 @@ def render(body: dict[str, Any]) -> None:
                 f"mostly {top['dominant'] or '—'}; since {_when(top['since_ns'])}"
             )
         )
+    few = min(sel["count"], base["count"]) < FEW
+    if not body["dimensions"]:
+        out.print(
+            f"no dimension sets these {sel['count']} requests apart from the other "
+            f"{base['count']}" + ("; too few to compare (widen it with --since)" if few else "")
+        )
+        return
+    if few:
+        out.print(
+            f"only {sel['count']} against {base['count']} requests: too few to tell a pattern "
+            "from chance (widen the window with --since)",
+            style="yellow",
+        )
     table = Table(header_style="bold", box=None, pad_edge=False)
-    for col, justify, width in (
-        ("dimension", "left", 28),
-        ("value", "left", 20),
-        ("here", "right", 5),
-        ("rest", "right", 5),
-        ("extra each", "right", 10),
-        ("mostly", "left", 11),
+    for col, justify in (
+        ("dimension", "left"),
+        ("value", "left"),
+        ("here", "right"),
+        ("rest", "right"),
+        ("extra each", "right"),
+        ("mostly", "left"),
     ):
-        table.add_column(col, justify=justify, no_wrap=True, max_width=width)  # type: ignore[arg-type]
+        # The names wrap; the figures never do.
+        table.add_column(col, justify=justify, no_wrap=col not in ("dimension", "value"))  # type: ignore[arg-type]
     for dim in body["dimensions"][:SHOW_DIMENSIONS]:
         for i, v in enumerate(dim["values"]):
             table.add_row(
@@ -158,7 +174,7 @@ def render(body: dict[str, Any]) -> None:
                 r.ms(v["extra_ms"]),
                 Text(v["dominant"] or "—", style=r.COLOURS.get(v["dominant"] or "", "")),
             )
-    out.print(table)
+    out.print(r.fit(table, drop=("mostly",)))
     if body["examples"]:
         out.print(
             "slowest of them: "

@@ -199,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
         children.append(serve)
         otlp = f"http://{serve.found['grpc']}"
         replicas = Replicas(scenario, otlp, args.clock_skew)
-        children.extend(replicas.start(scenario.replicas))
+        children.extend(replicas.start(scenario.replicas, warm=True))
         run = DemoRun(scenario, args.duration, args.clock_skew)
         run.web_url = serve.found["http"].rstrip("/") + "/"
         execute(
@@ -215,7 +215,7 @@ def main(args: argparse.Namespace) -> int:
         for child in replicas.children:
             if child in children:
                 children.remove(child)
-        report.print_report(console, run)
+        report.print_report(console, run, web_page=not args.exit)
         if args.json:
             Path(args.json).write_text(json.dumps(run.to_json(), indent=2))
         status = 0
@@ -271,8 +271,9 @@ class Replicas:
         self.children: list[processes.Child] = []
         self.urls: list[str] = []
 
-    def start(self, count: int) -> list[processes.Child]:
-        """Start ``count`` more replicas at once; each joins ``urls`` as soon as it answers."""
+    def start(self, count: int, *, warm: bool = False) -> list[processes.Child]:
+        """Start ``count`` more replicas at once; each joins ``urls`` as soon as it answers.
+        ``warm``: the fleet the run starts with, serving before it (no cold period)."""
         first = len(self.children) + 1
         # Only a scenario with replicas names them (the others run one, as before).
         names = [
@@ -281,7 +282,7 @@ class Replicas:
 
         def one(name: str) -> processes.Child:
             child = processes.start_simulator(
-                self.scenario.name, self.otlp, self.clock_skew_s, instance_id=name
+                self.scenario.name, self.otlp, self.clock_skew_s, instance_id=name, warm=warm
             )
             self.children.append(child)
             self.urls.append(child.found["url"])
@@ -351,7 +352,10 @@ def execute(
         if run.scenario.agent:
             run.run_check = build_run_check(run)
         if run.coldstart is not None:
-            run.cold_check = check_cold(run.coldstart, _cold_truth(run), len(replicas.children))
+            # The fleet the run started with was serving before it: only the scale-up's
+            # replicas are new.
+            started = len(replicas.children) - run.scenario.replicas
+            run.cold_check = check_cold(run.coldstart, _cold_truth(run), started)
 
 
 def _cold_truth(run: DemoRun) -> list[tuple[bool, dict[str, tuple[int, int]]]]:

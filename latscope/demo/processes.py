@@ -127,9 +127,10 @@ def start_simulator(
     *,
     env: dict[str, str] | None = None,
     instance_id: str = "",
+    warm: bool = False,
 ) -> Child:
-    """The simulated LLM server (one replica: ``instance_id`` is its service.instance.id);
-    ``found["url"]`` is its base URL."""
+    """The simulated LLM server (one replica: ``instance_id`` is its service.instance.id;
+    ``warm``: serving before the run, no cold period); ``found["url"]`` is its base URL."""
     return start(
         f"demo LLM server {instance_id}".strip(),
         [
@@ -141,6 +142,7 @@ def start_simulator(
             "--clock-skew",
             repr(clock_skew_s),
             *(("--instance-id", instance_id) if instance_id else ()),
+            *(("--warm",) if warm else ()),
         ],
         {"url": r"latscope demo server: (http://\S+)"},
         env=env,

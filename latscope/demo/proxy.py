@@ -104,7 +104,6 @@ class DelayProxy:
                 server_r, server_w = await asyncio.open_connection(*self.upstream)
             except OSError as exc:
                 log.warning("proxy: cannot reach %s:%s: %s", *self.upstream, exc)
-                client_w.close()
                 return
             conn = _Connection()
             up = asyncio.create_task(self._pipe(client_r, server_w, conn, upstream=True))
@@ -114,9 +113,14 @@ class DelayProxy:
             finally:
                 for t in (up, down):
                     t.cancel()
-                for w in (server_w, client_w):
-                    w.close()
+                server_w.close()
+        except asyncio.CancelledError:
+            # stop() cancels connections still open. The task ends normally instead of as
+            # cancelled: Python 3.11's start_server callback calls task.exception() on it, which
+            # raises for a cancelled task and logs a traceback per connection (3.12 checks first).
+            return
         finally:
+            client_w.close()
             self._tasks.discard(task)
 
     async def _pipe(

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from latscope.cmd._render import pct as _pct
 from latscope.semconv import BUCKETS
 
 #: A run's critical path: the LLM calls' buckets, then tool calls and the app's own time.
@@ -22,11 +23,8 @@ def _ms(value: float | None) -> str:
     return f"{value:,.1f}" if abs(value) < 10_000 else f"{value:,.0f}"
 
 
-def _pct(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.1f}%"
-
-
-def print_report(console: Console, run: DemoRun) -> None:
+def print_report(console: Console, run: DemoRun, *, web_page: bool = True) -> None:
+    """The run's report; ``web_page``: the page stays up after it, so its address is printed."""
     results = run.results
     errors = sum(1 for r in results if not r.ok)
     rate = len(results) / run.duration_s if run.duration_s else 0.0
@@ -61,7 +59,8 @@ def print_report(console: Console, run: DemoRun) -> None:
         print_cold_check(console, run)
     if run.run_check is not None:
         print_run_check(console, run)
-    console.print(f"\nlatscope's web page: [bold]{run.web_url}[/]")
+    if web_page:
+        console.print(f"\nlatscope's web page: [bold]{run.web_url}[/]")
 
 
 def print_summary(console: Console, summary: dict[str, Any]) -> None:

@@ -226,9 +226,10 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="scale-up",
             complaint="every time the autoscaler adds replicas, latency spikes for a while",
-            # One replica, then two more at 35 % of the run; each runs cold for 2 s from its
-            # first request (every prefill step 400 ms longer), and the load (Poisson, 15/s)
-            # goes round-robin to every replica as soon as it answers.
+            # One replica serving from before the run, then two more at 35 % of the run; each
+            # new one runs cold for 2 s from its first request (every prefill step 400 ms
+            # longer), and the load (Poisson, 15/s) goes round-robin to every replica as soon
+            # as it answers.
             engine=EngineConfig(cold_s=2.0, cold_prefill_ms=400.0),
             load=LoadConfig(
                 rate=15.0,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import signal
@@ -100,10 +101,13 @@ def count_prompt_tokens(req: ChatRequest) -> int:
     return sum(len(m.content.split()) + TEMPLATE_TOKENS_PER_MESSAGE for m in req.messages)
 
 
-def create_app(scenario: Scenario, recorder: TruthRecorder | None = None) -> FastAPI:
-    """The simulator's ASGI app; the engine runs while the app's lifespan does."""
+def create_app(
+    scenario: Scenario, recorder: TruthRecorder | None = None, *, warm: bool = False
+) -> FastAPI:
+    """The simulator's ASGI app; the engine runs while the app's lifespan does. ``warm``: the
+    replica was serving before the run, so it has no cold period."""
     recorder = recorder or TruthRecorder()
-    config = scenario.engine
+    config = dataclasses.replace(scenario.engine, cold_s=0.0) if warm else scenario.engine
     engine_box: dict[str, Engine] = {}
 
     @contextlib.asynccontextmanager
@@ -328,6 +332,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--instance-id", default="", help="service.instance.id of this replica (default: none)"
     )
     p.add_argument(
+        "--warm", action="store_true",
+        help="the replica was serving before the run: no cold period (the scenario's cold_s)",
+    )  # fmt: skip
+    p.add_argument(
         "--clock-skew", type=float, default=0.0, metavar="S",
         help="run the SDK's clock S seconds ahead of this host's (negative: behind)",
     )  # fmt: skip
@@ -355,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         clock=skewed_clock(args.clock_skew),
         resource_attributes={"service.instance.id": args.instance_id} if args.instance_id else None,
     )
-    app = create_app(scenario)
+    app = create_app(scenario, warm=args.warm)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

@@ -42,7 +42,8 @@ function ms(v, digits = 1) {
   return `${v.toFixed(digits)} ms`;
 }
 const num = (v, digits = 1) => (v === null || v === undefined ? "–" : v.toFixed(digits));
-const pct = (v) => (v === null || v === undefined ? "–" : `${(v * 100).toFixed(1)}%`);
+// A tiny negative share is nothing, not "-0.0%".
+const pct = (v) => (v === null || v === undefined ? "–" : `${(v * 100).toFixed(1).replace(/^-0\.0$/, "0.0")}%`);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 
 function el(tag, attrs = {}, ...children) {
