@@ -52,9 +52,9 @@ def render(body: dict[str, Any]) -> None:
         for g in body.get("groups") or []
     ]
     # The labels whole where they fit; the bars take what is left (10 to 40 cells).
-    label = max(len(row[0]) for row in rows)
+    labels = max(len(row[0]) for row in rows)
     figures = max(len(str(row[1])) for row in rows) + max(len(r.ms(row[3])) for row in rows)
-    bar = max(10, min(40, out.width - label - figures - 6))
+    bar = max(10, min(40, out.width - labels - figures - 6))
     bars = Table(box=None, pad_edge=False, show_header=False)
     bars.add_column("group", overflow="fold")
     bars.add_column("n", justify="right", no_wrap=True)
