@@ -183,10 +183,12 @@ def test_the_store_password_never_appears_in_the_collectors_log_or_answers(
         line = proc.stdout.readline()
         assert line, "\n".join(lines)
         lines.append(line)
-        if "OTLP/gRPC" in line:
-            grpc_addr = line.split()[-1]
-        if "HTTP" in line and "://" in line:
-            http_addr = line.split()[-1]
+        # The addresses' lines as serve prints them; debug logs may also name HTTP and URLs.
+        words = line.split()
+        if words[:1] == ["OTLP/gRPC"]:
+            grpc_addr = words[-1]
+        if words[:1] == ["HTTP"] and words[-1].startswith("http"):
+            http_addr = words[-1]
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     try:
