@@ -176,6 +176,7 @@ RULEBOOK = [
     "coldstart.WarmupRule.warmup_requests",
     "coldstart.WarmupRule.warmup_s",
     "coldstart.WarmupRule.lookback_s",
+    "coldstart.INITIAL_FLEET_FACTOR",
     "coldstart.LOOKBACK_GRACE_S",
     "coldstart.SCALE_UP_GAP_S",
     "dimensions.CONCENTRATION_PERCENTILE",
