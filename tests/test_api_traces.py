@@ -173,6 +173,28 @@ def test_the_trace_view_is_the_run_and_the_waterfall(served) -> None:
     for s in spans:
         if s["request_id"]:
             assert s["start_ms"] == pytest.approx(starts[s["request_id"]], abs=1e-6)
+    assert_depth_first(spans, run.built.spans)
+
+
+def assert_depth_first(rows: list[dict], stored: list) -> None:
+    """Jaeger's order: every span right after its parent's subtree began (its subtree whole,
+    before the next sibling), siblings by start, depth one below the parent's."""
+    parent = {s.span_id.hex(): s.parent_span_id.hex() for s in stored}  # OTLP: bytes
+    position = {r["span_id"]: i for i, r in enumerate(rows)}
+    for i, row in enumerate(rows):
+        p = parent[row["span_id"]]
+        if p not in position:
+            assert row["depth"] == 0
+            continue
+        assert position[p] < i and row["depth"] == rows[position[p]]["depth"] + 1
+        # Everything between the parent and this span is the parent's, deeper than this span's
+        # siblings, or an earlier sibling's subtree.
+        for between in rows[position[p] + 1 : i]:
+            assert between["depth"] > rows[position[p]]["depth"]
+    siblings: dict[str, list[float]] = {}
+    for row in rows:
+        siblings.setdefault(parent[row["span_id"]], []).append(row["start_ms"])
+    assert all(starts == sorted(starts) for starts in siblings.values())
 
 
 @pytest.mark.parametrize(
@@ -313,3 +335,23 @@ def test_watch_streams_every_call_of_a_trace(served, stub) -> None:
     assert done.wait(45), got
     stream.cancel()
     assert sorted(r for r in got if r in want) == sorted(want)
+
+
+def test_parallel_calls_list_each_calls_spans_under_it() -> None:
+    from latscope.api.trace import _tree_order
+
+    def row(span: str, parent: str, start: float) -> dict:
+        return {"span_id": span, "parent_span_id": parent, "start_ms": start, "depth": -1}
+
+    # Two calls started together: each one's phases under it, not interleaved by start.
+    rows = [
+        row("root", "", 0), row("a", "root", 1), row("b", "root", 1.5),
+        row("a-queue", "a", 2), row("b-queue", "b", 2.5), row("a-decode", "a", 3),
+        row("b-decode", "b", 3.5), row("gone", "not-stored", 4),
+        row("x", "y", 5), row("y", "x", 6), row("self", "self", 7),  # cycles
+    ]  # fmt: skip
+    got = [(r["span_id"], r["depth"]) for r in _tree_order(rows)]
+    assert got == [
+        ("root", 0), ("a", 1), ("a-queue", 2), ("a-decode", 2), ("b", 1), ("b-queue", 2),
+        ("b-decode", 2), ("gone", 0), ("x", 0), ("y", 1), ("self", 0),
+    ]  # fmt: skip

@@ -197,7 +197,8 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         "/traces/{trace_id}/spans", tags=["traces"], response_model=TraceSpans, responses=_ONE
     )
     def trace_spans(trace_id: TraceId) -> Response:
-        """Every span of a trace, server spans moved onto the client's clock, oldest first."""
+        """Every span of a trace, server spans moved onto the client's clock, depth-first: each
+        span's children under it, siblings by start (as a waterfall lists them)."""
         return _served(trace.trace_spans(store, trace_id))
 
     @router.get(

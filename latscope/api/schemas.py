@@ -162,7 +162,8 @@ SPAN_EXAMPLE = {
 
 
 class TraceSpans(Answer):
-    """Every span of a trace, server spans moved onto the client's clock, oldest first."""
+    """Every span of a trace, server spans moved onto the client's clock, depth-first: each span's
+    children under it, siblings by start (as a waterfall lists them)."""
 
     model_config = _example(
         {

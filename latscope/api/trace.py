@@ -177,32 +177,38 @@ def _skews(spans: Sequence[SpanRecord], results: Sequence[RequestAttribution]) -
     return shift
 
 
-def _depths(spans: Sequence[SpanRecord]) -> dict[str, int]:
-    """Span id -> how many stored ancestors it has, each span's chain walked once. Where the
-    parent links close a cycle (a client can send one), the span whose parent is already on the
-    chain counts as a root."""
-    index = TraceIndex(spans)
-    depth: dict[str, int] = {}
-    for span in spans:
-        chain: list[str] = []
-        on_chain: set[str] = set()
-        node: SpanRecord | None = span
-        while node is not None and node.span_id not in depth and node.span_id not in on_chain:
-            chain.append(node.span_id)
-            on_chain.add(node.span_id)
-            node = index.by_id.get(node.parent_span_id)
-        level = depth[node.span_id] + 1 if node is not None and node.span_id in depth else 0
-        for span_id in reversed(chain):
-            depth[span_id] = level
-            level += 1
-    return depth
+def _tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The waterfall's rows depth-first, as Jaeger lists a trace: each span's children right
+    under it, siblings (and roots) by start; ``depth`` set on each. A root is a span whose parent
+    is not stored; where parent links close a cycle (a client can send one), the earliest span
+    of what is left counts as a root. No recursion: a trace may be 100,000 spans deep."""
+    by_start = sorted(rows, key=lambda r: (r["start_ms"], r["span_id"]))
+    ids = {r["span_id"] for r in rows}
+    children: dict[str, list[dict[str, Any]]] = {}
+    for r in by_start:
+        if r["parent_span_id"] in ids and r["parent_span_id"] != r["span_id"]:
+            children.setdefault(r["parent_span_id"], []).append(r)
+    roots = [r for r in by_start if r["parent_span_id"] not in ids]
+    ordered: list[dict[str, Any]] = []
+    placed: set[str] = set()
+    # The stored roots first; then whatever a cycle left unplaced, earliest first.
+    for start in itertools.chain(roots, by_start):
+        stack = [(start, 0)]
+        while stack:
+            row, depth = stack.pop()
+            if row["span_id"] in placed:
+                continue
+            placed.add(row["span_id"])
+            row["depth"] = depth
+            ordered.append(row)
+            stack.extend((c, depth + 1) for c in reversed(children.get(row["span_id"], ())))
+    return ordered
 
 
 def _waterfall(
     spans: Sequence[SpanRecord], origin: int, results: Sequence[RequestAttribution]
 ) -> list[dict[str, Any]]:
     shift = _skews(spans, results)
-    depth = _depths(spans)
     calls = {}
     for r in results:
         calls[r.request_span_id] = r.request_id
@@ -221,14 +227,13 @@ def _waterfall(
                 "request_id": calls.get(s.span_id),
                 "start_ms": (s.start_ns - d - origin) / 1e6,
                 "duration_ms": s.duration_ns / 1e6,
-                "depth": depth[s.span_id],
+                "depth": 0,
                 "status": s.status,
                 "attributes": dict(sorted(s.attributes.items())),
                 "events": [{"name": name, "at_ms": (t - d - origin) / 1e6} for name, t in s.events],
             }
         )
-    rows.sort(key=lambda r: (r["start_ms"], r["depth"]))
-    return rows
+    return _tree_order(rows)
 
 
 def _all_results(trace_id: str, spans: Sequence[SpanRecord]) -> list[RequestAttribution]:
@@ -236,7 +241,7 @@ def _all_results(trace_id: str, spans: Sequence[SpanRecord]) -> list[RequestAttr
 
 
 def trace_spans(store: Store, trace_id: str) -> TraceSpans:
-    """``GET /v1/traces/{trace_id}/spans``: every span, placed on one clock, oldest first."""
+    """``GET /v1/traces/{trace_id}/spans``: every span, placed on one clock, in tree order."""
     trace_id = check_trace_id(trace_id)
     spans = _load(store, trace_id)
     results = _all_results(trace_id, spans)
