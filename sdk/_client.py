@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from latscope.sdk import _guard
 from latscope.sdk._propagation import PROPAGATOR
-from latscope.sdk._runtime import RT, end_span, now
+from latscope.sdk._runtime import RT, end_span, now, warn_if_unconfigured
 from latscope.semconv import ClientAttributes, GenAIAttributes, HttpAttributes, LatscopeAttributes
 
 #: Bytes of a streamed body scanned for the first SSE token; beyond it any data counts.
@@ -200,6 +200,7 @@ def client_call(
     """
     carrier: MutableMapping[str, str] = {} if headers is None else headers
     if not RT.enabled:
+        warn_if_unconfigured()
         return ClientCall(None, carrier)
     try:
         return _start_call(method, url, carrier, model, name, attributes, operation, provider)
@@ -418,6 +419,7 @@ def instrument_httpx(client: Any) -> Any:
 
 def _begin(request: Any) -> ClientCall | None:
     if not RT.enabled:
+        warn_if_unconfigured()
         return None
     try:
         url = request.url

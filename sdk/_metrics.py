@@ -50,8 +50,9 @@ from latscope.semconv import GenAIMetrics as M
 logger = logging.getLogger("latscope.sdk")
 
 _SCOPE = InstrumentationScope("latscope.sdk")
-#: Attribute sets kept per histogram, as OpenTelemetry's default cardinality limit; measurements
-#: with a further set go to one overflow series marked ``otel.metric.overflow`` (its spec's rule).
+#: Data points per histogram at most, OpenTelemetry's default cardinality limit: past
+#: ``MAX_SERIES - 1`` attribute sets, measurements go to one overflow set,
+#: ``otel.metric.overflow=true`` (the OpenTelemetry specification's rule).
 MAX_SERIES = 2000
 _OVERFLOW_KEY: frozenset[Any] = frozenset({("otel.metric.overflow", True)})
 
@@ -66,6 +67,10 @@ class _Series:
     def __init__(self, attrs: Mapping[str, Any], buckets: int, start: int) -> None:
         self.attrs = dict(attrs)
         self.counts = [0] * buckets
+        self.reset(start)
+
+    def reset(self, start: int) -> None:
+        self.counts = [0] * len(self.counts)
         self.count = 0
         self.sum: float = 0
         self.min = float("inf")
@@ -98,7 +103,7 @@ class _Histogram:
             s.max = value
 
     def _new_series(self, key: frozenset[Any], attrs: Mapping[str, Any]) -> _Series:
-        if len(self.series) >= MAX_SERIES:
+        if len(self.series) >= MAX_SERIES - 1:
             key, attrs = _OVERFLOW_KEY, dict(_OVERFLOW_KEY)
             found = self.series.get(key)
             if found is not None:
@@ -112,12 +117,12 @@ class _Histogram:
         s = self.series[key] = _Series(attrs, self.buckets, time.time_ns())
         return s
 
-    def points(self, now: int, since: int | None) -> list[HistogramDataPoint]:
-        """The data points as of ``now``; ``since``: a delta interval's start, else cumulative."""
+    def points(self, now: int) -> list[HistogramDataPoint]:
+        """The data points as of ``now``, one per attribute set measured since its ``start``."""
         return [
             HistogramDataPoint(
                 attributes=s.attrs,
-                start_time_unix_nano=s.start if since is None else max(since, s.start),
+                start_time_unix_nano=s.start,
                 time_unix_nano=now,
                 count=s.count,
                 sum=s.sum,
@@ -127,6 +132,7 @@ class _Histogram:
                 max=s.max,
             )
             for s in self.series.values()
+            if s.count
         ]
 
 
@@ -146,7 +152,6 @@ class GenAIMetrics:
         self._interval = max(0.01, interval_s)
         self._timeout = export_timeout_s
         self._delta = _otel.prefers_delta(exporter)
-        self._since: int | None = None  # delta: the end of the last export's interval
         self._lock = threading.Lock()
         self._export_lock = threading.Lock()
         self._duration = _Histogram(M.SERVER_REQUEST_DURATION)
@@ -200,30 +205,27 @@ class GenAIMetrics:
     # export ---------------------------------------------------------------------------------
     def collect(self) -> MetricsData | None:
         """What the histograms hold now, as OpenTelemetry's ``MetricsData``; None when empty.
-        With delta temporality the aggregates start again from here."""
+        With delta temporality the aggregates start again from here, as OpenTelemetry's do: the
+        next interval starts now, and an attribute set with nothing new in it is left out."""
         now = time.time_ns()
+        temporality = (
+            AggregationTemporality.DELTA if self._delta else AggregationTemporality.CUMULATIVE
+        )
         with self._lock:
             metrics = [
                 Metric(
                     name=h.name,
                     description="",
                     unit=h.unit,
-                    data=Histogram(
-                        data_points=h.points(now, self._since),
-                        aggregation_temporality=(
-                            AggregationTemporality.DELTA
-                            if self._delta
-                            else AggregationTemporality.CUMULATIVE
-                        ),
-                    ),
+                    data=Histogram(data_points=points, aggregation_temporality=temporality),
                 )
                 for h in self._all
-                if h.series
+                if (points := h.points(now))
             ]
             if self._delta:
                 for h in self._all:
-                    h.series = {}
-                self._since = now
+                    for s in h.series.values():
+                        s.reset(now)
         if not metrics:
             return None
         scope = ScopeMetrics(scope=_SCOPE, metrics=metrics, schema_url="")
@@ -260,7 +262,6 @@ class GenAIMetrics:
         self._export_lock = threading.Lock()
         for h in self._all:  # the parent exports its own requests
             h.series = {}
-        self._since = None
         if not self._stop.is_set():
             self._stop = threading.Event()
             self._thread = self._start_thread()

@@ -11,7 +11,7 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from latscope.sdk import _guard, _otel
-from latscope.sdk._runtime import RT, force_flush
+from latscope.sdk._runtime import RT, force_flush, warn_if_unconfigured
 from latscope.sdk._server import arrival_ns
 
 PROPAGATOR = TraceContextTextMapPropagator()
@@ -90,6 +90,8 @@ class TraceparentMiddleware:
             await self.app(scope, receive, _flush_on_shutdown(send))
             return
         if kind != "http" or not RT.enabled:
+            if kind == "http":
+                warn_if_unconfigured()
             await self.app(scope, receive, send)
             return
         ctx_token = t_token = None

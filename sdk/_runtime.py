@@ -71,6 +71,9 @@ class Runtime:
 RT = Runtime()
 _lock = threading.Lock()
 _atexit_registered = False
+#: Whether ``configure()`` ran (even to disable the SDK), and whether the SDK said it had not.
+_configured = False
+_warned_unconfigured = False
 
 _UNSET: Any = object()
 
@@ -82,6 +85,22 @@ def now() -> int | None:
     except Exception:  # every span's end reads it: no ``with`` handler here (see ``_guard``)
         _guard.fault("clock")
     return None
+
+
+def warn_if_unconfigured() -> None:
+    """Instrumentation ran while the SDK is off: before any ``configure()``, say so once.
+
+    An app that never calls ``configure()`` otherwise runs untraced without a word. Only the
+    paths taken while the SDK is off call this; the configured hot path does not.
+    """
+    global _warned_unconfigured
+    if _configured or _warned_unconfigured:
+        return
+    _warned_unconfigured = True
+    logger.warning(
+        "latscope SDK: instrumentation used before sdk.configure(); nothing is traced until the "
+        'app calls it, e.g. sdk.configure(service_name="llm-server")'
+    )
 
 
 def end_span(span: trace.Span, end: int | None) -> None:
@@ -185,7 +204,9 @@ def configure(
         metrics_interval_s=float(merged.get("metrics_interval_s", Options.metrics_interval_s)),
     )
 
+    global _configured
     with _lock:
+        _configured = True
         _shutdown_locked()
         RT.options = opts
         RT.clock = clock or time.time_ns

@@ -21,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from latscope.sdk import _guard, _otel
-from latscope.sdk._runtime import RT, end_span
+from latscope.sdk._runtime import RT, end_span, warn_if_unconfigured
 from latscope.sdk._runtime import now as _now
 from latscope.semconv import (
     ClientAttributes,
@@ -275,6 +275,7 @@ class phase:
 
     def __enter__(self) -> phase:
         if not RT.enabled:
+            warn_if_unconfigured()
             return self
         name = self._name
         span = req = prev = own = gpu = None
@@ -457,6 +458,7 @@ class _Spec:
 
 def _start(spec: _Spec) -> _Request | None:
     if not RT.enabled:
+        warn_if_unconfigured()
         return None
     try:
         arrived = arrival_ns.get()
