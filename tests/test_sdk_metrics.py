@@ -230,6 +230,7 @@ def test_histograms_equal_what_opentelemetrys_metrics_sdk_makes_of_the_same_call
     meter = provider.get_meter("latscope.sdk")
     h = {n: meter.create_histogram(n, unit=u) for n, u, _ in specs}
     ours = Aggregator(_Exporter(preferred_temporality=preferred), Resource.create({}), 3600)
+    expected: dict[tuple, tuple] = {}
     try:
         for calls in _ROUNDS:
             for side, attrs, duration, a, b in calls:
@@ -247,8 +248,11 @@ def test_histograms_equal_what_opentelemetrys_metrics_sdk_makes_of_the_same_call
                         if tokens is not None:
                             labelled = {**attrs, "gen_ai.token.type": kind}
                             h["gen_ai.client.token.usage"].record(tokens, labelled)
-            expected = _flat(reader.get_metrics_data())
-            assert len(expected) >= 4
+            got = _flat(reader.get_metrics_data())
+            assert len(got) >= 4
+            # Cumulative points stay while nothing new comes in; older OpenTelemetry SDKs (1.18)
+            # left a histogram with no new measurement out (opentelemetry-python#3277, #3407).
+            expected = {**expected, **got} if temporality == "CUMULATIVE" else got
             assert _flat(ours.collect()) == expected
     finally:
         ours.shutdown(1)
