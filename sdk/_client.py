@@ -468,6 +468,22 @@ def _request_model(request: Any) -> str | None:
         return None
 
 
+def _watch_body(call: ClientCall, response: Any, stream: type) -> None:
+    """Headers are in: note the first byte and status, and read the body as it passes through
+    ``stream`` (httpx's sync or async byte stream). Without that wrapper the call ends now."""
+    wrapped = False
+    try:
+        call.first_byte()
+        call.set_status_code(response.status_code)
+        response.stream = stream(response.stream, _watch(call, response))
+        wrapped = True
+    except Exception:
+        _guard.fault("httpx.response")
+    finally:
+        if not wrapped:
+            call.finish()
+
+
 def _watch(call: ClientCall, response: Any) -> _TokenWatch:
     # A compressed body cannot be scanned before httpx decodes it: then any bytes count, and a
     # JSON answer's usage is not read.
@@ -500,17 +516,7 @@ def _httpx_transports() -> tuple[type, type]:
             except BaseException as exc:
                 call.finish(exc)
                 raise
-            wrapped = False
-            try:
-                call.first_byte()
-                call.set_status_code(response.status_code)
-                response.stream = SyncStream(response.stream, _watch(call, response))
-                wrapped = True
-            except Exception:
-                _guard.fault("httpx.response")
-            finally:
-                if not wrapped:
-                    call.finish()
+            _watch_body(call, response, SyncStream)
             return response
 
         def close(self) -> None:
@@ -555,17 +561,7 @@ def _httpx_transports() -> tuple[type, type]:
             except BaseException as exc:
                 call.finish(exc)
                 raise
-            wrapped = False
-            try:
-                call.first_byte()
-                call.set_status_code(response.status_code)
-                response.stream = AsyncStream(response.stream, _watch(call, response))
-                wrapped = True
-            except Exception:
-                _guard.fault("httpx.response")
-            finally:
-                if not wrapped:
-                    call.finish()
+            _watch_body(call, response, AsyncStream)
             return response
 
         async def aclose(self) -> None:

@@ -6,14 +6,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from examples.client import chat, make_client
 from examples.inference_server import MODEL, create_app
 from latscope import sdk
 from latscope.semconv import GenAIAttributes, GenAIMetrics
-from tests.sdk_support import MetricsCollector, capture, metrics_collector, run_app
+from tests.sdk_support import (
+    MetricsCollector,
+    NullMetricExporter,
+    capture,
+    metrics_collector,
+    run_app,
+)
 
 MS = 1_000_000
 
@@ -162,17 +167,6 @@ def _flat(data: object) -> dict[tuple, tuple]:
     return out
 
 
-class _Exporter(MetricExporter):
-    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
-        pass
-
-
 #: Two rounds of calls: (server or client, attributes, duration ns, TTFT or input tokens, TPOT or
 #: output tokens). Durations sit on bucket bounds (upper-inclusive), between them and past the
 #: last one; one attribute set has calls in the first round only.
@@ -229,7 +223,8 @@ def test_histograms_equal_what_opentelemetrys_metrics_sdk_makes_of_the_same_call
     )
     meter = provider.get_meter("latscope.sdk")
     h = {n: meter.create_histogram(n, unit=u) for n, u, _ in specs}
-    ours = Aggregator(_Exporter(preferred_temporality=preferred), Resource.create({}), 3600)
+    exporter = NullMetricExporter(preferred_temporality=preferred)
+    ours = Aggregator(exporter, Resource.create({}), 3600)
     expected: dict[tuple, tuple] = {}
     try:
         for calls in _ROUNDS:
@@ -267,7 +262,7 @@ def test_attribute_sets_past_the_limit_are_counted_as_overflow(
     from latscope.sdk import _metrics
 
     monkeypatch.setattr(_metrics, "MAX_SERIES", 3)
-    ours = _metrics.GenAIMetrics(_Exporter(), Resource.create({}), 3600)
+    ours = _metrics.GenAIMetrics(NullMetricExporter(), Resource.create({}), 3600)
     try:
         for model in "abcdef":
             ours.server({"gen_ai.request.model": model}, 10**6, None, None)
