@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from latscope.sdk import _guard
 from latscope.sdk._propagation import PROPAGATOR
-from latscope.sdk._runtime import RT, now
+from latscope.sdk._runtime import RT, end_span, now, warn_if_unconfigured
 from latscope.semconv import ClientAttributes, GenAIAttributes, HttpAttributes, LatscopeAttributes
 
 #: Bytes of a streamed body scanned for the first SSE token; beyond it any data counts.
@@ -41,17 +41,8 @@ _OPENAI = "openai"
 # escaped, so message text cannot match. A search, not a parse: prompts can be large.
 _MODEL_KEY = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,256})"')
 
-_FIRST_BYTE = _guard.handle_internal_errors("client.first_byte")
-_FIRST_TOKEN = _guard.handle_internal_errors("client.first_token")
-_STATUS = _guard.handle_internal_errors("client.status")
-_USAGE = _guard.handle_internal_errors("client.usage")
-_FINISH = _guard.handle_internal_errors("client.finish")
-_SPAN_END = _guard.handle_internal_errors("span.end")
-_METRICS = _guard.handle_internal_errors("metrics.record")
-_CLIENT_CALL = _guard.handle_internal_errors("client_call")
-_BEGIN = _guard.handle_internal_errors("httpx.begin")
-_RESPONSE = _guard.handle_internal_errors("httpx.response")
-_WATCH = _guard.handle_internal_errors("client.watch")
+# Every call runs these steps, so faults are caught with ``except Exception: fault(site)``
+# rather than a ``with`` handler (see ``_guard``); the span is ended in a ``finally`` block.
 
 
 class ClientCall:
@@ -95,26 +86,32 @@ class ClientCall:
     def first_byte(self) -> None:
         """The response's first byte (or headers) arrived now."""
         if not self._first_byte and not self._done:
-            with _FIRST_BYTE:
+            try:
                 self._first_byte = RT.clock()
                 self.span.set_attribute(LatscopeAttributes.FIRST_BYTE_NS, self._first_byte)  # type: ignore[union-attr]
+            except Exception:
+                _guard.fault("client.first_byte")
 
     def first_token(self) -> None:
         """The response's first token arrived now (implies the first byte)."""
         if not self._first_token and not self._done:
-            with _FIRST_TOKEN:
+            try:
                 t = self._first_token = RT.clock()
                 if not self._first_byte:
                     self._first_byte = t
                     self.span.set_attribute(LatscopeAttributes.FIRST_BYTE_NS, t)  # type: ignore[union-attr]
                 self.span.set_attribute(LatscopeAttributes.FIRST_TOKEN_NS, self._first_token)  # type: ignore[union-attr]
+            except Exception:
+                _guard.fault("client.first_token")
 
     def set_status_code(self, status_code: int) -> None:
         if not self._done:
-            with _STATUS:
+            try:
                 self.span.set_attribute(HttpAttributes.RESPONSE_STATUS_CODE, int(status_code))  # type: ignore[union-attr]
                 if status_code >= 500:
                     self.span.set_status(Status(StatusCode.ERROR, f"HTTP {status_code}"))  # type: ignore[union-attr]
+            except Exception:
+                _guard.fault("client.status")
 
     def set_usage(
         self, *, input_tokens: int | None = None, output_tokens: int | None = None
@@ -122,7 +119,7 @@ class ClientCall:
         """The call's token counts (``gen_ai.usage.*``; also ``gen_ai.client.token.usage``)."""
         if self._done:
             return
-        with _USAGE:
+        try:
             span = self.span
             assert span is not None
             if input_tokens is not None:
@@ -131,6 +128,8 @@ class ClientCall:
             if output_tokens is not None:
                 self._output_tokens = int(output_tokens)
                 span.set_attribute(GenAIAttributes.USAGE_OUTPUT_TOKENS, self._output_tokens)
+        except Exception:
+            _guard.fault("client.usage")
 
     def finish(self, exc: BaseException | None = None, end: str | None = None) -> None:
         """The response is complete (or failed with ``exc``); ends the span once."""
@@ -141,24 +140,26 @@ class ClientCall:
         assert span is not None
         t = now()
         try:
-            with _FINISH:
-                if self._first_byte and t is not None:
-                    span.set_attribute(ClientAttributes.LAST_BYTE_NS, t)
-                if end is not None:
-                    span.set_attribute(LatscopeAttributes.STREAM_END, end)
-                if exc is not None:
-                    span.set_attribute(ClientAttributes.ERROR_TYPE, type(exc).__name__)
-                    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            if self._first_byte and t is not None:
+                span.set_attribute(ClientAttributes.LAST_BYTE_NS, t)
+            if end is not None:
+                span.set_attribute(LatscopeAttributes.STREAM_END, end)
+            if exc is not None:
+                span.set_attribute(ClientAttributes.ERROR_TYPE, type(exc).__name__)
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        except Exception:
+            _guard.fault("client.finish")
         finally:
-            with _SPAN_END:
-                span.end(end_time=t)
+            end_span(span, t)
         metrics = RT.metrics
         if metrics is not None and self._metric_attrs is not None and t is not None:
-            with _METRICS:
+            try:
                 attrs = self._metric_attrs
                 if exc is not None:
                     attrs = {**attrs, ClientAttributes.ERROR_TYPE: type(exc).__qualname__}
                 metrics.client(attrs, t - self._start, self._input_tokens, self._output_tokens)
+            except Exception:
+                _guard.fault("metrics.record")
 
     def __enter__(self) -> ClientCall:
         return self
@@ -199,9 +200,12 @@ def client_call(
     """
     carrier: MutableMapping[str, str] = {} if headers is None else headers
     if not RT.enabled:
+        warn_if_unconfigured()
         return ClientCall(None, carrier)
-    with _CLIENT_CALL:
+    try:
         return _start_call(method, url, carrier, model, name, attributes, operation, provider)
+    except Exception:
+        _guard.fault("client_call")
     return ClientCall(None, carrier)
 
 
@@ -231,14 +235,16 @@ def _start_call(
         path = parts.path or "/"
         attrs[ClientAttributes.URL_FULL] = url
         attrs[HttpAttributes.URL_PATH] = path
-        if parts.hostname:
-            attrs[ClientAttributes.SERVER_ADDRESS] = parts.hostname
+        host, port = parts.hostname, parts.port
+        if host:
+            attrs[ClientAttributes.SERVER_ADDRESS] = host
             if metric_attrs is not None:
-                metric_attrs[ClientAttributes.SERVER_ADDRESS] = parts.hostname
-                port = parts.port or (443 if parts.scheme == "https" else 80)
-                metric_attrs[ClientAttributes.SERVER_PORT] = port
-        if parts.port:
-            attrs[ClientAttributes.SERVER_PORT] = parts.port
+                metric_attrs[ClientAttributes.SERVER_ADDRESS] = host
+                metric_attrs[ClientAttributes.SERVER_PORT] = port or (
+                    443 if parts.scheme == "https" else 80
+                )
+        if port:
+            attrs[ClientAttributes.SERVER_PORT] = port
     if metric_attrs is not None:
         attrs.update(metric_attrs)
     start = RT.clock()
@@ -277,33 +283,34 @@ class _TokenWatch:
 
     def watch(self, chunk: bytes) -> None:
         """Per chunk: first token until found; then the SSE usage event and end marker."""
-        with _WATCH:
-            try:
-                if not self.call._first_token:
-                    self.feed(chunk)
-                elif self.usage and self.sse and b'"usage"' in chunk:
-                    self._sse_usage(chunk)
-                if self._json is not None:
-                    self._json_size += len(chunk)
-                    if self._json_size > _JSON_SCAN_LIMIT:
-                        self._json = None
-                    else:
-                        self._json.append(chunk)
-                # OpenAI-style streams end with ``data: [DONE]``; clients stop reading there.
-                if self.sse and b"[DONE]" in chunk:
-                    self.done = True
-            except Exception:
-                self.sse = False  # stop parsing; any further bytes count as the token
-                raise
+        try:
+            if not self.call._first_token:
+                self.feed(chunk)
+            elif self.usage and self.sse and b'"usage"' in chunk:
+                self._sse_usage(chunk)
+            if self._json is not None:
+                self._json_size += len(chunk)
+                if self._json_size > _JSON_SCAN_LIMIT:
+                    self._json = None
+                else:
+                    self._json.append(chunk)
+            # OpenAI-style streams end with ``data: [DONE]``; clients stop reading there.
+            if self.sse and b"[DONE]" in chunk:
+                self.done = True
+        except Exception:
+            self.sse = False  # stop parsing; any further bytes count as the token
+            _guard.fault("client.watch")
 
     def complete(self) -> None:
         """The body was read to its end: a JSON answer's usage, if it has one."""
         body, self._json = self._json, None
         if body:
-            with _WATCH:
+            try:
                 payload = json.loads(b"".join(body))
                 if isinstance(payload, dict):
                     _set_usage(self.call, payload)
+            except Exception:
+                _guard.fault("client.watch")
 
     def _sse_usage(self, chunk: bytes) -> None:
         for event in chunk.replace(b"\r\n", b"\n").split(b"\n\n"):
@@ -412,8 +419,9 @@ def instrument_httpx(client: Any) -> Any:
 
 def _begin(request: Any) -> ClientCall | None:
     if not RT.enabled:
+        warn_if_unconfigured()
         return None
-    with _BEGIN:
+    try:
         url = request.url
         operation = _genai_operation(url.path)
         model = _request_model(request) if operation is not None else None
@@ -427,6 +435,8 @@ def _begin(request: Any) -> ClientCall | None:
             operation,
             _OPENAI if operation is not None else None,
         )
+    except Exception:
+        _guard.fault("httpx.begin")
     return None
 
 
@@ -456,6 +466,22 @@ def _request_model(request: Any) -> str | None:
         return str(json.loads(b'"' + found.group(1) + b'"'))
     except ValueError:
         return None
+
+
+def _watch_body(call: ClientCall, response: Any, stream: type) -> None:
+    """Headers are in: note the first byte and status, and read the body as it passes through
+    ``stream`` (httpx's sync or async byte stream). Without that wrapper the call ends now."""
+    wrapped = False
+    try:
+        call.first_byte()
+        call.set_status_code(response.status_code)
+        response.stream = stream(response.stream, _watch(call, response))
+        wrapped = True
+    except Exception:
+        _guard.fault("httpx.response")
+    finally:
+        if not wrapped:
+            call.finish()
 
 
 def _watch(call: ClientCall, response: Any) -> _TokenWatch:
@@ -490,16 +516,7 @@ def _httpx_transports() -> tuple[type, type]:
             except BaseException as exc:
                 call.finish(exc)
                 raise
-            wrapped = False
-            try:
-                with _RESPONSE:
-                    call.first_byte()
-                    call.set_status_code(response.status_code)
-                    response.stream = SyncStream(response.stream, _watch(call, response))
-                    wrapped = True
-            finally:
-                if not wrapped:
-                    call.finish()
+            _watch_body(call, response, SyncStream)
             return response
 
         def close(self) -> None:
@@ -544,16 +561,7 @@ def _httpx_transports() -> tuple[type, type]:
             except BaseException as exc:
                 call.finish(exc)
                 raise
-            wrapped = False
-            try:
-                with _RESPONSE:
-                    call.first_byte()
-                    call.set_status_code(response.status_code)
-                    response.stream = AsyncStream(response.stream, _watch(call, response))
-                    wrapped = True
-            finally:
-                if not wrapped:
-                    call.finish()
+            _watch_body(call, response, AsyncStream)
             return response
 
         async def aclose(self) -> None:

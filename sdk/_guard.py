@@ -1,10 +1,16 @@
 """The SDK never breaks the app: one internal-error handler for every SDK-internal step.
 
-``with handle_internal_errors("site"):`` runs SDK work; an ``Exception`` raised inside is counted
-under ``site``, logged once (with its traceback) the first time that site fails, and swallowed, so
-the app goes on with a no-op in place of what failed. It is logfire's ``HandleInternalErrors``:
-one handler instead of hand-placed ``try``/``except`` blocks that could skip a ``span.end()``.
-Spans are ended in ``finally`` blocks around such steps, so a fault never leaves one open.
+An ``Exception`` raised by SDK work is counted under its site, logged once (with its traceback)
+the first time that site fails, and swallowed, so the app goes on with a no-op in place of what
+failed; spans are ended in ``finally`` blocks around such steps, so a fault never leaves one
+open. It is logfire's ``HandleInternalErrors``, in two spellings that record alike:
+
+- ``with handle_internal_errors("site"):`` for what runs once or now and then (configure,
+  shutdown, flushes, GPU sampling, metric export);
+- ``except Exception: fault("site")`` on the request path (spans, phases, tokens, client calls):
+  a ``with`` block calls ``__enter__`` and ``__exit__`` each time, about 0.1 µs, and a request
+  passes about thirty such steps, while a ``try`` costs nothing until something raises
+  (``bench/sdk_overhead``).
 
 ``KeyboardInterrupt``, ``SystemExit`` and cancellation are not faults and pass through.
 """
@@ -57,7 +63,16 @@ class handle_internal_errors:
 
 
 def fault(site: str) -> None:
-    """Record an internal fault at ``site`` from inside an ``except`` block (logged once)."""
+    """Record an internal fault at ``site`` from inside an ``except Exception`` block (logged
+    once).
+
+    Example::
+
+        try:
+            span.end(end_time=end)
+        except Exception:
+            fault("span.end")
+    """
     _record(site, True)
 
 

@@ -1,4 +1,4 @@
-"""The two places the SDK reaches past OpenTelemetry's public API, each with a public fallback.
+"""The places the SDK reaches past OpenTelemetry's public API, each with a public fallback.
 
 latscope runs on every OpenTelemetry in its declared range (``pyproject.toml``), so nothing here
 may assume one version's internals: each shortcut is feature-checked, and when the check fails
@@ -46,6 +46,23 @@ def set_trusted(span: trace.Span, key: str, value: tuple[int, ...]) -> None:
                 SETITEM_LOCKED = None
                 logger.debug("BoundedAttributes internals differ: set_attribute", exc_info=True)
     span.set_attribute(key, value)
+
+
+def prefers_delta(exporter: object) -> bool:
+    """Whether a metric exporter asked for delta histograms (else they are cumulative).
+
+    OpenTelemetry's ``MetricExporter`` keeps its ``preferred_temporality`` argument as
+    ``_preferred_temporality``, keyed by instrument class, and its own periodic reader reads it
+    there; latscope's histograms honour it the same way. Anything else means cumulative, the
+    OTLP default.
+    """
+    from opentelemetry.sdk.metrics import Histogram
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
+
+    preferred = getattr(exporter, "_preferred_temporality", None)
+    if not isinstance(preferred, dict):
+        return False
+    return preferred.get(Histogram) is AggregationTemporality.DELTA
 
 
 def detach(token: object) -> None:

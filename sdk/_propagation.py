@@ -11,14 +11,10 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from latscope.sdk import _guard, _otel
-from latscope.sdk._runtime import RT, force_flush
+from latscope.sdk._runtime import RT, force_flush, warn_if_unconfigured
 from latscope.sdk._server import arrival_ns
 
 PROPAGATOR = TraceContextTextMapPropagator()
-
-_EXTRACT = _guard.handle_internal_errors("extract_context")
-_MIDDLEWARE = _guard.handle_internal_errors("middleware")
-_MIDDLEWARE_EXIT = _guard.handle_internal_errors("middleware.exit")
 
 
 class _HeaderGetter(Getter[Mapping[str, str]]):
@@ -53,7 +49,7 @@ def extract_context(headers: Mapping[str, str] | Iterable[tuple[bytes, bytes]]) 
 
         token = opentelemetry.context.attach(extract_context(request.headers))
     """
-    with _EXTRACT:
+    try:  # per request: ``except`` rather than a ``with`` handler (see ``_guard``)
         if not isinstance(headers, Mapping):
             headers = {
                 k.decode("latin-1").lower(): v.decode("latin-1")
@@ -61,6 +57,8 @@ def extract_context(headers: Mapping[str, str] | Iterable[tuple[bytes, bytes]]) 
                 if k.lower() in (b"traceparent", b"tracestate")
             }
         return PROPAGATOR.extract(headers, getter=_GETTER)
+    except Exception:
+        _guard.fault("extract_context")
     return otel_context.get_current()
 
 
@@ -92,10 +90,12 @@ class TraceparentMiddleware:
             await self.app(scope, receive, _flush_on_shutdown(send))
             return
         if kind != "http" or not RT.enabled:
+            if kind == "http":
+                warn_if_unconfigured()
             await self.app(scope, receive, send)
             return
         ctx_token = t_token = None
-        with _MIDDLEWARE:
+        try:
             t_token = arrival_ns.set(RT.clock())
             carrier = {}
             for k, v in scope.get("headers") or ():
@@ -103,15 +103,21 @@ class TraceparentMiddleware:
                     carrier[k.decode("latin-1")] = v.decode("latin-1")
             if carrier:
                 ctx_token = otel_context.attach(PROPAGATOR.extract(carrier, getter=_GETTER))
+        except Exception:
+            _guard.fault("middleware")
         try:
             await self.app(scope, receive, send)
         finally:
-            if ctx_token is not None:
-                with _MIDDLEWARE_EXIT:
+            try:
+                if ctx_token is not None:
                     _otel.detach(ctx_token)
-            if t_token is not None:
-                with _MIDDLEWARE_EXIT:
+            except Exception:
+                _guard.fault("middleware.exit")
+            try:
+                if t_token is not None:
                     arrival_ns.reset(t_token)
+            except Exception:
+                _guard.fault("middleware.exit")
 
 
 def _flush_on_shutdown(send: Any) -> Any:

@@ -35,7 +35,6 @@ logger = logging.getLogger("latscope.sdk")
 
 _SCOPE = "latscope.sdk"
 
-_CLOCK = _guard.handle_internal_errors("clock")
 _START_GPU = _guard.handle_internal_errors("gpu.start")
 _START_METRICS = _guard.handle_internal_errors("metrics.start")
 _SHUTDOWN = _guard.handle_internal_errors("shutdown")
@@ -72,15 +71,44 @@ class Runtime:
 RT = Runtime()
 _lock = threading.Lock()
 _atexit_registered = False
+#: Whether ``configure()`` ran (even to disable the SDK), and whether the SDK said it had not.
+_configured = False
+_warned_unconfigured = False
 
 _UNSET: Any = object()
 
 
 def now() -> int | None:
     """The SDK clock, or None when it failed (a span then ends on OpenTelemetry's own clock)."""
-    with _CLOCK:
+    try:
         return RT.clock()
+    except Exception:  # every span's end reads it: no ``with`` handler here (see ``_guard``)
+        _guard.fault("clock")
     return None
+
+
+def warn_if_unconfigured() -> None:
+    """Instrumentation ran while the SDK is off: before any ``configure()``, say so once.
+
+    An app that never calls ``configure()`` otherwise runs untraced without a word. Only the
+    paths taken while the SDK is off call this; the configured hot path does not.
+    """
+    global _warned_unconfigured
+    if _configured or _warned_unconfigured:
+        return
+    _warned_unconfigured = True
+    logger.warning(
+        "latscope SDK: instrumentation used before sdk.configure(); nothing is traced until the "
+        'app calls it, e.g. sdk.configure(service_name="llm-server")'
+    )
+
+
+def end_span(span: trace.Span, end: int | None) -> None:
+    """End ``span`` at ``end`` (OpenTelemetry's clock when None); a fault is counted."""
+    try:
+        span.end(end_time=end)
+    except Exception:
+        _guard.fault("span.end")
 
 
 def configure(
@@ -176,7 +204,9 @@ def configure(
         metrics_interval_s=float(merged.get("metrics_interval_s", Options.metrics_interval_s)),
     )
 
+    global _configured
     with _lock:
+        _configured = True
         _shutdown_locked()
         RT.options = opts
         RT.clock = clock or time.time_ns
@@ -239,7 +269,7 @@ def _start_metrics(opts: Options, resource: Resource, metric_exporter: Any) -> A
         from latscope.sdk._metrics import GenAIMetrics
 
         exporter = metric_exporter or otlp_metric_exporter(opts.export)
-        return GenAIMetrics(exporter, resource, opts.metrics_interval_s)
+        return GenAIMetrics(exporter, resource, opts.metrics_interval_s, opts.export.timeout_s)
     return None
 
 

@@ -21,8 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from latscope.sdk import _guard, _otel
-from latscope.sdk._guard import handle_internal_errors
-from latscope.sdk._runtime import RT
+from latscope.sdk._runtime import RT, end_span, warn_if_unconfigured
 from latscope.sdk._runtime import now as _now
 from latscope.semconv import (
     ClientAttributes,
@@ -38,19 +37,9 @@ T = TypeVar("T")
 
 _GPU_PHASES = frozenset((Phase.PREFILL, Phase.DECODE))
 
-# One internal-error handler per site (see ``_guard``); spans are ended in ``finally`` blocks
-# outside them, so a fault in SDK code never leaves a span open.
-_SET_USAGE = handle_internal_errors("set_usage")
-_PHASE_ENTER = handle_internal_errors("phase.enter")
-_PHASE_EXIT = handle_internal_errors("phase.exit")
-_PHASE_RESET = handle_internal_errors("phase.reset")
-_SPAN_END = handle_internal_errors("span.end")
-_START = handle_internal_errors("inference.start")
-_ENTER = handle_internal_errors("inference.enter")
-_EXIT = handle_internal_errors("inference.exit")
-_FINISH = handle_internal_errors("inference.finish")
-_BODY = handle_internal_errors("inference.body")
-_METRICS = handle_internal_errors("metrics.record")
+# Internal faults go to ``_guard``'s one handler as ``except Exception: fault(site)``: every
+# request runs these steps (see ``_guard``). Spans are ended in ``finally`` blocks outside them,
+# so a fault in SDK code never leaves a span open.
 
 #: ``RT.clock``, kept as a module global because ``record_token`` reads it per token.
 _clock: Callable[[], int] = RT.clock
@@ -96,17 +85,15 @@ class _Request:
         "done",
         "first_token",
         "last_token",
-        "metric_attrs",
         "output_set",
         "response_model",
         "span",
+        "spec",
         "start",
         "tokens",
     )
 
-    def __init__(
-        self, span: trace.Span | None, start: int, metric_attrs: Mapping[str, Any] | None = None
-    ) -> None:
+    def __init__(self, span: trace.Span | None, start: int, spec: _Spec | None = None) -> None:
         self.span = span
         self.ctx = trace.set_span_in_context(span) if span is not None else None
         self.start = start
@@ -116,7 +103,7 @@ class _Request:
         self.tokens = 0
         self.output_set = False
         self.done = False
-        self.metric_attrs = metric_attrs
+        self.spec = spec
         self.response_model: str | None = None
 
     def note_tokens(self, first: int, last: int, count: int) -> None:
@@ -201,7 +188,7 @@ def set_usage(
 
     ``output_tokens`` defaults to the number of tokens recorded with ``record_token``.
     """
-    with _SET_USAGE:
+    try:
         req = _active.get()
         if req is None or req.span is None:
             return
@@ -214,6 +201,8 @@ def set_usage(
         if response_model is not None:
             span.set_attribute(GenAIAttributes.RESPONSE_MODEL, response_model)
             req.response_model = str(response_model)
+    except Exception:
+        _guard.fault("set_usage")
 
 
 def current_span() -> trace.Span:
@@ -228,19 +217,19 @@ def current_span() -> trace.Span:
 # phases
 
 
-class _PhaseRun:
-    """One entry into a ``phase``: what its exit needs. A phase object entered by several tasks
-    at once (one object reused) keeps one run per entry, so each entry's span ends."""
-
-    __slots__ = ("gpu", "own", "owner", "prev", "req", "span")
-
-    def __init__(self) -> None:
-        self.span: trace.Span | None = None
-        self.req: _Request | None = None
-        self.prev: _Decode | None = None
-        self.own: contextvars.Token[_Request | None] | None = None
-        self.gpu: Any = None
-        self.owner: object = None
+#: One entry into a ``phase``, what its exit needs: (span, request, the decode buffer it replaced,
+#: the context token when the phase set the request itself, GPU reading at start, owner). A phase
+#: object entered by several tasks at once (one object reused) keeps one run per entry, so each
+#: entry's span ends; the owner (``_owner()``) tells them apart, None for an entry made alone.
+#: A tuple: one is built per phase, and a class instance costs a call more.
+_PhaseRun = tuple[
+    trace.Span,
+    _Request | None,
+    _Decode | None,
+    contextvars.Token[_Request | None] | None,
+    Any,
+    object,
+]
 
 
 def _owner() -> object:
@@ -286,14 +275,14 @@ class phase:
 
     def __enter__(self) -> phase:
         if not RT.enabled:
+            warn_if_unconfigured()
             return self
-        run = _PhaseRun()
-        with _PHASE_ENTER:
-            name = self._name
-            start = RT.clock()
+        name = self._name
+        span = req = prev = own = gpu = None
+        try:
+            start = _clock()
             req = _active.get()
-            run.req = req
-            run.span = RT.tracer.start_span(
+            span = RT.tracer.start_span(
                 name,
                 context=req.ctx if req is not None else None,
                 attributes={LatscopeAttributes.PHASE: name},
@@ -301,17 +290,18 @@ class phase:
             )
             if name == Phase.DECODE:
                 if req is None:  # a decode phase outside @inference still collects tokens
-                    req = run.req = _Request(None, start)
-                    run.own = _active.set(req)
-                run.prev = req.decode
+                    req = _Request(None, start)
+                    own = _active.set(req)
+                prev = req.decode
                 req.decode = _Decode(start, RT.token_cap)
-            gpu = RT.gpu
-            if gpu is not None and name in _GPU_PHASES:
-                run.gpu = gpu.begin()
-        if run.span is not None:  # even after a fault above: the exit must end this span
-            if self._runs:
-                run.owner = _owner()
-            self._runs.append(run)
+            monitor = RT.gpu
+            if monitor is not None and name in _GPU_PHASES:
+                gpu = monitor.begin()
+        except Exception:
+            _guard.fault("phase.enter")
+        if span is not None:  # even after a fault above: the exit must end this span
+            runs = self._runs
+            runs.append((span, req, prev, own, gpu, _owner() if runs else None))
         return self
 
     def _take(self) -> _PhaseRun | None:
@@ -320,9 +310,9 @@ class phase:
         if len(runs) <= 1:
             return runs.pop() if runs else None
         owner = _owner()
-        mine = next((r for r in reversed(runs) if r.owner == owner), None)
+        mine = next((r for r in reversed(runs) if r[5] == owner), None)
         if mine is None:  # the first entry, made while no other was active, records no owner
-            mine = next((r for r in runs if r.owner is None), runs[-1])
+            mine = next((r for r in runs if r[5] is None), runs[-1])
         try:
             runs.remove(mine)
         except ValueError:  # another thread took it meanwhile: take what is left
@@ -330,31 +320,29 @@ class phase:
         return mine
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        run = self._take()
+        runs = self._runs
+        run = runs.pop() if len(runs) == 1 else self._take()
         if run is None:
             return
-        span = run.span
-        assert span is not None
+        span, req, prev, own, gpu, _ = run
         end = _now()
         try:
-            with _PHASE_EXIT:
-                req = run.req
-                if self._name == Phase.DECODE and req is not None and req.decode is not None:
-                    d = req.decode
-                    req.decode = run.prev
-                    _flush_tokens(span, d)
-                    if req.span is not None:
-                        req.note_tokens(d.buf[0] if d.buf else d.last, d.last_time, d.count)
-                if run.gpu is not None and RT.gpu is not None:
-                    span.set_attributes(RT.gpu.end(run.gpu))
-                if exc is not None:
-                    _mark_error(span, exc)
+            if self._name == Phase.DECODE and req is not None and req.decode is not None:
+                d = req.decode
+                req.decode = prev
+                _flush_tokens(span, d)
+                if req.span is not None:
+                    req.note_tokens(d.buf[0] if d.buf else d.last, d.last_time, d.count)
+            if gpu is not None and RT.gpu is not None:
+                span.set_attributes(RT.gpu.end(gpu))
+            if exc is not None:
+                _mark_error(span, exc)
+        except Exception:
+            _guard.fault("phase.exit")
         finally:
-            if run.own is not None:
-                with _PHASE_RESET:
-                    _reset(_active, run.own, None)
-            with _SPAN_END:
-                span.end(end_time=end)
+            if own is not None:
+                _reset(_active, own, None, "phase.reset")
+            end_span(span, end)
 
     async def __aenter__(self) -> phase:
         return self.__enter__()
@@ -441,11 +429,15 @@ def _mark_error(span: trace.Span, exc: BaseException) -> None:
     span.record_exception(exc)
 
 
-def _reset(var: contextvars.ContextVar[Any], token: contextvars.Token[Any], fallback: Any) -> None:
+def _reset(
+    var: contextvars.ContextVar[Any], token: contextvars.Token[Any], fallback: Any, site: str
+) -> None:
     try:
         var.reset(token)
     except (ValueError, RuntimeError):  # another Context (a framework hopped threads): restore
         var.set(fallback)
+    except Exception:
+        _guard.fault(site)
 
 
 # --------------------------------------------------------------------------------------------
@@ -455,51 +447,58 @@ def _reset(var: contextvars.ContextVar[Any], token: contextvars.Token[Any], fall
 class _Spec:
     """What ``@inference`` works out once, at decoration time."""
 
-    __slots__ = ("attrs", "metric_attrs", "name")
+    __slots__ = ("attrs", "metric_attrs", "metric_key", "name")
 
     def __init__(self, name: str, attrs: dict[str, Any], metric_attrs: dict[str, Any]) -> None:
         self.name = name
         self.attrs = attrs
         self.metric_attrs = metric_attrs
+        self.metric_key = frozenset(metric_attrs.items())  # the histograms' series key
 
 
 def _start(spec: _Spec) -> _Request | None:
     if not RT.enabled:
+        warn_if_unconfigured()
         return None
-    with _START:
+    try:
         arrived = arrival_ns.get()
         if arrived is not None and _active.get() is None:
             start = arrived
             arrival_ns.set(None)  # a second handler in the same request starts when it starts
         else:
-            start = RT.clock()
+            start = _clock()
         span = RT.tracer.start_span(
             spec.name, kind=SpanKind.SERVER, attributes=spec.attrs, start_time=start
         )
         try:
-            return _Request(span, start, spec.metric_attrs)
+            return _Request(span, start, spec)
         except BaseException:
-            span.end()
+            end_span(span, None)
             raise
+    except Exception:
+        _guard.fault("inference.start")
     return None
 
 
 def _enter(req: _Request) -> tuple[Any, Any]:
     t_req = t_ctx = None
-    with _ENTER:
+    try:
         t_req = _active.set(req)
         t_ctx = otel_context.attach(req.ctx)  # type: ignore[arg-type]
+    except Exception:
+        _guard.fault("inference.enter")
     return t_req, t_ctx
 
 
 def _exit(tokens: tuple[Any, Any]) -> None:
     t_req, t_ctx = tokens
     if t_ctx is not None:
-        with _EXIT:
+        try:
             _otel.detach(t_ctx)
+        except Exception:
+            _guard.fault("inference.exit")
     if t_req is not None:
-        with _EXIT:
-            _reset(_active, t_req, None)
+        _reset(_active, t_req, None, "inference.exit")
 
 
 def _finish(req: _Request, exc: BaseException | None = None, end: str | None = None) -> None:
@@ -509,48 +508,54 @@ def _finish(req: _Request, exc: BaseException | None = None, end: str | None = N
     req.done = True
     t_end = _now()
     try:
-        with _FINISH:
-            attrs: dict[str, Any] = {}
-            if req.tokens:
-                attrs[LatscopeAttributes.FIRST_TOKEN_NS] = req.first_token
-                attrs[ServerAttributes.TTFT_NS] = req.first_token - req.start
-                if req.tokens > 1:
-                    attrs[ServerAttributes.TPOT_NS] = (req.last_token - req.first_token) // (
-                        req.tokens - 1
-                    )
-                if not req.output_set:
-                    attrs[GenAIAttributes.USAGE_OUTPUT_TOKENS] = req.tokens
-            if end is not None:
-                attrs[LatscopeAttributes.STREAM_END] = end
-            if attrs:
-                span.set_attributes(attrs)
-            if exc is not None:
-                _mark_error(span, exc)
+        attrs: dict[str, Any] = {}
+        if req.tokens:
+            attrs[LatscopeAttributes.FIRST_TOKEN_NS] = req.first_token
+            attrs[ServerAttributes.TTFT_NS] = req.first_token - req.start
+            if req.tokens > 1:
+                attrs[ServerAttributes.TPOT_NS] = (req.last_token - req.first_token) // (
+                    req.tokens - 1
+                )
+            if not req.output_set:
+                attrs[GenAIAttributes.USAGE_OUTPUT_TOKENS] = req.tokens
+        if end is not None:
+            attrs[LatscopeAttributes.STREAM_END] = end
+        if attrs:
+            span.set_attributes(attrs)
+        if exc is not None:
+            _mark_error(span, exc)
+    except Exception:
+        _guard.fault("inference.finish")
     finally:
-        with _SPAN_END:
-            span.end(end_time=t_end)
+        end_span(span, t_end)
     metrics = RT.metrics
-    if metrics is not None and t_end is not None and req.metric_attrs is not None:
-        with _METRICS:
+    if metrics is not None and t_end is not None and req.spec is not None:
+        try:
             _record_metrics(metrics, req, t_end, exc, end)
+        except Exception:
+            _guard.fault("metrics.record")
 
 
 def _record_metrics(
     metrics: Any, req: _Request, t_end: int, exc: BaseException | None, end: str | None
 ) -> None:
     """``gen_ai.server.*``: the duration of every request; TTFT and TPOT of successful ones."""
-    attrs: Mapping[str, Any] = req.metric_attrs or {}
+    spec = req.spec
+    assert spec is not None
+    attrs: Mapping[str, Any] = spec.metric_attrs
+    key: frozenset[Any] | None = spec.metric_key
     if req.response_model is not None:
         attrs = {**attrs, GenAIAttributes.RESPONSE_MODEL: req.response_model}
-    failed = exc is not None and not isinstance(exc, asyncio.CancelledError | GeneratorExit)
-    if failed:
+        key = None
+    if exc is not None and not isinstance(exc, asyncio.CancelledError | GeneratorExit):
         attrs = {**attrs, ClientAttributes.ERROR_TYPE: type(exc).__qualname__}
+        key = None
     ttft = tpot = None
     if exc is None and end is None and req.tokens:
         ttft = req.first_token - req.start
         if req.tokens > 1:
             tpot = (req.last_token - req.first_token) // (req.tokens - 1)
-    metrics.server(attrs, t_end - req.start, ttft, tpot)
+    metrics.server(attrs, t_end - req.start, ttft, tpot, key)
 
 
 @overload
@@ -690,12 +695,14 @@ def _wrap_async(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
 def _defer_to_body(req: _Request, result: Any) -> bool:
     """A returned streaming response (Starlette's ``body_iterator``): the request lasts until
     its body is sent, so end the span then rather than when the handler returned."""
-    with _BODY:
+    try:
         body = getattr(result, "body_iterator", None)
         if body is None or not hasattr(body, "__anext__"):
             return False
         result.body_iterator = _drive_body(req, body)
         return True
+    except Exception:
+        _guard.fault("inference.body")
     return False
 
 

@@ -20,11 +20,25 @@ from opentelemetry.proto.collector.metrics.v1 import (
     metrics_service_pb2_grpc,
 )
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from latscope import sdk
 from latscope.sdk import _guard
+
+
+class NullMetricExporter(MetricExporter):
+    """A metric exporter that accepts everything (the metrics pipeline runs, nothing leaves)."""
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
 
 
 class Capture:

@@ -103,7 +103,13 @@ def test_async_handlers_keep_the_callers_context() -> None:
 
 def test_no_private_opentelemetry_name_outside_the_compat_module() -> None:
     """Private OpenTelemetry internals are reached only in ``sdk/_otel.py``, behind checks."""
-    private = {"_RUNTIME_CONTEXT", "_setitem_locked", "_attributes", "_immutable"}
+    private = {
+        "_RUNTIME_CONTEXT",
+        "_setitem_locked",
+        "_attributes",
+        "_immutable",
+        "_preferred_temporality",
+    }
     for path in sorted(SDK_DIR.glob("*.py")):
         if path.name == "_otel.py":
             continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -126,3 +128,38 @@ def test_token_and_otel_headers_reach_the_collector(monkeypatch: pytest.MonkeyPa
     assert servicer.names == ["chat m"]
     assert servicer.metadata[0]["authorization"] == "Bearer s3cret"
     assert servicer.metadata[0]["x-tenant"] == "blue"
+
+
+def test_instrumentation_before_configure_warns_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without ``configure()`` nothing is traced; the SDK says so once, not per request."""
+    from latscope.sdk import _runtime
+
+    monkeypatch.setattr(_runtime, "_configured", False)
+    monkeypatch.setattr(_runtime, "_warned_unconfigured", False)
+    assert not RT.enabled
+
+    @sdk.inference(model="m")
+    def handle() -> None:
+        with sdk.phase("decode"):
+            sdk.record_token()
+
+    def said() -> int:
+        return sum("before sdk.configure()" in r.getMessage() for r in caplog.records)
+
+    with caplog.at_level(logging.WARNING, logger="latscope.sdk"):
+        handle()
+        handle()
+        with sdk.client_call("POST", "http://llm/v1/chat/completions"):
+            pass
+        assert said() == 1
+        assert sdk.stats()["enabled"] is False
+        # Switched off on purpose (configure(disabled=True)), or shut down: no warning.
+        caplog.clear()
+        monkeypatch.setattr(_runtime, "_warned_unconfigured", False)
+        sdk.configure(disabled=True)
+        handle()
+        sdk.shutdown()
+        handle()
+        assert said() == 0

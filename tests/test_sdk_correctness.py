@@ -20,7 +20,7 @@ from opentelemetry.trace import StatusCode
 
 from latscope import sdk
 from latscope.semconv import GenAIAttributes, LatscopeAttributes, Phase
-from tests.sdk_support import capture, run_app
+from tests.sdk_support import NullMetricExporter, capture, run_app
 
 
 def _boom(*args: object, **kwargs: object) -> None:
@@ -50,7 +50,7 @@ def test_a_fault_at_any_exit_step_still_ends_every_span(
     monkeypatch: pytest.MonkeyPatch, target: str
 ) -> None:
     monkeypatch.setattr(target, _boom)
-    with capture(metrics=True, metric_exporter=_NullMetricExporter()) as cap:
+    with capture(metrics=True, metric_exporter=NullMetricExporter()) as cap:
         assert handle(3) == 3
         with pytest.raises(ValueError, match="app error"), sdk.phase("postprocess"):
             raise ValueError("app error")
@@ -237,22 +237,3 @@ def test_one_phase_object_entered_from_two_threads() -> None:
             server = servers[d.parent.span_id]
             count = d.attributes[LatscopeAttributes.TOKEN_COUNT]
             assert server.attributes[GenAIAttributes.USAGE_OUTPUT_TOKENS] == count
-
-
-class _NullMetricExporter:
-    """A metric exporter that accepts everything (the metrics pipeline runs, nothing leaves)."""
-
-    def __new__(cls):  # built lazily so this module imports without the metrics SDK loaded
-        from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
-
-        class Null(MetricExporter):
-            def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):
-                return MetricExportResult.SUCCESS
-
-            def force_flush(self, timeout_millis: float = 10_000) -> bool:
-                return True
-
-            def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
-                return None
-
-        return Null()
