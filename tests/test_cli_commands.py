@@ -106,6 +106,12 @@ def test_explain_shows_buckets_waterfall_and_stall(served, capsys) -> None:
         assert phase in out
         assert f"{end - start:.1f}" in out
     assert "1 stall(s)" in out and "token 10" in out
+    standing = api(server, f"/v1/requests/{spec.trace_id}")["standing"]
+    if standing["peers"]:
+        assert f"percentile among the {standing['peers']} requests of rag-server" in out
+        assert f"p{standing['percentiles']['e2e']:.1f}" in out
+    else:
+        assert "hour before it: no percentiles" in out
     code, out, _ = run(capsys, "explain", spec.trace_id, "--url", server.http, "--json")
     assert json.loads(out) == api(server, f"/v1/requests/{spec.trace_id}")
 

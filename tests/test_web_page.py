@@ -75,6 +75,14 @@ def test_page_shows_the_numbers_of_the_api(served, browser: Browser, tmp_path: P
     for bucket, value in explained["attribution"]["buckets_ms"].items():
         cell = page.inner_text(f"#request-buckets tr[data-bucket={bucket}] td.ms")
         assert cell == ("–" if value is None else f"{value:.1f}"), bucket
+        rank = explained["standing"]["percentiles"][bucket]
+        cell = page.inner_text(f"#request-buckets tr[data-bucket={bucket}] td.rank")
+        assert cell == ("–" if rank is None else f"p{rank:.1f}"), bucket
+    standing = explained["standing"]
+    assert standing["peers"] > 0
+    assert f"Percentiles among the {standing['peers']} requests" in page.inner_text(
+        "#request-standing"
+    )
     assert page.locator("#waterfall .span").count() == len(explained["spans"])
     assert page.locator("#tokens line.tok").count() == len(stalled.token_offsets_us)
     assert page.locator("#tokens rect.stall").count() == 1

@@ -231,7 +231,7 @@ def slo(
     service: str | None = None,
     model: str | None = None,
 ) -> Slo:
-    """Error budget left and burn rates (5m, 30m, 1h, 6h) of each objective, as of ``at``."""
+    """Error budget left and burn rates (5m, 30m, 1h, 6h, 3d) of each objective, as of ``at``."""
     texts = [objective] if isinstance(objective, str) else list(objective or DEFAULT_OBJECTIVES)
     if len(texts) > MAX_OBJECTIVES:
         raise InvalidParameter("invalid_objective", f"at most {MAX_OBJECTIVES} objectives")

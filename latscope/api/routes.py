@@ -402,8 +402,8 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         service: Service = None,
         model: Model = None,
     ) -> Response:
-        """Error budget left and burn rates (5m, 30m, 1h, 6h) per objective, with the
-        fast-burn (14.4x) and slow-burn (6x) alerts of the SRE workbook."""
+        """Error budget left and burn rates (5m, 30m, 1h, 6h, 3d) per objective, with the
+        fast-burn (14.4x), slow-burn (6x) and ticket (1x) alerts of the SRE workbook."""
         return _served(
             aggregates.slo(store, objective=objective, at=at, service=service, model=model)
         )

@@ -213,14 +213,57 @@ class RequestTokens(TokenTimeline):
     request_id: str
 
 
-class Explain(Answer):
-    """One request: its buckets, its waterfall and its token timeline."""
+class FigurePercentiles(Answer):
+    """A percentile rank (0-100) per figure; null where the request or its peers lack it."""
 
-    model_config = _example(
-        {"attribution": ATTRIBUTION_EXAMPLE, "spans": [SPAN_EXAMPLE], "tokens": TOKENS_EXAMPLE}
+    e2e: float | None
+    network: float | None
+    queue: float | None
+    preprocess: float | None
+    prefill: float | None
+    decode: float | None
+    postprocess: float | None
+    other: float | None
+    ttft: float | None
+    tpot: float | None
+
+
+STANDING_EXAMPLE = {
+    "since": "2026-01-02T14:00:00Z",
+    "until": "2026-01-02T15:00:00Z",
+    "peers": 812,
+    "percentiles": {"e2e": 97.4, "network": 40.2, "queue": 99.1, "preprocess": 55.0,
+                    "prefill": 61.3, "decode": 48.0, "postprocess": 50.5, "other": 52.0,
+                    "ttft": 98.8, "tpot": 47.1},
+}  # fmt: skip
+
+
+class Standing(Answer):
+    """Where a request stands among its peers (the requests of its service and model that
+    started in the hour before it): the share of them that were faster, per figure."""
+
+    model_config = _example(STANDING_EXAMPLE)
+
+    since: str
+    until: str
+    peers: int = Field(description="requests of the same service and model in the window")
+    percentiles: FigurePercentiles = Field(
+        description="the peers below the request's value plus half of those equal, in percent "
+        "of the peers that have the figure: 99 means slower than 99 % of them"
     )
 
+
+class Explain(Answer):
+    """One request: its buckets, where it stands among its peers, its waterfall and its token
+    timeline."""
+
+    model_config = _example(
+        {"attribution": ATTRIBUTION_EXAMPLE, "standing": STANDING_EXAMPLE,
+         "spans": [SPAN_EXAMPLE], "tokens": TOKENS_EXAMPLE}
+    )  # fmt: skip
+
     attribution: Attribution
+    standing: Standing
     spans: list[Span]
     tokens: TokenTimeline
 
@@ -731,8 +774,8 @@ class Slo(Answer):
                             "met": True,
                             "error_budget": 0.01,
                             "budget_left": 0.5,
-                            "burn_rates": {"5m": 0.4, "30m": 0.6, "1h": 0.5, "6h": 0.5},
-                            "alerts": {"fast_burn": False, "slow_burn": False},
+                            "burn_rates": {"5m": 0.4, "30m": 0.6, "1h": 0.5, "6h": 0.5, "3d": 0.5},
+                            "alerts": {"fast_burn": False, "slow_burn": False, "ticket": False},
                         }
                     ],
                 }

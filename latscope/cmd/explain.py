@@ -55,7 +55,9 @@ def render(body: dict[str, Any]) -> None:
     out.print(header)
     out.print(r.stacked_bar(a["buckets_ms"]))
     out.print(r.legend())
-    out.print(r.attribution_table(a))
+    standing = body["standing"]
+    out.print(r.attribution_table(a, standing["percentiles"]))
+    out.print(standing_text(standing, a))
     if a["buckets_ms"].get("network") is None:
         out.print(Text("network unknown: no client span was seen", style="italic"))
     skew = a.get("clock_skew_ms")
@@ -94,6 +96,25 @@ def render(body: dict[str, Any]) -> None:
             out.print(f"  … and {len(stalls) - 10} more")
     else:
         out.print(f"no stalls (threshold {threshold})")
+
+
+def standing_text(standing: Mapping[str, Any], a: Mapping[str, Any]) -> str:
+    """What the percentile column ranks against, and where TTFT and TPOT stand."""
+    if not standing["peers"]:
+        return (
+            f"no other request of {a['service']} / {a['model'] or '(no model)'} started in the "
+            "hour before it: no percentiles"
+        )
+    p = standing["percentiles"]
+
+    def rank(name: str) -> str:
+        return "—" if p[name] is None else f"p{p[name]:.1f}"
+
+    return (
+        f"percentile among the {standing['peers']} requests of {a['service']} / "
+        f"{a['model'] or '(no model)'} that started in the hour before it "
+        f"({standing['since']} → {standing['until']}); TTFT {rank('ttft')}, TPOT {rank('tpot')}"
+    )
 
 
 # -- a run ----------------------------------------------------------------------------------------

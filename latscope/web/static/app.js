@@ -344,11 +344,18 @@ function renderRequest(body) {
     (a.client_headers_only ? " · the client span ended at the response headers (extended to the server's end)" : "") +
     (a.buckets_ms.network === null ? " · network unknown (no client span)" : "");
   $("#request-bar").replaceWith(Object.assign(stackedBar(a.buckets_ms, "bar big"), { id: "request-bar" }));
+  // Percentile ranks among the request's peers (its service and model, the hour before it).
+  const st = body.standing;
+  const pN = (k) => (st.percentiles[k] === null ? "–" : `p${st.percentiles[k].toFixed(1)}`);
+  const rank = (k) => el("td", { class: "rank" }, pN(k));
   $("#request-buckets tbody").replaceChildren(...BUCKETS.map((b) => {
     const v = a.buckets_ms[b];
     return el("tr", { "data-bucket": b }, bucketCell(b), el("td", { class: "ms" }, num(v)),
-      el("td", {}, v === null ? "–" : pct(v / a.e2e_ms)));
-  }), el("tr", { "data-bucket": "e2e" }, el("td", { class: "b" }, "e2e"), el("td", { class: "ms" }, num(a.e2e_ms)), el("td", {}, "100.0%")));
+      el("td", {}, v === null ? "–" : pct(v / a.e2e_ms)), rank(b));
+  }), el("tr", { "data-bucket": "e2e" }, el("td", { class: "b" }, "e2e"), el("td", { class: "ms" }, num(a.e2e_ms)), el("td", {}, "100.0%"), rank("e2e")));
+  $("#request-standing").textContent = st.peers
+    ? `Percentiles among the ${st.peers} requests of ${a.service} · ${a.model || "(no model)"} that started in the hour before it (${st.since} → ${st.until}): e2e ${pN("e2e")}, TTFT ${pN("ttft")}, TPOT ${pN("tpot")}.`
+    : `No other request of ${a.service} · ${a.model || "(no model)"} started in the hour before it: no percentiles.`;
   const own = callSpans(body.spans, a.request_id);
   $("#waterfall-note").textContent = own.calls > 1 ? `this call's spans (its trace holds ${own.calls} calls)` : "";
   renderWaterfall($("#waterfall"), own.spans, a.e2e_ms);
