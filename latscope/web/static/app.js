@@ -508,12 +508,29 @@ async function start() {
     $("#auth").hidden = true;
     start_data();
   });
-  window.addEventListener("hashchange", openFromHash);
+  window.addEventListener("hashchange", () => { if (windowFromHash()) refresh(); openFromHash(); });
   await start_data();
+}
+
+// ``#since=...&until=...`` (RFC 3339: an SLO alert links to the window that burnt its budget)
+// sets the window, ``&service=`` and ``&model=`` the filters.
+function windowFromHash() {
+  const since = fromHash("since");
+  if (since) state.range = { since, until: fromHash("until") || undefined };
+  for (const key of ["service", "model"]) {
+    const value = fromHash(key);
+    if (!value) continue;
+    const select = $(`#${key}`);
+    if (![...select.options].some((o) => o.value === value)) select.append(el("option", { value }, value));
+    select.value = value;
+  }
+  if (typeof showRange === "function") showRange();
+  return Boolean(since);
 }
 
 async function start_data() {
   try { await run(loadServices); } catch (_) { document.body.dataset.loaded = "error"; return; }
+  windowFromHash();
   await Promise.all([refresh(), openFromHash()]);
 }
 
