@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "heatmap": "latscope.cmd.heatmap",
     "coldstart": "latscope.cmd.coldstart",
     "explain": "latscope.cmd.explain",
+    "conversation": "latscope.cmd.conversation",
     "export": "latscope.cmd.export",
     "slo": "latscope.cmd.slo",
     "top": "latscope.cmd.top",

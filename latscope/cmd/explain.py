@@ -169,7 +169,7 @@ def dominant(buckets: Mapping[str, float | None]) -> str | None:
     return max(known, key=lambda b: known[b]) if known else None
 
 
-def _budget_table(run: Mapping[str, Any]) -> Table:
+def budget_table(run: Mapping[str, Any], total: str = "e2e (root)") -> Table:
     e2e = run["e2e_ms"] or 0.0
     budget = run["critical_path_ms"]
     table = Table(box=None, pad_edge=False, header_style="bold")
@@ -185,7 +185,7 @@ def _budget_table(run: Mapping[str, Any]) -> Table:
     row("LLM calls", budget["llm"], "bold")
     row("tool calls", budget["tool"], RUN_COLOURS[TOOL])
     row("app (orchestration)", budget["app"], RUN_COLOURS[APP])
-    table.add_row(Text("e2e (root)", style="bold"), r.ms(e2e), "100.0%")
+    table.add_row(Text(total, style="bold"), r.ms(e2e), "100.0%")
     return table
 
 
@@ -250,7 +250,7 @@ def render_run(body: dict[str, Any]) -> None:
     )
     out.print(run_bar(run_parts(run["critical_path_ms"])))
     out.print(r.legend(RUN_COLOURS, RUN_GLYPHS))
-    out.print(_budget_table(run))
+    out.print(budget_table(run))
     if calls:
         out.print()
         out.print(Text("calls", style="bold"))
