@@ -42,6 +42,7 @@ COMMANDS: dict[str, str] = {
     "export": "latscope.cmd.export",
     "slo": "latscope.cmd.slo",
     "top": "latscope.cmd.top",
+    "mcp": "latscope.cmd.mcp",
     "demo": "latscope.demo.command",
 }
 
