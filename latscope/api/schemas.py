@@ -213,17 +213,11 @@ class RequestTokens(TokenTimeline):
     request_id: str
 
 
-class FigurePercentiles(Answer):
-    """A percentile rank (0-100) per figure; null where the request or its peers lack it."""
+class FigurePercentiles(Buckets):
+    """A percentile rank (0-100) per bucket and figure; null where the request or its peers
+    lack it."""
 
     e2e: float | None
-    network: float | None
-    queue: float | None
-    preprocess: float | None
-    prefill: float | None
-    decode: float | None
-    postprocess: float | None
-    other: float | None
     ttft: float | None
     tpot: float | None
 
