@@ -24,6 +24,7 @@ from latscope.attribution.answers.figures import BUCKET_LEVELS, E2E_LEVELS, STRE
 from latscope.attribution.answers.groups import GROUP_BY_COLUMNS, check_group_by
 from latscope.attribution.answers.listings import gpu_by_phase, services, slowest
 from latscope.attribution.answers.slo import Objective, slo
+from latscope.attribution.answers.standing import standing
 from latscope.attribution.answers.summary import summary
 from latscope.attribution.answers.tail import tail
 from latscope.attribution.answers.timeseries import choose_step, heatmap, timeseries
@@ -55,6 +56,7 @@ __all__ = [
     "slo",
     "slo_buckets",
     "slowest",
+    "standing",
     "summary",
     "tail",
     "timeseries",

@@ -38,9 +38,11 @@ COMMANDS: dict[str, str] = {
     "heatmap": "latscope.cmd.heatmap",
     "coldstart": "latscope.cmd.coldstart",
     "explain": "latscope.cmd.explain",
+    "conversation": "latscope.cmd.conversation",
     "export": "latscope.cmd.export",
     "slo": "latscope.cmd.slo",
     "top": "latscope.cmd.top",
+    "mcp": "latscope.cmd.mcp",
     "demo": "latscope.demo.command",
 }
 
@@ -48,6 +50,7 @@ COMMANDS: dict[str, str] = {
 API_SETTINGS = (
     "otlp_grpc", "http", "store", "token_file", "token", "grpc_max_message_bytes",
     "shutdown_grace_s", "log_level", "stall_threshold_ms", "tls_cert", "tls_key", "grpc_workers",
+    "slo_objectives", "slo_interval_s",
 )  # fmt: skip
 
 #: How a flag's value is written in --help, as the docs write it.

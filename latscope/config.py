@@ -196,6 +196,19 @@ class Settings:
             "the collector answers RESOURCE_EXHAUSTED / 429"
         },
     )
+    slo_objectives: str = field(
+        default="",
+        metadata={
+            "help": "objectives whose burn rates /metrics serves (latscope_slo_burn_rate, for "
+            "deploy/prometheus/latscope-slo.rules.yml): comma-separated "
+            "METRIC:THRESHOLD_MS:TARGET[:WINDOW_DAYS], each optionally @SERVICE[/MODEL]; "
+            "empty: those /v1/slo uses by default; off: none"
+        },
+    )
+    slo_interval_s: float = field(
+        default=60.0,
+        metadata={"help": "seconds between two evaluations of the burn rates on /metrics"},
+    )
     query_timeout_s: float = field(
         default=DEFAULT_QUERY_TIMEOUT_S,
         metadata={"help": "ClickHouse stops any query or command running longer (seconds)"},
@@ -294,6 +307,15 @@ class Settings:
                      "memory_limit_bytes"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.slo_interval_s < 1:
+            raise ConfigError("--slo-interval-s must be at least 1 (seconds)")
+        from latscope.api.burn import parse_objectives
+        from latscope.api.errors import InvalidParameter
+
+        try:
+            parse_objectives(self.slo_objectives)
+        except InvalidParameter as exc:
+            raise ConfigError(f"--slo-objectives: {exc.detail}") from None
         if self.query_timeout_s < 1:
             raise ConfigError("--query-timeout-s must be at least 1 (seconds)")
         if self.http_body_timeout_s <= 0:

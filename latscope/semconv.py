@@ -98,6 +98,8 @@ class GenAIAttributes:
     """OpenTelemetry GenAI semantic-convention keys (and the older names still in the wild)."""
 
     OPERATION_NAME: Final = "gen_ai.operation.name"
+    #: The conversation (session, thread) a call belongs to, across traces.
+    CONVERSATION_ID: Final = "gen_ai.conversation.id"
     #: What the SDK writes; ``SYSTEM`` is its deprecated predecessor, still read.
     PROVIDER_NAME: Final = "gen_ai.provider.name"
     SYSTEM: Final = "gen_ai.system"
@@ -124,10 +126,30 @@ class GenAIOperation:
 
 
 class OpenInferenceAttributes:
-    """OpenInference's span kind attribute (its LLM client spans are INTERNAL)."""
+    """OpenInference's span kind attribute (its LLM client spans are INTERNAL) and session id
+    (``using_session``)."""
 
     SPAN_KIND: Final = "openinference.span.kind"
     LLM: Final = "LLM"
+    SESSION_ID: Final = "session.id"
+
+
+class TraceloopAttributes:
+    """traceloop-sdk's session id, as an association property
+    (``Traceloop.set_association_properties({"session_id": ...})``); its newer
+    ``set_conversation_id`` writes ``gen_ai.conversation.id``."""
+
+    SESSION_ID: Final = "traceloop.association.properties.session_id"
+
+
+#: The attributes that name a span's conversation, first found wins: the GenAI convention, then
+#: OpenInference's and traceloop's session ids (deploy/clickhouse/013_conversations.sql reads
+#: the same keys in the same order; a test holds them equal).
+CONVERSATION_KEYS: Final = (
+    GenAIAttributes.CONVERSATION_ID,
+    OpenInferenceAttributes.SESSION_ID,
+    TraceloopAttributes.SESSION_ID,
+)
 
 
 class VllmAttributes:

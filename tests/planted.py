@@ -8,10 +8,14 @@
 * ``scale_up``: service ``gen`` on replicas ``gen-a``..``gen-c``; at ``scale_at`` replicas
   ``gen-d`` and ``gen-e`` appear, and serve their first ``COLD_S`` seconds with 1.5-2.5 s more
   prefill.
+* ``queue_burn``: service ``burn``, three days of requests whose TTFT stays under 500 ms, then
+  an hour in which 40 % of the requests queue 1-2 s longer: ``ttft:500:0.99`` burns its budget
+  fast, and the budget goes to ``queue``.
 
 Rows are built in polars (the tests recompute every answer from them) and written straight into
 the attribution table; ``long_prompts`` also writes one server span per request, carrying the
-tenant. ``python -m tests.planted DIR`` writes all three, ending now, into a fresh store.
+tenant. ``python -m tests.planted DIR`` writes the first three, ending now, into a fresh store;
+``python -m tests.planted DIR UNTIL_NS burn`` writes ``queue_burn``.
 """
 
 from __future__ import annotations
@@ -185,6 +189,23 @@ def scale_up(t0: int, *, n: int = 3000, span_ns: int = 3 * H, scale_at: int | No
     return _frame(cols, service, pods, "llama-3-8b"), cold
 
 
+BURN_SERVICE = "burn"
+BURN_SLOW_SHARE = 0.4
+
+
+def queue_burn(until_ns: int, *, seed: int = 4, service: str = BURN_SERVICE) -> pl.DataFrame:
+    """2,000 requests over the 3 days before ``until_ns`` (TTFT under 350 ms), then 300 in its
+    last hour, of which ``BURN_SLOW_SHARE`` queue 1-2 s longer (TTFT over 1 s)."""
+    rng = np.random.default_rng(seed)
+    old = _rows(rng, 2000, service=service, t0=until_ns - 72 * H, span_ns=71 * H)
+    new = _rows(rng, 300, service=service, t0=until_ns - H, span_ns=H - 10 * S)
+    slow = rng.random(300) < BURN_SLOW_SHARE
+    new["queue"] = np.asarray(new["queue"]) + np.where(slow, rng.integers(1000, 2000, 300), 0) * MS
+    pods = [f"{service}-0"] * 2300
+    cols = {k: np.concatenate([np.asarray(old[k]), np.asarray(new[k])]) for k in old}
+    return _frame(cols, service, pods, "llama-3-8b")
+
+
 def insert(store: Store, df: pl.DataFrame) -> None:
     store.insert_arrow(ATTRIBUTION_TABLE, to_table(df))
 
@@ -223,22 +244,26 @@ def write_all(store: Store, until_ns: int) -> dict[str, object]:
     return {"t0": t0, "cold": int(cold.sum())}
 
 
-def store_dir(until_ns: int) -> Path:
-    """A fresh store holding the three datasets, written by a process of its own (an embedded
-    store belongs to one process at a time); the caller deletes its parent directory."""
+def store_dir(until_ns: int, dataset: str = "all") -> Path:
+    """A fresh store holding the three datasets (``dataset="burn"``: ``queue_burn``), written by
+    a process of its own (an embedded store belongs to one process at a time); the caller deletes
+    its parent directory."""
     path = Path(tempfile.mkdtemp(prefix="latscope-planted-")) / "store"
     subprocess.run(
-        [sys.executable, "-m", "tests.planted", str(path), str(until_ns)],
+        [sys.executable, "-m", "tests.planted", str(path), str(until_ns), dataset],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     return path
 
 
-if __name__ == "__main__":  # python -m tests.planted STORE_DIR [UNTIL_NS]
+if __name__ == "__main__":  # python -m tests.planted STORE_DIR [UNTIL_NS [all|burn]]
     import time
 
     target = Store.open(f"chdb://{sys.argv[1]}")
     target.apply_schema()
     until = int(sys.argv[2]) if len(sys.argv) > 2 else time.time_ns()
-    print(write_all(target, until))
+    if sys.argv[3:] == ["burn"]:
+        insert(target, queue_burn(until))
+    else:
+        print(write_all(target, until))
     target.close()

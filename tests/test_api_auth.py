@@ -43,6 +43,8 @@ V1_ROUTES = [
     "/v1/gpu",
     "/v1/services",
     "/v1/requests",
+    "/v1/conversations",
+    "/v1/conversations/conv-1",
 ]
 #: OTLP/HTTP ingest (POST), served by the same process.
 INGEST_ROUTES = ["/v1/traces", "/v1/metrics"]
@@ -62,7 +64,7 @@ def test_the_spec_lists_every_v1_route(guarded: Server) -> None:
 
     def template(path: str) -> str:
         name = "{request_id}" if path.startswith("/v1/requests/") else "{trace_id}"
-        return path.replace(TRACE, name)
+        return path.replace(TRACE, name).replace("conv-1", "{conversation_id}")
 
     assert {p for p in spec["paths"] if p.startswith("/v1/")} == {
         template(p) for p in V1_ROUTES
@@ -100,7 +102,7 @@ def test_v1_answers_with_the_token(guarded: Server, path: str) -> None:
         guarded.url(path), headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
     )
     assert response.status_code in (200, 404), response.text
-    assert response.status_code == (404 if TRACE in path else 200)
+    assert response.status_code == (404 if TRACE in path or "conv-1" in path else 200)
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics", "/", "/openapi.json"])

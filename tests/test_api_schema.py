@@ -86,6 +86,8 @@ def test_openapi_is_complete(served: tuple[Server, list]) -> None:
         "/v1/services",
         "/v1/requests",
         "/v1/export/requests",
+        "/v1/conversations",
+        "/v1/conversations/{conversation_id}",
     }
     for path in ("/v1/traces", "/v1/metrics"):
         operation = spec["paths"][path]["post"]

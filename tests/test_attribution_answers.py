@@ -50,6 +50,7 @@ EXPECTED = {
     "slo",
     "slo_buckets",
     "slowest",
+    "standing",
     "summary",
     "tail",
     "timeseries",
@@ -184,6 +185,7 @@ RULEBOOK = [
     "dimensions.SINCE_FRACTION",
     "slo.FAST_BURN",
     "slo.SLOW_BURN",
+    "slo.TICKET_BURN",
     "slo.BURN_WINDOWS_S",
 ]
 

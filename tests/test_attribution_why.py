@@ -283,7 +283,7 @@ def test_slo_budget_goes_to_the_buckets_of_the_bad_requests(store: Store, chat) 
         now_ns=now, service=service,
     )["objectives"][0]  # fmt: skip
     split_by = got["budget_by_bucket"]
-    assert set(split_by) == {"window", "5m", "30m", "1h", "6h"}
+    assert set(split_by) == {"window", "5m", "30m", "1h", "6h", "3d"}
     for name, start in (("window", now - 24 * H), ("1h", now - H), ("30m", now - H // 2)):
         part = df.filter(df["Timestamp"] >= start)
         bad, good = split(part, part["E2eNs"] > 5500 * MS)

@@ -106,6 +106,16 @@ def test_explain_shows_buckets_waterfall_and_stall(served, capsys) -> None:
         assert phase in out
         assert f"{end - start:.1f}" in out
     assert "1 stall(s)" in out and "token 10" in out
+    # The only llama-3-70b request of its service: no peers to rank it among.
+    assert api(server, f"/v1/requests/{spec.trace_id}")["standing"]["peers"] == 0
+    assert "started in the hour before it: no percentiles" in " ".join(out.split())
+    peered = specs[7]  # a llama request among others of its service and model
+    code, out, _ = run(capsys, "explain", peered.trace_id, "--url", server.http)
+    standing = api(server, f"/v1/requests/{peered.trace_id}")["standing"]
+    assert standing["peers"] > 0
+    flat = " ".join(out.split())
+    assert f"percentile among the {standing['peers']} requests of {peered.service}" in flat
+    assert f"p{standing['percentiles']['e2e']:.1f}" in flat
     code, out, _ = run(capsys, "explain", spec.trace_id, "--url", server.http, "--json")
     assert json.loads(out) == api(server, f"/v1/requests/{spec.trace_id}")
 

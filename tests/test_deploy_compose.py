@@ -70,8 +70,37 @@ def healthcheck_text(name: str) -> str:
     return " ".join(test) if isinstance(test, list) else test
 
 
-def test_the_stack_has_clickhouse_schema_collector_api_and_grafana() -> None:
-    assert set(compose()["services"]) == {"clickhouse", "schema", "collector", "api", "grafana"}
+def test_the_stack_has_clickhouse_schema_collector_api_prometheus_and_grafana() -> None:
+    assert set(compose()["services"]) == {
+        "clickhouse", "schema", "collector", "api", "prometheus", "grafana",
+    }  # fmt: skip
+
+
+def test_prometheus_scrapes_the_api_and_loads_the_slo_rules() -> None:
+    prometheus = service("prometheus")
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in prometheus["volumes"]}
+    folder = (ROOT / mounts["/etc/prometheus"]).resolve()
+    assert folder == ROOT / "deploy/prometheus"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    config = yaml.safe_load((folder / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["latscope-slo.rules.yml"]
+    assert (folder / "latscope-slo.rules.yml").is_file()
+    [job] = config["scrape_configs"]
+    [static] = job["static_configs"]
+    host, port = static["targets"][0].split(":")
+    assert host == "api" and int(port) in published("api")
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    assert prometheus["depends_on"]["api"]["condition"] == "service_healthy"
+    assert "prometheus-data" in compose()["volumes"]
+
+
+def test_grafana_reaches_prometheus() -> None:
+    [source] = yaml.safe_load((GRAFANA / "provisioning/datasources/prometheus.yaml").read_text())[
+        "datasources"
+    ]
+    url = re.sub(r"\$(\w+)", lambda m: environment("grafana")[m.group(1)], source["url"])
+    assert urlsplit(url).hostname == "prometheus"
+    assert urlsplit(url).port in published("prometheus")
 
 
 @pytest.mark.parametrize("name", LATSCOPE_SERVICES)
@@ -196,20 +225,28 @@ def test_datasource_provisioning_reaches_clickhouse() -> None:
     assert resolve(source["secureJsonData"]["password"]) == ch["CLICKHOUSE_PASSWORD"]
 
 
-def test_dashboard_uses_the_provisioned_datasource_everywhere() -> None:
-    [source] = yaml.safe_load((GRAFANA / "provisioning/datasources/clickhouse.yaml").read_text())[
-        "datasources"
-    ]
+def test_dashboard_uses_the_provisioned_datasources_everywhere() -> None:
+    sources = {
+        s["uid"]: s
+        for name in ("clickhouse", "prometheus")
+        for s in yaml.safe_load((GRAFANA / f"provisioning/datasources/{name}.yaml").read_text())[
+            "datasources"
+        ]
+    }
     board = json.loads((GRAFANA / "dashboards/latscope.json").read_text())
     targets = [t for p in board["panels"] for t in p.get("targets", [])]
     variables = [v for v in board["templating"]["list"] if v["type"] == "query"]
     assert targets and variables
     for item in [*targets, *variables]:
-        assert item["datasource"]["uid"] == source["uid"]
-        assert item["datasource"]["type"] == source["type"]
+        assert item["datasource"]["type"] == sources[item["datasource"]["uid"]]["type"]
+    for t in targets:  # SQL for ClickHouse, PromQL for Prometheus (the SLO alerts' panels)
+        assert ("expr" if t["datasource"]["type"] == "prometheus" else "rawSql") in t
+    assert {sources[t["datasource"]["uid"]]["type"] for t in targets} == {
+        "grafana-clickhouse-datasource", "prometheus",
+    }  # fmt: skip
     names = {v["name"] for v in board["templating"]["list"]}
     for t in targets:
-        used = set(re.findall(r"\$\{(\w+)|\$(?!__)(\w+)", t["rawSql"]))
+        used = set(re.findall(r"\$\{(\w+)|\$(?!__)(\w+)", t.get("rawSql") or t["expr"]))
         used = {a or b for a, b in used}
         assert used <= names, used - names
     types = {p["type"] for p in board["panels"]}

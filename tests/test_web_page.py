@@ -31,7 +31,8 @@ def test_page_shows_the_numbers_of_the_api(served, browser: Browser, tmp_path: P
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(server.url(f"/#trace={stalled.trace_id}"))
     page.wait_for_selector("body[data-loaded]", timeout=30_000)
-    page.wait_for_selector("body[data-request]", timeout=30_000)
+    # The request loads beside the rest of the page: wait until it is done either way.
+    page.wait_for_selector("body[data-request]:not([data-request=loading])", timeout=30_000)
     assert page.get_attribute("body", "data-loaded") == "ok", page.inner_text("#error")
     assert page.get_attribute("body", "data-request") == "ok"
 
@@ -75,6 +76,9 @@ def test_page_shows_the_numbers_of_the_api(served, browser: Browser, tmp_path: P
     for bucket, value in explained["attribution"]["buckets_ms"].items():
         cell = page.inner_text(f"#request-buckets tr[data-bucket={bucket}] td.ms")
         assert cell == ("–" if value is None else f"{value:.1f}"), bucket
+    # The only llama-3-70b request: no peers, no percentiles (one with peers is opened below).
+    assert explained["standing"]["peers"] == 0
+    assert "started in the hour before it: no percentiles" in page.inner_text("#request-standing")
     assert page.locator("#waterfall .span").count() == len(explained["spans"])
     assert page.locator("#tokens line.tok").count() == len(stalled.token_offsets_us)
     assert page.locator("#tokens rect.stall").count() == 1
@@ -101,6 +105,18 @@ def test_page_shows_the_numbers_of_the_api(served, browser: Browser, tmp_path: P
     assert page.locator("#run").is_hidden()  # one call: no run to show
     queue = page.inner_text("#request-buckets tr[data-bucket=queue] td.ms")
     assert queue == f"{slowest[0]['buckets_ms']['queue']:.1f}"
+    # Where it stands among its peers: each bucket's percentile, as the API ranks it.
+    standing = api(server, f"/v1/requests/{opened}")["standing"]
+    for bucket, rank in standing["percentiles"].items():
+        if bucket in ("e2e", "ttft", "tpot"):
+            continue
+        cell = page.inner_text(f"#request-buckets tr[data-bucket={bucket}] td.rank")
+        assert cell == ("–" if rank is None else f"p{rank:.1f}"), bucket
+    text = page.inner_text("#request-standing")
+    if standing["peers"]:
+        assert text.startswith(f"Percentiles among the {standing['peers']} requests of ")
+    else:
+        assert "no percentiles" in text
     assert errors == []
     page.close()
 

@@ -156,3 +156,23 @@ def test_what_is_different_and_cold_starts(served: Server, page: Page, tmp_path:
     page.wait_for_function("document.querySelector('#why-text').textContent.includes('before')")
     before = api(served, "/v1/attribution/why", since="6h", selection="before")
     assert page.get_attribute("#why", "data-count") == str(before["selection"]["count"])
+
+
+def test_an_alert_link_opens_its_window(served: Server, browser: Browser) -> None:
+    """The SLO alerts' link (deploy/prometheus/latscope-slo.rules.yml: ``#since=&until=`` in
+    RFC 3339, ``&service=``) opens the page on that window and service."""
+    now = time.time_ns() - 60 * S
+    since, until = (
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t // S)) for t in (now - 3600 * S, now)
+    )
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(served.url(f"/#since={since}&until={until}&service=chat&model="))
+    page.wait_for_selector("body[data-loaded]", timeout=60_000)
+    assert page.get_attribute("body", "data-loaded") == "ok", page.inner_text("#error")
+    assert page.input_value("#service") == "chat"
+    assert page.inner_text("#range-label") == f"Showing {since} → {until}."
+    summary = api(served, "/v1/attribution/summary", since=since, until=until, service="chat")
+    assert summary["count"] > 0
+    assert page.inner_text("#summary-count") == str(summary["count"])
+    assert page.inner_text("#summary-window") == f"{since} → {until}"
+    page.close()

@@ -8,6 +8,7 @@ table: one module per question, and the small modules they share.
 ``diagnose``              the usual cause and first fixes (the rulebook: named thresholds)
 ``slo``                   objectives: error budget, burn rates, alerts, where the budget went
 ``listings``              the slowest requests, the services seen, GPU figures per phase
+``standing``              one request's percentile rank among its peers of the last hour
 ``timeseries``            every figure per time step, and the latency heatmap
 ``dimensions``            what is different about a selection of requests (``why``)
 ``coldstart``             replicas that just appeared and their warm-up requests

@@ -20,11 +20,14 @@ from latscope.sqltext import render
 from latscope.storage import Store
 
 __all__ = [
+    "ALERTS",
     "BURN_WINDOWS_S",
     "FAST_BURN",
     "SLOW_BURN",
     "SLO_METRICS",
+    "TICKET_BURN",
     "Objective",
+    "burn_rate",
     "slo",
 ]
 
@@ -36,13 +39,20 @@ SLO_METRICS: dict[str, str] = {
 }
 
 #: Google SRE workbook, "Alerting on SLOs": page when 2 % of a 30-day budget burns in 1 h
-#: (14.4x) or 5 % in 6 h (6x), each confirmed by a short window (5 m, 30 m) so the alert stops
-#: soon after the burn does.
-FAST_BURN, SLOW_BURN = 14.4, 6.0
+#: (14.4x) or 5 % in 6 h (6x), open a ticket when 10 % burns in 3 days (1x), each confirmed by a
+#: short window (5 m, 30 m, 6 h) so the alert stops soon after the burn does.
+FAST_BURN, SLOW_BURN, TICKET_BURN = 14.4, 6.0, 1.0
 #: The burn-rate windows (the workbook's): name -> seconds before now.
-BURN_WINDOWS_S: dict[str, int] = {"5m": 300, "30m": 1800, "1h": 3600, "6h": 21_600}
-#: Each alert: (long window, short window, burn rate both must exceed).
-_ALERTS = {"fast_burn": ("1h", "5m", FAST_BURN), "slow_burn": ("6h", "30m", SLOW_BURN)}
+BURN_WINDOWS_S: dict[str, int] = {
+    "5m": 300, "30m": 1800, "1h": 3600, "6h": 21_600, "3d": 259_200,
+}  # fmt: skip
+#: Each alert: (long window, short window, burn rate both must exceed). The Prometheus rules
+#: (deploy/prometheus/latscope-slo.rules.yml) are the same alerts; a test holds them equal.
+ALERTS: dict[str, tuple[str, str, float]] = {
+    "fast_burn": ("1h", "5m", FAST_BURN),
+    "slow_burn": ("6h", "30m", SLOW_BURN),
+    "ticket": ("3d", "6h", TICKET_BURN),
+}
 
 
 #: The columns the objectives' values are taken from (``SLO_METRICS``).
@@ -67,7 +77,10 @@ SELECT
         AS bad_1h,
     countIf(v IS NOT NULL AND Timestamp >= fromUnixTimestamp64Nano({{s6h:Int64}})) AS total_6h,
     countIf(v > {{threshold_ns:Float64}} AND Timestamp >= fromUnixTimestamp64Nano({{s6h:Int64}}))
-        AS bad_6h
+        AS bad_6h,
+    countIf(v IS NOT NULL AND Timestamp >= fromUnixTimestamp64Nano({{s3d:Int64}})) AS total_3d,
+    countIf(v > {{threshold_ns:Float64}} AND Timestamp >= fromUnixTimestamp64Nano({{s3d:Int64}}))
+        AS bad_3d
 FROM (
     SELECT Timestamp, $VALUE AS v
     FROM ($ROWS)
@@ -115,10 +128,11 @@ def slo(
 
     A burn rate is the window's bad fraction divided by the budget (1 - target): 1.0 spends the
     budget exactly over the objective's window. ``alerts.fast_burn`` is 1 h and 5 m both above
-    FAST_BURN (14.4), ``alerts.slow_burn`` 6 h and 30 m both above SLOW_BURN (6; Google SRE
-    workbook). With ``explain``, ``budget_by_bucket`` says per window (the objective's, then
-    each burn rate's) which bucket the budget went to: the bad requests' extra time over the
-    good ones, by bucket (``dimensions.slo_buckets``).
+    FAST_BURN (14.4), ``alerts.slow_burn`` 6 h and 30 m both above SLOW_BURN (6),
+    ``alerts.ticket`` 3 d and 6 h both above TICKET_BURN (1; Google SRE workbook). With
+    ``explain``, ``budget_by_bucket`` says per window (the objective's, then each burn rate's)
+    which bucket the budget went to: the bad requests' extra time over the good ones, by bucket
+    (``dimensions.slo_buckets``).
     """
     results = []
     for raw in objectives:
@@ -157,12 +171,11 @@ def slo(
             sql = render(SLO_SQL, {"VALUE": SLO_METRICS[obj.metric], "ROWS": rows})
             row = query_dicts(store, sql, params)[0]
         budget = 1 - obj.target
-
-        def burn(bad: int, total: int, budget: float = budget) -> float | None:
-            return (bad / total) / budget if total else None
-
         total, bad = int(row["total"]), int(row["bad"])
-        rates = {w: burn(int(row[f"bad_{w}"]), int(row[f"total_{w}"])) for w in BURN_WINDOWS_S}
+        rates = {
+            w: burn_rate(int(row[f"bad_{w}"]), int(row[f"total_{w}"]), obj.target)
+            for w in BURN_WINDOWS_S
+        }
         compliance = (1 - bad / total) if total else None
         budget_left = (1 - (bad / total) / budget) if total else None
         results.append(
@@ -181,13 +194,23 @@ def slo(
                 "burn_rates": rates,
                 "alerts": {
                     name: _above(rates[long], rates[short], limit)
-                    for name, (long, short, limit) in _ALERTS.items()
+                    for name, (long, short, limit) in ALERTS.items()
                 },
             }
         )
         if spent is not None:
             results[-1]["budget_by_bucket"] = spent
     return {"now_ns": int(now_ns), "objectives": results}
+
+
+def burn_rate(bad: int, total: int, target: float) -> float | None:
+    """The window's bad fraction over the error budget (1 - ``target``); None without
+    requests. 1.0 spends the budget exactly over the objective's window.
+
+    >>> burn_rate(30, 100, 0.75)
+    1.2
+    """
+    return (bad / total) / (1 - target) if total else None
 
 
 def _above(long: float | None, short: float | None, limit: float) -> bool:

@@ -82,6 +82,7 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
         openapi_tags=[
             {"name": "requests", "description": "one request: buckets, spans, tokens"},
             {"name": "traces", "description": "a trace: its calls, its run's critical path"},
+            {"name": "conversations", "description": "an agent's session across traces"},
             {"name": "aggregates", "description": "many requests: summary, tail, compare, ..."},
             {"name": "health", "description": "liveness, readiness, Prometheus metrics"},
         ],

@@ -19,6 +19,7 @@ import grpc
 from google.protobuf import json_format
 
 from latscope.api import trace
+from latscope.api.burn import BurnRates, parse_objectives
 from latscope.api.errors import QueryError
 from latscope.api.live import (
     HUB,
@@ -293,8 +294,9 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
 
 
 def query_parts(settings: Settings, store: Store, *, poll_table: bool = True) -> Parts:
-    """The query service for a latscope process, and (``poll_table``) the poller that feeds
-    Watch and the ``/metrics`` latency histograms from newly attributed rows."""
+    """The query service for a latscope process, the SLO burn rates on ``/metrics``
+    (``--slo-objectives``) and (``poll_table``) the poller that feeds Watch and the
+    ``/metrics`` latency histograms from newly attributed rows."""
     servicer = QueryServicer(store, settings)
     parts = Parts(
         grpc_servicers=[lambda server: register(
@@ -304,4 +306,7 @@ def query_parts(settings: Settings, store: Store, *, poll_table: bool = True) ->
     )  # fmt: skip
     if poll_table:
         parts.components.append(TablePoller(store))
+    objectives = parse_objectives(settings.slo_objectives)
+    if objectives:
+        parts.components.append(BurnRates(store, objectives, poll_s=settings.slo_interval_s))
     return parts

@@ -48,14 +48,16 @@ _OBJECTIVE = re.compile(
 )
 
 
-def _range(since: str | None, until: str | None, prefix: str = "") -> TimeRange:
+def time_range(since: str | None, until: str | None, prefix: str = "") -> TimeRange:
+    """The window of two time parameters; ``InvalidParameter`` says what to write instead."""
     try:
         return parse_range(since, until, prefix=prefix)
     except TimeRangeError as exc:
         raise InvalidParameter("invalid_time", str(exc)) from None
 
 
-def _window(r: TimeRange) -> dict[str, Any]:
+def window_json(r: TimeRange) -> dict[str, Any]:
+    """An answer's ``window``: RFC 3339 and ns since the epoch."""
     return {**r.to_json(), "since_ns": r.since_ns, "until_ns": r.until_ns}
 
 
@@ -72,7 +74,7 @@ def _windowed(answer: type[_A], fn: Any, store: Store, r: TimeRange, **params: A
     """The domain's answer over the window ``r`` (``fn(store, since_ns=, until_ns=, **params)``,
     errors as ``_call`` maps them), with the window added, as its typed model."""
     out = _call(fn, store, since_ns=r.since_ns, until_ns=r.until_ns, **params)
-    out["window"] = _window(r)
+    out["window"] = window_json(r)
     return answer.model_validate(out)
 
 
@@ -100,7 +102,7 @@ def summary(
     Percentiles are within 0.5 % (logarithmic histograms, merged from hourly rollups where the
     window covers whole settled hours) unless ``exact``."""
     _group_by(group_by)
-    r = _range(since, until)
+    r = time_range(since, until)
     return _windowed(
         Summary,
         agg.summary,
@@ -125,7 +127,7 @@ def tail(
     exact: bool = False,
 ) -> Tail:
     """Which bucket the requests above the ``percentile`` spend their extra time in."""
-    r = _range(since, until)
+    r = time_range(since, until)
     return _windowed(
         Tail,
         agg.tail,
@@ -151,7 +153,7 @@ def compare(
 ) -> Compare:
     """Two windows bucket by bucket. ``after`` defaults to the last hour, ``before`` to the
     window of the same length just before ``after``."""
-    after = _range(after_since, after_until, prefix="after_")
+    after = time_range(after_since, after_until, prefix="after_")
     if before_since is None and before_until is None:
         length = after.until - after.since
         before = TimeRange(after.since - length, after.since)
@@ -160,7 +162,7 @@ def compare(
             raise InvalidParameter(
                 "invalid_time", "give both before_since and before_until, or neither"
             )
-        before = _range(before_since, before_until, prefix="before_")
+        before = time_range(before_since, before_until, prefix="before_")
     out = _call(
         agg.compare,
         store,
@@ -188,7 +190,7 @@ def diagnose(
 ) -> Diagnosis:
     """The usual cause of what the window shows, its first fixes and the numbers behind it
     (``warmup_*``: the cold-start rule, see ``coldstart``)."""
-    r = _range(since, until)
+    r = time_range(since, until)
     return _windowed(
         Diagnosis,
         agg.diagnose,
@@ -231,7 +233,7 @@ def slo(
     service: str | None = None,
     model: str | None = None,
 ) -> Slo:
-    """Error budget left and burn rates (5m, 30m, 1h, 6h) of each objective, as of ``at``."""
+    """Error budget left and burn rates (5m, 30m, 1h, 6h, 3d) of each objective, as of ``at``."""
     texts = [objective] if isinstance(objective, str) else list(objective or DEFAULT_OBJECTIVES)
     if len(texts) > MAX_OBJECTIVES:
         raise InvalidParameter("invalid_objective", f"at most {MAX_OBJECTIVES} objectives")
@@ -262,7 +264,7 @@ def gpu(
     model: str | None = None,
 ) -> Gpu:
     """GPU figures per phase (utilization, memory, power, SM clock, energy)."""
-    r = _range(since, until)
+    r = time_range(since, until)
     return _windowed(
         Gpu,
         agg.gpu_by_phase,
@@ -275,9 +277,9 @@ def gpu(
 
 def services(store: Store, *, since: str | None = None, until: str | None = None) -> Services:
     """The services seen in the window, each with its models and request counts."""
-    r = _range(since, until)
+    r = time_range(since, until)
     rows = _call(agg.services, store, since_ns=r.since_ns, until_ns=r.until_ns)
-    return Services.model_validate({"window": _window(r), "services": rows})
+    return Services.model_validate({"window": window_json(r), "services": rows})
 
 
 def slowest(
@@ -290,7 +292,7 @@ def slowest(
     limit: int = 20,
 ) -> Slowest:
     """The slowest requests of the window, slowest first, each with its buckets."""
-    r = _range(since, until)
+    r = time_range(since, until)
     rows = _call(
         agg.slowest,
         store,
@@ -300,7 +302,7 @@ def slowest(
         model=model,
         limit=max(1, min(int(limit), MAX_SLOWEST)),
     )
-    return Slowest.model_validate({"window": _window(r), "requests": rows})
+    return Slowest.model_validate({"window": window_json(r), "requests": rows})
 
 
 # -- over time, what is different, cold starts -------------------------------------------------
@@ -335,7 +337,7 @@ def timeseries(
 ) -> Timeseries:
     """Every figure of the summary per time step, for the window and per group."""
     _group_by(group_by)
-    r = _range(since, until)
+    r = time_range(since, until)
     return _windowed(
         Timeseries,
         agg.timeseries,
@@ -361,7 +363,7 @@ def heatmap(
     bins_per_decade: int = 10,
 ) -> Heatmap:
     """Requests per time step and log-scaled latency bin."""
-    r = _range(since, until)
+    r = time_range(since, until)
     return _windowed(
         Heatmap,
         agg.heatmap,
@@ -397,7 +399,7 @@ def why(
 ) -> Why:
     """What is different about the selected requests, dimension by dimension, and the extra
     time each top value carries, by bucket."""
-    r = _range(since, until)
+    r = time_range(since, until)
     chosen: dict[str, Any] = {"kind": selection, "metric": metric, "percentile": float(percentile)}
     if selection == "slo":
         m = _SLO_SELECTION.match((objective or "").strip())
@@ -448,7 +450,7 @@ def coldstart(
     lookback_s: float = 3600.0,
 ) -> ColdStart:
     """Replicas that appeared, their warm-up requests, and warm-up against warm by bucket."""
-    r = _range(since, until)
+    r = time_range(since, until)
     rule = agg.WarmupRule(
         warmup_requests=int(warmup_requests), warmup_s=float(warmup_s), lookback_s=lookback_s
     )
@@ -486,7 +488,7 @@ def export_requests(
 
     from latscope.attribution import frames
 
-    r = _range(since, until)
+    r = time_range(since, until)
     frame = frames.requests(
         store,
         since_ns=r.since_ns,

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse, Response
 
+from latscope.api import conversations as talks
 from latscope.api import live as live_feed
 from latscope.api import queries as aggregates
 from latscope.api import trace
@@ -22,6 +23,8 @@ from latscope.api.schemas import (
     Attribution,
     ColdStart,
     Compare,
+    Conversation,
+    Conversations,
     Diagnosis,
     Explain,
     Gpu,
@@ -402,8 +405,8 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         service: Service = None,
         model: Model = None,
     ) -> Response:
-        """Error budget left and burn rates (5m, 30m, 1h, 6h) per objective, with the
-        fast-burn (14.4x) and slow-burn (6x) alerts of the SRE workbook."""
+        """Error budget left and burn rates (5m, 30m, 1h, 6h, 3d) per objective, with the
+        fast-burn (14.4x), slow-burn (6x) and ticket (1x) alerts of the SRE workbook."""
         return _served(
             aggregates.slo(store, objective=objective, at=at, service=service, model=model)
         )
@@ -681,6 +684,55 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         return _served(
             aggregates.slowest(
                 store, since=since, until=until, service=service, model=model, limit=limit
+            )
+        )
+
+    @router.get(
+        "/conversations", tags=["conversations"], response_model=Conversations, responses=_MANY
+    )
+    def conversations(
+        since: Since = None,
+        until: Until = None,
+        service: Service = None,
+        limit: Annotated[
+            int,
+            Query(description="most conversations, latest first", ge=1,
+                  le=talks.MAX_CONVERSATIONS),
+        ] = 50,
+    ) -> Response:  # fmt: skip
+        """The conversations with spans in the window, the latest first: an agent's session
+        across traces, named by gen_ai.conversation.id, OpenInference's session.id or
+        traceloop's session id."""
+        return _served(
+            talks.conversations(store, since=since, until=until, service=service, limit=limit)
+        )
+
+    @router.get(
+        "/conversations/{conversation_id:path}",
+        tags=["conversations"],
+        response_model=Conversation,
+        responses=_ONE,
+    )
+    def conversation(
+        conversation_id: Annotated[
+            str,
+            Path(
+                description="the value of gen_ai.conversation.id (or session.id, or "
+                "traceloop.association.properties.session_id) on the conversation's spans",
+                max_length=talks.MAX_ID_CHARS,
+                examples=["conv-5f1d7a"],
+            ),
+        ],
+        limit_turns: Annotated[
+            int,
+            Query(description="the latest turns explained", ge=1, le=talks.MAX_TURNS),
+        ] = talks.DEFAULT_TURNS,
+    ) -> Response:
+        """A conversation across traces: its turns (traces) in order, each turn's critical path
+        (LLM buckets, tools, app), and the turns' time added up by bucket, tool and app."""
+        return _served(
+            talks.conversation(
+                store, conversation_id, limit_turns=limit_turns, stall_threshold_ms=stall
             )
         )
 

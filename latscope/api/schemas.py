@@ -213,14 +213,51 @@ class RequestTokens(TokenTimeline):
     request_id: str
 
 
-class Explain(Answer):
-    """One request: its buckets, its waterfall and its token timeline."""
+class FigurePercentiles(Buckets):
+    """A percentile rank (0-100) per bucket and figure; null where the request or its peers
+    lack it."""
 
-    model_config = _example(
-        {"attribution": ATTRIBUTION_EXAMPLE, "spans": [SPAN_EXAMPLE], "tokens": TOKENS_EXAMPLE}
+    e2e: float | None
+    ttft: float | None
+    tpot: float | None
+
+
+STANDING_EXAMPLE = {
+    "since": "2026-01-02T14:00:00Z",
+    "until": "2026-01-02T15:00:00Z",
+    "peers": 812,
+    "percentiles": {"e2e": 97.4, "network": 40.2, "queue": 99.1, "preprocess": 55.0,
+                    "prefill": 61.3, "decode": 48.0, "postprocess": 50.5, "other": 52.0,
+                    "ttft": 98.8, "tpot": 47.1},
+}  # fmt: skip
+
+
+class Standing(Answer):
+    """Where a request stands among its peers (the requests of its service and model that
+    started in the hour before it): the share of them that were faster, per figure."""
+
+    model_config = _example(STANDING_EXAMPLE)
+
+    since: str
+    until: str
+    peers: int = Field(description="requests of the same service and model in the window")
+    percentiles: FigurePercentiles = Field(
+        description="the peers below the request's value plus half of those equal, in percent "
+        "of the peers that have the figure: 99 means slower than 99 % of them"
     )
 
+
+class Explain(Answer):
+    """One request: its buckets, where it stands among its peers, its waterfall and its token
+    timeline."""
+
+    model_config = _example(
+        {"attribution": ATTRIBUTION_EXAMPLE, "standing": STANDING_EXAMPLE,
+         "spans": [SPAN_EXAMPLE], "tokens": TOKENS_EXAMPLE}
+    )  # fmt: skip
+
     attribution: Attribution
+    standing: Standing
     spans: list[Span]
     tokens: TokenTimeline
 
@@ -731,8 +768,8 @@ class Slo(Answer):
                             "met": True,
                             "error_budget": 0.01,
                             "budget_left": 0.5,
-                            "burn_rates": {"5m": 0.4, "30m": 0.6, "1h": 0.5, "6h": 0.5},
-                            "alerts": {"fast_burn": False, "slow_burn": False},
+                            "burn_rates": {"5m": 0.4, "30m": 0.6, "1h": 0.5, "6h": 0.5, "3d": 0.5},
+                            "alerts": {"fast_burn": False, "slow_burn": False, "ticket": False},
                         }
                     ],
                 }
@@ -1275,3 +1312,163 @@ class SetAsideTraces(Answer):
     _traces``), each retried with a backoff that doubles up to an hour."""
 
     traces: list[SetAsideTrace]
+
+
+# -- conversations across traces ------------------------------------------------------------------
+
+CONVERSATION_ID_EXAMPLE = "conv-5f1d7a"
+
+
+class ConversationTurn(Answer):
+    """One turn: a trace of the conversation, explained as a run."""
+
+    trace_id: str
+    start: str = Field(description="the root span's start, RFC 3339")
+    offset_ms: float = Field(description="from the first turn's start")
+    gap_ms: float | None = Field(
+        description="since the previous turn ended (negative: they overlap); null for the first"
+    )
+    e2e_ms: float = Field(description="the root span's duration")
+    root: RunRoot
+    critical_path_ms: RunBudget
+    calls: int = Field(description="inference calls in the turn")
+    tools: int = Field(description="tool calls in the turn")
+    path: list[PathStep] = Field(description="the turn's critical path, ms from its root's start")
+
+
+class ConversationTool(Answer):
+    tool: str = Field(description="gen_ai.tool.name (the span name when it has none)")
+    calls: int
+    on_critical_path_ms: float
+
+
+CONVERSATION_EXAMPLE = {
+    "conversation_id": CONVERSATION_ID_EXAMPLE,
+    "turn_count": 2,
+    "truncated": False,
+    "start": "2026-01-02T15:00:00Z",
+    "end": "2026-01-02T15:01:03.6Z",
+    "duration_ms": 63600.0,
+    "busy_ms": 3600.0,
+    "critical_path_ms": {
+        "llm": 2000.0,
+        "llm_buckets": _means(prefill=400.0, decode=1560.0),
+        "tool": 1300.0,
+        "app": 300.0,
+    },
+    "tools": [{"tool": "search", "calls": 2, "on_critical_path_ms": 1300.0}],
+    "turns": [{
+        "trace_id": TRACE_ID_EXAMPLE,
+        "start": "2026-01-02T15:00:00Z",
+        "offset_ms": 0.0,
+        "gap_ms": None,
+        "e2e_ms": 1800.0,
+        "root": RUN_EXAMPLE["root"],
+        "critical_path_ms": RUN_EXAMPLE["critical_path_ms"],
+        "calls": 1,
+        "tools": 1,
+        "path": RUN_EXAMPLE["path"],
+    }],
+}  # fmt: skip
+
+
+class Conversation(Answer):
+    """A conversation across traces (``gen_ai.conversation.id``, OpenInference's ``session.id``
+    or traceloop's session id): its turns in order, each turn's critical path, and the time of
+    the turns shown by bucket, tool and app (summed over their critical paths)."""
+
+    model_config = _example(CONVERSATION_EXAMPLE)
+
+    conversation_id: str
+    turn_count: int = Field(description="traces of the conversation")
+    truncated: bool = Field(description="only the latest turns are shown (limit_turns)")
+    start: str = Field(description="the first shown turn's start, RFC 3339")
+    end: str = Field(description="the last shown turn's end, RFC 3339")
+    duration_ms: float = Field(description="from the first shown turn's start to the last's end")
+    busy_ms: float = Field(description="the shown turns' e2e, added up")
+    critical_path_ms: RunBudget = Field(
+        description="the shown turns' critical paths added up: LLM buckets, tools, app"
+    )
+    tools: list[ConversationTool] = Field(description="per tool, most time on the path first")
+    turns: list[ConversationTurn]
+
+
+class ConversationSeen(Answer):
+    conversation_id: str
+    traces: int = Field(description="traces with spans of the conversation in the window")
+    first: str
+    last: str
+    services: list[str]
+
+
+class Conversations(Answer):
+    """The conversations with spans in the window, the latest first."""
+
+    model_config = _example(
+        {
+            "window": WINDOW_EXAMPLE,
+            "conversations": [
+                {
+                    "conversation_id": CONVERSATION_ID_EXAMPLE,
+                    "traces": 2,
+                    "first": "2026-01-02T15:00:00Z",
+                    "last": "2026-01-02T15:01:03.6Z",
+                    "services": ["agent", "llm-server"],
+                }
+            ],
+        }
+    )
+
+    window: Window
+    conversations: list[ConversationSeen]
+
+
+# -- the heatmap as a table (the MCP server's heatmap tool) ---------------------------------------
+
+
+class HeatmapRow(Answer):
+    start_ns: int = Field(description="the time step's start, ns since the epoch")
+    counts: list[int] = Field(description="requests per column")
+    total: int
+
+
+class HeatmapTable(Answer):
+    """A heatmap as a compact table: a row per time step with requests, a column per latency
+    bin with requests (``0 ms`` first when some requests took none), counts in the cells."""
+
+    model_config = _example(
+        {
+            "window": WINDOW_EXAMPLE,
+            "metric": "e2e",
+            "step_s": 300,
+            "count": 32,
+            "columns": ["794.3-1000 ms", "1000-1259 ms"],
+            "rows": [{"start_ns": 1767362400000000000, "counts": [12, 10], "total": 22},
+                     {"start_ns": 1767362700000000000, "counts": [3, 7], "total": 10}],
+        }
+    )  # fmt: skip
+
+    window: Window
+    metric: str
+    step_s: int
+    count: int
+    columns: list[str]
+    rows: list[HeatmapRow]
+
+    def as_text(self) -> str:
+        """The table in fixed-width text: the time (UTC) and a count per column."""
+        from datetime import UTC, datetime
+
+        head = ["time (UTC)", *self.columns, "total"]
+        lines = [head]
+        for row in self.rows:
+            at = datetime.fromtimestamp(row.start_ns / 1e9, UTC).strftime("%m-%d %H:%M:%S")
+            lines.append([at, *(str(c) for c in row.counts), str(row.total)])
+        widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+        text = [
+            f"{self.metric} heatmap, {self.count} requests, steps of {self.step_s} s "
+            f"({self.window.since} → {self.window.until})"
+        ]
+        text += ["  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True))
+                 for line in lines]  # fmt: skip
+        return "\n".join(text)

@@ -71,6 +71,20 @@ class TimeRange:
     def to_json(self) -> dict[str, str]:
         return {"since": _iso(self.since), "until": _iso(self.until)}
 
+    @classmethod
+    def from_ns(cls, since_ns: int, until_ns: int) -> TimeRange:
+        """The window of two instants in ns since the epoch (to the microsecond)."""
+        return cls(_from_ns(since_ns), _from_ns(until_ns))
+
+
+def _from_ns(ns: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=int(ns) // 1000)
+
+
+def format_ns(ns: int) -> str:
+    """An instant in ns since the epoch as RFC 3339 (to the microsecond), as answers write it."""
+    return _iso(_from_ns(ns))
+
 
 def _to_ns(t: datetime) -> int:
     delta = t - _EPOCH

@@ -25,10 +25,12 @@ from latscope.api.schemas import (
     TraceRequests,
     TraceSpans,
 )
+from latscope.api.timerange import TimeRange
 from latscope.attribution import (
     Request,
     RequestAttribution,
     SpanRecord,
+    aggregates,
     attribute_request,
     explain_run,
     find_requests,
@@ -329,10 +331,31 @@ def explain(
     return Explain.model_validate(
         {
             "attribution": result.to_json(),
+            "standing": standing(store, result),
             "spans": _waterfall(spans, result.start_ns, [result, *others]),
             "tokens": _timeline(request, result, stall_ms or stall_threshold_ms),
         }
     )
+
+
+def standing(store: Store, result: RequestAttribution) -> dict[str, Any]:
+    """Where ``result`` stands among the requests of its service and model that started in the
+    hour before it (``aggregates.standing``), as ``Standing``'s JSON."""
+    ttft = result.ttft_client_ns if result.ttft_client_ns is not None else result.ttft_server_ns
+    values = {"e2e": result.e2e_ns, **result.buckets_ns, "ttft": ttft, "tpot": result.tpot_ns}
+    found = aggregates.standing(
+        store,
+        service=result.service,
+        model=result.model,
+        start_ns=result.start_ns,
+        values=values,
+        request=(result.trace_id, result.request_span_id),
+    )
+    return {
+        **TimeRange.from_ns(found["since_ns"], found["until_ns"]).to_json(),
+        "peers": found["peers"],
+        "percentiles": found["percentiles"],
+    }
 
 
 def run_answer(run: RunExplanation) -> Run:

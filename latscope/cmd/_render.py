@@ -159,17 +159,30 @@ def legend(colours: Mapping[str, str] = COLOURS, glyphs: Mapping[str, str] = GLY
     return text
 
 
-def attribution_table(body: Mapping[str, Any]) -> Table:
+def attribution_table(
+    body: Mapping[str, Any], percentiles: Mapping[str, float | None] | None = None
+) -> Table:
+    """A request's buckets in ms and shares; with ``percentiles`` (a ``Standing``'s), the
+    percentile rank of each among the request's peers too."""
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     table.add_column("bucket")
     table.add_column("ms", justify="right")
     table.add_column("share", justify="right")
+    if percentiles is not None:
+        table.add_column("percentile", justify="right")
+
+    def rank(name: str) -> list[str]:
+        if percentiles is None:
+            return []
+        value = percentiles.get(name)
+        return ["—" if value is None else f"p{value:.1f}"]
+
     e2e = body.get("e2e_ms") or 0.0
     for b in BUCKETS:
         v = body["buckets_ms"].get(b)
         share = None if v is None or not e2e else v / e2e
-        table.add_row(Text(b, style=COLOURS[b]), ms(v), pct(share))
-    table.add_row(Text("e2e", style="bold"), ms(e2e), "100.0%")
+        table.add_row(Text(b, style=COLOURS[b]), ms(v), pct(share), *rank(b))
+    table.add_row(Text("e2e", style="bold"), ms(e2e), "100.0%", *rank("e2e"))
     return table
 
 

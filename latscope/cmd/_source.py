@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -45,6 +46,11 @@ QUERIES: dict[str, tuple[str, str]] = {
     "heatmap": ("/v1/attribution/heatmap", "latscope.api.queries:heatmap"),
     "why": ("/v1/attribution/why", "latscope.api.queries:why"),
     "coldstart": ("/v1/attribution/coldstart", "latscope.api.queries:coldstart"),
+    "conversation": (
+        "/v1/conversations/{conversation_id}",
+        "latscope.api.conversations:conversation",
+    ),
+    "conversations": ("/v1/conversations", "latscope.api.conversations:conversations"),
 }
 
 #: query name -> the model of its answer in ``latscope.api.schemas``.
@@ -67,6 +73,8 @@ ANSWERS: dict[str, str] = {
     "heatmap": "Heatmap",
     "why": "Why",
     "coldstart": "ColdStart",
+    "conversation": "Conversation",
+    "conversations": "Conversations",
 }
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -173,7 +181,7 @@ class HttpSource(Source):
     def query(self, name: str, **params: Any) -> dict[str, Any]:
         template, _ = QUERIES[name]
         path_keys = {k for k in params if "{" + k + "}" in template}
-        path = template.format(**{k: params[k] for k in path_keys})
+        path = template.format(**{k: quote(str(params[k]), safe="") for k in path_keys})
         return _answer(
             name, self.get(path, **{k: v for k, v in params.items() if k not in path_keys})
         )

@@ -55,7 +55,9 @@ def render(body: dict[str, Any]) -> None:
     out.print(header)
     out.print(r.stacked_bar(a["buckets_ms"]))
     out.print(r.legend())
-    out.print(r.attribution_table(a))
+    standing = body["standing"]
+    out.print(r.attribution_table(a, standing["percentiles"]))
+    out.print(standing_text(standing, a))
     if a["buckets_ms"].get("network") is None:
         out.print(Text("network unknown: no client span was seen", style="italic"))
     skew = a.get("clock_skew_ms")
@@ -94,6 +96,25 @@ def render(body: dict[str, Any]) -> None:
             out.print(f"  … and {len(stalls) - 10} more")
     else:
         out.print(f"no stalls (threshold {threshold})")
+
+
+def standing_text(standing: Mapping[str, Any], a: Mapping[str, Any]) -> str:
+    """What the percentile column ranks against, and where TTFT and TPOT stand."""
+    if not standing["peers"]:
+        return (
+            f"no other request of {a['service']} / {a['model'] or '(no model)'} started in the "
+            "hour before it: no percentiles"
+        )
+    p = standing["percentiles"]
+
+    def rank(name: str) -> str:
+        return "—" if p[name] is None else f"p{p[name]:.1f}"
+
+    return (
+        f"percentile among the {standing['peers']} requests of {a['service']} / "
+        f"{a['model'] or '(no model)'} that started in the hour before it "
+        f"({standing['since']} → {standing['until']}); TTFT {rank('ttft')}, TPOT {rank('tpot')}"
+    )
 
 
 # -- a run ----------------------------------------------------------------------------------------
@@ -148,7 +169,7 @@ def dominant(buckets: Mapping[str, float | None]) -> str | None:
     return max(known, key=lambda b: known[b]) if known else None
 
 
-def _budget_table(run: Mapping[str, Any]) -> Table:
+def budget_table(run: Mapping[str, Any], total: str = "e2e (root)") -> Table:
     e2e = run["e2e_ms"] or 0.0
     budget = run["critical_path_ms"]
     table = Table(box=None, pad_edge=False, header_style="bold")
@@ -164,7 +185,7 @@ def _budget_table(run: Mapping[str, Any]) -> Table:
     row("LLM calls", budget["llm"], "bold")
     row("tool calls", budget["tool"], RUN_COLOURS[TOOL])
     row("app (orchestration)", budget["app"], RUN_COLOURS[APP])
-    table.add_row(Text("e2e (root)", style="bold"), r.ms(e2e), "100.0%")
+    table.add_row(Text(total, style="bold"), r.ms(e2e), "100.0%")
     return table
 
 
@@ -229,7 +250,7 @@ def render_run(body: dict[str, Any]) -> None:
     )
     out.print(run_bar(run_parts(run["critical_path_ms"])))
     out.print(r.legend(RUN_COLOURS, RUN_GLYPHS))
-    out.print(_budget_table(run))
+    out.print(budget_table(run))
     if calls:
         out.print()
         out.print(Text("calls", style="bold"))

@@ -51,7 +51,7 @@ def _from_store(source: StoreSource, args: argparse.Namespace, path: Path) -> in
     from latscope.attribution import frames
 
     try:
-        window = queries._range(args.since, args.until)
+        window = queries.time_range(args.since, args.until)
     except QueryError as exc:
         raise SourceError(f"{exc.detail} ({exc.error})", exit_code=2) from None
     frame = frames.requests(

@@ -8,10 +8,16 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from latscope.attribution.answers.slo import ALERTS, BURN_WINDOWS_S
 from latscope.cmd import _render as r
 from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
 
-HELP = "SLOs on TTFT / TPOT / e2e: error budget left and 5m/30m/1h/6h burn rates"
+HELP = "SLOs on TTFT / TPOT / e2e: error budget left and 5m/30m/1h/6h/3d burn rates"
+#: A window's burn rate shows red above the highest limit of the alerts it takes part in.
+_LIMITS = {
+    window: max(limit for long, short, limit in ALERTS.values() if window in (long, short))
+    for window in BURN_WINDOWS_S
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +44,7 @@ def spent_on(objective: dict[str, Any]) -> Text | None:
     spent = objective.get("budget_by_bucket") or {}
     parts = [
         (window, figures["dominant"], figures["extra_e2e_ms"])
-        for window in ("5m", "30m", "1h", "6h")
+        for window in BURN_WINDOWS_S
         if (figures := spent.get(window)) and figures["bad"] and figures["dominant"]
     ]
     if not parts:
@@ -53,7 +59,7 @@ def spent_on(objective: dict[str, Any]) -> Text | None:
 def render(body: dict[str, Any]) -> None:
     out = r.console()
     table = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ("objective", "n", "met", "budget", "5m", "30m", "1h", "6h", "alert"):
+    for col in ("objective", "n", "met", "budget", *BURN_WINDOWS_S, "alert"):
         text = col in ("objective", "alert")  # these wrap; the figures never do
         table.add_column(col, justify="left" if text else "right", no_wrap=not text)
     for o in body["objectives"]:
@@ -65,23 +71,24 @@ def render(body: dict[str, Any]) -> None:
             str(o["total"]),
             Text(met, style="" if o["met"] is not False else "bold red"),
             r.pct(o["budget_left"]),
-            _rate(rates.get("5m"), 14.4),
-            _rate(rates.get("30m"), 6),
-            _rate(rates.get("1h"), 14.4),
-            _rate(rates.get("6h"), 6),
+            *(_rate(rates.get(w), _LIMITS[w]) for w in BURN_WINDOWS_S),
             Text(", ".join(alerts) or "ok", style="bold red" if alerts else "green"),
         )
     out.print(Text(f"SLOs as of {body['at']}", style="bold"))
-    # Narrow terminals keep the fast-burn pair (1h, 5m) longest: what pages first.
-    out.print(r.fit(table, drop=("30m", "6h", "n", "5m")))
+    # Narrow terminals keep the fast-burn pair (1h, 5m) longest: what pages first; the
+    # ticket's 3d goes first.
+    out.print(r.fit(table, drop=("3d", "30m", "6h", "n", "5m")))
     for o in body["objectives"]:
         if (line := spent_on(o)) is not None:
             out.print(line)
     out.print(
-        "budget: error budget left; 5m..6h: burn rates (1x spends the budget exactly over the "
+        "budget: error budget left; 5m..3d: burn rates (1x spends the budget exactly over the "
         "window); the budget went to: the bucket where the requests that missed the objective "
-        "spent their extra time; alerts: fast_burn = 1h and 5m over 14.4x, slow_burn = 6h and "
-        "30m over 6x",
+        "spent their extra time; alerts: "
+        + ", ".join(
+            f"{name} = {long} and {short} over {limit:g}x"
+            for name, (long, short, limit) in ALERTS.items()
+        ),
         style="dim",
     )
 

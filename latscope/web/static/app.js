@@ -344,11 +344,18 @@ function renderRequest(body) {
     (a.client_headers_only ? " · the client span ended at the response headers (extended to the server's end)" : "") +
     (a.buckets_ms.network === null ? " · network unknown (no client span)" : "");
   $("#request-bar").replaceWith(Object.assign(stackedBar(a.buckets_ms, "bar big"), { id: "request-bar" }));
+  // Percentile ranks among the request's peers (its service and model, the hour before it).
+  const st = body.standing;
+  const pN = (k) => (st.percentiles[k] === null ? "–" : `p${st.percentiles[k].toFixed(1)}`);
+  const rank = (k) => el("td", { class: "rank" }, pN(k));
   $("#request-buckets tbody").replaceChildren(...BUCKETS.map((b) => {
     const v = a.buckets_ms[b];
     return el("tr", { "data-bucket": b }, bucketCell(b), el("td", { class: "ms" }, num(v)),
-      el("td", {}, v === null ? "–" : pct(v / a.e2e_ms)));
-  }), el("tr", { "data-bucket": "e2e" }, el("td", { class: "b" }, "e2e"), el("td", { class: "ms" }, num(a.e2e_ms)), el("td", {}, "100.0%")));
+      el("td", {}, v === null ? "–" : pct(v / a.e2e_ms)), rank(b));
+  }), el("tr", { "data-bucket": "e2e" }, el("td", { class: "b" }, "e2e"), el("td", { class: "ms" }, num(a.e2e_ms)), el("td", {}, "100.0%"), rank("e2e")));
+  $("#request-standing").textContent = st.peers
+    ? `Percentiles among the ${st.peers} requests of ${a.service} · ${a.model || "(no model)"} that started in the hour before it (${st.since} → ${st.until}): e2e ${pN("e2e")}, TTFT ${pN("ttft")}, TPOT ${pN("tpot")}.`
+    : `No other request of ${a.service} · ${a.model || "(no model)"} started in the hour before it: no percentiles.`;
   const own = callSpans(body.spans, a.request_id);
   $("#waterfall-note").textContent = own.calls > 1 ? `this call's spans (its trace holds ${own.calls} calls)` : "";
   renderWaterfall($("#waterfall"), own.spans, a.e2e_ms);
@@ -385,17 +392,8 @@ function renderRun(body, openCall = null) {
   $("#run-summary").textContent =
     `${run.root.name} (${run.root.service}) · e2e ${ms(run.e2e_ms)} · ${run.calls.length} inference call(s), ${run.tools.length} tool call(s)` +
     ` · LLM ${ms(budget.llm)} · tool ${ms(budget.tool)} · app ${ms(budget.app)} on the critical path`;
-  const parts = runParts(budget);
-  $("#run-bar").replaceWith(Object.assign(stackedBar(parts, "bar big", RUN_PARTS), { id: "run-bar" }));
-  const share = (v) => (run.e2e_ms ? pct(v / run.e2e_ms) : "–");
-  $("#run-budget tbody").replaceChildren(
-    ...BUCKETS.map((b) => el("tr", { "data-part": b }, el("td", { class: "b", style: `--c: var(--${b})` }, `LLM ${b}`),
-      el("td", { class: "ms" }, num(parts[b])), el("td", {}, share(parts[b])))),
-    el("tr", { "data-part": "llm", class: "subtotal" }, el("td", { class: "b" }, "LLM calls"), el("td", { class: "ms" }, num(budget.llm)), el("td", {}, share(budget.llm))),
-    ...["tool", "app"].map((k) => el("tr", { "data-part": k }, el("td", { class: "b", style: `--c: var(--${k})` }, k === "tool" ? "tool calls" : "app (orchestration)"),
-      el("td", { class: "ms" }, num(parts[k])), el("td", {}, share(parts[k])))),
-    el("tr", { "data-part": "e2e" }, el("td", { class: "b" }, "e2e (root)"), el("td", { class: "ms" }, num(run.e2e_ms)), el("td", {}, "100.0%")),
-  );
+  $("#run-bar").replaceWith(Object.assign(stackedBar(runParts(budget), "bar big", RUN_PARTS), { id: "run-bar" }));
+  $("#run-budget tbody").replaceChildren(...budgetRows(budget, run.e2e_ms, "e2e (root)"));
   const number = new Map(run.calls.map((c, i) => [c.request_id, i + 1]));
   const href = (rid) => `#trace=${run.trace_id}&call=${rid}`;
   $("#run-calls tbody").replaceChildren(...run.calls.map((c) => {
@@ -419,6 +417,54 @@ function renderRun(body, openCall = null) {
 
 async function loadRun(traceId, openCall = null) {
   renderRun(await api(`v1/traces/${encodeURIComponent(traceId)}`), openCall);
+}
+
+// -- conversations across traces ------------------------------------------------------------------
+
+async function loadConversations() {
+  const { since, until, service } = filters();
+  const body = await api("v1/conversations", { since, until, service, limit: 20 });
+  $("#conversations-empty").hidden = body.conversations.length > 0;
+  $("#conversations-table tbody").replaceChildren(...body.conversations.map((c) => el("tr", { "data-conversation": c.conversation_id },
+    el("td", { class: "trace" }, el("a", { class: "conversation", href: `#conversation=${encodeURIComponent(c.conversation_id)}` }, c.conversation_id)),
+    el("td", { class: "traces" }, c.traces), el("td", {}, c.first), el("td", {}, c.last), el("td", {}, c.services.join(", ")))));
+}
+
+// Rows of a run's (or a conversation's) critical path: the seven LLM buckets, the LLM subtotal,
+// tool and app time, and the total they add up to.
+function budgetRows(budget, total, totalLabel) {
+  const parts = runParts(budget);
+  const share = (v) => (total ? pct(v / total) : "–");
+  return [
+    ...BUCKETS.map((b) => el("tr", { "data-part": b }, el("td", { class: "b", style: `--c: var(--${b})` }, `LLM ${b}`),
+      el("td", { class: "ms" }, num(parts[b])), el("td", {}, share(parts[b])))),
+    el("tr", { "data-part": "llm", class: "subtotal" }, el("td", { class: "b" }, "LLM calls"), el("td", { class: "ms" }, num(budget.llm)), el("td", {}, share(budget.llm))),
+    ...["tool", "app"].map((k) => el("tr", { "data-part": k }, el("td", { class: "b", style: `--c: var(--${k})` }, k === "tool" ? "tool calls" : "app (orchestration)"),
+      el("td", { class: "ms" }, num(parts[k])), el("td", {}, share(parts[k])))),
+    el("tr", { "data-part": "e2e" }, el("td", { class: "b" }, totalLabel), el("td", { class: "ms" }, num(total)), el("td", {}, "100.0%")),
+  ];
+}
+
+// ``body`` is /v1/conversations/{id}'s answer.
+function renderConversation(body) {
+  $("#conversation").hidden = false;
+  $("#conversation-id").textContent = body.conversation_id;
+  $("#conversation-summary").textContent =
+    `${body.turns.length} turn(s)${body.truncated ? ` (the latest of ${body.turn_count})` : ""} · ${body.start} → ${body.end}` +
+    ` (${ms(body.duration_ms)}) · busy ${ms(body.busy_ms)}: LLM ${ms(body.critical_path_ms.llm)} · tool ${ms(body.critical_path_ms.tool)} · app ${ms(body.critical_path_ms.app)}`;
+  $("#conversation-bar").replaceWith(Object.assign(stackedBar(runParts(body.critical_path_ms), "bar big", RUN_PARTS), { id: "conversation-bar" }));
+  $("#conversation-budget tbody").replaceChildren(...budgetRows(body.critical_path_ms, body.busy_ms, "the turns' e2e"));
+  $("#conversation-turns tbody").replaceChildren(...body.turns.map((t, i) => el("tr", { "data-trace": t.trace_id },
+    el("td", {}, `turn ${i + 1}`),
+    el("td", { class: "trace" }, el("a", { class: "turn", href: `#trace=${t.trace_id}`, title: t.trace_id }, t.trace_id.slice(0, 16))),
+    el("td", {}, `${t.root.name} (${t.root.service})`), el("td", {}, ms(t.offset_ms)), el("td", { class: "gap" }, ms(t.gap_ms)),
+    el("td", { class: "e2e" }, num(t.e2e_ms)), el("td", { class: "llm" }, num(t.critical_path_ms.llm)),
+    el("td", { class: "tool" }, num(t.critical_path_ms.tool)), el("td", { class: "app" }, num(t.critical_path_ms.app)),
+    el("td", {}, `${t.calls} / ${t.tools}`),
+    el("td", { class: "budget" }, stackedBar(runParts(t.critical_path_ms), "bar", RUN_PARTS)))));
+  $("#conversation-tools").textContent = body.tools.length
+    ? "Tools: " + body.tools.map((t) => `${t.tool} ×${t.calls}, ${ms(t.on_critical_path_ms)} on the path`).join(" · ")
+    : "no tool calls";
 }
 
 // -- compare -----------------------------------------------------------------------------------
@@ -451,7 +497,7 @@ async function run(task) {
 
 async function refresh() {
   showError(null);
-  const tasks = [loadSummary, loadTail, loadDiagnosis, loadGpu, loadSlowest, loadCompare, ...VIEWS].map((t) => run(t));
+  const tasks = [loadSummary, loadTail, loadDiagnosis, loadGpu, loadSlowest, loadConversations, loadCompare, ...VIEWS].map((t) => run(t));
   const results = await Promise.allSettled(tasks);
   document.body.dataset.loaded = results.every((r) => r.status === "fulfilled") ? "ok" : "error";
 }
@@ -464,7 +510,14 @@ function fromHash(key) {
 // ``#trace=ID``: a request id, or a trace id. A trace with one call shows that request; one
 // with several (or none) shows the run, and ``&call=REQUEST_ID`` opens one of its calls below it.
 async function openFromHash() {
-  const id = fromHash("trace"), call = fromHash("call");
+  const id = fromHash("trace"), call = fromHash("call"), conversation = fromHash("conversation");
+  if (conversation) {
+    document.body.dataset.conversation = "loading";
+    try {
+      await run(async () => renderConversation(await api(`v1/conversations/${encodeURIComponent(conversation)}`)));
+      document.body.dataset.conversation = "ok";
+    } catch (_) { document.body.dataset.conversation = "error"; }
+  }
   if (!id) return;
   document.body.dataset.request = "loading";
   try {
@@ -501,12 +554,29 @@ async function start() {
     $("#auth").hidden = true;
     start_data();
   });
-  window.addEventListener("hashchange", openFromHash);
+  window.addEventListener("hashchange", () => { if (windowFromHash()) refresh(); openFromHash(); });
   await start_data();
+}
+
+// ``#since=...&until=...`` (RFC 3339: an SLO alert links to the window that burnt its budget)
+// sets the window, ``&service=`` and ``&model=`` the filters.
+function windowFromHash() {
+  const since = fromHash("since");
+  if (since) state.range = { since, until: fromHash("until") || undefined };
+  for (const key of ["service", "model"]) {
+    const value = fromHash(key);
+    if (!value) continue;
+    const select = $(`#${key}`);
+    if (![...select.options].some((o) => o.value === value)) select.append(el("option", { value }, value));
+    select.value = value;
+  }
+  if (typeof showRange === "function") showRange();
+  return Boolean(since);
 }
 
 async function start_data() {
   try { await run(loadServices); } catch (_) { document.body.dataset.loaded = "error"; return; }
+  windowFromHash();
   await Promise.all([refresh(), openFromHash()]);
 }
 
