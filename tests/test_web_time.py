@@ -4,9 +4,11 @@ picks a window or a set of requests; screenshots of each."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -176,3 +178,57 @@ def test_an_alert_link_opens_its_window(served: Server, browser: Browser) -> Non
     assert page.inner_text("#summary-count") == str(summary["count"])
     assert page.inner_text("#summary-window") == f"{since} → {until}"
     page.close()
+
+
+def _value_ticks(page: Page, selector: str) -> list[str]:
+    return page.eval_on_selector_all(
+        f"{selector} text.tick.value", "nodes => nodes.map(n => n.textContent)"
+    )
+
+
+def _ms_of(label: str) -> float:
+    value, unit = label.split(" ")
+    return float(value) * (1000 if unit == "s" else 1)
+
+
+def test_axes_are_round_and_the_heatmap_lines_up_with_the_chart(served: Server, page: Page) -> None:
+    # Value ticks: a 1, 2 or 5 x 10^k step on the chart; 1, 2, 5 x 10^k ms on the heatmap's
+    # log scale.
+    values = [_ms_of(t) for t in _value_ticks(page, "#timeline-chart")]
+    steps = {round(b - a, 6) for a, b in itertools.pairwise(values)}
+    assert len(steps) == 1, values
+    step = steps.pop()
+    assert f"{step:e}"[0] in "125" and values[0] == 0, values
+    for label in _value_ticks(page, "#heat-chart"):
+        assert f"{_ms_of(label):e}"[0] in "1235" and f"{_ms_of(label):e}"[1:5] == ".000", label
+    # Each heatmap column spans its step on the window's axis, as the chart's bar does.
+    bars = page.eval_on_selector_all(
+        "#timeline-chart g.step",
+        "gs => gs.map(g => [g.dataset.start, +g.querySelector('rect').getAttribute('x')])",
+    )
+    cells = dict(
+        page.eval_on_selector_all(
+            "#heat-chart rect.cell",
+            "cs => cs.map(c => [c.dataset.start, +c.getAttribute('x')])",
+        )
+    )
+    shared = [(start, x) for start, x in bars if start in cells]
+    assert len(shared) > 10
+    for start, x in shared:
+        assert cells[start] == pytest.approx(x, abs=0.5), start
+
+
+def test_zoomed_in_the_time_axis_shows_seconds(served: Server, page: Page) -> None:
+    body = api(served, "/v1/attribution/timeseries", since="6h")
+    busy = [p for p in body["series"][0]["points"] if p["count"]]
+    lo = busy[len(busy) // 2]["start_ns"]
+    since = datetime.fromtimestamp(lo / 1e9, UTC).isoformat()
+    until = datetime.fromtimestamp(lo / 1e9 + 240, UTC).isoformat()
+    page.evaluate("document.body.removeAttribute('data-loaded')")
+    page.goto(served.url(f"/#since={since}&until={until}"))
+    page.wait_for_selector("body[data-loaded]", timeout=60_000)
+    labels = page.eval_on_selector_all(
+        "#timeline-chart text.tick:not(.value)", "ts => ts.map(t => t.textContent)"
+    )
+    times = [t for t in labels if t.count(":") == 2]
+    assert len(times) == 7 and len(set(times)) == 7, labels

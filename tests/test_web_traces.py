@@ -215,3 +215,56 @@ def test_token_timeline_has_an_axis_and_labels_that_do_not_overlap(served, page:
             assert ticks[0] == 0 and ticks[-1] == pytest.approx(total_ms)
             assert "first token" in (page.text_content("#tokens text.first-label") or "")
             assert overlapping_labels(page, "#tokens") == [], (width, total_ms)
+
+
+def test_opening_a_trace_asks_the_right_routes_and_brings_it_into_view(served, page: Page) -> None:
+    server, runs = served
+    agent, single = runs
+    failed: list[str] = []
+    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    # A multi-call trace: asked as a trace (no 409 for "several requests" first), shown in view.
+    _open(page, server, f"trace={agent.trace_id}")
+    assert page.is_visible("#run")
+    assert _in_view(page, "#run")
+    # A single-call trace by its trace id: its request, in view.
+    _open(page, server, f"trace={single.trace_id}")
+    assert page.is_visible("#request-body") and page.is_hidden("#run")
+    assert page.inner_text("#request-id") == single.requests[0].request_id
+    assert _in_view(page, "#request")
+    # A request opened from the slowest list, at the top of a long page: brought into view.
+    page.evaluate("window.scrollTo(0, 0)")
+    page.evaluate("document.body.removeAttribute('data-request')")
+    page.locator("#slowest-table a.trace").first.click()
+    page.wait_for_selector("body[data-request=ok]", timeout=30_000)
+    assert _in_view(page, "#request")
+    assert failed == []
+
+
+def _in_view(page: Page, selector: str) -> bool:
+    return page.evaluate(
+        """(selector) => {
+          const top = document.querySelector(selector).getBoundingClientRect().top;
+          return top >= -1 && top < window.innerHeight / 2;
+        }""",
+        selector,
+    )
+
+
+def test_the_page_opens_on_the_data(served, page: Page) -> None:
+    # The runs were sent seconds ago: the page's default hour would show them as a sliver at its
+    # right edge; it opens on their own span instead.
+    server, _ = served
+    page.goto(server.url("/"))
+    page.wait_for_selector("body[data-loaded]", timeout=60_000)
+    assert page.get_attribute("body", "data-loaded") == "ok", page.inner_text("#error")
+    label = page.inner_text("#range-label")
+    assert label.startswith("Showing "), label
+    since, until = label.removeprefix("Showing ").rstrip(".").split(" → ")
+    body = api(server, f"/v1/attribution/timeseries?since={since}&until={until}")
+    window = body["window"]
+    assert window["until_ns"] - window["since_ns"] < 30 * 60 * 10**9  # not the hour
+    everything = api(server, "/v1/attribution/summary?since=1h")["count"]
+    assert (
+        api(server, f"/v1/attribution/summary?since={since}&until={until}")["count"] == everything
+    )
+    assert int(page.inner_text("#summary-count")) == everything

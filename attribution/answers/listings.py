@@ -17,13 +17,15 @@ from latscope.attribution.answers.common import (
     query_dicts,
     window_params,
 )
+from latscope.attribution.model import request_id
 from latscope.attribution.table import BUCKET_COLUMN_LIST, BUCKET_COLUMNS
 from latscope.storage import Store
 
 __all__ = ["gpu_by_phase", "services", "slowest"]
 
 SLOWEST_SQL = f"""
-SELECT TraceId AS trace_id, toUnixTimestamp64Nano(Timestamp) AS start_ns,
+SELECT TraceId AS trace_id, RequestSpanId AS request_span_id,
+       toUnixTimestamp64Nano(Timestamp) AS start_ns,
        ServiceName AS service, Model AS model, Route AS route, StatusCode AS status,
        E2eNs, {BUCKET_COLUMN_LIST},
        coalesce(TtftClientNs, TtftServerNs) AS ttft, TpotNs AS tpot,
@@ -52,6 +54,7 @@ def slowest(
         out.append(
             {
                 "trace_id": row["trace_id"],
+                "request_id": request_id(row["trace_id"], row["request_span_id"]),
                 "start_ns": int(row["start_ns"]),
                 "service": row["service"],
                 "model": row["model"],

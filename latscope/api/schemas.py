@@ -855,6 +855,7 @@ class Services(Answer):
 
 class SlowRequest(Answer):
     trace_id: str
+    request_id: str = Field(description="the call's id (``latscope explain`` takes it)")
     start_ns: int
     service: str
     model: str
@@ -881,6 +882,7 @@ class Slowest(Answer):
                     "requests": [
                         {
                             "trace_id": TRACE_ID_EXAMPLE,
+                            "request_id": TRACE_ID_EXAMPLE + "-00f067aa0ba902b7",
                             "start_ns": 1767365000000000000,
                             "service": "llm-server",
                             "model": "llama-3-8b",

@@ -335,6 +335,8 @@ def execute(
             "until": _rfc3339(time.time() + 1),
             "service": SERVER_SERVICE,
         }
+        # The page opens on the run's window (its address carries it, as an alert's link does).
+        run.web_url += f"#since={window['since']}&until={window['until']}"
         # Once the attributor has settled every request, all their spans are in the store.
         fetch_report(client, run, window, expected=len(run.ok_results))
         if run.scenario.scale_to:

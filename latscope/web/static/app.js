@@ -415,10 +415,6 @@ function renderRun(body, openCall = null) {
   renderWaterfall($("#run-waterfall"), body.spans, run.e2e_ms, marks);
 }
 
-async function loadRun(traceId, openCall = null) {
-  renderRun(await api(`v1/traces/${encodeURIComponent(traceId)}`), openCall);
-}
-
 // -- conversations across traces ------------------------------------------------------------------
 
 async function loadConversations() {
@@ -507,8 +503,10 @@ function fromHash(key) {
   return m ? decodeURIComponent(m[1]) : null;
 }
 
-// ``#trace=ID``: a request id, or a trace id. A trace with one call shows that request; one
-// with several (or none) shows the run, and ``&call=REQUEST_ID`` opens one of its calls below it.
+// ``#trace=ID``: a request id (``TRACE-SPAN``), or a trace id. A trace with one call shows that
+// request; one with several (or none) shows the run, and ``&call=REQUEST_ID`` opens one of its
+// calls below it. A trace id is asked as a trace (the run names its calls), so the page never
+// asks for a multi-call trace as one request. What opens is brought into view.
 async function openFromHash() {
   const id = fromHash("trace"), call = fromHash("call"), conversation = fromHash("conversation");
   if (conversation) {
@@ -516,23 +514,31 @@ async function openFromHash() {
     try {
       await run(async () => renderConversation(await api(`v1/conversations/${encodeURIComponent(conversation)}`)));
       document.body.dataset.conversation = "ok";
+      if (!id) $("#conversation").scrollIntoView({ block: "start" });
     } catch (_) { document.body.dataset.conversation = "error"; }
   }
   if (!id) return;
   document.body.dataset.request = "loading";
   try {
+    let shown = $("#request");
     await run(async () => {
-      try {
+      if (id.includes("-")) {
         await loadRequest(id);
         $("#run").hidden = true;
-      } catch (err) {
-        if (!(err instanceof ApiError) || !["several_requests", "no_inference_call"].includes(err.code)) throw err;
-        $("#request-body").hidden = true;
-        await loadRun(id, call);
-        if (call) await loadRequest(call);
-        else { $("#request-id").textContent = ""; $("#trace-input").value = id; }
+        return;
       }
+      const body = await api(`v1/traces/${encodeURIComponent(id)}`);
+      if (body.run.calls.length === 1) {
+        await loadRequest(body.run.calls[0].request_id);
+        $("#run").hidden = true;
+        return;
+      }
+      $("#request-body").hidden = true;
+      renderRun(body, call);
+      if (call) await loadRequest(call);
+      else { $("#request-id").textContent = ""; $("#trace-input").value = id; shown = $("#run"); }
     });
+    shown.scrollIntoView({ block: "start" });
     document.body.dataset.request = "ok";
   } catch (_) { document.body.dataset.request = "error"; }
 }
@@ -574,9 +580,28 @@ function windowFromHash() {
   return Boolean(since);
 }
 
+// A page opened without a window in its address opens on the data: when the requests of the
+// menu's window span less than half of it (a demo's 30 s, a service that just started), the
+// window is theirs, with a step's margin, so they are not a sliver at the edge of every chart.
+async function openOnData() {
+  if (state.range) return;
+  const body = await api("v1/attribution/timeseries", { since: $("#window").value, service: $("#service").value, model: $("#model").value });
+  const busy = body.series[0].points.filter((p) => p.count);
+  if (!busy.length) return;
+  const { since_ns: lo, until_ns: hi } = body.window;
+  const first = busy[0].start_ns, last = busy[busy.length - 1].end_ns;
+  if (last - first >= (hi - lo) / 2) return;
+  const margin = body.step_s * 1e9;
+  const iso = (ns) => new Date(ns / 1e6).toISOString();
+  state.range = { since: iso(Math.max(lo, first - margin)), until: iso(Math.min(hi, last + margin)) };
+  if (typeof showRange === "function") showRange();
+}
+
 async function start_data() {
   try { await run(loadServices); } catch (_) { document.body.dataset.loaded = "error"; return; }
-  windowFromHash();
+  if (!windowFromHash()) {
+    try { await run(openOnData); } catch (_) { /* the menu's window, as the page would anyway */ }
+  }
   await Promise.all([refresh(), openFromHash()]);
 }
 

@@ -15,22 +15,33 @@ function svg(tag, attrs = {}, text = null) {
 }
 
 const iso = (ns) => new Date(ns / 1e6).toISOString();
-const clock = (ns, long) => {
-  const d = new Date(ns / 1e6);
-  return long ? d.toISOString().slice(5, 16).replace("T", " ") : d.toISOString().slice(11, 16);
+// A time label as precise as the axis needs: the date over a day, seconds below six minutes.
+const clock = (ns, span) => {
+  const d = new Date(ns / 1e6).toISOString();
+  if (span > 86400e9) return d.slice(5, 16).replace("T", " ");
+  return span < 360e9 ? d.slice(11, 19) : d.slice(11, 16);
 };
 const niceMs = (v) => (v >= 10000 ? `${(v / 1000).toFixed(0)} s` : v >= 1000 ? `${(v / 1000).toFixed(1)} s` : `${v.toFixed(v < 10 ? 1 : 0)} ms`);
 
+// Round values for a linear axis from 0 to at least ``top``: ticks a 1, 2 or 5 x 10^k step
+// apart (niceStep), and the axis' top, the first tick at or above ``top``.
+function roundTicks(top, count = 4) {
+  const step = niceStep(top, count);
+  const ticks = [];
+  for (let v = 0; v < top + step * 1e-9; v += step) ticks.push(v);
+  if (ticks[ticks.length - 1] < top) ticks.push(ticks[ticks.length - 1] + step);
+  return { ticks, top: ticks[ticks.length - 1] };
+}
+
 // A time axis along the bottom of a chart and a value axis on the left (ticks: ``yTicks``).
 function axes(chart, x, lo, hi, width, height, yTicks) {
-  const long = hi - lo > 86400e9;
   for (let i = 0; i <= 6; i++) {
     const t = lo + ((hi - lo) * i) / 6;
-    chart.append(svg("text", { x: x(t), y: height - 6, class: "tick", "text-anchor": i === 0 ? "start" : i === 6 ? "end" : "middle" }, clock(t, long)));
+    chart.append(svg("text", { x: x(t), y: height - 6, class: "tick", "text-anchor": i === 0 ? "start" : i === 6 ? "end" : "middle" }, clock(t, hi - lo)));
   }
   for (const [y, label] of yTicks) {
     chart.append(svg("line", { x1: PAD.left, x2: width - PAD.right, y1: y, y2: y, class: "grid" }));
-    chart.append(svg("text", { x: PAD.left - 6, y: y + 4, class: "tick", "text-anchor": "end" }, label));
+    chart.append(svg("text", { x: PAD.left - 6, y: y + 4, class: "tick value", "text-anchor": "end" }, label));
   }
 }
 
@@ -88,10 +99,11 @@ function renderTimeline(body) {
   chart.dataset.points = points.length;
   // Stacked means: share x mean e2e, so the stack is exactly the step's mean end to end.
   const stacks = points.map((p) => BUCKETS.map((b) => (p.count ? (p.buckets_ms[b].share || 0) * p.e2e_ms.mean : 0)));
-  const top = Math.max(1, ...points.map((p) => p.e2e_ms.p99 || 0), ...points.map((p) => p.e2e_ms.mean || 0));
+  const highest = Math.max(1, ...points.map((p) => p.e2e_ms.p99 || 0), ...points.map((p) => p.e2e_ms.mean || 0));
+  const { ticks, top } = roundTicks(highest);
   const x = (t) => PAD.left + ((t - lo) / (hi - lo)) * (width - PAD.left - PAD.right);
   const y = (v) => height - PAD.bottom - (v / top) * (height - PAD.top - PAD.bottom);
-  axes(chart, x, lo, hi, width, height, [0, 0.25, 0.5, 0.75, 1].map((f) => [y(f * top), niceMs(f * top)]));
+  axes(chart, x, lo, hi, width, height, ticks.map((v) => [y(v), niceMs(v)]));
   points.forEach((p, i) => {
     if (!p.count) return;
     const x0 = x(p.start_ns), w = Math.max(1, x(p.end_ns) - x0 - 0.5);
@@ -147,27 +159,38 @@ function renderHeatmap(body) {
   chart.dataset.count = body.count;
   const steps = body.times_ns.length, rows = body.bins.length;
   if (!rows) return;
-  const cw = (width - PAD.left - PAD.right) / steps, ch = (height - PAD.top - PAD.bottom) / rows;
-  const lo = body.times_ns[0], hi = lo + steps * body.step_s * 1e9;
-  const x = (t) => PAD.left + ((t - lo) / (hi - lo)) * (width - PAD.left - PAD.right);
+  const ch = (height - PAD.top - PAD.bottom) / rows;
+  // The window's time axis, as the over-time chart draws it: a partial first or last step is a
+  // narrower column, so both charts' steps line up.
+  const { since_ns: lo, until_ns: hi } = body.window;
+  const x = (t) => PAD.left + ((Math.max(lo, Math.min(hi, t)) - lo) / (hi - lo)) * (width - PAD.left - PAD.right);
+  const edges = [...body.times_ns.map(x), x(body.times_ns[steps - 1] + body.step_s * 1e9)];
+  // Value ticks at round latencies (1, 2 and 5 x 10^k ms), placed on the bins' log scale.
+  const first = Math.log10(body.bins[0].lo_ms), last = Math.log10(body.bins[rows - 1].hi_ms);
+  const yOf = (v) => height - PAD.bottom - ((Math.log10(v) - first) / (last - first)) * rows * ch;
   const yTicks = [];
-  const every = Math.max(1, Math.round(rows / 6));
-  for (let j = 0; j < rows; j += every) yTicks.push([height - PAD.bottom - j * ch, niceMs(body.bins[j].lo_ms)]);
+  for (let k = Math.floor(first); k <= Math.ceil(last); k++) {
+    for (const m of rows > 12 ? [1, 2, 5] : [1, 2, 3, 5, 7]) {
+      const v = m * 10 ** k;
+      if (Math.log10(v) >= first && Math.log10(v) <= last) yTicks.push([yOf(v), niceMs(v)]);
+    }
+  }
   axes(chart, x, lo, hi, width, height, yTicks);
   const peak = Math.log1p(body.max_count || 1);
   body.counts.forEach((column, i) => column.forEach((n, j) => {
     if (!n) return;
     const heat = Math.log1p(n) / peak;
     chart.append(svg("rect", {
-      class: "cell", x: PAD.left + i * cw, y: height - PAD.bottom - (j + 1) * ch, width: cw + 0.3, height: ch + 0.3,
-      fill: `hsl(${(1 - heat) * 220}, 85%, ${62 - heat * 22}%)`, "data-i": i, "data-j": j, "data-n": n,
+      class: "cell", x: edges[i], y: height - PAD.bottom - (j + 1) * ch, width: edges[i + 1] - edges[i] + 0.3, height: ch + 0.3,
+      fill: `hsl(${(1 - heat) * 220}, 85%, ${62 - heat * 22}%)`, "data-i": i, "data-j": j, "data-n": n, "data-start": body.times_ns[i],
     }, null));
   }));
+  const column = (px) => edges.findIndex((e, i) => i === steps || (px >= e && px < edges[i + 1]));
   brush(chart, {
     vertical: true,
     done: ({ x0, x1, y0, y1 }) => {
       // Snap to whole cells: the selection is exactly the requests of the cells it covers.
-      const i0 = Math.max(0, Math.floor((x0 - PAD.left) / cw)), i1 = Math.min(steps - 1, Math.floor((x1 - PAD.left) / cw));
+      const i0 = Math.max(0, column(Math.max(x0, edges[0]))), i1 = Math.min(steps - 1, column(Math.min(x1, edges[steps] - 1e-6)));
       const j0 = Math.max(0, Math.floor((height - PAD.bottom - y1) / ch)), j1 = Math.min(rows - 1, Math.floor((height - PAD.bottom - y0) / ch));
       if (i1 < i0 || j1 < j0) return;
       let n = 0;
