@@ -73,13 +73,25 @@ def test_server_only_network_is_unknown() -> None:
     assert a.e2e_ns == 920 * MS and not a.has_client
 
 
-@pytest.mark.parametrize("skew_ms", [-10_000, -3_000, -41, 41, 3_000, 10_000])
+@pytest.mark.parametrize("skew_ms", [-10_000, -3_000, -121, 121, 3_000, 10_000])
 def test_clock_skew_is_estimated_and_buckets_stay(skew_ms: int) -> None:
     tb = TraceBuilder()
     _layout(tb, skew_ms=skew_ms)
     a = both("t", tb.spans)
     assert _ms(a) == EXPECTED
     assert a.clock_skew_ns == skew_ms * MS
+
+
+@pytest.mark.parametrize("skew_ms", [-120, -41, 41, 120])
+def test_a_misfit_within_the_network_legs_is_no_skew(skew_ms: int) -> None:
+    """The server span (920 ms) leaves 80 ms of the client's 1000 for the network: one that
+    sticks out by at most that much (a server span ending after the client's, as teardown does on
+    one host) is moved the least that fits and reported as no skew (issue 48); a ms more is."""
+    tb = TraceBuilder()
+    _layout(tb, skew_ms=skew_ms)
+    a = both("t", tb.spans)
+    assert a.clock_skew_ns == 0
+    assert _ms(a) == EXPECTED
 
 
 def test_small_skew_that_still_fits_is_not_adjusted() -> None:
@@ -95,14 +107,34 @@ def test_work_after_the_client_got_its_last_byte_is_not_counted() -> None:
     # latscope's client says it read the whole response (its last byte), so a longer server
     # span is work after the response, not a client span that ended at the headers.
     c = tb.client(0, 500, attrs={ClientAttributes.LAST_BYTE_NS: T0 + 500 * MS})
-    s = tb.server(10, 700, parent=c)  # longer than the client: starts aligned, tail clipped
+    s = tb.server(10, 700, parent=c)  # longer than the client: its tail is clipped
     tb.phase("prefill", 20, 100, parent=s)
     tb.phase("decode", 100, 480, parent=s)
     tb.phase("postprocess", 480, 650, parent=s)  # 480..500 counts; 500..650 is after the end
     a = both("t", tb.spans)
     assert a.e2e_ns == 500 * MS
-    assert a.clock_skew_ns == 10 * MS
-    # Aligned at the client's start: prefill 10..90, decode 90..470, postprocess 470..500.
+    # It started after the client did: nothing moves (no skew), the excess is after the end.
+    assert a.clock_skew_ns == 0
+    assert _ms(a) == {
+        "network": 10,
+        "queue": 0,
+        "preprocess": 0,
+        "prefill": 80,
+        "decode": 380,
+        "postprocess": 20,
+        "other": 10,
+    }
+
+
+def test_a_longer_server_that_started_first_is_aligned_at_the_start() -> None:
+    tb = TraceBuilder()
+    c = tb.client(0, 500, attrs={ClientAttributes.LAST_BYTE_NS: T0 + 500 * MS})
+    s = tb.server(-30, 600, parent=c)  # on a clock 40 ms behind: aligned at the client's start
+    tb.phase("prefill", -20, 60, parent=s)
+    tb.phase("decode", 60, 440, parent=s)
+    tb.phase("postprocess", 440, 590, parent=s)
+    a = both("t", tb.spans)
+    assert a.e2e_ns == 500 * MS and a.clock_skew_ns == -30 * MS
     assert _ms(a) == {
         "network": 0,
         "queue": 0,
@@ -271,7 +303,7 @@ def test_streaming_figures_and_stalls() -> None:
 def test_client_first_token_as_event() -> None:
     tb = TraceBuilder()
     c = tb.client(0, 1000, events=((LatscopeAttributes.FIRST_TOKEN_EVENT, T0 + 420 * MS),))
-    tb.server(10, 990, parent=c)
+    tb.server(10, 990, parent=c, attrs={"http.route": "/v1/chat/completions"})
     assert both("t", tb.spans).ttft_client_ns == 420 * MS
 
 

@@ -25,7 +25,7 @@ SELECT
     stalls AS Stalls,
     input_tokens AS InputTokens,
     output_tokens AS OutputTokens,
-    -offset AS ClockSkewNs,
+    skew AS ClockSkewNs,
     gpu AS Gpu,
     n AS SpanCount,
     fromUnixTimestamp64Micro({through_us:Int64}) AS SpansIngestedAt,

@@ -95,8 +95,9 @@ class Attribution(Answer):
 
     trace_id: str
     request_id: str = Field(
-        description="the call's id: the trace id and its client span's id (else its server "
-        "span's), as /v1/requests/{id} takes it"
+        description="the call's id: the trace id and its client's span id (the GenAI "
+        "operation around the call, else its nearest CLIENT span; else its server span's), as "
+        "/v1/requests/{id} takes it"
     )
     service: str
     model: str
