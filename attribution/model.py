@@ -168,5 +168,6 @@ class RequestAttribution:
             "clock_skew_ms": ms(self.clock_skew_ns),
             "attempts": self.attempts,
             "client_headers_only": self.headers_only,
+            "kv_transfer_ms": ms(self.kv_transfer_ns),
             "gpu": self.gpu,
         }

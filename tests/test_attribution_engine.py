@@ -363,3 +363,56 @@ def test_two_decode_phases_one_timed_give_the_same_tokens_everywhere() -> None:
     result = attribute_request("t", request, stall_threshold_ns=250 * MS)
     timeline = _timeline(request, result, 250.0)
     assert (timeline["count"], len(timeline["stalls"])) == (a.output_tokens, a.stalls)
+
+
+def _sglang_worker(
+    tb: TraceBuilder, role: str, parent: str, start: float, end: float, stages: dict
+) -> str:
+    """An SGLang worker's request root (``"<role> Req <rid>"``), its scheduler thread span and
+    its stage slices (name -> (start, end) ms)."""
+    latency = {VllmAttributes.TIME_TO_FIRST_TOKEN: 0.09, VllmAttributes.E2E: 0.2}
+    root = tb.add(
+        SpanKind.INTERNAL, start, end, parent=parent, service=f"sglang-{role}",
+        attrs={**latency, "gen_ai.usage.completion_tokens": 1 if role == "prefill" else 24},
+        name=f"{role} Req 8d1f0c5e",
+    )  # fmt: skip
+    thread = tb.add(SpanKind.INTERNAL, start, end, parent=root, service=f"sglang-{role}")
+    for name, (s, e) in stages.items():
+        tb.add(SpanKind.INTERNAL, s, e, parent=thread, service=f"sglang-{role}", name=name)
+    return root
+
+
+def test_a_disaggregated_request_is_one_with_its_kv_transfer_named() -> None:
+    """SGLang's prefill worker and decode worker serve one request: prefill from the prefill
+    side, decode from the decode side, queue from both, and the KV-cache transfer, where no
+    phase covers it, counted in other and named on its own."""
+    tb = TraceBuilder()
+    c = tb.client(0, 300, attrs={ClientAttributes.LAST_BYTE_NS: T0 + 300 * MS})
+    _sglang_worker(tb, "prefill", c, 10, 150, {
+        "tokenize": (10, 14), "prefill_bootstrap": (14, 20), "prefill_waiting": (20, 40),
+        "prefill_forward": (40, 100), "prefill_transfer_kv_cache": (100, 140),
+    })  # fmt: skip
+    _sglang_worker(tb, "decode", c, 10, 290, {
+        "tokenize": (10, 14), "decode_bootstrap": (14, 20), "decode_transferred": (20, 140),
+        "decode_waiting": (140, 150), "decode_forward": (150, 280),
+    })  # fmt: skip
+    a = both("t", tb.spans)
+    assert a.attempts == 1 and a.output_tokens == 24
+    assert _ms(a) == {
+        "network": 20,
+        "queue": 6 + 20 + 10,
+        "preprocess": 4,
+        "prefill": 60,
+        "decode": 130,
+        "postprocess": 0,
+        "other": 40 + 10,
+    }
+    assert a.kv_transfer_ns == 40 * MS
+    # The decode worker's first token, from the try's start.
+    assert a.ttft_server_ns == 90 * MS
+
+
+def test_no_kv_transfer_without_disaggregation() -> None:
+    tb = TraceBuilder()
+    _layout(tb)
+    assert both("t", tb.spans).kv_transfer_ns is None

@@ -26,6 +26,7 @@ SELECT
     input_tokens AS InputTokens,
     output_tokens AS OutputTokens,
     skew AS ClockSkewNs,
+    kv_transfer AS KvTransferNs,
     gpu AS Gpu,
     n AS SpanCount,
     fromUnixTimestamp64Micro({through_us:Int64}) AS SpansIngestedAt,

@@ -128,7 +128,9 @@ simple_parsed AS (
         decode.1 AS decode_start,
         ints[7] AS token_count,
         $SIMPLE_GPU_MAP AS gpu,
-        toUInt16(1) AS tries
+        toUInt16(1) AS tries,
+        -- No SGLang stage, so no KV-cache transfer, on this path.
+        CAST(NULL, 'Nullable(Int64)') AS kv_transfer
     FROM simple_swept
 ),
 simple_streaming AS (
