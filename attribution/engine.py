@@ -269,8 +269,13 @@ def _says_inference(span: SpanRecord) -> bool:
 
 
 def _is_response_body(span: SpanRecord) -> bool:
-    """An ASGI ``http send`` span of a response body message."""
-    return span.attributes.get(HttpAttributes.ASGI_EVENT_TYPE) == HttpAttributes.ASGI_RESPONSE_BODY
+    """An ASGI ``http send`` span of a response body message (either spelling of its type)."""
+    body = HttpAttributes.ASGI_RESPONSE_BODY
+    attrs = span.attributes
+    return (
+        attrs.get(HttpAttributes.ASGI_EVENT_TYPE) == body
+        or attrs.get(HttpAttributes.ASGI_EVENT_TYPE_OLD) == body
+    )
 
 
 def disaggregated_role(span: SpanRecord) -> str | None:

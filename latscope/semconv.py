@@ -237,6 +237,8 @@ class HttpAttributes:
     #: On the ASGI instrumentation's ``http send`` spans (children of its SERVER span): which
     #: message was sent. The last ``http.response.body`` ends the response.
     ASGI_EVENT_TYPE: Final = "asgi.event.type"
+    #: Its name before opentelemetry-instrumentation-asgi 0.43b0 (0.41b0 writes ``type``).
+    ASGI_EVENT_TYPE_OLD: Final = "type"
     ASGI_RESPONSE_BODY: Final = "http.response.body"
     URL_PATH: Final = "url.path"
     REQUEST_METHOD: Final = "http.request.method"

@@ -65,8 +65,9 @@ def _asgi_sends(draw: st.DrawFn, tb: TraceBuilder, server: str, ss: int, service
     for event in draw(st.lists(st.sampled_from(["http.response.start", "http.response.body",
                                                 "http.request"]), max_size=3)):  # fmt: skip
         at = ss + draw(st.integers(-50_000_000, 2_500_000_000))
+        key = draw(st.sampled_from(["asgi.event.type", "type"]))  # before asgi 0.43b0: type
         tb.add(SpanKind.INTERNAL, at, at + draw(st.integers(0, 1_000_000)), parent=server,
-               ns=True, service=service, attrs={"asgi.event.type": event},
+               ns=True, service=service, attrs={key: event},
                name="POST /v1/chat/completions http send")  # fmt: skip
 
 

@@ -26,7 +26,8 @@ span_facts AS (
             OR vals[indexOf(codes, $K_OI_KIND)] = $OI_LLM) AS model_call,
         kind = $SERVER AND (vals[indexOf(codes, $K_MODEL)] != '' OR operation IN $MODEL_CALLS
             OR $INFERENCE_ROUTE(vals[indexOf(codes, $K_ROUTE)])) AS says,
-        vals[indexOf(codes, $K_ASGI_EVENT)] = $ASGI_RESPONSE_BODY AS response,
+        $ASGI_RESPONSE_BODY IN (vals[indexOf(codes, $K_ASGI_EVENT)],
+            vals[indexOf(codes, $K_ASGI_EVENT_OLD)]) AS response,
         has_latency AND startsWith(name, $PREFILL_ROOT) AS prefill_root,
         has_latency AND startsWith(name, $DECODE_ROOT) AS decode_root,
         -- A decode span with token offsets (a JSON array of integers, not empty), and a prefill

@@ -135,6 +135,7 @@ KEYS: dict[str, str] = {
     **STREAMING,
     "OI_KIND": OpenInferenceAttributes.SPAN_KIND,
     "ASGI_EVENT": HttpAttributes.ASGI_EVENT_TYPE,
+    "ASGI_EVENT_OLD": HttpAttributes.ASGI_EVENT_TYPE_OLD,
 }
 #: Codes of payload values that are not attributes: the span's status, and the time of
 #: latscope's first-token event.

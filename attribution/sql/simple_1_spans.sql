@@ -19,6 +19,7 @@ simple_spans AS (
         -- window: the general path's work).
         kind != $SERVER AND (vals[indexOf(codes, $K_OPERATION)] IN $MODEL_CALLS
             OR vals[indexOf(codes, $K_OI_KIND)] = $OI_LLM) AS model_call,
-        vals[indexOf(codes, $K_ASGI_EVENT)] = $ASGI_RESPONSE_BODY AS response
+        $ASGI_RESPONSE_BODY IN (vals[indexOf(codes, $K_ASGI_EVENT)],
+            vals[indexOf(codes, $K_ASGI_EVENT_OLD)]) AS response
     FROM span_rows
 )

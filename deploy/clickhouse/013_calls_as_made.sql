@@ -7,7 +7,7 @@
 -- says of streaming (gen_ai.request.stream, traceloop's gen_ai.is_streaming, OpenInference's
 -- llm.invocation_parameters), OpenInference's span kind (its LLM span is a client-side GenAI
 -- operation), and the ASGI instrumentation's asgi.event.type (its response-body messages end the
--- response). Codes 1-27 keep their keys: the values stored in the parts never change meaning.
+-- response; `type` before 0.43b0). Codes 1-27 keep their keys: the values stored in the parts never change meaning.
 --
 -- LatscopeFirstToken: the earliest event named latscope.first_token, First Token Stream Event
 -- (OpenInference) or gen_ai.content.completion.chunk (traceloop, one per chunk), on any span
@@ -53,11 +53,12 @@ ALTER TABLE otel_traces
                 'gen_ai.is_streaming',
                 'llm.invocation_parameters',
                 'openinference.span.kind',
-                'asgi.event.type'
+                'asgi.event.type',
+                'type'
             ], [
                 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
                 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
-                27, 28, 29, 30, 31, 32, 33, 34
+                27, 28, 29, 30, 31, 32, 33, 34, 35
             ], 0), SpanAttributes.keys),
             SpanAttributes.values)) CODEC(ZSTD(1)),
     MODIFY COLUMN LatscopeFirstToken String MATERIALIZED

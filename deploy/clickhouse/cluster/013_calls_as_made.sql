@@ -39,11 +39,12 @@ ALTER TABLE latscope.otel_traces_local ON CLUSTER '{cluster}'
                 'gen_ai.is_streaming',
                 'llm.invocation_parameters',
                 'openinference.span.kind',
-                'asgi.event.type'
+                'asgi.event.type',
+                'type'
             ], [
                 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
                 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
-                27, 28, 29, 30, 31, 32, 33, 34
+                27, 28, 29, 30, 31, 32, 33, 34, 35
             ], 0), SpanAttributes.keys),
             SpanAttributes.values)) CODEC(ZSTD(1)),
     MODIFY COLUMN LatscopeFirstToken String MATERIALIZED
@@ -93,11 +94,12 @@ ALTER TABLE latscope.otel_traces ON CLUSTER '{cluster}'
                 'gen_ai.is_streaming',
                 'llm.invocation_parameters',
                 'openinference.span.kind',
-                'asgi.event.type'
+                'asgi.event.type',
+                'type'
             ], [
                 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
                 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
-                27, 28, 29, 30, 31, 32, 33, 34
+                27, 28, 29, 30, 31, 32, 33, 34, 35
             ], 0), SpanAttributes.keys),
             SpanAttributes.values)),
     MODIFY COLUMN LatscopeFirstToken String MATERIALIZED
