@@ -6,13 +6,13 @@ The statement is built from one ``.sql`` file per stage (common table expression
 order): ``00_span_rows`` reads the batch's spans with their attribute keys as codes (both paths
 read it), ``01_spans`` reduces each span to its times, kind, flags and the raw values of the
 attributes a later stage may read, ``02_traces`` groups each trace's spans into arrays and finds
-its requests, ``03_requests`` gives one row per request with its attempts, client and timeline,
-``04_buckets`` runs the priority sweep, ``05_rows`` parses the attributes of the spans each request
-picks and computes the streaming figures, tokens and GPU figures, ``06_insert`` names the table's
-columns. ``simple_1_spans`` .. ``simple_3_rows`` are the single-call path, the same rows for
-the traces of one call of the common shape from one ``GROUP BY`` per trace (``simple_select``).
-docs/attribution.md ("The SQL attributor") walks through a worked example and gives the cost of
-each stage.
+its requests, ``03_requests`` gives one row per request with its attempts, their windows, its
+client and tries, ``04_buckets`` places them on the client's clock and runs the priority sweep,
+``05_rows`` parses the attributes of the spans each request picks and computes the streaming
+figures, tokens and GPU figures, ``06_insert`` names the table's columns. ``simple_1_spans``
+.. ``simple_3_rows`` are the single-call path, the same rows for the traces of one call of the
+common shape from one ``GROUP BY`` per trace (``simple_select``). docs/attribution.md ("The SQL
+attributor") walks through a worked example and gives the cost of each stage.
 
 The stage files hold ``$NAME`` placeholders for values that come from the Python rules (attribute
 keys and their codes, flags, priorities, regular expressions), and ``$NAME(a, b)`` for small
