@@ -25,8 +25,8 @@ COLUMN = "LatscopeRuleAttributes"
 FACTS_DDL = "010_span_facts.sql"
 FACTS_COLUMNS = ("LatscopePhase", "LatscopeFacts", "LatscopeFirstToken")
 FIGURES_DDL = "011_token_figures.sql"
-CALLS_DDL = "013_calls_as_made.sql"
-#: The columns 013 recomputes for the parts stored before it.
+CALLS_DDL = "014_calls_as_made.sql"
+#: The columns 014 recomputes for the parts stored before it.
 REWRITTEN = ("LatscopeRuleAttributes", "LatscopeFirstToken")
 
 
@@ -42,7 +42,7 @@ def _stored_codes(ddl: str) -> tuple[list[str], list[int]]:
 
 
 def test_the_stored_codes_are_the_rules_codes() -> None:
-    """The codes stored in every part are the latest DDL's (013 extends 007's list); the rules
+    """The codes stored in every part are the latest DDL's (014 extends 007's list); the rules
     look values up by KEYS' codes. A change of KEYS' order would make every stored span read
     wrong, so it fails here; a code once stored keeps its key."""
     keys, codes = _stored_codes(_ddl(CALLS_DDL))
@@ -203,7 +203,7 @@ def test_spans_stored_before_the_column_are_attributed_as_after(
         # As written then: without the token figures, which no schema before 011 holds.
         before = store_traces(store, traces, figures=False)
         assert store.apply_schema() >= version
-        # 013 rewrites two of the columns in the parts stored before it (its MATERIALIZE
+        # 014 rewrites two of the columns in the parts stored before it (its MATERIALIZE
         # statements, here waited for); the others are read by computing them from the columns
         # they are made of.
         for column in REWRITTEN:

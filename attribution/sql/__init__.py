@@ -129,7 +129,7 @@ KEYS: dict[str, str] = {
     **LATENCY,
     **GPU,
     "PHASE": LatscopeAttributes.PHASE,
-    # deploy/clickhouse/013_calls_as_made.sql
+    # deploy/clickhouse/014_calls_as_made.sql
     "OI_PROMPT": OpenInferenceAttributes.TOKEN_COUNT_PROMPT,
     "OI_COMPLETION": OpenInferenceAttributes.TOKEN_COUNT_COMPLETION,
     **STREAMING,

@@ -1,4 +1,4 @@
--- GENERATED from ../014_kv_transfer.sql by deploy/clickhouse/cluster/generate.py; do not edit.
+-- GENERATED from ../015_kv_transfer.sql by deploy/clickhouse/cluster/generate.py; do not edit.
 -- Replicated local table + Distributed table under the single-node name.
 
 ALTER TABLE latscope.latscope_attribution_local ON CLUSTER '{cluster}'

@@ -1,4 +1,4 @@
--- GENERATED from ../013_calls_as_made.sql by deploy/clickhouse/cluster/generate.py; do not edit.
+-- GENERATED from ../014_calls_as_made.sql by deploy/clickhouse/cluster/generate.py; do not edit.
 -- Replicated local table + Distributed table under the single-node name.
 
 ALTER TABLE latscope.otel_traces_local ON CLUSTER '{cluster}'
