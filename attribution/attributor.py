@@ -1128,14 +1128,21 @@ def set_aside_router(attributor: Attributor, token: str) -> Any:
     """``GET /v1/attribution/set-aside``: the traces ``attributor`` has set aside."""
     from fastapi import APIRouter, Header
 
-    from latscope.api.errors import ApiError
+    from latscope.api.errors import ApiError, error_responses
     from latscope.api.schemas import SetAsideTraces
     from latscope.auth import UNAUTHORIZED, bearer_ok
 
     router = APIRouter(tags=["attribution"])
 
-    @router.get("/v1/attribution/set-aside", response_model=SetAsideTraces)
-    def set_aside(authorization: str | None = Header(default=None)) -> SetAsideTraces:
+    @router.get(
+        "/v1/attribution/set-aside",
+        response_model=SetAsideTraces,
+        responses=error_responses(401),  # no parameters: nothing else to refuse
+    )
+    def set_aside(
+        # The bearer token, as on every /v1 route: not a parameter of this route's own.
+        authorization: str | None = Header(default=None, include_in_schema=False),
+    ) -> SetAsideTraces:
         """Traces attribution failed on alone (a value ClickHouse refused, say): set aside so the
         others go on, and retried with a backoff. Empty when attribution is healthy."""
         if not bearer_ok(authorization, token):

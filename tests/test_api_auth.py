@@ -45,6 +45,7 @@ V1_ROUTES = [
     "/v1/requests",
     "/v1/conversations",
     "/v1/conversations/conv-1",
+    "/v1/attribution/set-aside",
 ]
 #: OTLP/HTTP ingest (POST), served by the same process.
 INGEST_ROUTES = ["/v1/traces", "/v1/metrics"]

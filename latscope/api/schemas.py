@@ -1319,6 +1319,20 @@ class SetAsideTraces(Answer):
     """The traces the attributor of this process has set aside (``latscope_attribution_set_aside
     _traces``), each retried with a backoff that doubles up to an hour."""
 
+    model_config = _example(
+        {
+            "traces": [
+                {
+                    "trace_id": TRACE_ID_EXAMPLE,
+                    "error": "Code: 70. DB::Exception: Value in column Float64 cannot be safely "
+                    "converted into type Int64 (CANNOT_CONVERT_TYPE)",
+                    "attempts": 3,
+                    "retry_in_s": 38.5,
+                }
+            ]
+        }
+    )
+
     traces: list[SetAsideTrace]
 
 
