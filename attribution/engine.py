@@ -4,31 +4,49 @@ This is the reference implementation, written for clarity: the REST endpoints fo
 one trace use it, and the production attributor (SQL inside ClickHouse, ``attribution/sql/``) is
 tested against it. The rules are documented in docs/attribution.md; in short:
 
-1. **Requests, not traces.** A trace holds any number of inference calls. Each *inference span*
-   is a request's server side: a span that owns phase spans (the nearest SERVER or
-   ``gen_ai.latency``-carrying ancestor of a ``latscope.phase`` span, or of an SGLang stage slice,
-   at most ``MAX_PHASE_DEPTH`` levels up) or that carries ``gen_ai.latency.*`` whatever its kind
-   (vLLM's ``llm_request``, SGLang's request root). A trace without any falls back to the
-   innermost SERVER spans that have a client (outside tool calls). A request's client span is
-   the nearest CLIENT ancestor of its inference span, reached without crossing a server of
-   another service;
-   every inference span under the same client is an *attempt* of that request (retries, and
-   vLLM's ``n > 1`` samples, which overlap and so count as one attempt). A request's id is its
-   client span's id, else its inference span's, after the trace id.
-2. **Clock skew.** Attempts are on the server's clock, the client span on the client's. When the
-   attempts' hull fits inside the client span as recorded, nothing moves (skew 0). Otherwise the
-   hull is placed in the middle of the client span (symmetric network, as Jaeger's adjuster does)
-   or, when it is longer than the client span: if the client span may have ended at the response
-   headers (it does not say it read the whole response, as latscope's client does), it is
-   *headers-only*, the server started in its middle and the request runs to the server's end plus
-   the same return leg; else the hull's start is aligned with the client's and the excess is work
-   after the response. ``clock_skew_ns`` is how far the server's clock runs ahead.
-3. **Sweep.** The timeline is the client span (extended when headers-only; else the server span).
-   Every instant goes to the highest-priority phase covering it (``PHASE_PRIORITY``), else to
-   ``other`` when an attempt covers it, else to ``network`` (client time outside every attempt:
-   wire, proxies, retry back-off). Phases are clipped to their attempt, attempts to the timeline.
-   Without a client span ``network`` is None.
-4. **vLLM / SGLang.** An attempt with no phase spans but ``gen_ai.latency.*`` attributes gets
+1. **Requests, not traces.** A trace holds any number of inference calls, each found on evidence.
+   An *engine span* owns phase spans (it is the nearest SERVER or ``gen_ai.latency``-carrying
+   ancestor of a ``latscope.phase`` span, or of an SGLang stage slice, at most
+   ``MAX_PHASE_DEPTH`` levels up) or carries ``gen_ai.latency.*`` whatever its kind (vLLM's
+   ``llm_request``, SGLang's request root). A SERVER span without either is an inference call
+   when something says so: ``gen_ai.request.model`` or a model ``gen_ai.operation.name`` on it,
+   an inference route (``INFERENCE_ROUTES``), or a GenAI client operation above it; such a span
+   that holds another inference span (a gateway, the HTTP framework around an engine) is not one
+   itself. A plain HTTP service (retrieval, a reranker, usage recording) is none.
+2. **The call as the app made it.** An inference span's *transport* is its nearest CLIENT
+   ancestor, reached without crossing a server of another service; above it, the spans of the
+   same call (CLIENT spans and GenAI client operations: openai-v2's ``chat``, OpenInference's
+   LLM span, traceloop's ``openai.chat``), at most ``CLIENT_CHAIN`` in all, form its *client
+   chain*, and the outermost GenAI operation among them (else the transport) is the request's
+   *client*. Every inference span under one client is an *attempt* of that request: the HTTP
+   requests under one GenAI call are its retries, and vLLM's ``n > 1`` samples (which overlap)
+   count as one try. A request's id is its client's span id, else its inference span's, after
+   the trace id.
+3. **The server side of an attempt** is its *window*: the model service's outermost SERVER span
+   around the inference span (the HTTP framework's span around vLLM's ``llm_request``; the span
+   itself when there is none), cut at the end of the response when the ASGI instrumentation
+   recorded when its last body message was sent: work after the response is not the request's.
+4. **Clock skew.** Attempts are on the server's clock, the client span on the client's. When
+   the windows' hull fits inside the client span as recorded, nothing moves (skew 0). When it
+   is shorter than the client span but does not fit: a misfit no larger than the room the
+   network legs leave is teardown or unequal legs (moved the least that fits, skew 0), a larger
+   one is skew (the hull is centred, as Jaeger's adjuster does). When the hull is longer, the
+   client span is *headers-only* only on evidence: the server's phases or response ran past
+   the client's end even with the server started at the client's start, and the client does
+   not say it read the whole response (latscope's client records its last byte; a GenAI
+   operation ends with the call). Then the server started half-way through the client span and
+   the request runs to the server's end plus the same return leg. Otherwise the excess is work
+   after the response (the server is moved only when it started before the client).
+   ``clock_skew_ns`` is how far the server's clock runs ahead.
+5. **Sweep.** The timeline is the client span (extended when headers-only; else the window).
+   Every instant goes to the highest-priority phase covering it (``PHASE_PRIORITY``), else to a
+   KV-cache transfer stage (``other``, also counted as ``kv_transfer_ns``), else to ``other``
+   when a window covers it, else to ``network`` (client time outside every window: wire,
+   proxies, retry back-off). Phases are clipped to their window, windows to the timeline.
+   Without a client span ``network`` is None. Of each try, the attempt that ended last is swept,
+   except under prefill/decode disaggregation, where the prefill worker's and the decode
+   worker's attempts are both parts of the one request.
+6. **vLLM / SGLang.** An engine span with no phase spans but ``gen_ai.latency.*`` attributes gets
    synthetic phases anchored at its first token: prefill ``[ttft - prefill, ttft]``, queue just
    before it, decode ``[ttft, ttft + decode]`` (decode = e2e - ttft where the split is missing).
 """
@@ -37,19 +55,26 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from latscope.attribution.model import RequestAttribution, SpanRecord, parse_int
 from latscope.semconv import (
     BUCKETS,
+    INFERENCE_ROUTES,
+    KV_TRANSFER,
     SGLANG_STAGES,
+    STREAM_PARAMETER,
     ClientAttributes,
     GenAIAttributes,
+    GenAIEvents,
     GenAIOperation,
     HttpAttributes,
     LatscopeAttributes,
+    OpenInferenceAttributes,
     Phase,
+    SglangSpans,
     SpanKind,
     VllmAttributes,
 )
@@ -64,18 +89,21 @@ PHASE_PRIORITY: tuple[str, ...] = (
     Phase.POSTPROCESS,
     Phase.QUEUE,
 )
-#: Rank of attempt windows ("other") and of uncovered client time ("network") after the phases.
-OTHER_RANK = len(PHASE_PRIORITY)
+#: Rank of a KV-cache transfer stage (counted in ``other``, and on its own), of attempt windows
+#: ("other") and of uncovered client time ("network"), after the phases.
+KV_RANK = len(PHASE_PRIORITY)
+OTHER_RANK = KV_RANK + 1
 NETWORK_RANK = OTHER_RANK + 1
-RANK: dict[str, int] = {p: i for i, p in enumerate(PHASE_PRIORITY)}
+RANK: dict[str, int] = {**{p: i for i, p in enumerate(PHASE_PRIORITY)}, KV_TRANSFER: KV_RANK}
 
 #: How far below its server span a phase span may sit.
 MAX_PHASE_DEPTH = 8
 #: How far up a span's ancestry the rules look (the client of an inference span, the tool call
 #: around a server span, ...): deeper than any real call chain, a bound against cycles.
 MAX_ANCESTRY = 32
-#: The client span and at most this many CLIENT spans directly above it give the request's
-#: client-side attributes (openai-v2's ``chat`` span over an httpx span).
+#: The transport (a CLIENT span) and the spans of the same call directly above it, at most this
+#: many in all, form the client chain (LangChain's LLM span over OpenInference's over an httpx
+#: span; openai-v2's ``chat`` span over latscope's client span).
 CLIENT_CHAIN = 3
 
 #: Default gap between two tokens that counts as a stall.
@@ -130,7 +158,8 @@ def sweep(window: tuple[int, int], phases: Sequence[tuple[str, int, int]]) -> di
 
 
 def rank_name(rank: int, *, client: bool) -> str:
-    if rank < OTHER_RANK:
+    """The bucket a sweep rank counts in (a KV-cache transfer stage is ``other``)."""
+    if rank < KV_RANK:
         return PHASE_PRIORITY[rank]
     return "network" if rank == NETWORK_RANK and client else "other"
 
@@ -205,16 +234,76 @@ def _server_like(span: SpanRecord) -> bool:
     return span.kind == SpanKind.SERVER or has_latency(span)
 
 
+def is_model_call(span: SpanRecord) -> bool:
+    """A client-side GenAI operation: a span (not a server's) whose ``gen_ai.operation.name`` is a
+    call to a model (openai-v2's ``chat``, traceloop's ``openai.chat``, latscope's client span
+    of an OpenAI-style endpoint), or an OpenInference LLM span (INTERNAL)."""
+    if _server_like(span):
+        return False
+    attrs = span.attributes
+    return (
+        attrs.get(GenAIAttributes.OPERATION_NAME) in GenAIOperation.MODEL_CALLS
+        or attrs.get(OpenInferenceAttributes.SPAN_KIND) == OpenInferenceAttributes.LLM
+    )
+
+
+def _call_link(span: SpanRecord) -> bool:
+    """A span of a client chain: a CLIENT span or a client-side GenAI operation."""
+    return (span.kind == SpanKind.CLIENT and not has_latency(span)) or is_model_call(span)
+
+
+def inference_route(route: str | None) -> bool:
+    """An ``http.route`` of a model-serving API (``INFERENCE_ROUTES``, matched at its end)."""
+    return bool(route) and any(route.endswith(r) for r in INFERENCE_ROUTES)  # type: ignore[union-attr]
+
+
+def _says_inference(span: SpanRecord) -> bool:
+    """A SERVER span's own word that it serves a model call: the model it was asked for, a model
+    operation, or an inference route."""
+    attrs = span.attributes
+    return bool(
+        attrs.get(GenAIAttributes.REQUEST_MODEL)
+        or attrs.get(GenAIAttributes.OPERATION_NAME) in GenAIOperation.MODEL_CALLS
+        or inference_route(attrs.get(HttpAttributes.ROUTE))
+    )
+
+
+def _is_response_body(span: SpanRecord) -> bool:
+    """An ASGI ``http send`` span of a response body message (either spelling of its type)."""
+    body = HttpAttributes.ASGI_RESPONSE_BODY
+    attrs = span.attributes
+    return (
+        attrs.get(HttpAttributes.ASGI_EVENT_TYPE) == body
+        or attrs.get(HttpAttributes.ASGI_EVENT_TYPE_OLD) == body
+    )
+
+
+def disaggregated_role(span: SpanRecord) -> str | None:
+    """ "prefill" or "decode" for an SGLang request root under prefill/decode disaggregation."""
+    if not has_latency(span):
+        return None
+    if span.name.startswith(SglangSpans.PREFILL_ROOT):
+        return "prefill"
+    if span.name.startswith(SglangSpans.DECODE_ROOT):
+        return "decode"
+    return None
+
+
 @dataclass(frozen=True)
 class Request:
-    """The spans of one inference call: its client span (if seen), its attempts oldest first
-    (start, then span id) and each attempt's phases as ``(bucket, span)``."""
+    """The spans of one inference call: its client (if seen), its attempts oldest first (start,
+    then span id), each attempt's phases as ``(bucket, span)``, its window (``windows``: the
+    model service's outermost SERVER span around it, itself when none) and, where recorded, when
+    that window's response ended (``response_ends``, on the server's clock)."""
 
     client: SpanRecord | None
     attempts: tuple[SpanRecord, ...]
     phases: dict[str, tuple[tuple[str, SpanRecord], ...]]
-    #: The client span and the CLIENT spans directly above it, nearest first.
+    #: The last attempt's transport and the spans of the call above it, up to the client,
+    #: nearest first.
     client_chain: tuple[SpanRecord, ...] = ()
+    windows: dict[str, SpanRecord] = field(default_factory=dict)
+    response_ends: dict[str, int] = field(default_factory=dict)
 
     @property
     def span_id(self) -> str:
@@ -223,6 +312,15 @@ class Request:
     @property
     def start_ns(self) -> int:
         return self.client.start_ns if self.client is not None else self.attempts[0].start_ns
+
+    def window(self, attempt: SpanRecord) -> SpanRecord:
+        return self.windows.get(attempt.span_id, attempt)
+
+    def bounds(self, attempt: SpanRecord) -> tuple[int, int]:
+        """The attempt's window on the server's clock, cut at the end of its response."""
+        w = self.window(attempt)
+        end = self.response_ends.get(w.span_id)
+        return w.start_ns, (w.end_ns if end is None else min(w.end_ns, max(end, w.start_ns)))
 
 
 class TraceIndex:
@@ -260,7 +358,18 @@ def _phase_owner(index: TraceIndex, span: SpanRecord) -> tuple[str, str] | None:
     return None
 
 
-def _client_of(index: TraceIndex, span: SpanRecord) -> SpanRecord | None:
+def _response_owner(index: TraceIndex, span: SpanRecord) -> str | None:
+    """The SERVER span a response-body ``http send`` span belongs to (its nearest server-like
+    ancestor, at most ``MAX_PHASE_DEPTH`` up)."""
+    if not _is_response_body(span):
+        return None
+    for node in index.ancestors(span, MAX_PHASE_DEPTH):
+        if _server_like(node):
+            return node.span_id
+    return None
+
+
+def _transport_of(index: TraceIndex, span: SpanRecord) -> SpanRecord | None:
     """The nearest CLIENT ancestor, reached without crossing a server of another service: a
     client above a RAG front end called that front end, not the model server behind it, but an
     HTTP framework's SERVER span around the inference span in the same service is crossed."""
@@ -272,81 +381,138 @@ def _client_of(index: TraceIndex, span: SpanRecord) -> SpanRecord | None:
     return None
 
 
-def _in_tool_call(index: TraceIndex, span: SpanRecord) -> bool:
-    return any(
-        node.attributes.get(GenAIAttributes.OPERATION_NAME) == GenAIOperation.EXECUTE_TOOL
-        for node in index.ancestors(span)
-    )
+def client_chain(index: TraceIndex, transport: SpanRecord) -> tuple[SpanRecord, ...]:
+    """The transport and the spans of the same call above it (CLIENT spans, client-side GenAI
+    operations; at most ``CLIENT_CHAIN`` in all), nearest first, up to the outermost GenAI
+    operation among them: that one is the request's client. Without one, the transport alone."""
+    links = [transport]
+    for node in index.ancestors(transport, CLIENT_CHAIN - 1):
+        if not _call_link(node):
+            break
+        links.append(node)
+    outer = max((i for i, s in enumerate(links) if is_model_call(s)), default=0)
+    return tuple(links[: outer + 1])
+
+
+def _window_of(index: TraceIndex, span: SpanRecord) -> SpanRecord:
+    """The model service's outermost SERVER span around ``span`` (itself when none): its
+    ancestors in its own service, up to a CLIENT span or another service."""
+    outer = span
+    for node in index.ancestors(span):
+        if node.kind == SpanKind.CLIENT or node.service != span.service:
+            break
+        if node.kind == SpanKind.SERVER:
+            outer = node
+    return outer
 
 
 def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
     """Every inference call of a trace, by start (client's, else the server's), then id."""
     index = TraceIndex(spans)
     owned: dict[str, list[tuple[str, SpanRecord]]] = {}
+    response_ends: dict[str, int] = {}
     for s in spans:
         found = _phase_owner(index, s)
         if found is not None:
             owned.setdefault(found[1], []).append((found[0], s))
-    inference = [s for s in spans if has_latency(s) or (s.span_id in owned and _server_like(s))]
-    if not inference:
-        # No server says it ran a model: a SERVER span called by a client is taken for one,
-        # except inside a tool call, and only the innermost of a chain (a gateway in front of
-        # the model server is not a second call).
-        called = [
-            s
-            for s in spans
-            if s.kind == SpanKind.SERVER
-            and _client_of(index, s) is not None
-            and not _in_tool_call(index, s)
-        ]
-        above = {a.span_id for s in called for a in index.ancestors(s)}
-        inference = [s for s in called if s.span_id not in above]
+        owner = _response_owner(index, s)
+        if owner is not None:
+            response_ends[owner] = max(response_ends.get(owner, s.end_ns), s.end_ns)
+    chains: dict[str, tuple[SpanRecord, ...]] = {}
+
+    def chain_of(span: SpanRecord) -> tuple[SpanRecord, ...]:
+        if span.span_id not in chains:
+            transport = _transport_of(index, span)
+            chains[span.span_id] = () if transport is None else client_chain(index, transport)
+        return chains[span.span_id]
+
+    engines = {
+        s.span_id for s in spans if has_latency(s) or (s.span_id in owned and _server_like(s))
+    }
+    # A SERVER span without phases is an inference call on its own word or its caller's (a GenAI
+    # operation above it); one that holds another inference span is a gateway or the framework
+    # around an engine, not a call of its own.
+    said = [
+        s
+        for s in spans
+        if s.kind == SpanKind.SERVER
+        and s.span_id not in engines
+        and (_says_inference(s) or any(is_model_call(c) for c in chain_of(s)))
+    ]
+    candidates = [s for s in spans if s.span_id in engines] + said
+    above = {a.span_id for s in candidates for a in index.ancestors(s)}
+    inference = [s for s in candidates if s.span_id in engines or s.span_id not in above]
     groups: dict[str, list[SpanRecord]] = {}
     clients: dict[str, SpanRecord | None] = {}
     for s in inference:
-        client = _client_of(index, s)
+        chain = chain_of(s)
+        client = chain[-1] if chain else None
         key = client.span_id if client is not None else s.span_id
         groups.setdefault(key, []).append(s)
         clients[key] = client
     requests = []
     for key, attempts in groups.items():
-        client = clients[key]
-        chain: list[SpanRecord] = []
-        if client is not None:
-            chain.append(client)
-            for node in index.ancestors(client, CLIENT_CHAIN - 1):
-                if node.kind != SpanKind.CLIENT:
-                    break
-                chain.append(node)
         ordered = tuple(sorted(attempts, key=lambda a: (a.start_ns, a.span_id)))
         phases = {a.span_id: tuple(owned.get(a.span_id, ())) for a in ordered}
-        requests.append(Request(client, ordered, phases, tuple(chain)))
+        windows = {a.span_id: _window_of(index, a) for a in ordered}
+        ends = {
+            w.span_id: response_ends[w.span_id]
+            for w in windows.values()
+            if w.span_id in response_ends
+        }
+        requests.append(
+            Request(clients[key], ordered, phases, chain_of(ordered[-1]), windows, ends)
+        )
     return sorted(requests, key=lambda r: (r.start_ns, r.span_id))
 
 
-def attempt_groups(attempts: Sequence[SpanRecord]) -> list[list[SpanRecord]]:
-    """Attempts (oldest first) in groups that overlap in time: each group is one try, the
-    parallel samples of vLLM's ``n > 1`` in one group, a retry starts a new group."""
+def attempt_groups(
+    attempts: Sequence[SpanRecord], request: Request | None = None
+) -> list[list[SpanRecord]]:
+    """Attempts (oldest first) in groups whose windows overlap in time: each group is one try,
+    the parallel samples of vLLM's ``n > 1`` (and the two workers of a disaggregated request) in
+    one group, a retry starts a new group."""
     groups: list[list[SpanRecord]] = []
     end = 0
     for a in attempts:
-        if groups and a.start_ns < end:
+        lo, hi = request.bounds(a) if request is not None else (a.start_ns, a.end_ns)
+        if groups and lo < end:
             groups[-1].append(a)
-            end = max(end, a.end_ns)
+            end = max(end, hi)
         else:
             groups.append([a])
-            end = a.end_ns
+            end = hi
     return groups
 
 
-def critical_attempts(attempts: Sequence[SpanRecord]) -> list[SpanRecord]:
-    """Of each try, the attempt that ended last (then started last, then by span id): the one
-    the response waited for. vLLM's ``n > 1`` samples run side by side and the response is
-    complete when the last one is; the others' queue and decode are not on its critical path."""
-    return [
-        max(group, key=lambda a: (a.end_ns, a.start_ns, a.span_id))
-        for group in attempt_groups(attempts)
-    ]
+def _disaggregated(group: Sequence[SpanRecord]) -> bool:
+    return any(disaggregated_role(a) is not None for a in group)
+
+
+def critical_attempts(
+    attempts: Sequence[SpanRecord], request: Request | None = None
+) -> list[SpanRecord]:
+    """The attempts the response waited for: of each try, the one that ended last (then started
+    last, then by span id). vLLM's ``n > 1`` samples run side by side and the response is
+    complete when the last one is; the others' queue and decode are not on its critical path.
+    A try served by a prefill worker and a decode worker (disaggregated) is one request in two
+    parts: both are on its critical path."""
+    out: list[SpanRecord] = []
+    for group in attempt_groups(attempts, request):
+        if _disaggregated(group):
+            out.extend(group)
+        else:
+            out.append(max(group, key=lambda a: (a.end_ns, a.start_ns, a.span_id)))
+    return out
+
+
+def _samples(request: Request) -> list[SpanRecord]:
+    """The last try's attempts that answered the client: all of them (vLLM's samples), or the
+    decode worker's when disaggregated (the prefill worker's first token went to it)."""
+    last = attempt_groups(request.attempts, request)[-1]
+    if _disaggregated(last):
+        return [a for a in last if disaggregated_role(a) == "decode"]
+    return last
 
 
 # -- attributing one request ---------------------------------------------------------------------
@@ -382,70 +548,125 @@ def synthetic_phases(server: SpanRecord) -> list[tuple[str, int, int]]:
     ]
 
 
-def _says_whole_response(client: SpanRecord) -> bool:
-    """latscope's client records when it read the last byte: its span is the whole response."""
-    return client.attr_int(ClientAttributes.LAST_BYTE_NS) is not None
+def attempt_phases(request: Request, attempt: SpanRecord) -> list[tuple[str, int, int]]:
+    """The attempt's phases ``(bucket, start, end)`` on the server's clock, clipped to its window
+    (empty ones left out): its phase spans, else the synthetic phases of its latency figures."""
+    lo, hi = request.bounds(attempt)
+    mine = request.phases[attempt.span_id]
+    raw = [(name, p.start_ns, p.end_ns) for name, p in mine]
+    if not mine and has_latency(attempt):
+        raw = synthetic_phases(attempt)
+    return [(n, max(s, lo), min(e, hi)) for n, s, e in raw if min(e, hi) > max(s, lo)]
+
+
+def _says_whole_response(request: Request) -> bool:
+    """The client span covers the whole response: latscope's client records when it read the
+    last byte, and a GenAI operation ends when the call has its answer (openai-v2, OpenInference
+    and traceloop end a stream's span at its last chunk)."""
+    return request.client is not None and (
+        is_model_call(request.client)
+        or any(s.attr_int(ClientAttributes.LAST_BYTE_NS) is not None for s in request.client_chain)
+    )
+
+
+def _reach(request: Request) -> int | None:
+    """The latest instant (server clock) the server's own record says the response was still
+    going: the end of its last phase, or of its last response-body message; None without."""
+    ends = [e for a in request.attempts for _, _, e in attempt_phases(request, a)]
+    ends += [
+        request.bounds(a)[1]
+        for a in request.attempts
+        if request.window(a).span_id in request.response_ends
+    ]
+    return max(ends, default=None)
 
 
 @dataclass(frozen=True)
 class Timeline:
-    """A request on the client's clock: its window, the server clock's offset, and whether the
-    client span ended at the response headers."""
+    """A request on the client's clock: its window, the offset that moves the server's clock
+    onto the client's, whether the client span ended at the response headers, and the clock skew
+    reported (how far the server's clock runs ahead; 0 where the spans fit within what the
+    network legs allow)."""
 
     lo: int
     hi: int
     offset: int
     headers_only: bool
+    skew: int = 0
 
 
 def timeline(request: Request) -> Timeline:
-    attempts, client = request.attempts, request.client
-    hull_lo = min(a.start_ns for a in attempts)
-    hull_hi = max(a.end_ns for a in attempts)
+    client = request.client
+    bounds = [request.bounds(a) for a in request.attempts]
+    hull_lo = min(lo for lo, _ in bounds)
+    hull_hi = max(hi for _, hi in bounds)
     if client is None:
-        return Timeline(attempts[0].start_ns, attempts[0].end_ns, 0, False)
-    lo, dur = client.start_ns, client.duration_ns
-    if hull_lo >= lo and hull_hi <= client.end_ns:
-        return Timeline(lo, client.end_ns, 0, False)
-    if hull_hi - hull_lo <= dur:
-        return Timeline(lo, client.end_ns, lo + (dur - (hull_hi - hull_lo)) // 2 - hull_lo, False)
-    if not _says_whole_response(client):
+        return Timeline(hull_lo, hull_hi, 0, False)
+    lo, dur, hi = client.start_ns, client.duration_ns, client.end_ns
+    hull = hull_hi - hull_lo
+    if hull_lo >= lo and hull_hi <= hi:
+        return Timeline(lo, hi, 0, False)
+    if hull <= dur:
+        misfit = max(lo - hull_lo, hull_hi - hi)
+        if misfit <= dur - hull:
+            # Within the room the network legs leave: a server span that ends a little after the
+            # client's (teardown) or legs of unequal length, not a clock skew to report.
+            return Timeline(lo, hi, lo - hull_lo if hull_lo < lo else hi - hull_hi, False)
+        offset = lo + (dur - hull) // 2 - hull_lo
+        return Timeline(lo, hi, offset, False, -offset)
+    reach = _reach(request)
+    if not _says_whole_response(request) and reach is not None and reach - hull_lo > dur:
         # Headers-only: the server sent the headers as it started, half-way through the client
         # span; the response then came back over the same leg.
         offset = lo + dur // 2 - hull_lo
-        return Timeline(lo, hull_hi + offset + (dur - dur // 2), offset, True)
-    return Timeline(lo, client.end_ns, lo - hull_lo, False)
+        return Timeline(lo, hull_hi + offset + (dur - dur // 2), offset, True, -offset)
+    # The excess is work after the response: moved only if the server started first.
+    offset = max(0, lo - hull_lo)
+    return Timeline(lo, hi, offset, False, -offset)
+
+
+def ranked_pieces(request: Request) -> tuple[Timeline, list[tuple[int, int, int]]]:
+    """The request's timeline cut into ``(rank, start, end)`` pieces on the client's clock."""
+    tl = timeline(request)
+    intervals: list[tuple[int, int, int]] = []
+    for attempt in critical_attempts(request.attempts, request):
+        lo, hi = request.bounds(attempt)
+        a_lo = max(lo + tl.offset, tl.lo)
+        a_hi = min(hi + tl.offset, tl.hi)
+        intervals.append((OTHER_RANK, a_lo, a_hi))
+        for name, s, e in attempt_phases(request, attempt):
+            intervals.append((RANK[name], max(s + tl.offset, a_lo), min(e + tl.offset, a_hi)))
+    return tl, ranked_segments((tl.lo, tl.hi), intervals)
 
 
 def request_segments(request: Request) -> tuple[Timeline, list[tuple[str, int, int]]]:
     """The request's timeline cut into ``(bucket, start, end)`` pieces on the client's clock
     (``other`` for server time and ``network`` for the rest when there is no client span)."""
-    tl = timeline(request)
-    intervals: list[tuple[int, int, int]] = []
-    for attempt in critical_attempts(request.attempts):
-        a_lo = max(attempt.start_ns + tl.offset, tl.lo)
-        a_hi = min(attempt.end_ns + tl.offset, tl.hi)
-        intervals.append((OTHER_RANK, a_lo, a_hi))
-        mine = request.phases[attempt.span_id]
-        raw = [(name, p.start_ns, p.end_ns) for name, p in mine]
-        if not mine and has_latency(attempt):
-            raw = synthetic_phases(attempt)
-        for name, s, e in raw:
-            intervals.append((RANK[name], max(s + tl.offset, a_lo), min(e + tl.offset, a_hi)))
+    tl, ranked = ranked_pieces(request)
     has_client = request.client is not None
-    pieces = [
-        (rank_name(r, client=has_client), a, b)
-        for r, a, b in ranked_segments((tl.lo, tl.hi), intervals)
-    ]
-    return tl, pieces
+    return tl, [(rank_name(r, client=has_client), a, b) for r, a, b in ranked]
+
+
+def _kv_transfer(request: Request, ranked: Sequence[tuple[int, int, int]]) -> int | None:
+    """The request's time in a KV-cache transfer stage no phase covers; None when none of its
+    swept attempts records a transfer."""
+    recorded = any(
+        name == KV_TRANSFER
+        for a in critical_attempts(request.attempts, request)
+        for name, _ in request.phases[a.span_id]
+    )
+    if not recorded:
+        return None
+    return sum(b - a for r, a, b in ranked if r == KV_RANK)
 
 
 def _merged_attributes(request: Request) -> dict[str, str]:
-    """Client-side attributes (outermost first, so the nearest wins), then the last attempt's,
-    which win over the client's. Empty values count as absent (the spans table cannot tell
-    them apart)."""
+    """Client-side attributes (outermost first, so the nearest wins), then the last attempt's
+    window's (the HTTP framework's ``http.route``), then the last attempt's own, which win over
+    both. Empty values count as absent (the spans table cannot tell them apart)."""
     merged: dict[str, str] = {}
-    for span in (*reversed(request.client_chain), request.attempts[-1]):
+    last = request.attempts[-1]
+    for span in (*reversed(request.client_chain), request.window(last), last):
         merged.update((k, v) for k, v in span.attributes.items() if v != "")
     return merged
 
@@ -459,41 +680,63 @@ def _tokens(attrs: dict[str, str], *keys: str) -> int | None:
     return None
 
 
-def _output_tokens(request: Request, merged: dict[str, str]) -> int | None:
-    """The last try's output tokens: summed over its parallel samples (vLLM ``n > 1``), else
-    what the client side says."""
-    last = attempt_groups(request.attempts)[-1]
+#: Token counts by every spelling in use, preferred first: the GenAI conventions' current and
+#: older names, then OpenInference's.
+INPUT_TOKEN_KEYS = (
+    GenAIAttributes.USAGE_INPUT_TOKENS,
+    GenAIAttributes.USAGE_PROMPT_TOKENS,
+    OpenInferenceAttributes.TOKEN_COUNT_PROMPT,
+)
+OUTPUT_TOKEN_KEYS = (
+    GenAIAttributes.USAGE_OUTPUT_TOKENS,
+    GenAIAttributes.USAGE_COMPLETION_TOKENS,
+    OpenInferenceAttributes.TOKEN_COUNT_COMPLETION,
+)
+
+
+def _output_tokens(request: Request) -> int | None:
+    """The last try's output tokens: summed over its samples (vLLM ``n > 1``; the decode
+    worker's when disaggregated), else what the client side says."""
     counts = [
-        n
-        for a in last
-        if (
-            n := _tokens(
-                a.attributes,
-                GenAIAttributes.USAGE_OUTPUT_TOKENS,
-                GenAIAttributes.USAGE_COMPLETION_TOKENS,
-            )
-        )
-        is not None
+        n for a in _samples(request) if (n := _tokens(a.attributes, *OUTPUT_TOKEN_KEYS)) is not None
     ]
     if counts:
         return min(sum(counts), MAX_TOKENS)
     client_side: dict[str, str] = {}
     for span in reversed(request.client_chain):
         client_side.update((k, v) for k, v in span.attributes.items() if v != "")
-    return _tokens(
-        client_side, GenAIAttributes.USAGE_OUTPUT_TOKENS, GenAIAttributes.USAGE_COMPLETION_TOKENS
-    )
+    return _tokens(client_side, *OUTPUT_TOKEN_KEYS)
+
+
+_STREAM_PARAMETER = re.compile(STREAM_PARAMETER)
+
+
+def streamed(request: Request) -> bool | None:
+    """Whether the client asked for a streamed response, where its chain says (nearest first):
+    ``gen_ai.request.stream``, traceloop's ``gen_ai.is_streaming``, OpenInference's invocation
+    parameters; None where nothing says."""
+    for span in request.client_chain:
+        for key in (GenAIAttributes.REQUEST_STREAM, GenAIAttributes.IS_STREAMING):
+            value = span.attributes.get(key, "").lower()
+            if value in ("true", "false"):
+                return value == "true"
+        params = span.attributes.get(OpenInferenceAttributes.INVOCATION_PARAMETERS, "")
+        if params:
+            return _STREAM_PARAMETER.search(params) is not None
+    return None
 
 
 def attribute_request(
     trace_id: str, request: Request, *, stall_threshold_ns: int = DEFAULT_STALL_NS
 ) -> RequestAttribution:
     """One request's buckets, streaming figures, tokens, skew and GPU figures."""
-    tl, pieces = request_segments(request)
+    tl, ranked = ranked_pieces(request)
+    has_client = request.client is not None
     buckets: dict[str, int | None] = dict.fromkeys(BUCKETS, 0)
-    for name, a, b in pieces:
+    for r, a, b in ranked:
+        name = rank_name(r, client=has_client)
         buckets[name] = (buckets[name] or 0) + (b - a)
-    if request.client is None:
+    if not has_client:
         buckets["network"] = None
     last = request.attempts[-1]
     attrs = _merged_attributes(request)
@@ -509,21 +752,24 @@ def attribute_request(
         route=attrs.get(HttpAttributes.ROUTE, ""),
         e2e_ns=tl.hi - tl.lo,
         buckets_ns=buckets,
-        has_client=request.client is not None,
-        attempts=len(attempt_groups(request.attempts)),
-        status=last.status,
-        clock_skew_ns=-tl.offset,
+        has_client=has_client,
+        attempts=len(attempt_groups(request.attempts, request)),
+        status=request.window(last).status,
+        clock_skew_ns=tl.skew,
         resource_attributes=dict(last.resource),
         provider=attrs.get(GenAIAttributes.PROVIDER_NAME)
         or attrs.get(GenAIAttributes.SYSTEM)
         or "",
         headers_only=tl.headers_only,
+        kv_transfer_ns=_kv_transfer(request, ranked),
     )
-    result.input_tokens = _tokens(
-        attrs, GenAIAttributes.USAGE_INPUT_TOKENS, GenAIAttributes.USAGE_PROMPT_TOKENS
-    )
-    result.output_tokens = _output_tokens(request, attrs)
+    result.input_tokens = _tokens(attrs, *INPUT_TOKEN_KEYS)
+    result.output_tokens = _output_tokens(request)
     _streaming(result, request, stall_threshold_ns)
+    if streamed(request) is False:
+        # A call made without streaming has no first token the client saw: it stays out of
+        # every TTFT figure and objective.
+        result.ttft_client_ns = result.ttft_server_ns = None
     _gpu(result, request)
     return result
 
@@ -581,10 +827,13 @@ def _streaming(result: RequestAttribution, request: Request, stall_threshold_ns:
             }
             result.stalls = int(figures[STALLS])
     else:
-        # The earliest first token of the last try (vLLM's n > 1 samples start together).
+        # The earliest first token of the last try's samples (vLLM's n > 1 samples start
+        # together; a disaggregated request's is the decode worker's), from the try's start.
+        samples = _samples(request)
+        try_lo = min((a.start_ns for a in samples), default=0)
         firsts = [
-            seconds_to_ns(t)
-            for a in attempt_groups(request.attempts)[-1]
+            a.start_ns - try_lo + seconds_to_ns(t)
+            for a in samples
             if (t := a.attr_float(VllmAttributes.TIME_TO_FIRST_TOKEN)) is not None
         ]
         if firsts:
@@ -598,30 +847,28 @@ def _streaming(result: RequestAttribution, request: Request, stall_threshold_ns:
                 decode_ns = seconds_to_ns(decode_s)
             elif e2e_s is not None:
                 decode_ns = max(0, seconds_to_ns(e2e_s) - seconds_to_ns(ttft))
-            own = _tokens(
-                last.attributes,
-                GenAIAttributes.USAGE_OUTPUT_TOKENS,
-                GenAIAttributes.USAGE_COMPLETION_TOKENS,
-            )
+            own = _tokens(last.attributes, *OUTPUT_TOKEN_KEYS[:2])
             if decode_ns is not None and own is not None and own > 1:
                 result.tpot_ns = decode_ns / (own - 1)
-    client = request.client
-    if client is not None:
-        result.ttft_client_ns = _client_ttft(request, client)
+    if request.client is not None:
+        result.ttft_client_ns = _client_ttft(request, request.client)
+
+
+def first_chunk_event(span: SpanRecord) -> int | None:
+    """The earliest first-chunk event of a GenAI client instrumentation on ``span``."""
+    return min((t for n, t in span.events if n in GenAIEvents.FIRST_CHUNK), default=None)
 
 
 def _client_ttft(request: Request, client: SpanRecord) -> int | None:
-    """latscope's first-token attribute or event on the client span, else the GenAI
-    ``time_to_first_chunk`` of the client chain (seconds from the span that carries it)."""
-    first = client.attr_int(LatscopeAttributes.FIRST_TOKEN_NS)
-    if first is None:
-        first = min(
-            (t for n, t in client.events if n == LatscopeAttributes.FIRST_TOKEN_EVENT),
-            default=None,
-        )
-    if first is not None:
-        return first - client.start_ns
+    """TTFT as the client felt it, from its chain (nearest first): latscope's first-token
+    attribute, a first-chunk event (latscope's, OpenInference's, traceloop's), or the GenAI
+    ``time_to_first_chunk`` (seconds from the span that carries it); from the client's start."""
     for span in request.client_chain:
+        first = span.attr_int(LatscopeAttributes.FIRST_TOKEN_NS)
+        if first is None:
+            first = first_chunk_event(span)
+        if first is not None:
+            return first - client.start_ns
         chunk = span.attr_float(GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK)
         if chunk is not None:
             return span.start_ns + seconds_to_ns(chunk) - client.start_ns

@@ -93,7 +93,8 @@ class SpanRecord:
 
 
 def request_id(trace_id: str, span_id: str) -> str:
-    """A request's id: its trace id and its client span's id (else its server span's)."""
+    """A request's id: its trace id and its client's span id (the GenAI operation around the
+    call, else its nearest CLIENT span; else its server span's)."""
     return f"{trace_id}-{span_id}"
 
 
@@ -101,7 +102,7 @@ def request_id(trace_id: str, span_id: str) -> str:
 class RequestAttribution:
     """Where one request's end-to-end time went; the buckets always sum to ``e2e_ns``.
 
-    ``request_span_id`` is the request's client span id (its server span's without a client):
+    ``request_span_id`` is the request's client's span id (its server span's without a client):
     with the trace id it names the request (``request_id``).
     """
 
@@ -133,6 +134,10 @@ class RequestAttribution:
     #: The client span ended at the response headers (upstream HTTP instrumentation of a
     #: stream): the request was extended to the server's end plus the estimated return leg.
     headers_only: bool = False
+    #: Time in a KV-cache transfer between a prefill and a decode worker (disaggregated serving)
+    #: that no phase covers: part of ``other``, named on its own; None when no transfer was
+    #: recorded.
+    kv_transfer_ns: int | None = None
 
     @property
     def request_id(self) -> str:
@@ -163,5 +168,6 @@ class RequestAttribution:
             "clock_skew_ms": ms(self.clock_skew_ns),
             "attempts": self.attempts,
             "client_headers_only": self.headers_only,
+            "kv_transfer_ms": ms(self.kv_transfer_ns),
             "gpu": self.gpu,
         }

@@ -106,6 +106,10 @@ class GenAIAttributes:
     TOOL_NAME: Final = "gen_ai.tool.name"
     #: Seconds from the request's start until the first chunk of a streamed response (client).
     RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+    #: Whether the call asked for a streamed response (semantic conventions v1.41; a boolean).
+    REQUEST_STREAM: Final = "gen_ai.request.stream"
+    #: traceloop's (opentelemetry-instrumentation-openai) spelling of the same.
+    IS_STREAMING: Final = "gen_ai.is_streaming"
     REQUEST_MODEL: Final = "gen_ai.request.model"
     RESPONSE_MODEL: Final = "gen_ai.response.model"
     REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
@@ -125,13 +129,33 @@ class GenAIOperation:
     MODEL_CALLS: Final = ("chat", "text_completion", "generate_content", "embeddings")
 
 
+class GenAIEvents:
+    """Span events of the GenAI client instrumentations that mark the first chunk of a stream:
+    latscope's own, OpenInference's (on its LLM span) and traceloop's (one per chunk; the
+    earliest is the first)."""
+
+    LATSCOPE_FIRST_TOKEN: Final = "latscope.first_token"
+    OPENINFERENCE_FIRST_TOKEN: Final = "First Token Stream Event"
+    TRACELOOP_CHUNK: Final = "gen_ai.content.completion.chunk"
+    FIRST_CHUNK: Final = (LATSCOPE_FIRST_TOKEN, OPENINFERENCE_FIRST_TOKEN, TRACELOOP_CHUNK)
+
+
 class OpenInferenceAttributes:
-    """OpenInference's span kind attribute (its LLM client spans are INTERNAL) and session id
-    (``using_session``)."""
+    """OpenInference's attributes latscope reads (its LLM client spans are INTERNAL) and its
+    session id (``using_session``)."""
 
     SPAN_KIND: Final = "openinference.span.kind"
     LLM: Final = "LLM"
     SESSION_ID: Final = "session.id"
+    #: The call's parameters as JSON; ``"stream": true`` among them for a streamed call.
+    INVOCATION_PARAMETERS: Final = "llm.invocation_parameters"
+    TOKEN_COUNT_PROMPT: Final = "llm.token_count.prompt"
+    TOKEN_COUNT_COMPLETION: Final = "llm.token_count.completion"
+
+
+#: ``llm.invocation_parameters`` of a streamed call (JSON's whitespace only, so Python's ``re``
+#: and ClickHouse's RE2 read it alike).
+STREAM_PARAMETER: Final = r'"stream"[ \t\n\r]*:[ \t\n\r]*true'
 
 
 class TraceloopAttributes:
@@ -170,29 +194,70 @@ class VllmAttributes:
     E2E: Final = "gen_ai.latency.e2e"
 
 
+#: What a stage slice stands for besides the buckets: the KV-cache hand-over of disaggregated
+#: serving. It counts in ``other`` (it is neither queueing nor compute on this request) and is
+#: reported on its own (``kv_transfer_ms``).
+KV_TRANSFER: Final = "kv_transfer"
+
 #: SGLang's request stage slices (``RequestStage`` in python/sglang/srt/observability/
 #: req_time_stats.py): span name -> the bucket it stands for, under an SGLang request root. The
-#: dispatch stages (``api_server_dispatch``, ``dpc_dispatch``, ``request_process``) are containers
-#: of these and the disaggregation hand-over stages (bootstrap, KV transfer) are neither queueing
-#: nor compute on this request: both stay ``other``.
+#: dispatch and preparation stages (``api_server_dispatch``, ``dpc_dispatch``,
+#: ``request_process``, ``prefill_prepare``, ``decode_prepare``) are containers of these or
+#: request handling: they stay ``other``. Under prefill/decode disaggregation (``prefill Req`` and
+#: ``decode Req`` roots, ``SglangSpans``) the bootstrap stages wait for a slot on the other worker
+#: (queue), and the KV-cache transfer (the prefill worker sending it, the decode worker waiting
+#: for it) is ``KV_TRANSFER``.
 SGLANG_STAGES: Final = {
     "tokenize": "preprocess",
     "prefill_waiting": "queue",
     "decode_waiting": "queue",
+    "prefill_bootstrap": "queue",
+    "decode_bootstrap": "queue",
     "prefill_forward": "prefill",
     "chunked_prefill": "prefill",
     "decode_forward": "decode",
     "decode_loop": "decode",
+    "prefill_transfer_kv_cache": KV_TRANSFER,
+    "decode_transferred": KV_TRANSFER,
 }
+
+
+class SglangSpans:
+    """SGLang's request roots under prefill/decode disaggregation: ``f"{role} Req {rid[:8]}"``
+    (python/sglang/srt/observability/trace.py), one on each worker, for one request."""
+
+    PREFILL_ROOT: Final = "prefill Req "
+    DECODE_ROOT: Final = "decode Req "
 
 
 class HttpAttributes:
     """HTTP semantic-convention keys latscope reads for the route dimension."""
 
     ROUTE: Final = "http.route"
+    #: On the ASGI instrumentation's ``http send`` spans (children of its SERVER span): which
+    #: message was sent. The last ``http.response.body`` ends the response.
+    ASGI_EVENT_TYPE: Final = "asgi.event.type"
+    #: Its name before opentelemetry-instrumentation-asgi 0.43b0 (0.41b0 writes ``type``).
+    ASGI_EVENT_TYPE_OLD: Final = "type"
+    ASGI_RESPONSE_BODY: Final = "http.response.body"
     URL_PATH: Final = "url.path"
     REQUEST_METHOD: Final = "http.request.method"
     RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+
+
+#: Routes of model-serving APIs: a SERVER span whose ``http.route`` ends with one of these serves
+#: an inference call (OpenAI-compatible servers: vLLM, SGLang, TGI, llama.cpp, LiteLLM; SGLang's and
+#: TGI's native ``/generate``; Triton's ``/v2/models/{model}/generate``; Anthropic-style
+#: ``/v1/messages``).
+INFERENCE_ROUTES: Final = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/messages",
+    "/generate",
+    "/generate_stream",
+)
 
 
 class ResourceAttributes:

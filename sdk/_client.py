@@ -490,6 +490,15 @@ def _watch(call: ClientCall, response: Any) -> _TokenWatch:
     headers = response.headers
     identity = headers.get("content-encoding", "identity").lower() == "identity"
     content_type = headers.get("content-type", "")
+    if call._metric_attrs is not None and call.span is not None:
+        # A GenAI call answered as a stream or not: a call made without streaming has no first
+        # token the caller saw, and stays out of TTFT figures (docs/attribution.md).
+        try:
+            call.span.set_attribute(
+                GenAIAttributes.REQUEST_STREAM, content_type.startswith("text/event-stream")
+            )
+        except Exception:
+            _guard.fault("client.watch")
     return _TokenWatch(
         call,
         sse=identity and content_type.startswith("text/event-stream"),

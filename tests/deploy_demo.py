@@ -228,6 +228,7 @@ def attribution_rows(store: Store) -> pa.Table:
                 "InputTokens": result.input_tokens,
                 "OutputTokens": result.output_tokens,
                 "ClockSkewNs": result.clock_skew_ns,
+                "KvTransferNs": result.kv_transfer_ns,
                 "Gpu": [
                     (f"{phase}.{name}", value)
                     for phase, figures in result.gpu.items()

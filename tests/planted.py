@@ -125,6 +125,7 @@ def _frame(cols: dict[str, object], service: str, pods: list[str], model: str) -
             "InputTokens": cols["InputTokens"],
             "OutputTokens": cols["OutputTokens"],
             "ClockSkewNs": 0,
+            "KvTransferNs": None,
             "Gpu": [[{"key": "decode.energy_mj", "value": 1.0}] for _ in range(n)],
             "SpanCount": 7,
             "SpansIngestedAt": 0,

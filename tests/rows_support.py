@@ -65,6 +65,7 @@ def make_rows(n: int, *, service: str, t0: int, seed: int, span_ns: int = 2 * H)
             "InputTokens": input_tokens,
             "OutputTokens": rng.integers(1, 500, n),
             "ClockSkewNs": 0,
+            "KvTransferNs": None,
             "Gpu": [[{"key": "decode.energy_mj", "value": float(i)}] for i in range(n)],
             "SpanCount": 7,
             "SpansIngestedAt": 0,

@@ -73,13 +73,25 @@ def test_server_only_network_is_unknown() -> None:
     assert a.e2e_ns == 920 * MS and not a.has_client
 
 
-@pytest.mark.parametrize("skew_ms", [-10_000, -3_000, -41, 41, 3_000, 10_000])
+@pytest.mark.parametrize("skew_ms", [-10_000, -3_000, -121, 121, 3_000, 10_000])
 def test_clock_skew_is_estimated_and_buckets_stay(skew_ms: int) -> None:
     tb = TraceBuilder()
     _layout(tb, skew_ms=skew_ms)
     a = both("t", tb.spans)
     assert _ms(a) == EXPECTED
     assert a.clock_skew_ns == skew_ms * MS
+
+
+@pytest.mark.parametrize("skew_ms", [-120, -41, 41, 120])
+def test_a_misfit_within_the_network_legs_is_no_skew(skew_ms: int) -> None:
+    """The server span (920 ms) leaves 80 ms of the client's 1000 for the network: one that
+    sticks out by at most that much (a server span ending after the client's, as teardown does on
+    one host) is moved the least that fits and reported as no skew (issue 48); a ms more is."""
+    tb = TraceBuilder()
+    _layout(tb, skew_ms=skew_ms)
+    a = both("t", tb.spans)
+    assert a.clock_skew_ns == 0
+    assert _ms(a) == EXPECTED
 
 
 def test_small_skew_that_still_fits_is_not_adjusted() -> None:
@@ -95,14 +107,34 @@ def test_work_after_the_client_got_its_last_byte_is_not_counted() -> None:
     # latscope's client says it read the whole response (its last byte), so a longer server
     # span is work after the response, not a client span that ended at the headers.
     c = tb.client(0, 500, attrs={ClientAttributes.LAST_BYTE_NS: T0 + 500 * MS})
-    s = tb.server(10, 700, parent=c)  # longer than the client: starts aligned, tail clipped
+    s = tb.server(10, 700, parent=c)  # longer than the client: its tail is clipped
     tb.phase("prefill", 20, 100, parent=s)
     tb.phase("decode", 100, 480, parent=s)
     tb.phase("postprocess", 480, 650, parent=s)  # 480..500 counts; 500..650 is after the end
     a = both("t", tb.spans)
     assert a.e2e_ns == 500 * MS
-    assert a.clock_skew_ns == 10 * MS
-    # Aligned at the client's start: prefill 10..90, decode 90..470, postprocess 470..500.
+    # It started after the client did: nothing moves (no skew), the excess is after the end.
+    assert a.clock_skew_ns == 0
+    assert _ms(a) == {
+        "network": 10,
+        "queue": 0,
+        "preprocess": 0,
+        "prefill": 80,
+        "decode": 380,
+        "postprocess": 20,
+        "other": 10,
+    }
+
+
+def test_a_longer_server_that_started_first_is_aligned_at_the_start() -> None:
+    tb = TraceBuilder()
+    c = tb.client(0, 500, attrs={ClientAttributes.LAST_BYTE_NS: T0 + 500 * MS})
+    s = tb.server(-30, 600, parent=c)  # on a clock 40 ms behind: aligned at the client's start
+    tb.phase("prefill", -20, 60, parent=s)
+    tb.phase("decode", 60, 440, parent=s)
+    tb.phase("postprocess", 440, 590, parent=s)
+    a = both("t", tb.spans)
+    assert a.e2e_ns == 500 * MS and a.clock_skew_ns == -30 * MS
     assert _ms(a) == {
         "network": 0,
         "queue": 0,
@@ -271,7 +303,7 @@ def test_streaming_figures_and_stalls() -> None:
 def test_client_first_token_as_event() -> None:
     tb = TraceBuilder()
     c = tb.client(0, 1000, events=((LatscopeAttributes.FIRST_TOKEN_EVENT, T0 + 420 * MS),))
-    tb.server(10, 990, parent=c)
+    tb.server(10, 990, parent=c, attrs={"http.route": "/v1/chat/completions"})
     assert both("t", tb.spans).ttft_client_ns == 420 * MS
 
 
@@ -331,3 +363,56 @@ def test_two_decode_phases_one_timed_give_the_same_tokens_everywhere() -> None:
     result = attribute_request("t", request, stall_threshold_ns=250 * MS)
     timeline = _timeline(request, result, 250.0)
     assert (timeline["count"], len(timeline["stalls"])) == (a.output_tokens, a.stalls)
+
+
+def _sglang_worker(
+    tb: TraceBuilder, role: str, parent: str, start: float, end: float, stages: dict
+) -> str:
+    """An SGLang worker's request root (``"<role> Req <rid>"``), its scheduler thread span and
+    its stage slices (name -> (start, end) ms)."""
+    latency = {VllmAttributes.TIME_TO_FIRST_TOKEN: 0.09, VllmAttributes.E2E: 0.2}
+    root = tb.add(
+        SpanKind.INTERNAL, start, end, parent=parent, service=f"sglang-{role}",
+        attrs={**latency, "gen_ai.usage.completion_tokens": 1 if role == "prefill" else 24},
+        name=f"{role} Req 8d1f0c5e",
+    )  # fmt: skip
+    thread = tb.add(SpanKind.INTERNAL, start, end, parent=root, service=f"sglang-{role}")
+    for name, (s, e) in stages.items():
+        tb.add(SpanKind.INTERNAL, s, e, parent=thread, service=f"sglang-{role}", name=name)
+    return root
+
+
+def test_a_disaggregated_request_is_one_with_its_kv_transfer_named() -> None:
+    """SGLang's prefill worker and decode worker serve one request: prefill from the prefill
+    side, decode from the decode side, queue from both, and the KV-cache transfer, where no
+    phase covers it, counted in other and named on its own."""
+    tb = TraceBuilder()
+    c = tb.client(0, 300, attrs={ClientAttributes.LAST_BYTE_NS: T0 + 300 * MS})
+    _sglang_worker(tb, "prefill", c, 10, 150, {
+        "tokenize": (10, 14), "prefill_bootstrap": (14, 20), "prefill_waiting": (20, 40),
+        "prefill_forward": (40, 100), "prefill_transfer_kv_cache": (100, 140),
+    })  # fmt: skip
+    _sglang_worker(tb, "decode", c, 10, 290, {
+        "tokenize": (10, 14), "decode_bootstrap": (14, 20), "decode_transferred": (20, 140),
+        "decode_waiting": (140, 150), "decode_forward": (150, 280),
+    })  # fmt: skip
+    a = both("t", tb.spans)
+    assert a.attempts == 1 and a.output_tokens == 24
+    assert _ms(a) == {
+        "network": 20,
+        "queue": 6 + 20 + 10,
+        "preprocess": 4,
+        "prefill": 60,
+        "decode": 130,
+        "postprocess": 0,
+        "other": 40 + 10,
+    }
+    assert a.kv_transfer_ns == 40 * MS
+    # The decode worker's first token, from the try's start.
+    assert a.ttft_server_ns == 90 * MS
+
+
+def test_no_kv_transfer_without_disaggregation() -> None:
+    tb = TraceBuilder()
+    _layout(tb)
+    assert both("t", tb.spans).kv_transfer_ns is None

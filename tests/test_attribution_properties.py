@@ -18,7 +18,9 @@ from latscope.attribution.spans import normalized
 from latscope.semconv import (
     ClientAttributes,
     GenAIAttributes,
+    GenAIEvents,
     LatscopeAttributes,
+    OpenInferenceAttributes,
     Phase,
     SpanKind,
     StatusCode,
@@ -39,14 +41,81 @@ OFFSETS_EDGES = [
     "[0,1000]\n", "[1e3]",
 ]  # fmt: skip
 times = st.integers(min_value=0, max_value=2_000_000_000)
+NUMBERS = st.sampled_from(["12", "-3", "1.5e3", "x", "", "99999999999999999999", "4.7"])
 LEGACY_KIND = {v: k for k, v in SpanKind.LEGACY.items()}
 
 
+#: What a SERVER span may say of itself (engine._says_inference), and what it says in vain.
+SAID = st.sampled_from(
+    [
+        {},
+        {"http.route": "/v1/chat/completions"},
+        {"http.route": "/search"},
+        {"http.route": "/v2/models/{model}/generate"},
+        {GenAIAttributes.REQUEST_MODEL: "m3"},
+        {GenAIAttributes.OPERATION_NAME: "chat"},
+        {GenAIAttributes.OPERATION_NAME: "execute_tool"},
+    ]
+)
+
+
+def _asgi_sends(draw: st.DrawFn, tb: TraceBuilder, server: str, ss: int, service: str) -> None:
+    """The ASGI instrumentation's ``http send`` spans under a SERVER span: a response start
+    and body messages (the last one ends the response), sometimes none."""
+    for event in draw(st.lists(st.sampled_from(["http.response.start", "http.response.body",
+                                                "http.request"]), max_size=3)):  # fmt: skip
+        at = ss + draw(st.integers(-50_000_000, 2_500_000_000))
+        key = draw(st.sampled_from(["asgi.event.type", "type"]))  # before asgi 0.43b0: type
+        tb.add(SpanKind.INTERNAL, at, at + draw(st.integers(0, 1_000_000)), parent=server,
+               ns=True, service=service, attrs={key: event},
+               name="POST /v1/chat/completions http send")  # fmt: skip
+
+
+def _sglang_slices(draw: st.DrawFn, tb: TraceBuilder, server: str, ss: int, se: int,
+                   service: str, names: list[str]) -> None:  # fmt: skip
+    thread = tb.add(SpanKind.INTERNAL, ss, se, parent=server, ns=True, service=service)
+    for name in draw(st.lists(st.sampled_from(names), max_size=4)):
+        ps = ss + draw(st.integers(-100_000_000, 2_000_000_000))
+        tb.add(SpanKind.INTERNAL, ps, ps + draw(times), parent=thread, ns=True,
+               service=service, name=name)  # fmt: skip
+
+
 def _server(draw: st.DrawFn, tb: TraceBuilder, parent: str, skew: int, service: str) -> None:
-    """One attempt: a SERVER span with phases (maybe under helper spans), or vLLM / SGLang."""
+    """One attempt: a SERVER span with phases (maybe under helper spans), vLLM / SGLang (maybe
+    inside the HTTP framework's SERVER span, with its response messages), an SGLang
+    prefill/decode pair with KV-cache transfer stages, or a SERVER span that says (or does not
+    say) it serves a model."""
     ss = draw(times) + skew
     se = ss + draw(times)
-    shape = draw(st.sampled_from(["phases", "phases", "vllm", "vllm-old", "sglang"]))
+    shape = draw(st.sampled_from(["phases", "phases", "vllm", "vllm-old", "sglang", "said", "pd"]))
+    if draw(st.integers(0, 3)) == 0:  # the HTTP framework's span around it, same service
+        ws = ss - draw(st.integers(0, 5_000_000))
+        we = max(ws, se + draw(st.integers(-5_000_000, 900_000_000)))
+        parent = tb.add(SpanKind.SERVER, ws, we, parent=parent, ns=True, service=service,
+                        attrs=draw(SAID))  # fmt: skip
+        _asgi_sends(draw, tb, parent, ss, service)
+    if shape == "said":
+        status = draw(st.sampled_from(["Ok", "Error"]))
+        server = tb.add(SpanKind.SERVER, ss, se, parent=parent, ns=True, service=service,
+                        attrs=draw(SAID), status=status)  # fmt: skip
+        _asgi_sends(draw, tb, server, ss, service)
+        return
+    if shape == "pd":
+        for role in ("prefill", "decode"):
+            rs = ss + draw(st.integers(0, 20_000_000))
+            re_ = rs + draw(times)
+            attrs = {
+                VllmAttributes.TIME_TO_FIRST_TOKEN: draw(st.floats(0, 2, allow_nan=False)),
+                VllmAttributes.E2E: draw(st.floats(0, 2, allow_nan=False)),
+                GenAIAttributes.USAGE_COMPLETION_TOKENS: draw(st.integers(0, 500)),
+            }
+            root = tb.add(SpanKind.INTERNAL, rs, re_, parent=parent, ns=True, service=service,
+                          attrs=attrs, name=f"{role} Req 8d1f0c5e")  # fmt: skip
+            _sglang_slices(draw, tb, root, rs, re_, service, [
+                "tokenize", f"{role}_bootstrap", f"{role}_waiting", "prefill_forward",
+                "prefill_transfer_kv_cache", "decode_transferred", "decode_forward",
+            ])  # fmt: skip
+        return
     attrs: dict = {}
     if shape in ("vllm", "vllm-old", "sglang"):
         attrs = {
@@ -74,13 +143,9 @@ def _server(draw: st.DrawFn, tb: TraceBuilder, parent: str, skew: int, service: 
         status=draw(st.sampled_from(["Ok", "Error", "STATUS_CODE_ERROR"])),
     )
     if shape == "sglang":
-        thread = tb.add(SpanKind.INTERNAL, ss, se, parent=server, ns=True, service=service)
-        for name in draw(st.lists(st.sampled_from(["tokenize", "prefill_waiting",
-                                                   "prefill_forward", "decode_loop",
-                                                   "request_process"]), max_size=4)):  # fmt: skip
-            ps = ss + draw(st.integers(-100_000_000, 2_000_000_000))
-            tb.add(SpanKind.INTERNAL, ps, ps + draw(times), parent=thread, ns=True,
-                   service=service, name=name)  # fmt: skip
+        _sglang_slices(draw, tb, server, ss, se, service, [
+            "tokenize", "prefill_waiting", "prefill_forward", "decode_loop", "request_process",
+        ])  # fmt: skip
         return
     if shape != "phases":
         return
@@ -101,6 +166,48 @@ def _server(draw: st.DrawFn, tb: TraceBuilder, parent: str, skew: int, service: 
                  attrs=pattrs, service=service)  # fmt: skip
 
 
+#: What a client chain may say of streaming (engine.streamed), and how.
+STREAMING = st.sampled_from(
+    [
+        {GenAIAttributes.REQUEST_STREAM: "true"},
+        {GenAIAttributes.REQUEST_STREAM: "false"},
+        {GenAIAttributes.IS_STREAMING: "False"},
+        {GenAIAttributes.IS_STREAMING: "True"},
+        {GenAIAttributes.IS_STREAMING: "maybe"},
+        {OpenInferenceAttributes.INVOCATION_PARAMETERS: '{"model": "m", "stream": true}'},
+        {OpenInferenceAttributes.INVOCATION_PARAMETERS: '{"model": "m"}'},
+        {OpenInferenceAttributes.INVOCATION_PARAMETERS: '{"stream" :\ttrue}'},
+    ]
+)
+
+
+def _genai_operation(draw: st.DrawFn, tb: TraceBuilder, cs: int, parent: str) -> str:
+    """A client-side GenAI operation: openai-v2's / traceloop's CLIENT ``chat`` span or
+    OpenInference's INTERNAL LLM span, with its first-chunk events, token counts and
+    streaming flag; sometimes an LLM span of a framework around it."""
+    if draw(st.integers(0, 4)) == 0:
+        parent = tb.add(SpanKind.INTERNAL, cs - draw(st.integers(0, 3_000_000)),
+                        cs + draw(times), parent=parent, ns=True, service="agent",
+                        attrs={OpenInferenceAttributes.SPAN_KIND: "LLM"})  # fmt: skip
+    kind = draw(st.sampled_from([SpanKind.CLIENT, SpanKind.INTERNAL]))
+    attrs: dict = (
+        {GenAIAttributes.OPERATION_NAME: draw(st.sampled_from(["chat", "embeddings"]))}
+        if kind == SpanKind.CLIENT or draw(st.booleans())
+        else {OpenInferenceAttributes.SPAN_KIND: "LLM"}
+    )
+    if draw(st.booleans()):
+        attrs.update(draw(STREAMING))
+    for key in (OpenInferenceAttributes.TOKEN_COUNT_PROMPT,
+                OpenInferenceAttributes.TOKEN_COUNT_COMPLETION,
+                GenAIAttributes.USAGE_OUTPUT_TOKENS):  # fmt: skip
+        if draw(st.integers(0, 2)) == 0:
+            attrs[key] = draw(NUMBERS)
+    names = draw(st.lists(st.sampled_from(GenAIEvents.FIRST_CHUNK), max_size=2))
+    events = tuple((n, T0 + cs + draw(times)) for n in names)
+    return tb.add(kind, cs - draw(st.integers(0, 5_000_000)), cs + draw(times), parent=parent,
+                  ns=True, service="agent", attrs=attrs, events=events)  # fmt: skip
+
+
 @st.composite
 def traces(draw: st.DrawFn) -> list[SpanRecord]:
     """A trace holding up to four calls: in sequence or overlapping, each with or without a
@@ -118,19 +225,30 @@ def traces(draw: st.DrawFn) -> list[SpanRecord]:
                         service="agent")  # fmt: skip
             parent = tb.add(SpanKind.SERVER, gs, gs + draw(times), parent=gc, ns=True,
                             service="gateway")  # fmt: skip
+        transports = [parent]
         if draw(st.booleans()):
             cs = draw(times)
-            cattrs = {}
-            if draw(st.booleans()):  # latscope's client: it read the whole response
-                cattrs[ClientAttributes.LAST_BYTE_NS] = T0 + cs
-            if draw(st.booleans()):
-                cattrs[LatscopeAttributes.FIRST_TOKEN_NS] = T0 + cs + draw(times)
-            if draw(st.booleans()):
-                cattrs[GenAIAttributes.USAGE_INPUT_TOKENS] = draw(st.sampled_from(["12", "x", ""]))
-            parent = tb.add(SpanKind.CLIENT, cs, cs + draw(times), parent=parent, ns=True,
-                            service="agent", attrs=cattrs)  # fmt: skip
-        for _ in range(draw(st.integers(1, 3))):  # attempts: retries or parallel samples
-            _server(draw, tb, parent, skew, service)
+            if draw(st.booleans()):  # a GenAI operation around the HTTP exchange
+                parent = _genai_operation(draw, tb, cs, parent)
+            transports = []
+            for _ in range(draw(st.sampled_from([1, 1, 2]))):  # the HTTP client's retries
+                ts = cs + draw(st.integers(0, 100_000_000))
+                cattrs = {}
+                if draw(st.booleans()):  # latscope's client: it read the whole response
+                    cattrs[ClientAttributes.LAST_BYTE_NS] = T0 + ts
+                if draw(st.booleans()):
+                    cattrs[LatscopeAttributes.FIRST_TOKEN_NS] = T0 + ts + draw(times)
+                if draw(st.booleans()):
+                    cattrs[GenAIAttributes.USAGE_INPUT_TOKENS] = draw(
+                        st.sampled_from(["12", "x", ""])
+                    )
+                if draw(st.integers(0, 3)) == 0:
+                    cattrs.update(draw(STREAMING))
+                transports.append(tb.add(SpanKind.CLIENT, ts, ts + draw(times), parent=parent,
+                                         ns=True, service="agent", attrs=cattrs))  # fmt: skip
+        for transport in transports:
+            for _ in range(draw(st.integers(1, 3))):  # attempts: retries or parallel samples
+                _server(draw, tb, transport, skew, service)
     if draw(st.booleans()):  # an unrelated span
         tb.add(SpanKind.INTERNAL, draw(times), draw(times) + 3_000_000_000, parent=root, ns=True)
     spans = tb.spans
@@ -202,7 +320,6 @@ def test_every_call_of_agent_runs_counts_once_in_the_aggregates(store: Store) ->
 
 
 GPU_KEYS_DRAWN = (LatscopeAttributes.GPU_ENERGY_MJ, LatscopeAttributes.GPU_UTIL_MEAN)
-NUMBERS = st.sampled_from(["12", "-3", "1.5e3", "x", "", "99999999999999999999", "4.7"])
 
 
 @st.composite
@@ -223,9 +340,20 @@ def single_calls(draw: st.DrawFn) -> list[SpanRecord]:
         for key in (GenAIAttributes.REQUEST_MODEL, GenAIAttributes.PROVIDER_NAME,
                     GenAIAttributes.SYSTEM, GenAIAttributes.USAGE_OUTPUT_TOKENS,
                     GenAIAttributes.USAGE_COMPLETION_TOKENS, GenAIAttributes.USAGE_INPUT_TOKENS,
-                    GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK):  # fmt: skip
+                    GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK,
+                    OpenInferenceAttributes.TOKEN_COUNT_PROMPT,
+                    OpenInferenceAttributes.TOKEN_COUNT_COMPLETION):  # fmt: skip
             if draw(st.integers(0, 2)) == 0:
                 cattrs[key] = draw(st.sampled_from(["m1", "openai"]) | NUMBERS)
+        if draw(st.integers(0, 2)) == 0:  # a GenAI operation (the request's client if outermost)
+            cattrs[GenAIAttributes.OPERATION_NAME] = "chat"
+        if draw(st.integers(0, 3)) == 0:
+            cattrs.update(draw(STREAMING))
+        kind = SpanKind.CLIENT
+        if level == 0 and level < chain - 1 and draw(st.integers(0, 5)) == 0:
+            # OpenInference's LLM span (INTERNAL) around the call: the general path's
+            kind = SpanKind.INTERNAL
+            cattrs[OpenInferenceAttributes.SPAN_KIND] = "LLM"
         # A first-chunk time in seconds: one beyond Int64 ns is out of this test's scope.
         if cattrs.get(GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK, "").startswith("9999"):
             cattrs[GenAIAttributes.RESPONSE_TIME_TO_FIRST_CHUNK] = "0.25"
@@ -238,8 +366,9 @@ def single_calls(draw: st.DrawFn) -> list[SpanRecord]:
                 cattrs[LatscopeAttributes.PHASE] = Phase.QUEUE  # a client that is a phase
         events: tuple = ()
         if draw(st.integers(0, 3)) == 0:
-            events = ((LatscopeAttributes.FIRST_TOKEN_EVENT, T0 + cs + draw(times)),)
-        parent = tb.add(SpanKind.CLIENT, cs, cs + draw(times), parent=parent, ns=True,
+            name = draw(st.sampled_from(GenAIEvents.FIRST_CHUNK))
+            events = ((name, T0 + cs + draw(times)), (name, T0 + cs + draw(times)))
+        parent = tb.add(kind, cs, cs + draw(times), parent=parent, ns=True,
                         service="agent", attrs=cattrs, events=events)  # fmt: skip
     client = parent
     if draw(st.integers(0, 6)) == 0:  # the server's parent: stored, not a client
@@ -263,6 +392,8 @@ def single_calls(draw: st.DrawFn) -> list[SpanRecord]:
     holder = server
     if draw(st.integers(0, 5)) == 0:
         holder = tb.add(SpanKind.INTERNAL, ss, ss + 10, parent=server, ns=True, service="model")
+    if draw(st.integers(0, 6)) == 0:  # the ASGI instrumentation's response messages
+        _asgi_sends(draw, tb, server, ss, "model")
     for _ in range(draw(st.integers(0, 5))):
         ps = ss + draw(st.integers(-100_000_000, 2_000_000_000))
         name = draw(st.sampled_from(Phase.ALL))

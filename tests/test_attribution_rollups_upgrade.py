@@ -37,8 +37,12 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
 
 
 def insert(store: Store, df: pl.DataFrame) -> None:
-    """Rows as an attributor before 005 wrote them: without the per-call columns."""
-    store.insert_arrow(ATTRIBUTION_TABLE, to_table(df).drop_columns(["RequestSpanId", "Provider"]))
+    """Rows as an attributor before 005 wrote them: without the per-call columns (nor the KV
+    transfer, 014)."""
+    store.insert_arrow(
+        ATTRIBUTION_TABLE,
+        to_table(df).drop_columns(["RequestSpanId", "Provider", "KvTransferNs"]),
+    )
 
 
 def usable(store: Store) -> list[int]:

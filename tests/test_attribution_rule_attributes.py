@@ -11,9 +11,10 @@ import re
 
 import pytest
 
+from latscope.attribution.engine import first_chunk_event
 from latscope.attribution.model import NUMBER, SpanRecord, parse_int_list
 from latscope.attribution.sql import CODES, FACTS, GPU, KEYS, LATENCY, PHASE_CODES
-from latscope.semconv import LatscopeAttributes, Phase, SpanKind
+from latscope.semconv import GenAIEvents, LatscopeAttributes, Phase, SpanKind
 from latscope.storage import SPANS_TABLE, Store, ddl_files
 from tests.agent_traces import mixed_traces
 from tests.attribution_support import check_stored, store_traces
@@ -24,22 +25,31 @@ COLUMN = "LatscopeRuleAttributes"
 FACTS_DDL = "010_span_facts.sql"
 FACTS_COLUMNS = ("LatscopePhase", "LatscopeFacts", "LatscopeFirstToken")
 FIGURES_DDL = "011_token_figures.sql"
+CALLS_DDL = "014_calls_as_made.sql"
+#: The columns 014 recomputes for the parts stored before it.
+REWRITTEN = ("LatscopeRuleAttributes", "LatscopeFirstToken")
 
 
 def _ddl(name: str = DDL) -> str:
     return next(f.sql for f in ddl_files() if f.name == name)
 
 
-def test_the_stored_codes_are_the_rules_codes() -> None:
-    """The codes stored in every part are the DDL's; the rules look values up by KEYS' codes. A
-    change of KEYS' order would make every stored span read wrong, so it fails here."""
+def _stored_codes(ddl: str) -> tuple[list[str], list[int]]:
     keys_list, codes_list = re.search(
-        r"transform\(key, \[(.*?)\], \[(.*?)\], 0\)", _ddl(), re.S
+        r"transform\(key, \[(.*?)\], \[(.*?)\], 0\)", ddl, re.S
     ).groups()  # type: ignore[union-attr]
-    keys = re.findall(r"'([^']*)'", keys_list)
-    codes = [int(c) for c in re.findall(r"\d+", codes_list)]
+    return re.findall(r"'([^']*)'", keys_list), [int(c) for c in re.findall(r"\d+", codes_list)]
+
+
+def test_the_stored_codes_are_the_rules_codes() -> None:
+    """The codes stored in every part are the latest DDL's (014 extends 007's list); the rules
+    look values up by KEYS' codes. A change of KEYS' order would make every stored span read
+    wrong, so it fails here; a code once stored keeps its key."""
+    keys, codes = _stored_codes(_ddl(CALLS_DDL))
     assert keys == list(KEYS.values())
     assert codes == [CODES[name] for name in KEYS]
+    first_keys, first_codes = _stored_codes(_ddl())
+    assert (keys[: len(first_keys)], codes[: len(first_codes)]) == (first_keys, first_codes)
 
 
 def _columns_of_parts(store: Store) -> set[str]:
@@ -115,11 +125,12 @@ def _fact_spans() -> list[SpanRecord]:
             attributes.pop(LatscopeAttributes.PHASE)
             attributes.pop(LatscopeAttributes.TOKEN_OFFSETS_US)
         kind = (SpanKind.CLIENT, SpanKind.SERVER, "SPAN_KIND_CLIENT", SpanKind.INTERNAL)[i % 4]
+        names = GenAIEvents.FIRST_CHUNK
         events = (
             (
-                (LatscopeAttributes.FIRST_TOKEN_EVENT, 9_000 + i),
+                (names[i % len(names)], 9_000 + i),
                 ("other", 10),
-                (LatscopeAttributes.FIRST_TOKEN_EVENT, 5_000 + i),
+                (names[(i // 3) % len(names)], 5_000 + i),
             )
             if i % 3 == 0
             else ()
@@ -141,12 +152,11 @@ def _facts(span: SpanRecord) -> tuple[int, int, str]:
         + FACTS["OFFSETS"] * bool(parse_int_list(attrs.get(LatscopeAttributes.TOKEN_OFFSETS_US)))
         + FACTS["GPU_NUMBER"] * any(NUMBER.fullmatch(v) for v in gpu)
     )
-    first = [t for n, t in span.events if n == LatscopeAttributes.FIRST_TOKEN_EVENT]
-    client = span.kind in (SpanKind.CLIENT, "SPAN_KIND_CLIENT")
+    first = first_chunk_event(span)
     return (
         PHASE_CODES.get(attrs.get(LatscopeAttributes.PHASE, ""), 0),
         facts,
-        str(min(first)) if client and first else "",
+        "" if first is None else str(first),
     )
 
 
@@ -174,7 +184,12 @@ def test_stored_facts_are_what_the_reference_parsers_say(store: Store) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("ddl", "columns"),
-    [(DDL, (COLUMN,)), (FACTS_DDL, FACTS_COLUMNS), (FIGURES_DDL, ("LatscopeTokenFigures",))],
+    [
+        (DDL, (COLUMN,)),
+        (FACTS_DDL, FACTS_COLUMNS),
+        (FIGURES_DDL, ("LatscopeTokenFigures",)),
+        (CALLS_DDL, REWRITTEN),
+    ],
 )
 def test_spans_stored_before_the_column_are_attributed_as_after(
     tmp_path_factory: pytest.TempPathFactory, ddl: str, columns: tuple[str, ...]
@@ -188,8 +203,14 @@ def test_spans_stored_before_the_column_are_attributed_as_after(
         # As written then: without the token figures, which no schema before 011 holds.
         before = store_traces(store, traces, figures=False)
         assert store.apply_schema() >= version
-        # Read by computing them from the columns they are made of.
-        assert not set(columns) & _columns_of_parts(store)
+        # 014 rewrites two of the columns in the parts stored before it (its MATERIALIZE
+        # statements, here waited for); the others are read by computing them from the columns
+        # they are made of.
+        for column in REWRITTEN:
+            store.command(
+                f"ALTER TABLE {SPANS_TABLE} MATERIALIZE COLUMN {column} SETTINGS mutations_sync = 2"
+            )
+        assert not (set(columns) - set(REWRITTEN)) & _columns_of_parts(store)
         after = store_traces(store, traces)
         check_stored(store, before)
         check_stored(store, after)

@@ -58,12 +58,12 @@ def _named(built: Built, truth: EngineTruth) -> SpanRecord:
 
 
 def _server(built: Built, truth: EngineTruth) -> SpanRecord:
-    """The request's server span: the named span when there is no client, else its child."""
-    named = _named(built, truth)
-    if named.kind != "Client":
-        return named
-    (server,) = [s for s in _trace(built, truth) if s.parent_span_id == named.span_id]
-    return server
+    """The request's server span: the named span when there is no client, else the span under
+    its client chain (openai-v2's ``chat`` span over the HTTP span, or the HTTP span alone)."""
+    node = _named(built, truth)
+    while node.kind == "Client":
+        (node,) = [s for s in _trace(built, truth) if s.parent_span_id == node.span_id]
+    return node
 
 
 def _children(spans: list[SpanRecord], parent: SpanRecord, name: str | None = None):

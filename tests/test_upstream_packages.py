@@ -201,9 +201,9 @@ def test_openai_v2_chat_span_covers_the_stream_over_a_headers_only_httpx_span(
     assert _keys(b_chat) == set(chat.attributes)
     assert _keys(b_post) == set(post.attributes)
     assert b_chat.end_time_unix_nano > b_post.end_time_unix_nano
-    # The request's client is the nearest CLIENT ancestor of the server span: the POST.
-    assert built.truth.request_id.endswith(b_post.span_id.hex())
-    assert built.truth.headers_only
+    # The request's client is the GenAI operation the POST is a transport attempt of.
+    assert built.truth.request_id.endswith(b_chat.span_id.hex())
+    assert not built.truth.headers_only
 
 
 def test_openinference_span_is_internal_llm_kind_with_a_first_token_event(sse_url: str) -> None:

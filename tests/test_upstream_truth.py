@@ -1,7 +1,8 @@
 """The ground truth is self-consistent and agrees with the spans it comes with.
 
 Each builder's truth is checked against figures read back from its own spans by the rules
-(issue 12): request ids from inference server spans and their nearest CLIENT ancestors,
+(docs/attribution.md): request ids from inference server spans and their clients (the outermost
+GenAI operation of the call, else the nearest CLIENT ancestor),
 headers-only arithmetic from the two spans' durations, vLLM and SGLang buckets from their
 attributes and stage slices; agent runs' critical paths by walking the spans' true extents.
 No attribution engine is involved here.
@@ -64,13 +65,27 @@ def _inference_servers(spans: list[SpanRecord]) -> list[SpanRecord]:
     ]
 
 
+def _genai_operation(span: SpanRecord) -> bool:
+    return span.kind != "Server" and (
+        span.attributes.get("gen_ai.operation.name") == "chat"
+        or span.attributes.get("openinference.span.kind") == "LLM"
+    )
+
+
 def _nearest_client(span: SpanRecord, by_id: dict[str, SpanRecord]) -> SpanRecord | None:
+    """The call's client: the nearest CLIENT ancestor, or the outermost GenAI operation of the
+    spans of the call directly above it."""
     parent = by_id.get(span.parent_span_id)
-    while parent is not None:
-        if parent.kind == "Client":
-            return parent
+    while parent is not None and parent.kind != "Client":
         parent = by_id.get(parent.parent_span_id)
-    return None
+    if parent is None:
+        return None
+    client, node = parent, by_id.get(parent.parent_span_id)
+    while node is not None and (node.kind == "Client" or _genai_operation(node)):
+        if _genai_operation(node):
+            client = node
+        node = by_id.get(node.parent_span_id)
+    return client
 
 
 def _request_ids(built: Built) -> set[str]:
@@ -108,7 +123,7 @@ def test_truth_adds_up_and_names_the_requests_the_spans_define(
         assert REQUEST_ID.match(truth.request_id), truth.request_id
         named, servers = _truth_spans(built, truth)
         assert servers, label
-        has_client = named.kind == "Client"
+        has_client = named.kind == "Client" or _genai_operation(named)
         assert (truth.buckets["network"] is None) is not has_client, label
         if has_client and not truth.headers_only:
             assert truth.e2e_ns == named.duration_ns
@@ -121,8 +136,7 @@ def test_truth_adds_up_and_names_the_requests_the_spans_define(
     [
         lambda s: httpx_stream(s, server="sdk"),
         lambda s: httpx_stream(s, server="vllm_v1", semconv="new", skew_ns=4 * SECOND),
-        lambda s: openai_v2_chat(s, server="sglang", skew_ns=-3 * SECOND),
-        lambda s: single_call(s, client="openinference", server="vllm_v0"),
+        lambda s: httpx_stream(s, server="sglang", skew_ns=-3 * SECOND),
     ],
 )
 def test_headers_only_truth_from_the_two_spans(build: Callable[[int], Built], seed: int) -> None:
@@ -136,6 +150,30 @@ def test_headers_only_truth_from_the_two_spans(build: Callable[[int], Built], se
     assert "latscope.last_byte_ns" not in client.attributes
     assert truth.e2e_ns == client.duration_ns + server.duration_ns
     assert truth.buckets["network"] == client.duration_ns
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda s: openai_v2_chat(s, server="sglang", skew_ns=-3 * SECOND),
+        lambda s: single_call(s, client="openinference", server="vllm_v0"),
+    ],
+)
+def test_a_genai_operation_is_the_call_over_its_headers_only_http_span(
+    build: Callable[[int], Built], seed: int
+) -> None:
+    built = build(seed)
+    truth = built.truth
+    client, (server,) = _truth_spans(built, truth)
+    # The GenAI operation around the HTTP exchange is the call as the app made it: its span is
+    # the request's end to end, the HTTP span under it ended at the headers.
+    assert _genai_operation(client) and not truth.headers_only
+    (http,) = [s for s in span_records(built.resource_spans)[truth.trace_id] if s.name == "POST"]
+    assert http.parent_span_id == client.span_id
+    assert http.duration_ns < server.duration_ns
+    assert truth.e2e_ns == client.duration_ns
+    assert truth.buckets["network"] == client.duration_ns - server.duration_ns
 
 
 @pytest.mark.parametrize("seed", SEEDS)

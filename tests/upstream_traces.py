@@ -20,8 +20,9 @@ Layers, bottom up:
 - ``old_exporter_rows`` / ``old_exporter_arrow``: spans as older OpenTelemetry Collector
   ClickHouse exporters stored them, and ``JSON_EXPORTER_TRACES_DDL``, the exporter's JSON layout.
 
-The truth follows the rules of ``docs/attribution.md`` (issue 12): a request is an inference
-server span with its nearest CLIENT ancestor; its id is ``<trace id>-<client span id>`` (else the
+The truth follows the rules of ``docs/attribution.md``: a request is an inference server span
+with its client, the outermost GenAI operation of the call (openai-v2's ``chat``, OpenInference's
+LLM span) else its nearest CLIENT ancestor; its id is ``<trace id>-<client span id>`` (else the
 server span id); buckets add up to the end-to-end time; ``network`` is None without a client.
 """
 
@@ -1048,13 +1049,13 @@ class LlmCall:
                 parent=parent,
                 attributes=attrs,
             )
-            cid = self._headers_only(tb, c.http, app, server_host, outer, start + c.before)
-            truth = self._headers_truth(
-                tb, cid, c.http, shape, base, server_host.offset_ns - app.offset_ns
+            self._headers_only(tb, c.http, app, server_host, outer, start + c.before)
+            truth = self._outer_truth(
+                tb, outer, start, end, shape, base, server_host.offset_ns - app.offset_ns
             )
             if c.ttfc:
-                truth = replace(truth, client_ttft_ns=first_chunk - (start + c.before))
-            return Call(truth, outer, start, end, c.before + c.after)
+                truth = replace(truth, client_ttft_ns=first_chunk - start)
+            return Call(truth, outer, start, end, 0)
 
         if isinstance(c, OpenInferenceClient):
             return self._openinference(tb, c, app, server_host, parent, start, end, shape, base)
@@ -1147,6 +1148,28 @@ class LlmCall:
         self.server.emit(tb, server_host, cid, start + c.leg)
         return cid
 
+    def _outer_truth(
+        self,
+        tb: TraceBuilder,
+        outer: bytes,
+        start: int,
+        end: int,
+        shape: str,
+        base: dict[str, Any],
+        skew: int,
+    ) -> Truth:
+        # The request is the GenAI operation around the HTTP exchange, as the app made it: the
+        # client library's own time and the wire are its network, the server's buckets whole.
+        return Truth(
+            f"{tb.trace_hex}-{outer.hex()}",
+            tb.trace_hex,
+            end - start,
+            _buckets(end - start - self.server.duration(), self.server.buckets()),
+            shape,
+            skew_ns=skew,
+            **base,
+        )
+
     def _headers_truth(
         self,
         tb: TraceBuilder,
@@ -1224,9 +1247,9 @@ class LlmCall:
         )
         skew = server_host.offset_ns - app.offset_ns
         if c.http is not None:
-            cid = self._headers_only(tb, c.http, app, server_host, outer, start + c.before)
-            truth = self._headers_truth(tb, cid, c.http, shape, base, skew)
-            return Call(truth, outer, start, end, c.before + c.after)
+            self._headers_only(tb, c.http, app, server_host, outer, start + c.before)
+            truth = self._outer_truth(tb, outer, start, end, shape, base, skew)
+            return Call(replace(truth, client_ttft_ns=first_chunk - start), outer, start, end, 0)
         # No propagation: the server's spans make a trace of their own, a server-only request.
         own = TraceBuilder(tb.rng)
         sid = srv.emit(own, server_host, None, start + c.before)

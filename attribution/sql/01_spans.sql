@@ -5,8 +5,8 @@
 -- list) were computed as the span was stored (stage 0); values are parsed in stage 5, and only
 -- for the few spans a request picks. `payload` keeps, per span, just the values a span of its
 -- kind can contribute (merged attributes and latency figures of a server-like span, client-side
--- figures of a CLIENT span, token offsets of a decode span, GPU figures of a prefill or decode
--- span), non-empty ones only: empty counts as absent, as in the reference engine.
+-- figures of a span of a client chain, token offsets of a decode span, GPU figures of a prefill
+-- or decode span), non-empty ones only: empty counts as absent, as in the reference engine.
 span_facts AS (
     SELECT
         trace_id, span_id, parent_id, service, start_ns, end_ns, kind, status, resource, codes,
@@ -19,7 +19,17 @@ span_facts AS (
             AS bucket,
         $FACT(LATENCY_NUMBER) AS has_latency,
         kind = $SERVER OR has_latency AS server_like,
-        vals[indexOf(codes, $K_OPERATION)] = $EXECUTE_TOOL AS is_tool,
+        vals[indexOf(codes, $K_OPERATION)] AS operation,
+        -- A client-side GenAI operation (engine.is_model_call), a SERVER span's own word that it
+        -- serves a model (engine._says_inference), an ASGI response-body message.
+        NOT server_like AND (operation IN $MODEL_CALLS
+            OR vals[indexOf(codes, $K_OI_KIND)] = $OI_LLM) AS model_call,
+        kind = $SERVER AND (vals[indexOf(codes, $K_MODEL)] != '' OR operation IN $MODEL_CALLS
+            OR $INFERENCE_ROUTE(vals[indexOf(codes, $K_ROUTE)])) AS says,
+        $ASGI_RESPONSE_BODY IN (vals[indexOf(codes, $K_ASGI_EVENT)],
+            vals[indexOf(codes, $K_ASGI_EVENT_OLD)]) AS response,
+        has_latency AND startsWith(name, $PREFILL_ROOT) AS prefill_root,
+        has_latency AND startsWith(name, $DECODE_ROOT) AS decode_root,
         -- A decode span with token offsets (a JSON array of integers, not empty), and a prefill
         -- or decode span with GPU figures.
         $TIMED(bucket) AS timed,
@@ -29,12 +39,15 @@ span_facts AS (
 spans AS (
     SELECT
         trace_id, span_id, parent_id, service, start_ns, end_ns,
-        toUInt16(kind + $F_LATSCOPE_PHASE * latscope_phase + $F_LATENCY * has_latency
-            + $F_SERVER_LIKE * server_like + $F_TOOL * is_tool + $F_TIMED * timed
-            + $F_GPU * has_gpu + $F_BUCKET * bucket) AS flags,
-        if(server_like OR kind = $CLIENT OR timed OR has_gpu,
+        toUInt32(kind + $F_LATSCOPE_PHASE * latscope_phase + $F_LATENCY * has_latency
+            + $F_SERVER_LIKE * server_like + $F_MODEL_CALL * model_call + $F_TIMED * timed
+            + $F_GPU * has_gpu + $F_SAYS * says + $F_RESPONSE * response
+            + $F_PREFILL_ROOT * prefill_root + $F_DECODE_ROOT * decode_root
+            + $F_BUCKET * bucket) AS flags,
+        if(server_like OR kind = $CLIENT OR model_call OR timed OR has_gpu,
             mapFilter((c, v) -> v != '' AND bitTest(
-                    bitOr(bitOr(if(server_like, $ATTEMPT_MASK, 0), if(kind = $CLIENT, $CLIENT_MASK, 0)),
+                    bitOr(bitOr(if(server_like, $ATTEMPT_MASK, 0),
+                                if(kind = $CLIENT OR model_call, $CLIENT_MASK, 0)),
                           bitOr(if(timed, $DECODE_MASK, 0), if(has_gpu, $GPU_MASK, 0))), c),
                 mapFromArrays(arrayConcat(codes, [$K_STATUS, $K_FIRST_TOKEN_EVENT]),
                               arrayConcat(vals, [status, first_token_event]))),

@@ -1,7 +1,7 @@
 -- Stage 2: one row per trace, its spans as parallel arrays (index i = one span, in no particular
 -- order: every choice below that depends on order names its own sort key), and the relations of
--- the rules computed over them: ancestors, phase owners, inference spans and their clients.
--- Only scalars, the sparse payloads and the resources of server-like spans are grouped:
+-- the rules computed over them: ancestors, phase owners, inference spans, their clients and
+-- windows. Only scalars, the sparse payloads and the resources of server-like spans are grouped:
 -- groupArray of a whole attribute map per span cost more than everything else in this stage.
 -- Each SELECT names the columns it passes on and reads the columns of the one before: an
 -- expression never reads an expensive alias of its own SELECT, because ClickHouse's analyzer
@@ -38,7 +38,11 @@ parents AS (
         arrayMap(f -> $FLAG(f, LATSCOPE_PHASE), flags) AS latscope_phases,
         arrayMap(f -> $FLAG(f, LATENCY), flags) AS latency,
         arrayMap(f -> $FLAG(f, SERVER_LIKE), flags) AS serverlike,
-        arrayMap(f -> $FLAG(f, TOOL), flags) AS tools,
+        arrayMap(f -> $FLAG(f, MODEL_CALL), flags) AS model_calls,
+        arrayMap(f -> $FLAG(f, SAYS), flags) AS says,
+        arrayMap(f -> $FLAG(f, RESPONSE), flags) AS responses,
+        arrayMap(f -> $FLAG(f, PREFILL_ROOT) OR $FLAG(f, DECODE_ROOT), flags) AS disaggregated,
+        arrayMap(f -> $FLAG(f, DECODE_ROOT), flags) AS decode_roots,
         arrayMap(f -> $FLAG(f, TIMED), flags) AS timed_decodes,
         arrayMap(f -> $FLAG(f, GPU), flags) AS gpu_phases,
         arrayMap(f -> toUInt8(intDiv(f, $F_BUCKET)), flags) AS buckets
@@ -48,8 +52,10 @@ parents AS (
 -- by the list of its k-th ancestor while it is full, doubling k.
 $ANCESTRY,
 -- Phase spans -> the nearest server-like ancestor within $MAX_PHASE_DEPTH levels; an SGLang stage
--- slice only under an ancestor carrying gen_ai.latency.* (an SGLang request root). A span's
--- client: its nearest CLIENT ancestor, reached without crossing a server of another service.
+-- slice only under an ancestor carrying gen_ai.latency.* (an SGLang request root); ASGI
+-- response-body messages -> theirs alike. A span's transport: its nearest CLIENT ancestor,
+-- reached without crossing a server of another service; a span's link up its call: its parent
+-- when that is a CLIENT span or a client-side GenAI operation (engine.client_chain).
 relations AS (
     SELECT
         * EXCEPT (latscope_phases, by_start),
@@ -57,34 +63,46 @@ relations AS (
         arrayMap((b, a, l) -> if(b = 0, 0, arrayFirst(x -> serverlike[x] AND (l OR latency[x]),
             [arrayFirst(x -> serverlike[x], arraySlice(a, 1, $MAX_PHASE_DEPTH))])),
             buckets, ancestors, latscope_phases) AS owner,
+        arrayMap((r, a) -> if(r, arrayFirst(x -> serverlike[x], arraySlice(a, 1, $MAX_PHASE_DEPTH)),
+            0), responses, ancestors) AS response_owner,
         arrayMap((a, svc) -> arrayFirst(x -> clients[x]
             OR (serverlike[x] AND services[x] != svc), a), ancestors, services) AS stop,
-        arrayMap(p -> if(clients[p], p, 0), parent_idx) AS client_parent
+        arrayMap(p -> if((clients[p] AND NOT latency[p]) OR model_calls[p], p, 0), parent_idx)
+            AS call_up
     FROM $LAST_ANCESTRY
 ),
--- Inference spans: server-like spans owning a phase, and every span carrying gen_ai.latency.*
--- whatever its kind; without any, the innermost SERVER spans with a client, outside tool calls.
+-- The transport of each span, and the client of the call it belongs to: the outermost GenAI
+-- operation among the transport and the ($CLIENT_CHAIN - 1) links above it, else the transport.
+-- Engines: server-like spans owning a phase, and every span carrying gen_ai.latency.*. A SERVER
+-- span that is no engine is an inference call on its own word or its caller's (a GenAI operation
+-- in its chain).
 candidates AS (
     SELECT
-        * EXCEPT (stop, serverlike, parent_idx),
+        * EXCEPT (stop, parent_idx, says),
         arrayMap(x -> if(clients[x], x, 0), stop) AS client_of,
-        arrayMap((l, i) -> l OR has(owner, i), latency, idx) AS inference0
+        arrayMap(t -> multiIf(model_calls[call_up[call_up[t]]], call_up[call_up[t]],
+            model_calls[call_up[t]], call_up[t], t), client_of) AS request_client,
+        arrayMap((l, i) -> l OR has(owner, i), latency, idx) AS engine,
+        arrayMap((s, e, t, c, y) -> s AND NOT e AND (y OR (c != 0 AND (model_calls[t]
+            OR model_calls[call_up[t]] OR model_calls[call_up[call_up[t]]]))),
+            servers, engine, client_of, request_client, says) AS said
     FROM relations
 ),
-called AS (
-    SELECT
-        * EXCEPT (tools, servers),
-        arrayMap((s, c, a) -> s AND c != 0 AND NOT arrayExists(x -> tools[x], a),
-            servers, client_of, ancestors) AS called
-    FROM candidates
-),
--- A request is keyed by its client span, else by its inference span.
+-- Inference spans: every engine, and each SERVER span said to serve a model that holds no other
+-- inference span (a gateway, the HTTP framework around an engine). Each one's window: the model
+-- service's outermost SERVER span around it, up to a CLIENT span or another service (itself when
+-- none). A request is keyed by its client, else by its inference span.
 traces AS (
     SELECT
-        * EXCEPT (ancestors, inference0, called),
-        if(arrayExists(x -> x, inference0), inference0,
-            arrayMap((i, c) -> c AND NOT has(arrayFlatten(arrayFilter((a, f) -> f, ancestors,
-                called)), i), idx, called)) AS is_inference,
-        arrayMap((c, i) -> if(c != 0, c, i), client_of, idx) AS request_key
-    FROM called
+        * EXCEPT (ancestors, engine, said, servers),
+        arrayMap((e, s, i) -> e OR (s AND NOT has(arrayFlatten(arrayFilter((a, c) -> c,
+            ancestors, arrayMap((x, y) -> x OR y, engine, said))), i)), engine, said, idx)
+            AS is_inference,
+        arrayMap((a, svc, i) -> arrayLast(x -> servers[x], arrayConcat([i], arrayMap(k -> if(
+            k = 0, a, arraySlice(a, 1, toUInt64(k - 1))),
+            [arrayFirstIndex(x -> clients[x] OR services[x] != svc, a)])[1])),
+            ancestors, services, idx) AS outer_server,
+        arrayMap((w, i) -> if(w = 0, i, w), outer_server, idx) AS window_of,
+        arrayMap((c, i) -> if(c != 0, c, i), request_client, idx) AS request_key
+    FROM candidates
 )

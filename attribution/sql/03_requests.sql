@@ -1,20 +1,21 @@
--- Stage 3: one row per request (ARRAY JOIN of each trace's request keys): its attempts, its
--- client chain, its tries, and its timeline on the client's clock (engine.timeline): the skew
--- offset, the window, and whether the client span ended at the response headers.
+-- Stage 3: one row per request (ARRAY JOIN of each trace's request keys): its attempts, their
+-- windows (engine.Request.bounds: the model service's outermost SERVER span, cut at the end of
+-- its response where the ASGI instrumentation recorded it), its client and client chain, and its
+-- tries.
 request_spans AS (
     SELECT
-        * EXCEPT (is_inference, request_key, client_of, clients),
+        * EXCEPT (is_inference, request_key, clients, outer_server),
         ids[req] AS request_span_id,
         -- Attempts: the inference spans under this key, oldest first (start, then span id).
         arraySort(i -> span_rank[i],
             arrayFilter((i, f, k) -> f AND k = req, idx, is_inference, request_key)) AS attempts,
-        client_of[attempts[1]] AS client
+        request_client[attempts[1]] AS client
     FROM traces
     ARRAY JOIN arrayDistinct(arrayFilter((k, f) -> f, request_key, is_inference)) AS req
 ),
 request_fields AS (
     SELECT
-        * EXCEPT (services, resources, req),
+        * EXCEPT (services, resources, req, request_client),
         toUInt32(length(ids)) AS n,
         length(attempts) AS n_attempts,
         attempts[-1] AS last,
@@ -22,41 +23,60 @@ request_fields AS (
         resources[attempts[-1]] AS resource,
         arrayMap(a -> starts[a], attempts) AS a_starts,
         arrayMap(a -> ends[a], attempts) AS a_ends,
-        -- The payloads stage 5 reads: the attempts', and the client chain's (the client span
-        -- and the CLIENT spans directly above it, nearest first; 0 and an empty map: none).
+        arrayMap(a -> window_of[a], attempts) AS windows,
+        -- The payloads stage 5 reads: the attempts', the last one's window's, and the client
+        -- chain's (the last attempt's transport and the links above it up to the client, nearest
+        -- first; 0 and an empty map: none).
         arrayMap(a -> payloads[a], attempts) AS a_payloads,
-        client_parent[client] AS client1,
-        client_parent[client_parent[client]] AS client2,
-        payloads[client] AS pl_client,
-        payloads[client_parent[client]] AS pl_client1,
-        payloads[client_parent[client_parent[client]]] AS pl_client2
+        payloads[window_of[attempts[-1]]] AS pl_window,
+        client_of[attempts[-1]] AS client0,
+        if(client = client_of[attempts[-1]], 0, call_up[client_of[attempts[-1]]]) AS client1,
+        if(client = client_of[attempts[-1]] OR client = call_up[client_of[attempts[-1]]], 0,
+            call_up[call_up[client_of[attempts[-1]]]]) AS client2
     FROM request_spans
 ),
 request_clients AS (
     SELECT
-        * EXCEPT (client_parent),
+        * EXCEPT (call_up, response_owner, window_of),
+        payloads[client0] AS pl_client,
+        payloads[client1] AS pl_client1,
+        payloads[client2] AS pl_client2,
         starts[client] AS c_lo,
         ends[client] - starts[client] AS c_dur,
-        arrayMin(a_starts) AS hull_lo,
-        arrayMax(a_ends) AS hull_hi,
-        -- latscope's client records when it read the last byte: its span is the whole response.
-        client != 0 AND $INT(pl_client[$K_LAST_BYTE]) IS NOT NULL AS whole_response,
-        -- Tries: attempts that overlap in time are one (vLLM's n > 1 samples); a retry starts
-        -- when every earlier attempt has ended.
-        arrayMap(k -> k = 1 OR a_starts[k] >= arrayMax(arraySlice(a_ends, 1, k - 1)),
-            range(1, length(attempts) + 1)) AS new_try
+        arrayMap(w -> starts[w], windows) AS w_lo,
+        arrayMap(w -> if(has(response_owner, w), least(ends[w], greatest(starts[w],
+            arrayMax(arrayMap(j -> ends[j], arrayFilter(j -> response_owner[j] = w, idx))))),
+            ends[w]), windows) AS w_hi,
+        arrayMap(w -> has(response_owner, w), windows) AS w_responds,
+        -- The client covers the whole response: a GenAI operation, or latscope's client, which
+        -- records when it read the last byte.
+        client != 0 AND (model_calls[client]
+            OR $INT(payloads[client0][$K_LAST_BYTE]) IS NOT NULL
+            OR $INT(payloads[client1][$K_LAST_BYTE]) IS NOT NULL
+            OR $INT(payloads[client2][$K_LAST_BYTE]) IS NOT NULL) AS whole_response
     FROM request_fields
 ),
 requests AS (
     SELECT
         *,
+        -- Tries: attempts whose windows overlap in time are one (vLLM's n > 1 samples, the two
+        -- workers of a disaggregated request); a retry starts when every earlier one has ended.
+        arrayMap(k -> k = 1 OR w_lo[k] >= arrayMax(arraySlice(w_hi, 1, k - 1)),
+            range(1, n_attempts + 1)) AS new_try,
         toUInt16(arrayCount(x -> x, new_try)) AS tries,
-        -- Of each try, the attempt (its position in `attempts`) that ended last, then started
-        -- last (engine.critical_attempts): the one the response waited for.
         arrayCumSum(arrayMap(x -> toUInt32(x), new_try)) AS try_of,
         arrayLastIndex(x -> x, new_try) AS last_try_at,
-        client != 0 AND hull_hi - hull_lo > c_dur AND NOT whole_response AS headers_only,
-        -- offset, lo, hi (without a client the request is its one attempt: the hull).
-        $TIMELINE(client, c_lo, c_dur, hull_lo, hull_hi, whole_response)
+        -- Of each try, the attempts the response waited for (engine.critical_attempts): the one
+        -- that ended last, then started last; both workers of a disaggregated try. And the last
+        -- try's samples (engine._samples): the decode worker's when disaggregated.
+        arrayMap(t -> arrayExists(k -> try_of[k] = t AND disaggregated[attempts[k]],
+            range(1, n_attempts + 1)), range(1, tries + 1)) AS split_try,
+        arrayFlatten(arrayMap(t -> if(split_try[t],
+            arrayFilter(k -> try_of[k] = t, range(1, n_attempts + 1)),
+            [arraySort(k -> (a_ends[k], a_starts[k], k),
+                arrayFilter(k -> try_of[k] = t, range(1, n_attempts + 1)))[-1]]),
+            range(1, tries + 1))) AS critical,
+        arrayFilter(k -> try_of[k] = tries AND (NOT split_try[tries]
+            OR decode_roots[attempts[k]]), range(1, n_attempts + 1)) AS samples
     FROM request_clients
 )

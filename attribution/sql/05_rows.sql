@@ -1,21 +1,24 @@
 -- Stage 5: everything else a row holds (engine.attribute_request): the request's attributes
--- (the last attempt's, then the client chain's, nearest first), tokens (the last try's output
--- summed over its parallel samples, else the client side's), the streaming figures of its last
--- timed decode span (engine.timed_decode), else of the last try's gen_ai.latency.* figures, the
--- client's TTFT, and the GPU figures of its last prefill and decode phase spans. Attribute values
+-- (the last attempt's, then its window's, then the client chain's, nearest first), tokens (the
+-- last try's output summed over its samples, else the client side's), the streaming figures of
+-- its last timed decode span (engine.timed_decode), else of the last try's gen_ai.latency.*
+-- figures, the client's TTFT (none for a call the client says it made without streaming), and
+-- the GPU figures of its last prefill and decode phase spans. Attribute values
 -- are parsed here, from the payloads of those few spans only, one layer before the expressions
 -- that read them.
 picked AS (
     SELECT
-        * EXCEPT (segments, n_attempts),
+        * EXCEPT (segments, n_attempts, disaggregated, decode_roots, split_try, model_calls),
         $BUCKET_SUMS,
+        if(kv_recorded, $KV_SUM, NULL) AS kv_transfer,
         a_payloads[-1] AS pl_last,
-        -- Phases of this request, and its last try's attempts.
+        -- Phases of this request, and its last try's samples.
         arrayFilter(j -> owner[j] != 0 AND has(attempts, owner[j]), idx) AS my_phases,
-        arraySlice(a_payloads, last_try_at) AS try_payloads,
-        -- Without token times: the earliest first token of the last try (vLLM's n > 1 samples
-        -- start together), and the last attempt's figures for TPOT.
-        arrayFilter(x -> x IS NOT NULL, arraySlice(ttft_ns, last_try_at)) AS try_ttfts,
+        arrayMap(k -> a_payloads[k], samples) AS try_payloads,
+        -- Without token times: the earliest first token of the last try's samples, from their
+        -- start (vLLM's n > 1 samples start together), and the last attempt's figures for TPOT.
+        arrayFilter(x -> x IS NOT NULL, arrayMap(k -> a_starts[k]
+            - arrayMin(arrayMap(j -> a_starts[j], samples)) + ttft_ns[k], samples)) AS try_ttfts,
         ttft_ns[-1] AS last_ttft,
         decode_ns[-1] AS last_decode
     FROM swept
@@ -23,18 +26,20 @@ picked AS (
 chosen AS (
     SELECT
         * EXCEPT (ttft_ns, decode_ns, last_try_at, a_payloads, try_payloads, timed_decodes,
-                  gpu_phases, idx, attempts),
+                  gpu_phases, idx, attempts, samples, a_starts, a_ends, windows, kv_recorded),
         -- Merged attributes (m_<name>): the first of the last attempt, the client, client1 and
         -- client2 that has the attribute; c_<name>: the client chain's alone.
         $MERGED_VALUES,
         -- Output counts (output, completion) of the last try's attempts and of the last
         -- attempt, and the client's first-token figures.
-        arrayMap(m -> ($INT_AT(m, $K_OUTPUT), $INT_AT(m, $K_COMPLETION)), try_payloads)
-            AS try_counts,
+        arrayMap(m -> ($INT_AT(m, $K_OUTPUT), $INT_AT(m, $K_COMPLETION),
+            $INT_AT(m, $K_OI_COMPLETION)), try_payloads) AS try_counts,
         ($INT_AT(pl_last, $K_OUTPUT), $INT_AT(pl_last, $K_COMPLETION)) AS last_counts,
-        $INT_AT(pl_client, $K_FIRST_TOKEN_NS) AS first_token_attr,
+        ($INT_AT(pl_client, $K_FIRST_TOKEN_NS), $INT_AT(pl_client1, $K_FIRST_TOKEN_NS),
+            $INT_AT(pl_client2, $K_FIRST_TOKEN_NS)) AS first_token_attrs,
         ($NUM_AT(pl_client, $K_FIRST_CHUNK), $NUM_AT(pl_client1, $K_FIRST_CHUNK),
             $NUM_AT(pl_client2, $K_FIRST_CHUNK)) AS first_chunks,
+        $STREAMED(pl_client, pl_client1, pl_client2) AS streamed,
         -- Its last decode phase span with token offsets, and its last prefill and decode phase
         -- spans with GPU figures (0: none).
         arrayLast(j -> 1, arraySort(j -> span_rank[j],
@@ -44,14 +49,15 @@ chosen AS (
 ),
 parsed AS (
     SELECT
-        * EXCEPT (buckets, span_rank, my_phases, owner, try_counts, last_counts, first_token_attr,
-                  first_chunks, m_model, m_response_model, m_provider, m_system),
-        pl_last[$K_STATUS] AS status,
+        * EXCEPT (buckets, span_rank, my_phases, owner, try_counts, last_counts,
+                  first_token_attrs, first_chunks, m_model, m_response_model, m_provider,
+                  m_system),
+        pl_window[$K_STATUS] AS status,
         if(m_model != '', m_model, m_response_model) AS model,
         if(m_provider != '', m_provider, m_system) AS provider,
-        ($INT(m_input), $INT(m_prompt)) AS input_counts,
-        ($INT(c_output), $INT(c_completion)) AS client_counts,
-        arrayMap(c -> $TOKENS(c.1, c.2), try_counts) AS try_outputs,
+        ($INT(m_input), $INT(m_prompt), $INT(m_oi_prompt)) AS input_counts,
+        ($INT(c_output), $INT(c_completion), $INT(c_oi_completion)) AS client_counts,
+        arrayMap(c -> $TOKENS(c.1, c.2, c.3), try_counts) AS try_outputs,
         $TOKENS(last_counts.1, last_counts.2) AS last_output,
         -- Token offsets (us) from the decode span's start: the token times are start + offset
         -- * 1000, read only where a figure needs one ($GAPS).
@@ -60,14 +66,20 @@ parsed AS (
         $INT_AT(payloads[decode_span], $K_TOKEN_COUNT) AS token_count,
         starts[owner[decode_span]] AS decode_attempt_start,
         $GPU_MAP AS gpu,
-        -- engine._client_ttft: latscope's first-token attribute or event on the client span,
-        -- else a time_to_first_chunk on the client chain, from the span that carries it.
-        multiIf(client = 0, NULL,
-            first_token_attr IS NOT NULL, first_token_attr - c_lo,
+        -- engine._client_ttft: along the client chain, nearest first, latscope's first-token
+        -- attribute, a first-chunk event, or a time_to_first_chunk (from the span carrying it).
+        multiIf(client = 0 OR streamed = 0, NULL,
+            first_token_attrs.1 IS NOT NULL, first_token_attrs.1 - c_lo,
             mapContains(pl_client, $K_FIRST_TOKEN_EVENT),
                 toInt64(pl_client[$K_FIRST_TOKEN_EVENT]) - c_lo,
-            first_chunks.1 IS NOT NULL, starts[client] + $S2NS(first_chunks.1) - c_lo,
+            first_chunks.1 IS NOT NULL, starts[client0] + $S2NS(first_chunks.1) - c_lo,
+            first_token_attrs.2 IS NOT NULL, first_token_attrs.2 - c_lo,
+            mapContains(pl_client1, $K_FIRST_TOKEN_EVENT),
+                toInt64(pl_client1[$K_FIRST_TOKEN_EVENT]) - c_lo,
             first_chunks.2 IS NOT NULL, starts[client1] + $S2NS(first_chunks.2) - c_lo,
+            first_token_attrs.3 IS NOT NULL, first_token_attrs.3 - c_lo,
+            mapContains(pl_client2, $K_FIRST_TOKEN_EVENT),
+                toInt64(pl_client2[$K_FIRST_TOKEN_EVENT]) - c_lo,
             first_chunks.3 IS NOT NULL, starts[client2] + $S2NS(first_chunks.3) - c_lo,
             NULL) AS ttft_client
     FROM chosen
@@ -75,12 +87,13 @@ parsed AS (
 streaming AS (
     SELECT
         * EXCEPT (payloads, starts, ends, input_counts, client_counts, try_outputs, gpu_prefill,
-                  gpu_decode, client1, client2, pl_client, pl_client1, pl_client2, pl_last,
-                  m_input, m_prompt, c_output, c_completion),
-        $TOKENS(input_counts.1, input_counts.2) AS input_tokens,
+                  gpu_decode, client0, client1, client2, pl_client, pl_client1, pl_client2,
+                  pl_last, pl_window, m_input, m_prompt, m_oi_prompt, c_output, c_completion,
+                  c_oi_completion),
+        $TOKENS(input_counts.1, input_counts.2, input_counts.3) AS input_tokens,
         if(arrayExists(x -> x IS NOT NULL, try_outputs),
             least(arraySum(arrayMap(x -> ifNull(x, 0), try_outputs)), $MAX_TOKENS),
-            $TOKENS(client_counts.1, client_counts.2)) AS output0,
+            $TOKENS(client_counts.1, client_counts.2, client_counts.3)) AS output0,
         $GAPS(offsets)
     FROM parsed
 ),
@@ -90,7 +103,8 @@ rows AS (
         -- Server TTFT, TPOT, ITL and stalls from the token times (engine.token_figures, as the
         -- single-call path reads them), else from the latency figures.
         $TOKEN_FIGURES(offsets) AS figures,
-        multiIf(decode_span != 0, decode_start + offsets[1] * 1000 - decode_attempt_start,
+        multiIf(streamed = 0, NULL,
+            decode_span != 0, decode_start + offsets[1] * 1000 - decode_attempt_start,
             notEmpty(try_ttfts), arrayMin(try_ttfts), NULL) AS ttft_server,
         multiIf(decode_span != 0 AND n_gaps > 0, figures[$AT_TPOT],
             decode_span = 0 AND last_ttft IS NOT NULL AND last_decode IS NOT NULL

@@ -6,13 +6,13 @@ The statement is built from one ``.sql`` file per stage (common table expression
 order): ``00_span_rows`` reads the batch's spans with their attribute keys as codes (both paths
 read it), ``01_spans`` reduces each span to its times, kind, flags and the raw values of the
 attributes a later stage may read, ``02_traces`` groups each trace's spans into arrays and finds
-its requests, ``03_requests`` gives one row per request with its attempts, client and timeline,
-``04_buckets`` runs the priority sweep, ``05_rows`` parses the attributes of the spans each request
-picks and computes the streaming figures, tokens and GPU figures, ``06_insert`` names the table's
-columns. ``simple_1_spans`` .. ``simple_3_rows`` are the single-call path, the same rows for
-the traces of one call of the common shape from one ``GROUP BY`` per trace (``simple_select``).
-docs/attribution.md ("The SQL attributor") walks through a worked example and gives the cost of
-each stage.
+its requests, ``03_requests`` gives one row per request with its attempts, their windows, its
+client and tries, ``04_buckets`` places them on the client's clock and runs the priority sweep,
+``05_rows`` parses the attributes of the spans each request picks and computes the streaming
+figures, tokens and GPU figures, ``06_insert`` names the table's columns. ``simple_1_spans``
+.. ``simple_3_rows`` are the single-call path, the same rows for the traces of one call of the
+common shape from one ``GROUP BY`` per trace (``simple_select``). docs/attribution.md ("The SQL
+attributor") walks through a worked example and gives the cost of each stage.
 
 The stage files hold ``$NAME`` placeholders for values that come from the Python rules (attribute
 keys and their codes, flags, priorities, regular expressions), and ``$NAME(a, b)`` for small
@@ -29,6 +29,7 @@ from importlib import resources
 
 from latscope import sqltext
 from latscope.attribution.engine import (
+    CLIENT_CHAIN,
     DEFAULT_STALL_NS,
     FIRST_OFFSET_US,
     GPU_KEYS,
@@ -36,6 +37,7 @@ from latscope.attribution.engine import (
     ITL_MAX_NS,
     ITL_P50_NS,
     ITL_P99_NS,
+    KV_RANK,
     LATENCY_KEYS,
     MAX_ANCESTRY,
     MAX_PHASE_DEPTH,
@@ -51,13 +53,18 @@ from latscope.attribution.engine import (
 from latscope.attribution.model import INTEGER, MAX_FLOAT, NUMBER
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import (
+    INFERENCE_ROUTES,
+    KV_TRANSFER,
     SGLANG_STAGES,
+    STREAM_PARAMETER,
     ClientAttributes,
     GenAIAttributes,
     GenAIOperation,
     HttpAttributes,
     LatscopeAttributes,
+    OpenInferenceAttributes,
     Phase,
+    SglangSpans,
     SpanKind,
     StatusCode,
     VllmAttributes,
@@ -91,6 +98,16 @@ MERGED: dict[str, str] = {
     "PROMPT": GenAIAttributes.USAGE_PROMPT_TOKENS,
     "OUTPUT": GenAIAttributes.USAGE_OUTPUT_TOKENS,
     "COMPLETION": GenAIAttributes.USAGE_COMPLETION_TOKENS,
+    "OI_PROMPT": OpenInferenceAttributes.TOKEN_COUNT_PROMPT,
+    "OI_COMPLETION": OpenInferenceAttributes.TOKEN_COUNT_COMPLETION,
+}
+#: Output counts: read from the client chain alone (c_<name>), the attempts' own beside.
+OUTPUT_COUNTS = ("OUTPUT", "COMPLETION", "OI_COMPLETION")
+#: What a client chain says of streaming (engine.streamed).
+STREAMING: dict[str, str] = {
+    "STREAM": GenAIAttributes.REQUEST_STREAM,
+    "IS_STREAMING": GenAIAttributes.IS_STREAMING,
+    "OI_PARAMS": OpenInferenceAttributes.INVOCATION_PARAMETERS,
 }
 #: Latency figures of vLLM / SGLang (seconds) by their code name; engine.LATENCY_KEYS in order.
 LATENCY: dict[str, str] = dict(
@@ -103,7 +120,7 @@ GPU: dict[str, str] = {f"GPU_{i}": key for i, key in enumerate(GPU_KEYS, 1)}
 #: (``LatscopeRuleAttributes``, deploy/clickhouse/007_rule_attributes.sql, a list a test holds
 #: equal to this one): so the order never changes, and a new key goes last, with a new DDL file.
 KEYS: dict[str, str] = {
-    **MERGED,
+    **{name: key for name, key in MERGED.items() if not name.startswith("OI_")},
     "OFFSETS": LatscopeAttributes.TOKEN_OFFSETS_US,
     "TOKEN_COUNT": LatscopeAttributes.TOKEN_COUNT,
     "FIRST_TOKEN_NS": LatscopeAttributes.FIRST_TOKEN_NS,
@@ -112,6 +129,13 @@ KEYS: dict[str, str] = {
     **LATENCY,
     **GPU,
     "PHASE": LatscopeAttributes.PHASE,
+    # deploy/clickhouse/014_calls_as_made.sql
+    "OI_PROMPT": OpenInferenceAttributes.TOKEN_COUNT_PROMPT,
+    "OI_COMPLETION": OpenInferenceAttributes.TOKEN_COUNT_COMPLETION,
+    **STREAMING,
+    "OI_KIND": OpenInferenceAttributes.SPAN_KIND,
+    "ASGI_EVENT": HttpAttributes.ASGI_EVENT_TYPE,
+    "ASGI_EVENT_OLD": HttpAttributes.ASGI_EVENT_TYPE_OLD,
 }
 #: Codes of payload values that are not attributes: the span's status, and the time of
 #: latscope's first-token event.
@@ -125,7 +149,14 @@ assert max(CODES.values()) < 64  # a set of codes is a UInt64 bit mask
 #: and its token count; a prefill or decode span with GPU figures those.
 PAYLOAD: dict[str, tuple[str, ...]] = {
     "ATTEMPT": (*MERGED, *LATENCY, "STATUS"),
-    "CLIENT": (*MERGED, "FIRST_TOKEN_NS", "LAST_BYTE", "FIRST_CHUNK", "FIRST_TOKEN_EVENT"),
+    "CLIENT": (
+        *MERGED,
+        "FIRST_TOKEN_NS",
+        "LAST_BYTE",
+        "FIRST_CHUNK",
+        "FIRST_TOKEN_EVENT",
+        *STREAMING,
+    ),
     "DECODE": ("OFFSETS", "TOKEN_COUNT"),
     "GPU": tuple(GPU),
 }
@@ -138,20 +169,26 @@ PAYLOAD: dict[str, tuple[str, ...]] = {
 PHASE_CODES: dict[str, int] = {phase: code for code, phase in enumerate(Phase.ALL, 1)}
 FACTS: dict[str, int] = {"LATENCY_KEY": 1, "LATENCY_NUMBER": 2, "OFFSETS": 4, "GPU_NUMBER": 8}
 
-#: Per-span flags (stage 1 packs them into one UInt16, stage 2 unpacks them into arrays): the
-#: kind (SERVER, CLIENT), latscope.phase set, gen_ai.latency.* figures, server-like, a tool call,
-#: a decode span with token offsets, a phase span with GPU figures; the phase bucket (rank + 1)
-#: is stored above them, times BUCKET.
+#: Per-span flags (stage 1 packs them into one UInt32, stage 2 unpacks them into arrays): the
+#: kind (SERVER, CLIENT), latscope.phase set, gen_ai.latency.* figures, server-like, a
+#: client-side GenAI operation (engine.is_model_call), a SERVER span's own word that it serves a
+#: model (engine._says_inference), an ASGI response-body message, an SGLang prefill or decode
+#: worker's root, a decode span with token offsets, a phase span with GPU figures; the phase
+#: bucket (rank + 1) is stored above them, times BUCKET.
 FLAGS: dict[str, int] = {
     "SERVER": 1,
     "CLIENT": 2,
     "LATSCOPE_PHASE": 4,
     "LATENCY": 8,
     "SERVER_LIKE": 16,
-    "TOOL": 32,
+    "MODEL_CALL": 32,
     "TIMED": 64,
     "GPU": 128,
-    "BUCKET": 256,
+    "SAYS": 256,
+    "RESPONSE": 512,
+    "PREFILL_ROOT": 1024,
+    "DECODE_ROOT": 2048,
+    "BUCKET": 4096,
 }
 
 
@@ -240,15 +277,32 @@ def s2ns(expr: str) -> str:
     return f"toInt64(floor({clamp(expr, MAX_SECONDS)} * 1e9 + 0.5))"
 
 
-def tokens(first: str, second: str) -> str:
-    """engine._tokens over two parsed counts: the first that parsed, if within
+def tokens(*counts: str) -> str:
+    """engine._tokens over parsed counts, preferred first: the first that parsed, if within
     [0, MAX_TOKENS]."""
-
-    def one(value: str, otherwise: str) -> str:
+    out = "NULL"
+    for value in reversed(counts):
         in_range = f"if({value} BETWEEN 0 AND {MAX_TOKENS}, {value}, NULL)"
-        return f"if({value} IS NOT NULL, {in_range}, {otherwise})"
+        out = f"if({value} IS NOT NULL, {in_range}, {out})"
+    return out
 
-    return one(first, one(second, "NULL"))
+
+def _streamed(values: Callable[[str], list[str]]) -> str:
+    """engine.streamed: 1, 0, or NULL where nothing says, from ``values(NAME)``: the chain's
+    values of a ``KEYS`` name, nearest first."""
+    branches = []
+    for stream, flag, params in zip(
+        values("STREAM"), values("IS_STREAMING"), values("OI_PARAMS"), strict=True
+    ):
+        for value in (f"lower({stream})", f"lower({flag})"):
+            branches += [f"{value} IN ('true', 'false')", f"{value} = 'true'"]
+        branches += [f"{params} != ''", f"match({params}, {literal(STREAM_PARAMETER)})"]
+    return "multiIf(" + ", ".join(branches) + ", NULL)"
+
+
+def streamed(*chain: str) -> str:
+    """engine.streamed over the client chain's payloads (maps by code), nearest first."""
+    return _streamed(lambda name: [f"{p}[{CODES[name]}]" for p in chain])
 
 
 def quantile(sorted_values: str, n: str, q: str, scale: int = 1) -> str:
@@ -282,24 +336,34 @@ def has_gpu(bucket: str) -> str:
     return f"({bucket} IN ({buckets}) AND {fact('GPU_NUMBER')})"
 
 
-def timeline(client: str, c_lo: str, c_dur: str, hull_lo: str, hull_hi: str, whole: str) -> str:
-    """engine.timeline: ``offset`` (the skew correction), ``lo`` and ``hi`` (the window) of a
-    request whose attempts span ``[hull_lo, hull_hi]``, with a client span starting at ``c_lo``
-    lasting ``c_dur`` (``client`` 0: none, the request is its one attempt)."""
+def timeline(
+    client: str, c_lo: str, c_dur: str, hull_lo: str, hull_hi: str, whole: str, reach: str
+) -> str:
+    """engine.timeline: ``offset`` (moves the server's clock onto the client's), ``lo`` and
+    ``hi`` (the window), ``headers_only`` and ``skew`` (reported) of a request whose windows span
+    ``[hull_lo, hull_hi]`` and whose server record runs to ``reach`` (NULL: no phase or response
+    record), with a client span starting at ``c_lo`` lasting ``c_dur`` (``client`` 0: none, the
+    request is its one attempt) that covers the whole response when ``whole``."""
     half = f"intDiv({c_dur}, 2)"
     hull = f"({hull_hi} - {hull_lo})"
+    c_hi = f"({c_lo} + {c_dur})"
+    fits = f"({hull_lo} >= {c_lo} AND {hull_hi} <= {c_hi})"
+    # A misfit within the room the network legs leave is not a skew (engine.timeline).
+    misfit = f"greatest({c_lo} - {hull_lo}, {hull_hi} - {c_hi})"
+    room = f"({hull} <= {c_dur} AND {misfit} <= {c_dur} - {hull})"
+    headers = f"(NOT {whole} AND {reach} IS NOT NULL AND {reach} - {hull_lo} > {c_dur})"
     return (
-        f"multiIf({client} = 0, 0, "
-        f"{hull_lo} >= {c_lo} AND {hull_hi} <= {c_lo} + {c_dur}, 0, "
+        f"multiIf({client} = 0 OR {fits}, 0, "
+        f"{room}, if({hull_lo} < {c_lo}, {c_lo} - {hull_lo}, {c_hi} - {hull_hi}), "
         f"{hull} <= {c_dur}, {c_lo} + intDiv({c_dur} - {hull}, 2) - {hull_lo}, "
         # headers-only: the server started half-way through the client span
-        f"NOT {whole}, {c_lo} + {half} - {hull_lo}, "
-        f"{c_lo} - {hull_lo}) AS offset,\n"
+        f"{headers}, {c_lo} + {half} - {hull_lo}, "
+        f"greatest(0, {c_lo} - {hull_lo})) AS offset,\n"
+        f"        {client} != 0 AND {hull} > {c_dur} AND {headers} AS headers_only,\n"
+        f"        if({client} = 0 OR {fits} OR {room}, 0, -offset) AS skew,\n"
         f"        if({client} = 0, {hull_lo}, {c_lo}) AS lo,\n"
-        f"        multiIf({client} = 0, {hull_hi}, "
-        f"{hull} > {c_dur} AND NOT {whole}, "
-        f"{hull_hi} + ({c_lo} + {half} - {hull_lo}) + ({c_dur} - {half}), "
-        f"{c_lo} + {c_dur}) AS hi"
+        f"        multiIf({client} = 0, {hull_hi}, headers_only, "
+        f"{hull_hi} + offset + ({c_dur} - {half}), {c_hi}) AS hi"
     )
 
 
@@ -458,14 +522,11 @@ def _first_of(code: str, payloads: tuple[str, ...]) -> str:
 
 def _merged_values() -> str:
     cols = [
-        f"{_first_of(str(CODES[name]), ('pl_last', *_CHAIN))} AS m_{name.lower()}"
+        f"{_first_of(str(CODES[name]), ('pl_last', 'pl_window', *_CHAIN))} AS m_{name.lower()}"
         for name in MERGED
-        if name not in ("OUTPUT", "COMPLETION")
+        if name not in OUTPUT_COUNTS
     ]
-    cols += [
-        f"{_first_of(str(CODES[name]), _CHAIN)} AS c_{name.lower()}"
-        for name in ("OUTPUT", "COMPLETION")
-    ]
+    cols += [f"{_first_of(str(CODES[name]), _CHAIN)} AS c_{name.lower()}" for name in OUTPUT_COUNTS]
     return ",\n        ".join(cols)
 
 
@@ -509,13 +570,18 @@ def _simple_merged() -> str:
     cols = [
         f"merged_values[indexOf(merged_codes, {CODES[name]})] AS m_{name.lower()}"
         for name in MERGED
-        if name not in ("OUTPUT", "COMPLETION")
+        if name not in OUTPUT_COUNTS
     ]
     cols += [
         f"chain_values[indexOf(chain_codes, {CODES[name]})] AS c_{name.lower()}"
-        for name in ("OUTPUT", "COMPLETION")
+        for name in OUTPUT_COUNTS
     ]
     return ",\n        ".join(cols)
+
+
+def _simple_streamed() -> str:
+    """engine.streamed over the single-call path's client chain."""
+    return _streamed(lambda name: [sv(span, name) for span in _SIMPLE_CHAIN])
 
 
 def _simple_nums() -> str:
@@ -538,9 +604,13 @@ def _simple_gpu_map() -> str:
 
 
 def _swept_sum(bucket: str) -> str:
-    """A bucket's time in the sweep's ``segments`` ((rank, length) pairs)."""
-    rank = NETWORK_RANK if bucket == "network" else RANK.get(bucket, OTHER_RANK)
-    return f"arraySum(arrayMap(p -> if(p.1 = {rank}, p.2, 0), segments))"
+    """A bucket's time in the sweep's ``segments`` ((rank, length) pairs); ``other`` holds the
+    KV-cache transfer stages' rank too (engine.rank_name)."""
+    if bucket == "other":
+        ranks = f"p.1 IN ({KV_RANK}, {OTHER_RANK})"
+    else:
+        ranks = f"p.1 = {NETWORK_RANK if bucket == 'network' else RANK[bucket]}"
+    return f"arraySum(arrayMap(p -> if({ranks}, p.2, 0), segments))"
 
 
 def _bucket_sums() -> str:
@@ -642,7 +712,14 @@ def _values(
         "SERVER": str(FLAGS["SERVER"]),
         "CLIENT": str(FLAGS["CLIENT"]),
         "DECODE_BUCKET": str(_bucket(Phase.DECODE)),
-        "EXECUTE_TOOL": literal(GenAIOperation.EXECUTE_TOOL),
+        "MODEL_CALLS": _array(list(GenAIOperation.MODEL_CALLS)),
+        "OI_LLM": literal(OpenInferenceAttributes.LLM),
+        "ASGI_RESPONSE_BODY": literal(HttpAttributes.ASGI_RESPONSE_BODY),
+        "PREFILL_ROOT": literal(SglangSpans.PREFILL_ROOT),
+        "DECODE_ROOT": literal(SglangSpans.DECODE_ROOT),
+        "CLIENT_CHAIN": str(CLIENT_CHAIN),
+        "KV_RANK": str(KV_RANK),
+        "KV_BUCKET": str(_bucket(KV_TRANSFER)),
         **{f"{kind}_MASK": _mask(names) for kind, names in PAYLOAD.items()},
         **{f"K_{name}": str(code) for name, code in CODES.items()},
         **{f"F_{name}": str(value) for name, value in FLAGS.items()},
@@ -654,6 +731,7 @@ def _values(
         "OTHER_RANK": str(OTHER_RANK),
         "NETWORK_RANK": str(NETWORK_RANK),
         "BUCKET_SUMS": _bucket_sums(),
+        "KV_SUM": f"arraySum(arrayMap(p -> if(p.1 = {KV_RANK}, p.2, 0), segments))",
         "FLAT_SUMS": _flat_sums(),
         "BUCKET_COLUMNS": _bucket_columns(),
         "MERGED_VALUES": _merged_values(),
@@ -662,6 +740,7 @@ def _values(
         "SIMPLE_GPU_MAP": _simple_gpu_map(),
         "SIMPLE_MERGED": _simple_merged(),
         "SIMPLE_NUMS": _simple_nums(),
+        "SIMPLE_STREAMED": _simple_streamed(),
         "PREFILL_BUCKET": str(_bucket(Phase.PREFILL)),
         "GPU_SPANS": _gpu_spans(),
         # The single-call path's decode span: the token figures the collector stored with it,
@@ -696,6 +775,11 @@ def _phase_bucket(code: str) -> str:
     return f"{buckets}[{code} + 1]"
 
 
+def inference_route(route: str) -> str:
+    """engine.inference_route: ``route`` ends with one of ``INFERENCE_ROUTES``."""
+    return f"arrayExists(r -> endsWith({route}, r), {_array(list(INFERENCE_ROUTES))})"
+
+
 def _stage_bucket(expr: str) -> str:
     names = list(SGLANG_STAGES)
     codes = [_bucket(SGLANG_STAGES[n]) for n in names]
@@ -711,6 +795,7 @@ _MACROS: dict[str, Callable[..., str]] = {
     "INT_LIST": int_list,
     "S2NS": s2ns,
     "TOKENS": tokens,
+    "STREAMED": streamed,
     "QUANTILE": quantile,
     "SYNTHETIC": _synthetic,
     "FLAG": flag,
@@ -726,6 +811,7 @@ _MACROS: dict[str, Callable[..., str]] = {
     "ITL_COLUMNS": itl_columns,
     "PHASE_BUCKET": _phase_bucket,
     "STAGE_BUCKET": _stage_bucket,
+    "INFERENCE_ROUTE": inference_route,
 }
 
 

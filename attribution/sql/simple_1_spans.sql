@@ -13,6 +13,13 @@ simple_spans AS (
         -- Any gen_ai.latency.* key, a number or not: the general path decides what it means.
         $FACT(LATENCY_KEY) AS latency_key,
         $TIMED(bucket) AS timed,
-        $HAS_GPU(bucket) AS has_gpu
+        $HAS_GPU(bucket) AS has_gpu,
+        -- A client-side GenAI operation (engine.is_model_call: no span here carries a latency
+        -- figure), and an ASGI response-body message (its response's end cuts the server's
+        -- window: the general path's work).
+        kind != $SERVER AND (vals[indexOf(codes, $K_OPERATION)] IN $MODEL_CALLS
+            OR vals[indexOf(codes, $K_OI_KIND)] = $OI_LLM) AS model_call,
+        $ASGI_RESPONSE_BODY IN (vals[indexOf(codes, $K_ASGI_EVENT)],
+            vals[indexOf(codes, $K_ASGI_EVENT_OLD)]) AS response
     FROM span_rows
 )

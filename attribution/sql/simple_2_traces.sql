@@ -7,7 +7,9 @@
 -- key anywhere (so S is the only server-like span), at least one latscope phase and every one a
 -- child of S (so S owns them all and is the only inference span: one request, one attempt, one
 -- try), and S's parent a CLIENT span that is not a phase (the client), or not a stored span (no
--- client). The CLIENT spans above the client (the client chain) are found by id.
+-- client), no GenAI operation but on CLIENT spans (OpenInference's LLM span is INTERNAL) and no
+-- ASGI response message (both the general path's). The CLIENT spans above the client (the client
+-- chain) are found by id.
 --
 -- Span ids are counted and looked up by a 64-bit hash (SipHash of each string in uniqExact, and
 -- groupArray's generic strings, were a tenth of the statement): a collision can only make n
@@ -23,14 +25,15 @@ simple_traces AS (
         countIf(kind = $SERVER) AS n_servers,
         countIf(latency_key) AS n_latency,
         countIf(bucket != 0) AS n_phases,
+        countIf(response OR (model_call AND kind != $CLIENT)) AS n_general,
         minIf(parent_id, bucket != 0) AS phase_parent_lo,
         maxIf(parent_id, bucket != 0) AS phase_parent_hi,
         groupArrayIf((span_id, parent_id, service, start_ns, end_ns, status, resource, codes, vals),
             kind = $SERVER)[1] AS server,
         groupArray(cityHash64(span_id)) AS id_hashes,
         groupArrayIf(span_id, kind = $CLIENT) AS client_ids,
-        groupArrayIf((parent_id, start_ns, end_ns, bucket, codes, vals, first_token_event),
-            kind = $CLIENT) AS clients,
+        groupArrayIf((parent_id, start_ns, end_ns, bucket, codes, vals, first_token_event,
+            model_call), kind = $CLIENT) AS clients,
         groupArrayIf((toUInt8(bucket - 1), start_ns, end_ns), bucket != 0) AS phases,
         -- The last (start, span id) decode phase with token offsets, and the last prefill and
         -- decode phases with GPU figures. A decode span carries its token count, its offsets'
@@ -53,6 +56,7 @@ simple_traces AS (
     FROM simple_spans
     GROUP BY trace_id
     HAVING n_rows = n AND n_servers = 1 AND n_latency = 0 AND n_phases > 0 AND resource_at != 0
+        AND n_general = 0
         AND phase_parent_lo = server.1 AND phase_parent_hi = server.1
         AND if(client != 0, clients[client].4 = 0,
             server.2 = '' OR NOT has(id_hashes, cityHash64(server.2)))

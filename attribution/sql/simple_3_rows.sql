@@ -1,7 +1,9 @@
 -- The single-call path, stage 3: the request of each trace and its row, by the same rules as
--- stages 3-5 of the general path with one attempt S (hull = S) and its client chain c, c1, c2
--- (clients[0]: none, an empty tuple). $SV(s, NAME) is the non-empty value of an attribute, else
--- '' (as a payload of the general path holds non-empty values only).
+-- stages 3-5 of the general path with one attempt S (hull = S, its own window) and its client
+-- chain c, c1, c2: the transport (S's parent) and the CLIENT spans above it up to the request's
+-- client, the outermost GenAI operation among them, else the transport (clients[0]: none, an
+-- empty tuple). $SV(s, NAME) is the non-empty value of an attribute, else '' (as a payload of the
+-- general path holds non-empty values only).
 simple_requests AS (
     SELECT
         trace_id, n, phases, n_timed,
@@ -18,10 +20,16 @@ simple_requests AS (
         (server.8, server.9) AS s,
         client,
         clients[client] AS c,
-        toUInt32(if(client = 0, 0, indexOf(client_ids, c.1))) AS client1,
-        clients[client1] AS c1,
-        clients[if(client1 = 0, 0, indexOf(client_ids, c1.1))] AS c2,
-        if(client = 0, s_id, client_ids[client]) AS request_span_id
+        toUInt32(if(client = 0, 0, indexOf(client_ids, c.1))) AS up1,
+        toUInt32(if(up1 = 0, 0, indexOf(client_ids, clients[up1].1))) AS up2,
+        -- The request's client: the outermost GenAI operation of the chain (its position in
+        -- clients), else the transport.
+        multiIf(up2 != 0 AND clients[up2].8, up2, up1 != 0 AND clients[up1].8, up1, client)
+            AS request_client,
+        clients[if(request_client != client, up1, 0)] AS c1,
+        clients[if(request_client = up2, up2, 0)] AS c2,
+        clients[request_client] AS rc,
+        if(client = 0, s_id, client_ids[request_client]) AS request_span_id
     FROM simple_traces
 ),
 -- The non-empty attributes of the client chain, and of S then the chain, nearest first, each as
@@ -47,21 +55,30 @@ simple_values AS (
         -- Every integer and decimal number the row reads, parsed by one lambda each (one copy of
         -- the parse in the statement, and one call per row).
         arrayMap(raw -> $PARSE_INT(raw), [$SV(s, OUTPUT), $SV(s, COMPLETION), c_output,
-            c_completion, m_input, m_prompt, $SV((c.5, c.6), LAST_BYTE),
-            $SV((c.5, c.6), FIRST_TOKEN_NS), decode.3]) AS ints,
+            c_completion, m_input, m_prompt, decode.3, c_oi_completion, m_oi_prompt,
+            $SV(s, OI_COMPLETION),
+            $SV((c.5, c.6), LAST_BYTE), $SV((c1.5, c1.6), LAST_BYTE), $SV((c2.5, c2.6), LAST_BYTE),
+            $SV((c.5, c.6), FIRST_TOKEN_NS), $SV((c1.5, c1.6), FIRST_TOKEN_NS),
+            $SV((c2.5, c2.6), FIRST_TOKEN_NS)]) AS ints,
         arrayMap(raw -> $NUM(raw), [$SIMPLE_NUMS]) AS nums,
-        c.2 AS c_lo,
-        c.3 - c.2 AS c_dur,
-        client != 0 AND ints[7] IS NOT NULL AS whole_response,
-        c.7 AS first_token_event,
-        (c1.2, c2.2) AS chain_starts
+        $SIMPLE_STREAMED AS streamed,
+        rc.2 AS c_lo,
+        rc.3 - rc.2 AS c_dur,
+        client != 0 AND (rc.8 OR ints[11] IS NOT NULL OR ints[12] IS NOT NULL
+            OR ints[13] IS NOT NULL) AS whole_response,
+        (c.7, c1.7, c2.7) AS first_token_events,
+        (c.2, c1.2, c2.2) AS chain_starts,
+        -- How far the server's phases run (engine._reach): clipped to S; NULL without.
+        arrayMap(p -> least(p.3, s_end),
+            arrayFilter(p -> least(p.3, s_end) > greatest(p.2, s_start), phases)) AS reach_ends,
+        if(empty(reach_ends), NULL, arrayMax(reach_ends)) AS reach
     FROM simple_chain
 ),
 -- The timeline (engine.timeline with one attempt: the hull is S).
 simple_timeline AS (
     SELECT
         *,
-        $TIMELINE(client, c_lo, c_dur, s_start, s_end, whole_response)
+        $TIMELINE(client, c_lo, c_dur, s_start, s_end, whole_response, reach)
     FROM simple_values
 ),
 -- The sweep (stage 4): S as `other`, its phases clipped to it, all moved onto the client's clock
@@ -109,9 +126,11 @@ simple_parsed AS (
         $STORED_FIGURES AS stored_figures,
         $INT_LIST(n_timed != 0 AND empty(stored_figures), decode.4) AS offsets,
         decode.1 AS decode_start,
-        ints[9] AS token_count,
+        ints[7] AS token_count,
         $SIMPLE_GPU_MAP AS gpu,
-        toUInt16(1) AS tries
+        toUInt16(1) AS tries,
+        -- No SGLang stage, so no KV-cache transfer, on this path.
+        CAST(NULL, 'Nullable(Int64)') AS kv_transfer
     FROM simple_swept
 ),
 simple_streaming AS (
@@ -119,17 +138,23 @@ simple_streaming AS (
         *,
         if(m_model != '', m_model, m_response_model) AS model,
         if(m_provider != '', m_provider, m_system) AS provider,
-        $TOKENS(ints[5], ints[6]) AS input_tokens,
+        $TOKENS(ints[5], ints[6], ints[9]) AS input_tokens,
         $GAPS(offsets),
-        $TOKENS(ints[1], ints[2]) AS try_output,
+        $TOKENS(ints[1], ints[2], ints[10]) AS try_output,
         if(try_output IS NOT NULL, least(try_output, $MAX_TOKENS),
-            $TOKENS(ints[3], ints[4])) AS output0,
-        multiIf(client = 0, NULL,
-            ints[8] IS NOT NULL, ints[8] - c_lo,
-            first_token_event != '', toInt64(first_token_event) - c_lo,
-            nums[1] IS NOT NULL, c_lo + $S2NS(nums[1]) - c_lo,
-            nums[2] IS NOT NULL, chain_starts.1 + $S2NS(nums[2]) - c_lo,
-            nums[3] IS NOT NULL, chain_starts.2 + $S2NS(nums[3]) - c_lo,
+            $TOKENS(ints[3], ints[4], ints[8])) AS output0,
+        -- engine._client_ttft along the chain, nearest first; none for a call made without
+        -- streaming.
+        multiIf(client = 0 OR streamed = 0, NULL,
+            ints[14] IS NOT NULL, ints[14] - c_lo,
+            first_token_events.1 != '', toInt64(first_token_events.1) - c_lo,
+            nums[1] IS NOT NULL, chain_starts.1 + $S2NS(nums[1]) - c_lo,
+            ints[15] IS NOT NULL, ints[15] - c_lo,
+            first_token_events.2 != '', toInt64(first_token_events.2) - c_lo,
+            nums[2] IS NOT NULL, chain_starts.2 + $S2NS(nums[2]) - c_lo,
+            ints[16] IS NOT NULL, ints[16] - c_lo,
+            first_token_events.3 != '', toInt64(first_token_events.3) - c_lo,
+            nums[3] IS NOT NULL, chain_starts.3 + $S2NS(nums[3]) - c_lo,
             NULL) AS ttft_client
     FROM simple_parsed
 ),
@@ -138,7 +163,8 @@ rows AS (
         *,
         -- engine.token_figures: as stored, else from the offsets.
         if(notEmpty(stored_figures), stored_figures, $TOKEN_FIGURES(offsets)) AS figures,
-        if(n_timed != 0, decode_start + toInt64(figures[$AT_FIRST_OFFSET]) * 1000 - s_start, NULL)
+        if(n_timed != 0 AND ifNull(streamed, 1) != 0,
+            decode_start + toInt64(figures[$AT_FIRST_OFFSET]) * 1000 - s_start, NULL)
             AS ttft_server,
         -- With one token there are no gaps: no TPOT or ITL.
         figures[$AT_TOKENS] > 1 AS has_gaps,

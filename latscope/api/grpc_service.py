@@ -180,6 +180,7 @@ def attribution_dict(message: query_pb2.RequestAttribution) -> dict[str, Any]:
         "clock_skew_ms": message.clock_skew_ms,
         "attempts": message.attempts,
         "client_headers_only": message.client_headers_only,
+        "kv_transfer_ms": opt(message, "kv_transfer_ms"),
         "gpu": {phase: dict(g.figures) for phase, g in message.gpu.items()},
     }
 

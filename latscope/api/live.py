@@ -126,6 +126,7 @@ def row_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
         # The attribution table has no column for it: live rows say false, the request's own
         # answer (/v1/requests/{id}/attribution) knows.
         "client_headers_only": False,
+        "kv_transfer_ms": _ms(row.get("KvTransferNs")),
         "gpu": gpu,
     }
 
@@ -160,6 +161,7 @@ def _rows(batch: Any) -> list[dict[str, Any]]:
                     "InputTokens": item.input_tokens,
                     "OutputTokens": item.output_tokens,
                     "ClockSkewNs": item.clock_skew_ns,
+                    "KvTransferNs": item.kv_transfer_ns,
                     "Attempts": item.attempts,
                     "Gpu": {
                         f"{phase}.{k}": v

@@ -84,6 +84,7 @@ ATTRIBUTION_EXAMPLE = {
     "clock_skew_ms": 0.0,
     "attempts": 1,
     "client_headers_only": False,
+    "kv_transfer_ms": None,
     "gpu": {"prefill": {"utilization_mean": 93.0, "energy_mj": 41000.0}},
 }
 
@@ -95,8 +96,9 @@ class Attribution(Answer):
 
     trace_id: str
     request_id: str = Field(
-        description="the call's id: the trace id and its client span's id (else its server "
-        "span's), as /v1/requests/{id} takes it"
+        description="the call's id: the trace id and its client's span id (the GenAI "
+        "operation around the call, else its nearest CLIENT span; else its server span's), as "
+        "/v1/requests/{id} takes it"
     )
     service: str
     model: str
@@ -115,6 +117,12 @@ class Attribution(Answer):
         description="the client span ended at the response headers (upstream HTTP "
         "instrumentation of a stream): the call was extended to the server's end plus the "
         "estimated return leg",
+    )
+    kv_transfer_ms: float | None = Field(
+        default=None,
+        description="time in a KV-cache transfer between a prefill and a decode worker "
+        "(disaggregated serving) that no phase covers: part of buckets_ms.other, named on its "
+        "own; null when no transfer was recorded",
     )
     gpu: dict[str, dict[str, float]] = Field(description="per phase: NVML figures")
 

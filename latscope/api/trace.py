@@ -97,7 +97,8 @@ def _no_calls(trace_id: str, spans: Sequence[SpanRecord]) -> NotFound:
         "no_inference_call",
         f"trace {trace_id} has {len(spans)} span(s) but no inference call: no SERVER span "
         "owning latscope.phase spans, no span carrying gen_ai.latency.* (vLLM, SGLang), and no "
-        "SERVER span called by a CLIENT span",
+        "SERVER span that says it serves a model (gen_ai.request.model, an inference http.route "
+        "such as /v1/chat/completions) or is called by a GenAI client operation",
     )
 
 
@@ -169,7 +170,7 @@ def _skews(spans: Sequence[SpanRecord], results: Sequence[RequestAttribution]) -
         result = by_span.get(request.span_id)
         if result is None or not result.clock_skew_ns:
             continue
-        stack = list(request.attempts)
+        stack = [request.window(a) for a in request.attempts]
         while stack:
             span = stack.pop()
             if span.span_id in shift:

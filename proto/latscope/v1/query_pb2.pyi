@@ -188,7 +188,7 @@ class GpuFigures(_message.Message):
     def __init__(self, figures: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class RequestAttribution(_message.Message):
-    __slots__ = ("trace_id", "service", "model", "e2e_ms", "buckets_ms", "ttft_ms", "ttft_server_ms", "tpot_ms", "itl_ms", "stalls", "input_tokens", "output_tokens", "clock_skew_ms", "attempts", "gpu", "start_unix_nano", "request_id", "client_headers_only")
+    __slots__ = ("trace_id", "service", "model", "e2e_ms", "buckets_ms", "ttft_ms", "ttft_server_ms", "tpot_ms", "itl_ms", "stalls", "input_tokens", "output_tokens", "clock_skew_ms", "attempts", "gpu", "start_unix_nano", "request_id", "client_headers_only", "kv_transfer_ms")
     class GpuEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,7 @@ class RequestAttribution(_message.Message):
     START_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_HEADERS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_MS_FIELD_NUMBER: _ClassVar[int]
     trace_id: str
     service: str
     model: str
@@ -232,7 +233,8 @@ class RequestAttribution(_message.Message):
     start_unix_nano: int
     request_id: str
     client_headers_only: bool
-    def __init__(self, trace_id: _Optional[str] = ..., service: _Optional[str] = ..., model: _Optional[str] = ..., e2e_ms: _Optional[float] = ..., buckets_ms: _Optional[_Union[Buckets, _Mapping]] = ..., ttft_ms: _Optional[float] = ..., ttft_server_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., itl_ms: _Optional[_Union[InterTokenLatency, _Mapping]] = ..., stalls: _Optional[int] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., clock_skew_ms: _Optional[float] = ..., attempts: _Optional[int] = ..., gpu: _Optional[_Mapping[str, GpuFigures]] = ..., start_unix_nano: _Optional[int] = ..., request_id: _Optional[str] = ..., client_headers_only: _Optional[bool] = ...) -> None: ...
+    kv_transfer_ms: float
+    def __init__(self, trace_id: _Optional[str] = ..., service: _Optional[str] = ..., model: _Optional[str] = ..., e2e_ms: _Optional[float] = ..., buckets_ms: _Optional[_Union[Buckets, _Mapping]] = ..., ttft_ms: _Optional[float] = ..., ttft_server_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., itl_ms: _Optional[_Union[InterTokenLatency, _Mapping]] = ..., stalls: _Optional[int] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., clock_skew_ms: _Optional[float] = ..., attempts: _Optional[int] = ..., gpu: _Optional[_Mapping[str, GpuFigures]] = ..., start_unix_nano: _Optional[int] = ..., request_id: _Optional[str] = ..., client_headers_only: _Optional[bool] = ..., kv_transfer_ms: _Optional[float] = ...) -> None: ...
 
 class SummaryRequest(_message.Message):
     __slots__ = ("since", "until", "service", "model", "group_by", "exact")
