@@ -12,7 +12,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from latscope.sdk import _guard, _otel
 from latscope.sdk._runtime import RT, force_flush, warn_if_unconfigured
-from latscope.sdk._server import arrival_ns
+from latscope.sdk._server import arrival_ns, asgi_scope
 
 PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -71,7 +71,8 @@ class TraceparentMiddleware:
     """ASGI middleware: each HTTP request runs in the trace context its ``traceparent`` carries.
 
     Also notes the arrival time, so an ``@inference`` handler's span starts when the request
-    arrived rather than when the framework got round to calling it, and flushes queued spans
+    arrived rather than when the framework got round to calling it, and the request's ASGI scope,
+    so the span's ``http.route`` is the framework's route template, and flushes queued spans
     when the server shuts down gracefully (uvicorn re-raises SIGTERM after its shutdown, which
     skips ``atexit``).
 
@@ -94,9 +95,10 @@ class TraceparentMiddleware:
                 warn_if_unconfigured()
             await self.app(scope, receive, send)
             return
-        ctx_token = t_token = None
+        ctx_token = t_token = s_token = None
         try:
             t_token = arrival_ns.set(RT.clock())
+            s_token = asgi_scope.set(scope)
             carrier = {}
             for k, v in scope.get("headers") or ():
                 if k in (b"traceparent", b"tracestate"):
@@ -116,6 +118,8 @@ class TraceparentMiddleware:
             try:
                 if t_token is not None:
                     arrival_ns.reset(t_token)
+                if s_token is not None:
+                    asgi_scope.reset(s_token)
             except Exception:
                 _guard.fault("middleware.exit")
 

@@ -26,6 +26,7 @@ from latscope.sdk._runtime import now as _now
 from latscope.semconv import (
     ClientAttributes,
     GenAIAttributes,
+    HttpAttributes,
     LatscopeAttributes,
     Phase,
     ServerAttributes,
@@ -54,6 +55,17 @@ def set_clock(clock: Callable[[], int]) -> None:
 arrival_ns: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "latscope_arrival_ns", default=None
 )
+#: The ASGI scope of the request ``TraceparentMiddleware`` is serving: once the framework has
+#: routed it, FastAPI's ``scope["route"]`` names the route template the span's ``http.route`` takes.
+asgi_scope: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "latscope_asgi_scope", default=None
+)
+
+
+def _route(scope: Mapping[str, Any] | None) -> str | None:
+    """The route template of a routed ASGI request (``/v1/items/{id}``, never the concrete path)."""
+    route = getattr(scope.get("route"), "path", None) if scope is not None else None
+    return route if isinstance(route, str) and route else None
 
 
 class _Decode:
@@ -471,6 +483,9 @@ def _start(spec: _Spec) -> _Request | None:
             spec.name, kind=SpanKind.SERVER, attributes=spec.attrs, start_time=start
         )
         try:
+            route = _route(asgi_scope.get())
+            if route is not None and HttpAttributes.ROUTE not in spec.attrs:
+                span.set_attribute(HttpAttributes.ROUTE, route)
             return _Request(span, start, spec)
         except BaseException:
             end_span(span, None)

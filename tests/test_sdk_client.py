@@ -288,3 +288,66 @@ def test_decorated_endpoint_returning_a_streaming_response() -> None:
         assert decode.attributes[LatscopeAttributes.TOKEN_COUNT] == 3
         assert server.end_time >= decode.end_time
         assert server.attributes[GenAIAttributes.USAGE_OUTPUT_TOKENS] == 3
+        assert server.attributes[HttpAttributes.ROUTE] == "/stream"
+
+
+def _readme_server_snippet() -> str:
+    """The README's server example, as a user copies it."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("Server (FastAPI here", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_server_snippet_serves_a_traced_stream() -> None:
+    """The README's server snippet, run as written (its names filled in), streams the tokens
+    through its route, and the span carries the phases, the tokens and the route's template."""
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    class Model:
+        async def prefill(self, prompt: list[str]) -> None:
+            await asyncio.sleep(0.001)
+
+        async def decode(self, prompt: list[str]):
+            for word in prompt:
+                await asyncio.sleep(0.001)
+                yield f"data: {word}\n\n"
+
+    snippet = _readme_server_snippet()
+    assert "sdk.configure(" in snippet and "StreamingResponse(generate(" in snippet
+    names = {
+        "FastAPI": FastAPI,
+        "StreamingResponse": StreamingResponse,
+        "slots": asyncio.Semaphore(4),
+        "tokenize": lambda req: req["prompt"].split(),
+        "model": Model(),
+    }
+    with capture() as cap:
+        # The snippet's own configure() would export over OTLP: the capture's stays in force.
+        exec(snippet.replace("sdk.configure(", "dict("), names)
+        with run_app(names["app"]) as base, httpx.Client() as http:
+            body = http.post(f"{base}/v1/chat/completions", json={"prompt": "a b c"}).text
+            assert body == "data: a\n\ndata: b\n\ndata: c\n\n"
+            server = cap.wait_for("chat llama-3-8b")
+    assert server.kind == SpanKind.SERVER
+    assert server.attributes[HttpAttributes.ROUTE] == "/v1/chat/completions"
+    assert server.attributes[GenAIAttributes.USAGE_INPUT_TOKENS] == 3
+    assert cap.phases()[Phase.DECODE].attributes[LatscopeAttributes.TOKEN_COUNT] == 3
+    assert set(cap.phases()) == {Phase.QUEUE, Phase.PREPROCESS, Phase.PREFILL, Phase.DECODE}
+
+
+def test_the_route_is_the_template_not_the_path() -> None:
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    app.add_middleware(sdk.TraceparentMiddleware)
+
+    @app.get("/v1/models/{name}/generate")
+    @sdk.inference(model="toy")
+    async def generate(name: str) -> dict:
+        return {"model": name}
+
+    with capture() as cap, run_app(app) as base, httpx.Client() as http:
+        assert http.get(f"{base}/v1/models/m-7/generate").json() == {"model": "m-7"}
+        server = cap.wait_for("chat toy")
+    assert server.attributes[HttpAttributes.ROUTE] == "/v1/models/{name}/generate"
