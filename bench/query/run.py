@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from bench.parts import active_parts
 from bench.query.generate import NEW_PODS, SCALE_UP_S, SLOW_POD, SLOW_POD_S, generate
+from latscope.api.burn import BurnRates, parse_objectives
 from latscope.attribution import aggregates as ag
 from latscope.attribution.answers import coldstart as cs
 from latscope.attribution.answers import dimensions as dm
@@ -174,6 +175,11 @@ def main() -> None:
         "slo e2e, 30 days: with budget by bucket": lambda: ag.slo(
             store, objectives=[slo_e2e], now_ns=end
         ),
+        # What serve does every --slo-interval-s for /metrics: the default objectives (e2e and
+        # TTFT), each over the four burn windows with the budget by bucket.
+        "/metrics burn rates: one evaluation": BurnRates(
+            store, parse_objectives(""), clock=lambda: end
+        ).run_until_idle,
     }
     # The machine is shared: the load around the figures says how far to trust them.
     load_before = os.getloadavg()[0]
