@@ -97,7 +97,8 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="generate the rows again")
     args = parser.parse_args()
 
-    store = Store.open(args.store)
+    # Generating millions of rows on a busy machine can outlast serve's query time limit.
+    store = Store.open(args.store, query_timeout_s=3600)
     store.apply_schema()
     load(store, args.rows, args.fresh)
     t = time.perf_counter()
