@@ -317,10 +317,13 @@ def test_repeated_kills_while_client_spans_arrive_late_leave_one_live_row_per_ca
     thread = threading.Thread(target=sender)
     thread.start()
     try:
-        for _ in range(8):
+        # Eight kills at least, and on until 200 calls were sent (a loaded machine sends slower).
+        kills, until = 0, time.monotonic() + 240
+        while kills < 8 or (len(sent) <= 200 and time.monotonic() < until):
             time.sleep(rng.uniform(2.0, 4.0))
             server.stop(signal.SIGKILL)
             server = start_serve(tmp_path / "store", *args)
+            kills += 1
         time.sleep(2)
     finally:
         halt.set()
