@@ -59,12 +59,12 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from latscope.attribution import rules
 from latscope.attribution.model import RequestAttribution, SpanRecord, parse_int
 from latscope.semconv import (
     BUCKETS,
     INFERENCE_ROUTES,
     KV_TRANSFER,
-    SGLANG_STAGES,
     STREAM_PARAMETER,
     ClientAttributes,
     GenAIAttributes,
@@ -74,7 +74,6 @@ from latscope.semconv import (
     LatscopeAttributes,
     OpenInferenceAttributes,
     Phase,
-    SglangSpans,
     SpanKind,
     VllmAttributes,
 )
@@ -226,8 +225,9 @@ def token_figures(offsets_us: Sequence[int], stall_threshold_ns: int) -> list[fl
 
 
 def has_latency(span: SpanRecord) -> bool:
-    """The span carries vLLM / SGLang ``gen_ai.latency.*`` figures."""
-    return any(span.attr_float(k) is not None for k in LATENCY_KEYS)
+    """The span is an engine's request span by the rulebook in force (``attribution/rules``):
+    vLLM's and SGLang's ``gen_ai.latency.*`` figures, TGI's handler, ... whatever its kind."""
+    return rules.active().engine_of(span) is not None
 
 
 def _server_like(span: SpanRecord) -> bool:
@@ -279,14 +279,10 @@ def _is_response_body(span: SpanRecord) -> bool:
 
 
 def disaggregated_role(span: SpanRecord) -> str | None:
-    """ "prefill" or "decode" for an SGLang request root under prefill/decode disaggregation."""
-    if not has_latency(span):
-        return None
-    if span.name.startswith(SglangSpans.PREFILL_ROOT):
-        return "prefill"
-    if span.name.startswith(SglangSpans.DECODE_ROOT):
-        return "decode"
-    return None
+    """ "prefill" or "decode" for an engine's request span under prefill/decode disaggregation,
+    by its engine's ``roles`` (SGLang's root names)."""
+    engine = rules.active().engine_of(span)
+    return None if engine is None else engine.role(span)
 
 
 @dataclass(frozen=True)
@@ -345,16 +341,24 @@ class TraceIndex:
 
 
 def _phase_owner(index: TraceIndex, span: SpanRecord) -> tuple[str, str] | None:
-    """(bucket, owning span id) when ``span`` is a phase of some inference span."""
+    """(bucket, owning span id) when ``span`` is a phase of some inference span: a
+    ``latscope.phase`` span under its nearest server-like ancestor, or an engine's stage span
+    (by name, ``[engine.stages]``) within that engine's depth below its request span."""
     phase = span.attributes.get(LatscopeAttributes.PHASE)
-    stage = None if phase in Phase.ALL else SGLANG_STAGES.get(span.name)
+    book = rules.active()
+    stage = None if phase in Phase.ALL else book.stage_bucket(span.name)
     if phase not in Phase.ALL and stage is None:
         return None
-    for node in index.ancestors(span, MAX_PHASE_DEPTH):
+    for depth, node in enumerate(index.ancestors(span, MAX_PHASE_DEPTH), 1):
         if _server_like(node):
-            if stage is not None and not has_latency(node):
-                return None  # a span named like an SGLang stage outside an SGLang request
-            return (phase if phase in Phase.ALL else stage), node.span_id  # type: ignore[return-value]
+            if stage is None:
+                return phase, node.span_id  # type: ignore[return-value]
+            engine = book.engine_of(node)
+            if engine is None or engine.stage_bucket(span.name) is None:
+                return None  # named like a stage of another engine, or outside any engine
+            if depth > engine.stage_depth:
+                return None
+            return stage, node.span_id
     return None
 
 
@@ -418,6 +422,7 @@ def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
         owner = _response_owner(index, s)
         if owner is not None:
             response_ends[owner] = max(response_ends.get(owner, s.end_ns), s.end_ns)
+    _first_stages(owned, index)
     chains: dict[str, tuple[SpanRecord, ...]] = {}
 
     def chain_of(span: SpanRecord) -> tuple[SpanRecord, ...]:
@@ -464,6 +469,26 @@ def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
             Request(clients[key], ordered, phases, chain_of(ordered[-1]), windows, ends)
         )
     return sorted(requests, key=lambda r: (r.start_ns, r.span_id))
+
+
+def _first_stages(owned: dict[str, list[tuple[str, SpanRecord]]], index: TraceIndex) -> None:
+    """The earliest stage span (by start, then id) of a name its engine lists in
+    ``[engine.stages.first]`` stands for that bucket (TGI: the first ``infer`` step is the
+    prefill, the later ones decode)."""
+    book = rules.active()
+    for owner_id, parts in owned.items():
+        engine = book.engine_of(index.by_id[owner_id])
+        if engine is None:
+            continue
+        for name, bucket in engine.first_stages:
+            mine = [
+                p
+                for _, p in parts
+                if p.name == name and p.attributes.get(LatscopeAttributes.PHASE) not in Phase.ALL
+            ]
+            if mine:
+                first = min(mine, key=lambda p: (p.start_ns, p.span_id))
+                parts[:] = [(bucket if p is first else b, p) for b, p in parts]
 
 
 def attempt_groups(
@@ -518,34 +543,12 @@ def _samples(request: Request) -> list[SpanRecord]:
 # -- attributing one request ---------------------------------------------------------------------
 
 
-def synthetic_phases(server: SpanRecord) -> list[tuple[str, int, int]]:
-    """vLLM / SGLang latency figures as phases, anchored at the first token (every figure there
-    ends or starts at it: vLLM's prefill runs from scheduling to the first token, its queue
-    before that; SGLang's prefill from dispatch to the first token)."""
-    q = server.attr_float(VllmAttributes.TIME_IN_QUEUE)
-    ttft = server.attr_float(VllmAttributes.TIME_TO_FIRST_TOKEN)
-    prefill = server.attr_float(VllmAttributes.TIME_IN_MODEL_PREFILL)
-    decode = server.attr_float(VllmAttributes.TIME_IN_MODEL_DECODE)
-    e2e = server.attr_float(VllmAttributes.E2E)
-    q_ns = seconds_to_ns(q) if q is not None else 0
-    if ttft is not None:
-        ttft_ns = seconds_to_ns(ttft)
-        prefill_ns = seconds_to_ns(prefill) if prefill is not None else max(0, ttft_ns - q_ns)
-    else:
-        prefill_ns = seconds_to_ns(prefill) if prefill is not None else 0
-        ttft_ns = q_ns + prefill_ns
-    if decode is not None:
-        decode_ns = seconds_to_ns(decode)
-    elif e2e is not None and ttft is not None:
-        decode_ns = max(0, seconds_to_ns(e2e) - ttft_ns)  # older vLLM: no prefill/decode split
-    else:
-        decode_ns = 0
-    s = server.start_ns
-    return [
-        (Phase.QUEUE, s + ttft_ns - prefill_ns - q_ns, s + ttft_ns - prefill_ns),
-        (Phase.PREFILL, s + ttft_ns - prefill_ns, s + ttft_ns),
-        (Phase.DECODE, s + ttft_ns, s + ttft_ns + decode_ns),
-    ]
+def synthetic_phases(server: SpanRecord, *, stages: bool = False) -> list[tuple[str, int, int]]:
+    """An engine span's phases from its own figures, by its engine's ``[[engine.phase]]`` rules
+    (vLLM's and SGLang's anchored at the first token: every figure there ends or starts at it);
+    with ``stages`` (its stage spans own parts of it) only those kept beside them."""
+    engine = rules.active().engine_of(server)
+    return [] if engine is None else engine.phase_list(server, stages=stages)
 
 
 def attempt_phases(request: Request, attempt: SpanRecord) -> list[tuple[str, int, int]]:
@@ -554,8 +557,7 @@ def attempt_phases(request: Request, attempt: SpanRecord) -> list[tuple[str, int
     lo, hi = request.bounds(attempt)
     mine = request.phases[attempt.span_id]
     raw = [(name, p.start_ns, p.end_ns) for name, p in mine]
-    if not mine and has_latency(attempt):
-        raw = synthetic_phases(attempt)
+    raw += synthetic_phases(attempt, stages=bool(mine))
     return [(n, max(s, lo), min(e, hi)) for n, s, e in raw if min(e, hi) > max(s, lo)]
 
 
@@ -653,7 +655,10 @@ def _kv_transfer(request: Request, ranked: Sequence[tuple[int, int, int]]) -> in
     recorded = any(
         name == KV_TRANSFER
         for a in critical_attempts(request.attempts, request)
-        for name, _ in request.phases[a.span_id]
+        for name in (
+            *(n for n, _ in request.phases[a.span_id]),
+            *(n for n, _, _ in synthetic_phases(a, stages=bool(request.phases[a.span_id]))),
+        )
     )
     if not recorded:
         return None
@@ -832,26 +837,23 @@ def _streaming(result: RequestAttribution, request: Request, stall_threshold_ns:
         samples = _samples(request)
         try_lo = min((a.start_ns for a in samples), default=0)
         firsts = [
-            a.start_ns - try_lo + seconds_to_ns(t)
-            for a in samples
-            if (t := a.attr_float(VllmAttributes.TIME_TO_FIRST_TOKEN)) is not None
+            a.start_ns - try_lo + t for a in samples if (t := _engine_first_token(a)) is not None
         ]
         if firsts:
             result.ttft_server_ns = min(firsts)
-        ttft = last.attr_float(VllmAttributes.TIME_TO_FIRST_TOKEN)
-        if ttft is not None:
-            decode_ns = None
-            decode_s = last.attr_float(VllmAttributes.TIME_IN_MODEL_DECODE)
-            e2e_s = last.attr_float(VllmAttributes.E2E)
-            if decode_s is not None:
-                decode_ns = seconds_to_ns(decode_s)
-            elif e2e_s is not None:
-                decode_ns = max(0, seconds_to_ns(e2e_s) - seconds_to_ns(ttft))
-            own = _tokens(last.attributes, *OUTPUT_TOKEN_KEYS[:2])
-            if decode_ns is not None and own is not None and own > 1:
-                result.tpot_ns = decode_ns / (own - 1)
+        engine = rules.active().engine_of(last)
+        decode_ns = None if engine is None else engine.tpot_decode_ns(last)
+        own = _tokens(last.attributes, *OUTPUT_TOKEN_KEYS[:2])
+        if decode_ns is not None and own is not None and own > 1:
+            result.tpot_ns = decode_ns / (own - 1)
     if request.client is not None:
         result.ttft_client_ns = _client_ttft(request, request.client)
+
+
+def _engine_first_token(span: SpanRecord) -> int | None:
+    """The first token's time from an engine span's start, by its engine's ``first_token``."""
+    engine = rules.active().engine_of(span)
+    return None if engine is None else engine.first_token_ns(span)
 
 
 def first_chunk_event(span: SpanRecord) -> int | None:

@@ -10,14 +10,19 @@
 span_facts AS (
     SELECT
         trace_id, span_id, parent_id, service, start_ns, end_ns, kind, status, resource, codes,
-        vals, first_token_event,
+        vals, first_token_event, rule_events,
         phase_code != 0 AS latscope_phase,
+        -- The engine whose request span this is (the rulebook's entry, index + 1; 0: none), its
+        -- figures in ns (rf_*), and its stage name's code (an engine's stage spans by name).
+        $ENGINE AS engine,
+        $RULE_FIGURES,
+        $STAGE_CODE(name) AS stage_code,
         -- The bucket this span stands for, if it is a phase (its rank + 1; 0: none):
-        -- latscope.phase, else an SGLang stage slice by name (which only counts under an SGLang
-        -- request root: stage 2 checks).
-        if(latscope_phase, $PHASE_BUCKET(phase_code), $STAGE_BUCKET(name))
+        -- latscope.phase, else an engine's stage span by name (which only counts under that
+        -- engine's request span, within its depth: stage 2 checks).
+        if(latscope_phase, $PHASE_BUCKET(phase_code), $STAGE_BUCKET(stage_code))
             AS bucket,
-        $FACT(LATENCY_NUMBER) AS has_latency,
+        engine != 0 AS has_latency,
         kind = $SERVER OR has_latency AS server_like,
         vals[indexOf(codes, $K_OPERATION)] AS operation,
         -- A client-side GenAI operation (engine.is_model_call), a SERVER span's own word that it
@@ -28,8 +33,8 @@ span_facts AS (
             OR $INFERENCE_ROUTE(vals[indexOf(codes, $K_ROUTE)])) AS says,
         $ASGI_RESPONSE_BODY IN (vals[indexOf(codes, $K_ASGI_EVENT)],
             vals[indexOf(codes, $K_ASGI_EVENT_OLD)]) AS response,
-        has_latency AND startsWith(name, $PREFILL_ROOT) AS prefill_root,
-        has_latency AND startsWith(name, $DECODE_ROOT) AS decode_root,
+        $PREFILL_ROOT AS prefill_root,
+        $DECODE_ROOT AS decode_root,
         -- A decode span with token offsets (a JSON array of integers, not empty), and a prefill
         -- or decode span with GPU figures.
         $TIMED(bucket) AS timed,
@@ -53,7 +58,12 @@ spans AS (
                               arrayConcat(vals, [status, first_token_event]))),
             map()) AS payload,
         -- Resource attributes are read from the request's last attempt only.
-        if(server_like, resource, map()) AS resource
+        if(server_like, resource, map()) AS resource,
+        -- An engine span's phases from its figures (rank, start, end, kept beside its stage
+        -- spans), its first token from its start, and the decode time its TPOT divides.
+        engine, stage_code,
+        $ENGINE_PHASES AS ephases,
+        ($ENGINE_FIRST, $ENGINE_TPOT) AS efigures
     FROM span_facts
     -- A span stored twice (an exporter that retried an Export that had arrived) counts once.
     LIMIT 1 BY trace_id, span_id
