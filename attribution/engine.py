@@ -300,6 +300,9 @@ class Request:
     client_chain: tuple[SpanRecord, ...] = ()
     windows: dict[str, SpanRecord] = field(default_factory=dict)
     response_ends: dict[str, int] = field(default_factory=dict)
+    #: The attempts under a serving system's span (Dynamo's frontend, TensorRT-LLM's
+    #: disaggregated proxy): that span is their window, and each is a part of its try.
+    in_system: frozenset[str] = frozenset()
 
     @property
     def span_id(self) -> str:
@@ -410,6 +413,17 @@ def _window_of(index: TraceIndex, span: SpanRecord) -> SpanRecord:
     return outer
 
 
+def system_above(index: TraceIndex, span: SpanRecord) -> SpanRecord | None:
+    """The nearest serving system's request span above ``span``, within that system's depth
+    (``[engine.system]``): Dynamo's ``http-request``, TensorRT-LLM's disaggregated proxy."""
+    book = rules.active()
+    for depth, node in enumerate(index.ancestors(span, MAX_PHASE_DEPTH), 1):
+        system = book.system_of(node)
+        if system is not None:
+            return node if depth <= system.system_depth else None
+    return None
+
+
 def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
     """Every inference call of a trace, by start (client's, else the server's), then id."""
     index = TraceIndex(spans)
@@ -425,9 +439,13 @@ def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
     _first_stages(owned, index)
     chains: dict[str, tuple[SpanRecord, ...]] = {}
 
+    systems = {s.span_id: system for s in spans if (system := system_above(index, s)) is not None}
+
     def chain_of(span: SpanRecord) -> tuple[SpanRecord, ...]:
         if span.span_id not in chains:
-            transport = _transport_of(index, span)
+            # Under a serving system the call is the system's: its client is above the system's
+            # span, and the CLIENT spans inside (Dynamo's router) are its own hops.
+            transport = _transport_of(index, systems.get(span.span_id, span))
             chains[span.span_id] = () if transport is None else client_chain(index, transport)
         return chains[span.span_id]
 
@@ -459,14 +477,15 @@ def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
     for key, attempts in groups.items():
         ordered = tuple(sorted(attempts, key=lambda a: (a.start_ns, a.span_id)))
         phases = {a.span_id: tuple(owned.get(a.span_id, ())) for a in ordered}
-        windows = {a.span_id: _window_of(index, a) for a in ordered}
+        windows = {a.span_id: _window_of(index, systems.get(a.span_id, a)) for a in ordered}
         ends = {
             w.span_id: response_ends[w.span_id]
             for w in windows.values()
             if w.span_id in response_ends
         }
+        parts = frozenset(a.span_id for a in ordered if a.span_id in systems)
         requests.append(
-            Request(clients[key], ordered, phases, chain_of(ordered[-1]), windows, ends)
+            Request(clients[key], ordered, phases, chain_of(ordered[-1]), windows, ends, parts)
         )
     return sorted(requests, key=lambda r: (r.start_ns, r.span_id))
 
@@ -510,8 +529,17 @@ def attempt_groups(
     return groups
 
 
-def _disaggregated(group: Sequence[SpanRecord]) -> bool:
-    return any(disaggregated_role(a) is not None for a in group)
+def _disaggregated(group: Sequence[SpanRecord], request: Request | None = None) -> bool:
+    """A try in parts: an engine's prefill and decode roles, or several engine spans under one
+    serving system (Dynamo's prefill and decode workers, TensorRT-LLM's context and generation
+    servers)."""
+    if any(disaggregated_role(a) is not None for a in group):
+        return True
+    return (
+        request is not None
+        and len(group) > 1
+        and any(a.span_id in request.in_system for a in group)
+    )
 
 
 def critical_attempts(
@@ -524,7 +552,7 @@ def critical_attempts(
     parts: both are on its critical path."""
     out: list[SpanRecord] = []
     for group in attempt_groups(attempts, request):
-        if _disaggregated(group):
+        if _disaggregated(group, request):
             out.extend(group)
         else:
             out.append(max(group, key=lambda a: (a.end_ns, a.start_ns, a.span_id)))
@@ -535,7 +563,7 @@ def _samples(request: Request) -> list[SpanRecord]:
     """The last try's attempts that answered the client: all of them (vLLM's samples), or the
     decode worker's when disaggregated (the prefill worker's first token went to it)."""
     last = attempt_groups(request.attempts, request)[-1]
-    if _disaggregated(last):
+    if any(disaggregated_role(a) is not None for a in last):
         return [a for a in last if disaggregated_role(a) == "decode"]
     return last
 
@@ -702,9 +730,12 @@ OUTPUT_TOKEN_KEYS = (
 def _output_tokens(request: Request) -> int | None:
     """The last try's output tokens: summed over its samples (vLLM ``n > 1``; the decode
     worker's when disaggregated), else what the client side says."""
-    counts = [
-        n for a in _samples(request) if (n := _tokens(a.attributes, *OUTPUT_TOKEN_KEYS)) is not None
-    ]
+    samples = _samples(request)
+    if len(samples) > 1 and _disaggregated(samples, request):
+        # A serving system's parts: the last one answered (the decode side's tokens; the
+        # prefill side's first token went to it).
+        samples = [max(samples, key=lambda a: (a.end_ns, a.start_ns, a.span_id))]
+    counts = [n for a in samples if (n := _tokens(a.attributes, *OUTPUT_TOKEN_KEYS)) is not None]
     if counts:
         return min(sum(counts), MAX_TOKENS)
     client_side: dict[str, str] = {}
@@ -835,9 +866,19 @@ def _streaming(result: RequestAttribution, request: Request, stall_threshold_ns:
         # The earliest first token of the last try's samples (vLLM's n > 1 samples start
         # together; a disaggregated request's is the decode worker's), from the try's start.
         samples = _samples(request)
-        try_lo = min((a.start_ns for a in samples), default=0)
+        # From the try's start: under a serving system, its span's (the request reached the
+        # system there), else the first sample's.
+        try_lo = min(
+            (
+                request.bounds(a)[0] if a.span_id in request.in_system else a.start_ns
+                for a in samples
+            ),
+            default=0,
+        )
         firsts = [
-            a.start_ns - try_lo + t for a in samples if (t := _engine_first_token(a)) is not None
+            a.start_ns - try_lo + t
+            for a in samples
+            if (t := _engine_first_token(request, a)) is not None
         ]
         if firsts:
             result.ttft_server_ns = min(firsts)
@@ -850,10 +891,18 @@ def _streaming(result: RequestAttribution, request: Request, stall_threshold_ns:
         result.ttft_client_ns = _client_ttft(request, request.client)
 
 
-def _engine_first_token(span: SpanRecord) -> int | None:
-    """The first token's time from an engine span's start, by its engine's ``first_token``."""
+def _engine_first_token(request: Request, span: SpanRecord) -> int | None:
+    """The first token's time from an engine span's start, by its engine's ``first_token``:
+    its figures, else the end of its earliest stage span of the bucket ``after_stage`` names."""
     engine = rules.active().engine_of(span)
-    return None if engine is None else engine.first_token_ns(span)
+    if engine is None:
+        return None
+    at = engine.first_token_ns(span)
+    if at is None and engine.first_token_after:
+        stages = [p for name, p in request.phases[span.span_id] if name == engine.first_token_after]
+        if stages:
+            at = min(stages, key=lambda p: (p.start_ns, p.span_id)).end_ns - span.start_ns
+    return at
 
 
 def first_chunk_event(span: SpanRecord) -> int | None:

@@ -32,7 +32,7 @@ from latscope.semconv import BUCKETS, KV_TRANSFER, Phase, SpanKind
 VERSION = 1
 #: The shipped files, tried in this order (user files go first): an entry that matches a narrower
 #: shape comes before the generic ``gen_ai.latency`` one.
-SHIPPED = ("trtllm", "tgi", "sglang", "vllm")
+SHIPPED = ("dynamo", "trtllm", "tgi", "sglang", "vllm")
 #: What a phase or a stage may stand for: a bucket of the sweep, or a KV-cache transfer (counted
 #: in ``other`` and named on its own).
 PHASE_BUCKETS: tuple[str, ...] = (*Phase.ALL, KV_TRANSFER)
@@ -65,12 +65,22 @@ _ENGINE_KEYS = {
     "first_token",
     "tpot",
     "roles",
+    "system",
 }
-_REQUEST_KEYS = {"name", "name_regex", "kind", "any_attribute", "all_attributes", "numeric"}
+_REQUEST_KEYS = {
+    "name",
+    "name_regex",
+    "kind",
+    "any_attribute",
+    "all_attributes",
+    "numeric",
+    "any_event",
+}
+_SYSTEM_KEYS = {"depth"}
 _FIGURE_KEYS = {"attribute", "unit", "doc"}
 _PHASE_KEYS = {"bucket", "from", "to", "with_stages", "doc"}
 _STAGES_KEYS = {"depth", "names", "first"}
-_FIRST_TOKEN_KEYS = {"at"}
+_FIRST_TOKEN_KEYS = {"at", "after_stage"}
 _TPOT_KEYS = {"decode", "when"}
 _ROLE_NAMES = ("prefill", "decode")
 
@@ -248,6 +258,11 @@ class Engine:
     any_attribute: tuple[str, ...] = ()
     all_attributes: tuple[str, ...] = ()
     numeric: bool = False
+    any_event: tuple[str, ...] = ()
+    #: A serving system (``[engine.system]``: Dynamo's frontend, TensorRT-LLM's disaggregated
+    #: proxy), not an engine: its request span is the window of the engine spans at most this
+    #: many levels below it, and the client is found above it (0: an engine).
+    system_depth: int = 0
     figures: tuple[Figure, ...] = ()
     derive: tuple[tuple[str, tuple[Expr, ...]], ...] = ()
     phases: tuple[PhaseRule, ...] = ()
@@ -257,6 +272,9 @@ class Engine:
     first_stages: tuple[tuple[str, str], ...] = ()
     stage_depth: int = MAX_DEPTH
     first_token: tuple[Expr, ...] = ()
+    #: Without ``first_token`` figures: the first token is at the end of the earliest stage span
+    #: of this bucket (TGI's first ``infer`` step).
+    first_token_after: str = ""
     tpot_decode: tuple[Expr, ...] = ()
     tpot_when: tuple[str, ...] = ()
     #: Disaggregated roles: ("prefill" | "decode", the request span's name prefix).
@@ -274,6 +292,8 @@ class Engine:
         if self.kinds and kind_name(span.kind) not in self.kinds:
             return False
         if self.all_attributes and not all(self._present(span, k) for k in self.all_attributes):
+            return False
+        if self.any_event and not any(n in self.any_event for n, _ in span.events):
             return False
         return not self.any_attribute or any(self._present(span, k) for k in self.any_attribute)
 
@@ -351,7 +371,8 @@ class Engine:
         exprs = [*self.first_token, *self.tpot_decode]
         exprs += [a for _, alts in self.derive for a in alts]
         exprs += [x for p in self.phases for x in (p.start, p.end)]
-        return sorted(set().union(*(events(e) for e in exprs))) if exprs else []
+        named = set(self.any_event)
+        return sorted(named.union(*(events(e) for e in exprs)))
 
 
 def kind_name(kind: str) -> str:
@@ -415,7 +436,14 @@ class Rulebook:
     def engine_of(self, span: SpanRecord) -> Engine | None:
         """The first engine whose request rule ``span`` matches."""
         for engine in self.engines:
-            if engine.matches(span):
+            if not engine.system_depth and engine.matches(span):
+                return engine
+        return None
+
+    def system_of(self, span: SpanRecord) -> Engine | None:
+        """The first serving system whose request rule ``span`` matches."""
+        for engine in self.engines:
+            if engine.system_depth and engine.matches(span):
                 return engine
         return None
 
@@ -468,8 +496,10 @@ def _key(key: str) -> str:
 
 
 #: Tables printed as sections of their own even when they hold only scalars.
-_SECTIONS = ("request", "figures", "derive", "stages", "names", "first", "first_token", "tpot",
-             "roles")  # fmt: skip
+_SECTIONS = (
+    "request", "figures", "derive", "stages", "names", "first", "first_token", "tpot", "roles",
+    "system",
+)  # fmt: skip
 
 
 def _toml_table(table: Mapping[str, Any], path: str) -> list[str]:
@@ -679,7 +709,7 @@ class _Checker:
             for k in kw["kinds"]:
                 if k not in KINDS:
                     self.problem("request", "kind", f"kind {k!r} is not one of {', '.join(KINDS)}")
-        for key in ("any_attribute", "all_attributes"):
+        for key in ("any_attribute", "all_attributes", "any_event"):
             if key in request:
                 kw[key] = self._strings(request[key], "request", key)
         kw["numeric"] = bool(request.get("numeric", False))
@@ -763,6 +793,9 @@ class _Checker:
             alts = self._strings(first.get("at", []), "first_token", "at")
             exprs = [self._expr(t, types, INSTANT, ("first_token", "at", 0)) for t in alts]
             kw["first_token"] = tuple(e for e in exprs if e is not None)
+            after = first.get("after_stage")
+            if after is not None:
+                kw["first_token_after"] = self._bucket(after, "first_token", "after_stage") or ""
         tpot = raw.get("tpot", {})
         if isinstance(tpot, dict) and tpot:
             self._known(tpot, _TPOT_KEYS, "tpot")
@@ -780,7 +813,17 @@ class _Checker:
                 if role not in _ROLE_NAMES or not isinstance(prefix, str) or not prefix:
                     self.problem("roles", role, f"role {role!r}: prefill or decode = a name prefix")
             kw["roles"] = tuple((r, p) for r, p in roles.items() if r in _ROLE_NAMES and p)
-        if not (raw.get("phase") or raw.get("stages")):
+        system = raw.get("system")
+        if isinstance(system, dict):
+            self._known(system, _SYSTEM_KEYS, "system")
+            depth = system.get("depth", MAX_DEPTH)
+            if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
+                self.problem("system", "depth", f"depth {depth!r} must be 1 .. {MAX_DEPTH}")
+                depth = MAX_DEPTH
+            kw["system_depth"] = depth
+            if raw.get("phase") or raw.get("stages"):
+                self.problem("system", "", "a serving system places nothing: its engines do")
+        elif not (raw.get("phase") or raw.get("stages")):
             self.problem("", "name", "no [[engine.phase]] and no [engine.stages]: nothing to place")
         return Engine(**kw)
 

@@ -15,6 +15,8 @@ span_facts AS (
         -- The engine whose request span this is (the rulebook's entry, index + 1; 0: none), its
         -- figures in ns (rf_*), and its stage name's code (an engine's stage spans by name).
         $ENGINE AS engine,
+        -- The serving system whose request span this is (Dynamo's frontend, ...; 0: none).
+        $SYSTEM AS system,
         $RULE_FIGURES,
         $STAGE_CODE(name) AS stage_code,
         -- The bucket this span stands for, if it is a phase (its rank + 1; 0: none):
@@ -49,9 +51,9 @@ spans AS (
             + $F_GPU * has_gpu + $F_SAYS * says + $F_RESPONSE * response
             + $F_PREFILL_ROOT * prefill_root + $F_DECODE_ROOT * decode_root
             + $F_BUCKET * bucket) AS flags,
-        if(server_like OR kind = $CLIENT OR model_call OR timed OR has_gpu,
+        if(server_like OR system != 0 OR kind = $CLIENT OR model_call OR timed OR has_gpu,
             mapFilter((c, v) -> v != '' AND bitTest(
-                    bitOr(bitOr(if(server_like, $ATTEMPT_MASK, 0),
+                    bitOr(bitOr(if(server_like OR system != 0, $ATTEMPT_MASK, 0),
                                 if(kind = $CLIENT OR model_call, $CLIENT_MASK, 0)),
                           bitOr(if(timed, $DECODE_MASK, 0), if(has_gpu, $GPU_MASK, 0))), c),
                 mapFromArrays(arrayConcat(codes, [$K_STATUS, $K_FIRST_TOKEN_EVENT]),
@@ -61,7 +63,7 @@ spans AS (
         if(server_like, resource, map()) AS resource,
         -- An engine span's phases from its figures (rank, start, end, kept beside its stage
         -- spans), its first token from its start, and the decode time its TPOT divides.
-        engine, stage_code,
+        engine, system, stage_code,
         $ENGINE_PHASES AS ephases,
         ($ENGINE_FIRST, $ENGINE_TPOT) AS efigures
     FROM span_facts

@@ -19,6 +19,7 @@ trace_arrays AS (
         groupArray(payload) AS payloads,
         groupArray(resource) AS resources,
         groupArray(engine) AS engines,
+        groupArray(system) AS systems,
         groupArray(stage_code) AS stage_codes,
         groupArray(ephases) AS ephases,
         -- A tuple: groupArray skips a NULL value, not a tuple holding one.
@@ -34,8 +35,8 @@ trace_arrays AS (
 -- and its flags as arrays.
 parents AS (
     SELECT
-        trace_id, ids, services, starts, ends, payloads, resources, engines, stage_codes, ephases,
-        efigures,
+        trace_id, ids, services, starts, ends, payloads, resources, engines, systems, stage_codes,
+        ephases, efigures,
         arrayEnumerate(ids) AS idx,
         arraySort((i, s, id) -> (s, id), idx, starts, ids) AS by_start,
         arrayMap(p -> toUInt32(indexOf(ids, p)), parents) AS parent_idx,
@@ -75,7 +76,11 @@ relations AS (
         arrayMap((a, svc) -> arrayFirst(x -> clients[x]
             OR (serverlike[x] AND services[x] != svc), a), ancestors, services) AS stop,
         arrayMap(p -> if((clients[p] AND NOT latency[p]) OR model_calls[p], p, 0), parent_idx)
-            AS call_up
+            AS call_up,
+        -- The nearest serving system's request span above, within its depth (engine.system_above).
+        arrayMap(a -> arrayMap(x -> if(x != 0 AND indexOf(a, x) <= $SYSTEM_DEPTH(systems[x]), x, 0),
+            [arrayFirst(x -> systems[x] != 0, arraySlice(a, 1, $MAX_PHASE_DEPTH))])[1], ancestors)
+            AS sys_of
     FROM $LAST_ANCESTRY
 ),
 -- The transport of each span, and the client of the call it belongs to: the outermost GenAI
@@ -94,7 +99,9 @@ candidates AS (
                 = owner[j] AND stage_codes[i] = stage_codes[j] AND NOT latscope_phases[i], idx))),
             toUInt8($STAGE_FIRST(engines[owner[j]], stage_codes[j])), buckets[j]), idx)
             AS final_buckets,
-        arrayMap(x -> if(clients[x], x, 0), stop) AS client_of,
+        -- Under a serving system, the system's transport (the CLIENT spans inside it are its hops).
+        arrayMap((x, y) -> if(y != 0, if(clients[stop[y]], stop[y], 0), if(clients[x], x, 0)),
+            stop, sys_of) AS client_of,
         arrayMap(t -> multiIf(model_calls[call_up[call_up[t]]], call_up[call_up[t]],
             model_calls[call_up[t]], call_up[t], t), client_of) AS request_client,
         arrayMap((l, i) -> l OR has(owner, i), latency, idx) AS engine,
@@ -118,7 +125,8 @@ traces AS (
             k = 0, a, arraySlice(a, 1, toUInt64(k - 1))),
             [arrayFirstIndex(x -> clients[x] OR services[x] != svc, a)])[1])),
             ancestors, services, idx) AS outer_server,
-        arrayMap((w, i) -> if(w = 0, i, w), outer_server, idx) AS window_of,
+        arrayMap((w, i, y) -> if(y != 0, if(outer_server[y] = 0, y, outer_server[y]),
+            if(w = 0, i, w)), outer_server, idx, sys_of) AS window_of,
         arrayMap((c, i) -> if(c != 0, c, i), request_client, idx) AS request_key
     FROM candidates
 )

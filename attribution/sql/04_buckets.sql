@@ -12,7 +12,8 @@ engine_figures AS (
         * EXCEPT (new_try, try_of),
         -- Each attempt's first token from its start and the decode time its TPOT divides, by
         -- its engine's rules (stage 1), aligned with `attempts`.
-        arrayMap(a -> efigures[a].1, attempts) AS ttft_ns,
+        arrayMap(a -> if(efigures[a].1 IS NOT NULL, efigures[a].1,
+            $FIRST_TOKEN_AFTER(a)), attempts) AS ttft_ns,
         arrayMap(a -> efigures[a].2, attempts) AS decode_ns
     FROM requests
 ),

@@ -14,18 +14,18 @@ picked AS (
         a_payloads[-1] AS pl_last,
         -- Phases of this request, and its last try's samples.
         arrayFilter(j -> owner[j] != 0 AND has(attempts, owner[j]), idx) AS my_phases,
-        arrayMap(k -> a_payloads[k], samples) AS try_payloads,
+        arrayMap(k -> a_payloads[k], token_samples) AS try_payloads,
         -- Without token times: the earliest first token of the last try's samples, from their
         -- start (vLLM's n > 1 samples start together), and the last attempt's figures for TPOT.
         arrayFilter(x -> x IS NOT NULL, arrayMap(k -> a_starts[k]
-            - arrayMin(arrayMap(j -> a_starts[j], samples)) + ttft_ns[k], samples)) AS try_ttfts,
+            - try_lo + ttft_ns[k], samples)) AS try_ttfts,
         decode_ns[-1] AS last_decode
     FROM swept
 ),
 chosen AS (
     SELECT
         * EXCEPT (ttft_ns, decode_ns, last_try_at, a_payloads, try_payloads, timed_decodes,
-                  gpu_phases, idx, attempts, samples, a_starts, a_ends, windows, kv_recorded),
+                  gpu_phases, idx, attempts, samples, token_samples, try_lo, a_starts, a_ends, windows, kv_recorded),
         -- Merged attributes (m_<name>): the first of the last attempt, the client, client1 and
         -- client2 that has the attribute; c_<name>: the client chain's alone.
         $MERGED_VALUES,

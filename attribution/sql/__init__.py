@@ -808,6 +808,7 @@ def _engine_values() -> dict[str, str]:
         return rule_attr(key, uncoded)
 
     kind = sql.kind_name("kind", FLAGS["SERVER"], FLAGS["CLIENT"])
+    no_latency_key = sql.without_latency_key(set(LATENCY.values()))
     return {
         "RULE_VALUES": (
             f"[{', '.join(f'SpanAttributes[{literal(k)}]' for k in uncoded)}]"
@@ -816,12 +817,13 @@ def _engine_values() -> dict[str, str]:
         ),
         "RULE_EVENTS": sql.rule_events(),
         "ENGINE": sql.engine_code(attr, "name", kind),
+        "SYSTEM": sql.engine_code(attr, "name", kind, system=True),
         # The single-call path: a span of an engine that needs no gen_ai.latency.* key (those
-        # send a trace to the general path already).
-        "ENGINE_HINT": sql.engine_code(
-            attr, "name", kind, sql.without_latency_key(set(LATENCY.values()))
-        )
-        + " != 0",
+        # send a trace to the general path already), or of a serving system.
+        "ENGINE_HINT": (
+            f"({sql.engine_code(attr, 'name', kind, no_latency_key)} != 0"
+            f" OR {sql.engine_code(attr, 'name', kind, system=True)} != 0)"
+        ),
         "RULE_FIGURES": sql.figure_columns(attr),
         "PREFILL_ROOT": sql.role("prefill"),
         "DECODE_ROOT": sql.role("decode"),
@@ -859,6 +861,8 @@ _MACROS: dict[str, Callable[..., str]] = {
     "STAGE_CODE": _stage_code,
     "STAGE_DEPTH": _stage_depth,
     "STAGE_FIRST": _stage_first,
+    "SYSTEM_DEPTH": lambda code: _engine_sql().system_depth(code),
+    "FIRST_TOKEN_AFTER": lambda a: _engine_sql().first_token_after(a, _BUCKET_CODES),
     "INFERENCE_ROUTE": inference_route,
 }
 

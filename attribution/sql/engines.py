@@ -112,15 +112,26 @@ class EngineSql:
             conds += [present(k) for k in engine.all_attributes]
         if engine.any_attribute:
             conds.append("(" + " OR ".join(present(k) for k in engine.any_attribute) + ")")
+        if engine.any_event:
+            at = [f"rule_events[{self.events.index(n) + 1}] IS NOT NULL" for n in engine.any_event]
+            conds.append("(" + " OR ".join(at) + ")")
         return "(" + " AND ".join(conds or ["1"]) + ")"
 
     def engine_code(
-        self, attr: Attr, name: str, kind: str, engines: list[int] | None = None
+        self,
+        attr: Attr,
+        name: str,
+        kind: str,
+        engines: list[int] | None = None,
+        *,
+        system: bool = False,
     ) -> str:
         """The span's engine: the index + 1 of the first entry it matches, else 0 (only the
-        entries ``engines`` when given)."""
+        entries ``engines`` when given; the serving systems' with ``system``)."""
         branches = []
         for i, engine in enumerate(self.book.engines, 1):
+            if bool(engine.system_depth) != system:
+                continue
             if engines is None or i in engines:
                 branches += [self.match(engine, attr, name, kind), str(i)]
         if not branches:
@@ -137,6 +148,10 @@ class EngineSql:
             if not needs:
                 out.append(i)
         return out
+
+    def system_depth(self, code: str) -> str:
+        """How far below a serving system's request span its engine spans may sit."""
+        return f"{[e.system_depth for e in self.book.engines]}[{code}]"
 
     def figure_columns(self, attr: Attr) -> str:
         """``rf_1 .. rf_n``: each (attribute, unit) pair's value in ns on engine spans."""
@@ -233,6 +248,23 @@ class EngineSql:
             f"CAST(multiIf({', '.join(branches)}, NULL), 'Nullable(Int64)')"
             if branches
             else ("CAST(NULL, 'Nullable(Int64)')")
+        )
+
+    def first_token_after(self, a: str, buckets: dict[str, int]) -> str:
+        """Without first-token figures: the end of attempt span ``a``'s earliest stage span of its
+        engine's ``after_stage`` bucket, from its start; NULL without."""
+        codes = [
+            buckets[e.first_token_after] if e.first_token_after else 0 for e in self.book.engines
+        ]
+        if not any(codes):
+            return "CAST(NULL, 'Nullable(Int64)')"
+        first = (
+            f"arraySort(j -> span_rank[j], arrayFilter(j -> owner[j] = {a} "
+            f"AND buckets[j] = {codes}[engines[{a}]], idx))"
+        )
+        return (
+            f"if({codes}[engines[{a}]] = 0 OR empty({first}), CAST(NULL, 'Nullable(Int64)'), "
+            f"ends[{first}[1]] - starts[{a}])"
         )
 
     def tpot_decode(self) -> str:
