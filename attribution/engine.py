@@ -731,7 +731,11 @@ def _output_tokens(request: Request) -> int | None:
     """The last try's output tokens: summed over its samples (vLLM ``n > 1``; the decode
     worker's when disaggregated), else what the client side says."""
     samples = _samples(request)
-    if len(samples) > 1 and _disaggregated(samples, request):
+    if (
+        len(samples) > 1
+        and any(a.span_id in request.in_system for a in samples)
+        and not any(disaggregated_role(a) is not None for a in samples)
+    ):
         # A serving system's parts: the last one answered (the decode side's tokens; the
         # prefill side's first token went to it).
         samples = [max(samples, key=lambda a: (a.end_ns, a.start_ns, a.span_id))]

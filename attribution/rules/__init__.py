@@ -391,7 +391,7 @@ def figure_ns(raw: str | None, unit: str) -> int | None:
     if raw is None:
         return None
     if unit == "rust_duration":
-        m = RUST_DURATION.match(raw)
+        m = RUST_DURATION.fullmatch(raw)
         if m is None:
             return None
         digits = RUST_UNITS[m.group(3)]
