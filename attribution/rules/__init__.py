@@ -641,6 +641,22 @@ class _Checker:
         self.problem(section, key, f"{key} must be a string or a list of strings")
         return ()
 
+    def _alternatives(
+        self, table: Mapping[str, Any], section: str, key: str, types: Mapping[str, str], want: str
+    ) -> tuple[Expr, ...]:
+        """``table[key]``: expressions of type ``want``, the first present one counting."""
+        texts = self._strings(table.get(key, []), section, key)
+        exprs = [self._expr(t, types, want, (section, key, 0)) for t in texts]
+        return tuple(e for e in exprs if e is not None)
+
+    def _depth(self, table: Mapping[str, Any], section: str) -> int:
+        """A table's ``depth``: 1 .. MAX_DEPTH levels (MAX_DEPTH when absent or wrong)."""
+        depth = table.get("depth", MAX_DEPTH)
+        if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
+            self.problem(section, "depth", f"depth {depth!r} must be 1 .. {MAX_DEPTH}")
+            return MAX_DEPTH
+        return depth
+
     def _bucket(self, value: Any, section: str, key: str, nth: int = 0) -> str | None:
         if value in PHASE_BUCKETS:
             return str(value)
@@ -771,11 +787,7 @@ class _Checker:
         stages = raw.get("stages", {})
         if isinstance(stages, dict) and stages:
             self._known(stages, _STAGES_KEYS, "stages")
-            depth = stages.get("depth", MAX_DEPTH)
-            if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
-                self.problem("stages", "depth", f"depth {depth!r} must be 1 .. {MAX_DEPTH}")
-                depth = MAX_DEPTH
-            kw["stage_depth"] = depth
+            kw["stage_depth"] = self._depth(stages, "stages")
             for key in ("names", "first"):
                 table = stages.get(key, {})
                 pairs = []
@@ -790,18 +802,14 @@ class _Checker:
         first = raw.get("first_token", {})
         if isinstance(first, dict) and first:
             self._known(first, _FIRST_TOKEN_KEYS, "first_token")
-            alts = self._strings(first.get("at", []), "first_token", "at")
-            exprs = [self._expr(t, types, INSTANT, ("first_token", "at", 0)) for t in alts]
-            kw["first_token"] = tuple(e for e in exprs if e is not None)
+            kw["first_token"] = self._alternatives(first, "first_token", "at", types, INSTANT)
             after = first.get("after_stage")
             if after is not None:
                 kw["first_token_after"] = self._bucket(after, "first_token", "after_stage") or ""
         tpot = raw.get("tpot", {})
         if isinstance(tpot, dict) and tpot:
             self._known(tpot, _TPOT_KEYS, "tpot")
-            alts = self._strings(tpot.get("decode", []), "tpot", "decode")
-            exprs = [self._expr(t, types, DURATION, ("tpot", "decode", 0)) for t in alts]
-            kw["tpot_decode"] = tuple(e for e in exprs if e is not None)
+            kw["tpot_decode"] = self._alternatives(tpot, "tpot", "decode", types, DURATION)
             when = self._strings(tpot.get("when", []), "tpot", "when")
             for w in when:
                 if w not in types:
@@ -816,11 +824,7 @@ class _Checker:
         system = raw.get("system")
         if isinstance(system, dict):
             self._known(system, _SYSTEM_KEYS, "system")
-            depth = system.get("depth", MAX_DEPTH)
-            if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
-                self.problem("system", "depth", f"depth {depth!r} must be 1 .. {MAX_DEPTH}")
-                depth = MAX_DEPTH
-            kw["system_depth"] = depth
+            kw["system_depth"] = self._depth(system, "system")
             if raw.get("phase") or raw.get("stages"):
                 self.problem("system", "", "a serving system places nothing: its engines do")
         elif not (raw.get("phase") or raw.get("stages")):

@@ -235,19 +235,21 @@ class EngineSql:
             f"[]), '{typed}')))"
         )
 
-    def first_token(self) -> str:
-        """Engine.first_token_ns: Nullable(Int64) from the span's start."""
+    def _per_engine(self, value: Callable[[Engine], str | None]) -> str:
+        """``value(engine)`` for the span's engine, a Nullable(Int64); NULL where it is None."""
         branches = []
         for i, engine in enumerate(self.book.engines, 1):
-            if engine.first_token:
-                branches += [
-                    f"engine = {i}",
-                    f"{self._first(engine.first_token, engine)} - start_ns",
-                ]
-        return (
-            f"CAST(multiIf({', '.join(branches)}, NULL), 'Nullable(Int64)')"
-            if branches
-            else ("CAST(NULL, 'Nullable(Int64)')")
+            v = value(engine)
+            if v is not None:
+                branches += [f"engine = {i}", v]
+        if not branches:
+            return "CAST(NULL, 'Nullable(Int64)')"
+        return f"CAST(multiIf({', '.join(branches)}, NULL), 'Nullable(Int64)')"
+
+    def first_token(self) -> str:
+        """Engine.first_token_ns: Nullable(Int64) from the span's start."""
+        return self._per_engine(
+            lambda e: f"{self._first(e.first_token, e)} - start_ns" if e.first_token else None
         )
 
     def first_token_after(self, a: str, buckets: dict[str, int]) -> str:
@@ -269,19 +271,15 @@ class EngineSql:
 
     def tpot_decode(self) -> str:
         """Engine.tpot_decode_ns: Nullable(Int64)."""
-        branches = []
-        for i, engine in enumerate(self.book.engines, 1):
-            if engine.tpot_decode:
-                value = self._first(engine.tpot_decode, engine)
-                when = [f"{self._ref(n, engine, None)} IS NOT NULL" for n in engine.tpot_when]
-                if when:
-                    value = f"if({' AND '.join(when)}, {value}, NULL)"
-                branches += [f"engine = {i}", value]
-        return (
-            f"CAST(multiIf({', '.join(branches)}, NULL), 'Nullable(Int64)')"
-            if branches
-            else ("CAST(NULL, 'Nullable(Int64)')")
-        )
+
+        def value(engine: Engine) -> str | None:
+            if not engine.tpot_decode:
+                return None
+            out = self._first(engine.tpot_decode, engine)
+            when = [f"{self._ref(n, engine, None)} IS NOT NULL" for n in engine.tpot_when]
+            return f"if({' AND '.join(when)}, {out}, NULL)" if when else out
+
+        return self._per_engine(value)
 
     # -- stage spans -----------------------------------------------------------------------------
 
