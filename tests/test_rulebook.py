@@ -184,3 +184,13 @@ def test_figures_read_the_same_in_sql_and_the_reference(store: Store, values: li
         sql_check(store, traces)
     finally:
         rules.install(shipped)
+
+
+def test_every_attribute_the_shipped_rulebook_reads_is_stored_by_code() -> None:
+    """The shipped rules read their attributes by code (``LatscopeRuleAttributes``, the newest
+    DDL's list), not by name from every span's whole attribute map: a key a shipped rule adds
+    takes the next code in a new DDL file (docs/attribution.md, "Adding an engine")."""
+    from latscope.attribution.sql import KEYS
+    from latscope.attribution.sql.engines import EngineSql
+
+    assert set(EngineSql(load()).attributes()) <= set(KEYS.values())

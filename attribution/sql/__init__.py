@@ -136,6 +136,15 @@ KEYS: dict[str, str] = {
     "OI_KIND": OpenInferenceAttributes.SPAN_KIND,
     "ASGI_EVENT": HttpAttributes.ASGI_EVENT_TYPE,
     "ASGI_EVENT_OLD": HttpAttributes.ASGI_EVENT_TYPE_OLD,
+    # deploy/clickhouse/016_engine_rules.sql: what the shipped rulebook reads beyond these
+    # (attribution/rules; a user's file reads its own keys by name).
+    "KV_TRANSFER_TIME": "gen_ai.latency.kv_cache_transfer_time",
+    "TGI_VALIDATION": "validation_time",
+    "TGI_QUEUE": "queue_time",
+    "TGI_INFERENCE": "inference_time",
+    "TGI_TOTAL": "total_time",
+    "DYNAMO_METHOD": "method",
+    "DYNAMO_URI": "uri",
 }
 #: Codes of payload values that are not attributes: the span's status, and the time of
 #: latscope's first-token event.
