@@ -73,6 +73,7 @@ from typing import Any, NamedTuple
 
 from prometheus_client import Counter, Gauge
 
+from latscope.attribution import rules
 from latscope.attribution.engine import DEFAULT_STALL_NS, LATENCY_KEYS
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
 from latscope.attribution.sql import (
@@ -82,6 +83,7 @@ from latscope.attribution.sql import (
     literal,
     simple_select,
 )
+from latscope.attribution.sql.engines import EngineSql
 from latscope.attribution.table import ATTRIBUTION_SCHEMA
 from latscope.config import (
     DEFAULT_BATCH_SPANS,
@@ -862,13 +864,24 @@ WHERE has(parents, '')
 
 def _count_with_call(traces: str, spans: str, bounds: str) -> str:
     """How many of ``traces`` (a query of trace ids) have a span within ``bounds`` that could be
-    a call's server (SERVER, or a gen_ai.latency.* figure): a trace with none has no call."""
+    a call's server (SERVER, a gen_ai.latency.* figure, or the request span of an engine of the
+    rulebook that needs neither: TGI's INTERNAL handler): a trace with none has no call."""
+    engines = EngineSql(rules.active())
+    kind = (
+        f"multiIf(SpanKind IN ({_list(_SERVER_KINDS)}), 'server', "
+        f"SpanKind IN ({_list(_CLIENT_KINDS)}), 'client', 'internal')"
+    )
+    others = engines.without_latency_key(set(LATENCY_KEYS))
+    engine = engines.engine_code(
+        lambda k: f"SpanAttributes[{literal(k)}]", "SpanName", kind, others
+    )
     return f"""
 SELECT count() FROM (
     SELECT DISTINCT TraceId FROM {spans}
     WHERE TraceId IN ({traces}) AND {bounds}
       AND (SpanKind IN ({_list(_SERVER_KINDS)})
-           OR hasAny(mapKeys(SpanAttributes), [{_list(LATENCY_KEYS)}])))"""
+           OR hasAny(mapKeys(SpanAttributes), [{_list(LATENCY_KEYS)}])
+           OR {engine} != 0))"""
 
 
 class _Statements:

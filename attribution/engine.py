@@ -59,12 +59,12 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from latscope.attribution import rules
 from latscope.attribution.model import RequestAttribution, SpanRecord, parse_int
 from latscope.semconv import (
     BUCKETS,
     INFERENCE_ROUTES,
     KV_TRANSFER,
-    SGLANG_STAGES,
     STREAM_PARAMETER,
     ClientAttributes,
     GenAIAttributes,
@@ -74,7 +74,6 @@ from latscope.semconv import (
     LatscopeAttributes,
     OpenInferenceAttributes,
     Phase,
-    SglangSpans,
     SpanKind,
     VllmAttributes,
 )
@@ -226,8 +225,9 @@ def token_figures(offsets_us: Sequence[int], stall_threshold_ns: int) -> list[fl
 
 
 def has_latency(span: SpanRecord) -> bool:
-    """The span carries vLLM / SGLang ``gen_ai.latency.*`` figures."""
-    return any(span.attr_float(k) is not None for k in LATENCY_KEYS)
+    """The span is an engine's request span by the rulebook in force (``attribution/rules``):
+    vLLM's and SGLang's ``gen_ai.latency.*`` figures, TGI's handler, ... whatever its kind."""
+    return rules.active().engine_of(span) is not None
 
 
 def _server_like(span: SpanRecord) -> bool:
@@ -279,14 +279,10 @@ def _is_response_body(span: SpanRecord) -> bool:
 
 
 def disaggregated_role(span: SpanRecord) -> str | None:
-    """ "prefill" or "decode" for an SGLang request root under prefill/decode disaggregation."""
-    if not has_latency(span):
-        return None
-    if span.name.startswith(SglangSpans.PREFILL_ROOT):
-        return "prefill"
-    if span.name.startswith(SglangSpans.DECODE_ROOT):
-        return "decode"
-    return None
+    """ "prefill" or "decode" for an engine's request span under prefill/decode disaggregation,
+    by its engine's ``roles`` (SGLang's root names)."""
+    engine = rules.active().engine_of(span)
+    return None if engine is None else engine.role(span)
 
 
 @dataclass(frozen=True)
@@ -304,6 +300,9 @@ class Request:
     client_chain: tuple[SpanRecord, ...] = ()
     windows: dict[str, SpanRecord] = field(default_factory=dict)
     response_ends: dict[str, int] = field(default_factory=dict)
+    #: The attempts under a serving system's span (Dynamo's frontend, TensorRT-LLM's
+    #: disaggregated proxy): that span is their window, and each is a part of its try.
+    in_system: frozenset[str] = frozenset()
 
     @property
     def span_id(self) -> str:
@@ -345,16 +344,24 @@ class TraceIndex:
 
 
 def _phase_owner(index: TraceIndex, span: SpanRecord) -> tuple[str, str] | None:
-    """(bucket, owning span id) when ``span`` is a phase of some inference span."""
+    """(bucket, owning span id) when ``span`` is a phase of some inference span: a
+    ``latscope.phase`` span under its nearest server-like ancestor, or an engine's stage span
+    (by name, ``[engine.stages]``) within that engine's depth below its request span."""
     phase = span.attributes.get(LatscopeAttributes.PHASE)
-    stage = None if phase in Phase.ALL else SGLANG_STAGES.get(span.name)
+    book = rules.active()
+    stage = None if phase in Phase.ALL else book.stage_bucket(span.name)
     if phase not in Phase.ALL and stage is None:
         return None
-    for node in index.ancestors(span, MAX_PHASE_DEPTH):
+    for depth, node in enumerate(index.ancestors(span, MAX_PHASE_DEPTH), 1):
         if _server_like(node):
-            if stage is not None and not has_latency(node):
-                return None  # a span named like an SGLang stage outside an SGLang request
-            return (phase if phase in Phase.ALL else stage), node.span_id  # type: ignore[return-value]
+            if stage is None:
+                return phase, node.span_id  # type: ignore[return-value]
+            engine = book.engine_of(node)
+            if engine is None or engine.stage_bucket(span.name) is None:
+                return None  # named like a stage of another engine, or outside any engine
+            if depth > engine.stage_depth:
+                return None
+            return stage, node.span_id
     return None
 
 
@@ -406,6 +413,17 @@ def _window_of(index: TraceIndex, span: SpanRecord) -> SpanRecord:
     return outer
 
 
+def system_above(index: TraceIndex, span: SpanRecord) -> SpanRecord | None:
+    """The nearest serving system's request span above ``span``, within that system's depth
+    (``[engine.system]``): Dynamo's ``http-request``, TensorRT-LLM's disaggregated proxy."""
+    book = rules.active()
+    for depth, node in enumerate(index.ancestors(span, MAX_PHASE_DEPTH), 1):
+        system = book.system_of(node)
+        if system is not None:
+            return node if depth <= system.system_depth else None
+    return None
+
+
 def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
     """Every inference call of a trace, by start (client's, else the server's), then id."""
     index = TraceIndex(spans)
@@ -418,11 +436,16 @@ def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
         owner = _response_owner(index, s)
         if owner is not None:
             response_ends[owner] = max(response_ends.get(owner, s.end_ns), s.end_ns)
+    _first_stages(owned, index)
     chains: dict[str, tuple[SpanRecord, ...]] = {}
+
+    systems = {s.span_id: system for s in spans if (system := system_above(index, s)) is not None}
 
     def chain_of(span: SpanRecord) -> tuple[SpanRecord, ...]:
         if span.span_id not in chains:
-            transport = _transport_of(index, span)
+            # Under a serving system the call is the system's: its client is above the system's
+            # span, and the CLIENT spans inside (Dynamo's router) are its own hops.
+            transport = _transport_of(index, systems.get(span.span_id, span))
             chains[span.span_id] = () if transport is None else client_chain(index, transport)
         return chains[span.span_id]
 
@@ -454,16 +477,37 @@ def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
     for key, attempts in groups.items():
         ordered = tuple(sorted(attempts, key=lambda a: (a.start_ns, a.span_id)))
         phases = {a.span_id: tuple(owned.get(a.span_id, ())) for a in ordered}
-        windows = {a.span_id: _window_of(index, a) for a in ordered}
+        windows = {a.span_id: _window_of(index, systems.get(a.span_id, a)) for a in ordered}
         ends = {
             w.span_id: response_ends[w.span_id]
             for w in windows.values()
             if w.span_id in response_ends
         }
+        parts = frozenset(a.span_id for a in ordered if a.span_id in systems)
         requests.append(
-            Request(clients[key], ordered, phases, chain_of(ordered[-1]), windows, ends)
+            Request(clients[key], ordered, phases, chain_of(ordered[-1]), windows, ends, parts)
         )
     return sorted(requests, key=lambda r: (r.start_ns, r.span_id))
+
+
+def _first_stages(owned: dict[str, list[tuple[str, SpanRecord]]], index: TraceIndex) -> None:
+    """The earliest stage span (by start, then id) of a name its engine lists in
+    ``[engine.stages.first]`` stands for that bucket (TGI: the first ``infer`` step is the
+    prefill, the later ones decode)."""
+    book = rules.active()
+    for owner_id, parts in owned.items():
+        engine = book.engine_of(index.by_id[owner_id])
+        if engine is None:
+            continue
+        for name, bucket in engine.first_stages:
+            mine = [
+                p
+                for _, p in parts
+                if p.name == name and p.attributes.get(LatscopeAttributes.PHASE) not in Phase.ALL
+            ]
+            if mine:
+                first = min(mine, key=lambda p: (p.start_ns, p.span_id))
+                parts[:] = [(bucket if p is first else b, p) for b, p in parts]
 
 
 def attempt_groups(
@@ -485,8 +529,17 @@ def attempt_groups(
     return groups
 
 
-def _disaggregated(group: Sequence[SpanRecord]) -> bool:
-    return any(disaggregated_role(a) is not None for a in group)
+def _disaggregated(group: Sequence[SpanRecord], request: Request | None = None) -> bool:
+    """A try in parts: an engine's prefill and decode roles, or several engine spans under one
+    serving system (Dynamo's prefill and decode workers, TensorRT-LLM's context and generation
+    servers)."""
+    if any(disaggregated_role(a) is not None for a in group):
+        return True
+    return (
+        request is not None
+        and len(group) > 1
+        and any(a.span_id in request.in_system for a in group)
+    )
 
 
 def critical_attempts(
@@ -499,7 +552,7 @@ def critical_attempts(
     parts: both are on its critical path."""
     out: list[SpanRecord] = []
     for group in attempt_groups(attempts, request):
-        if _disaggregated(group):
+        if _disaggregated(group, request):
             out.extend(group)
         else:
             out.append(max(group, key=lambda a: (a.end_ns, a.start_ns, a.span_id)))
@@ -510,7 +563,7 @@ def _samples(request: Request) -> list[SpanRecord]:
     """The last try's attempts that answered the client: all of them (vLLM's samples), or the
     decode worker's when disaggregated (the prefill worker's first token went to it)."""
     last = attempt_groups(request.attempts, request)[-1]
-    if _disaggregated(last):
+    if any(disaggregated_role(a) is not None for a in last):
         return [a for a in last if disaggregated_role(a) == "decode"]
     return last
 
@@ -518,34 +571,12 @@ def _samples(request: Request) -> list[SpanRecord]:
 # -- attributing one request ---------------------------------------------------------------------
 
 
-def synthetic_phases(server: SpanRecord) -> list[tuple[str, int, int]]:
-    """vLLM / SGLang latency figures as phases, anchored at the first token (every figure there
-    ends or starts at it: vLLM's prefill runs from scheduling to the first token, its queue
-    before that; SGLang's prefill from dispatch to the first token)."""
-    q = server.attr_float(VllmAttributes.TIME_IN_QUEUE)
-    ttft = server.attr_float(VllmAttributes.TIME_TO_FIRST_TOKEN)
-    prefill = server.attr_float(VllmAttributes.TIME_IN_MODEL_PREFILL)
-    decode = server.attr_float(VllmAttributes.TIME_IN_MODEL_DECODE)
-    e2e = server.attr_float(VllmAttributes.E2E)
-    q_ns = seconds_to_ns(q) if q is not None else 0
-    if ttft is not None:
-        ttft_ns = seconds_to_ns(ttft)
-        prefill_ns = seconds_to_ns(prefill) if prefill is not None else max(0, ttft_ns - q_ns)
-    else:
-        prefill_ns = seconds_to_ns(prefill) if prefill is not None else 0
-        ttft_ns = q_ns + prefill_ns
-    if decode is not None:
-        decode_ns = seconds_to_ns(decode)
-    elif e2e is not None and ttft is not None:
-        decode_ns = max(0, seconds_to_ns(e2e) - ttft_ns)  # older vLLM: no prefill/decode split
-    else:
-        decode_ns = 0
-    s = server.start_ns
-    return [
-        (Phase.QUEUE, s + ttft_ns - prefill_ns - q_ns, s + ttft_ns - prefill_ns),
-        (Phase.PREFILL, s + ttft_ns - prefill_ns, s + ttft_ns),
-        (Phase.DECODE, s + ttft_ns, s + ttft_ns + decode_ns),
-    ]
+def synthetic_phases(server: SpanRecord, *, stages: bool = False) -> list[tuple[str, int, int]]:
+    """An engine span's phases from its own figures, by its engine's ``[[engine.phase]]`` rules
+    (vLLM's and SGLang's anchored at the first token: every figure there ends or starts at it);
+    with ``stages`` (its stage spans own parts of it) only those kept beside them."""
+    engine = rules.active().engine_of(server)
+    return [] if engine is None else engine.phase_list(server, stages=stages)
 
 
 def attempt_phases(request: Request, attempt: SpanRecord) -> list[tuple[str, int, int]]:
@@ -554,8 +585,7 @@ def attempt_phases(request: Request, attempt: SpanRecord) -> list[tuple[str, int
     lo, hi = request.bounds(attempt)
     mine = request.phases[attempt.span_id]
     raw = [(name, p.start_ns, p.end_ns) for name, p in mine]
-    if not mine and has_latency(attempt):
-        raw = synthetic_phases(attempt)
+    raw += synthetic_phases(attempt, stages=bool(mine))
     return [(n, max(s, lo), min(e, hi)) for n, s, e in raw if min(e, hi) > max(s, lo)]
 
 
@@ -653,7 +683,10 @@ def _kv_transfer(request: Request, ranked: Sequence[tuple[int, int, int]]) -> in
     recorded = any(
         name == KV_TRANSFER
         for a in critical_attempts(request.attempts, request)
-        for name, _ in request.phases[a.span_id]
+        for name in (
+            *(n for n, _ in request.phases[a.span_id]),
+            *(n for n, _, _ in synthetic_phases(a, stages=bool(request.phases[a.span_id]))),
+        )
     )
     if not recorded:
         return None
@@ -697,9 +730,16 @@ OUTPUT_TOKEN_KEYS = (
 def _output_tokens(request: Request) -> int | None:
     """The last try's output tokens: summed over its samples (vLLM ``n > 1``; the decode
     worker's when disaggregated), else what the client side says."""
-    counts = [
-        n for a in _samples(request) if (n := _tokens(a.attributes, *OUTPUT_TOKEN_KEYS)) is not None
-    ]
+    samples = _samples(request)
+    if (
+        len(samples) > 1
+        and any(a.span_id in request.in_system for a in samples)
+        and not any(disaggregated_role(a) is not None for a in samples)
+    ):
+        # A serving system's parts: the last one answered (the decode side's tokens; the
+        # prefill side's first token went to it).
+        samples = [max(samples, key=lambda a: (a.end_ns, a.start_ns, a.span_id))]
+    counts = [n for a in samples if (n := _tokens(a.attributes, *OUTPUT_TOKEN_KEYS)) is not None]
     if counts:
         return min(sum(counts), MAX_TOKENS)
     client_side: dict[str, str] = {}
@@ -830,28 +870,43 @@ def _streaming(result: RequestAttribution, request: Request, stall_threshold_ns:
         # The earliest first token of the last try's samples (vLLM's n > 1 samples start
         # together; a disaggregated request's is the decode worker's), from the try's start.
         samples = _samples(request)
-        try_lo = min((a.start_ns for a in samples), default=0)
+        # From the try's start: under a serving system, its span's (the request reached the
+        # system there), else the first sample's.
+        try_lo = min(
+            (
+                request.bounds(a)[0] if a.span_id in request.in_system else a.start_ns
+                for a in samples
+            ),
+            default=0,
+        )
         firsts = [
-            a.start_ns - try_lo + seconds_to_ns(t)
+            a.start_ns - try_lo + t
             for a in samples
-            if (t := a.attr_float(VllmAttributes.TIME_TO_FIRST_TOKEN)) is not None
+            if (t := _engine_first_token(request, a)) is not None
         ]
         if firsts:
             result.ttft_server_ns = min(firsts)
-        ttft = last.attr_float(VllmAttributes.TIME_TO_FIRST_TOKEN)
-        if ttft is not None:
-            decode_ns = None
-            decode_s = last.attr_float(VllmAttributes.TIME_IN_MODEL_DECODE)
-            e2e_s = last.attr_float(VllmAttributes.E2E)
-            if decode_s is not None:
-                decode_ns = seconds_to_ns(decode_s)
-            elif e2e_s is not None:
-                decode_ns = max(0, seconds_to_ns(e2e_s) - seconds_to_ns(ttft))
-            own = _tokens(last.attributes, *OUTPUT_TOKEN_KEYS[:2])
-            if decode_ns is not None and own is not None and own > 1:
-                result.tpot_ns = decode_ns / (own - 1)
+        engine = rules.active().engine_of(last)
+        decode_ns = None if engine is None else engine.tpot_decode_ns(last)
+        own = _tokens(last.attributes, *OUTPUT_TOKEN_KEYS[:2])
+        if decode_ns is not None and own is not None and own > 1:
+            result.tpot_ns = decode_ns / (own - 1)
     if request.client is not None:
         result.ttft_client_ns = _client_ttft(request, request.client)
+
+
+def _engine_first_token(request: Request, span: SpanRecord) -> int | None:
+    """The first token's time from an engine span's start, by its engine's ``first_token``:
+    its figures, else the end of its earliest stage span of the bucket ``after_stage`` names."""
+    engine = rules.active().engine_of(span)
+    if engine is None:
+        return None
+    at = engine.first_token_ns(span)
+    if at is None and engine.first_token_after:
+        stages = [p for name, p in request.phases[span.span_id] if name == engine.first_token_after]
+        if stages:
+            at = min(stages, key=lambda p: (p.start_ns, p.span_id)).end_ns - span.start_ns
+    return at
 
 
 def first_chunk_event(span: SpanRecord) -> int | None:

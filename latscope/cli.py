@@ -43,6 +43,7 @@ COMMANDS: dict[str, str] = {
     "slo": "latscope.cmd.slo",
     "top": "latscope.cmd.top",
     "mcp": "latscope.cmd.mcp",
+    "rules": "latscope.cmd.rules",
     "demo": "latscope.demo.command",
 }
 
@@ -50,7 +51,7 @@ COMMANDS: dict[str, str] = {
 API_SETTINGS = (
     "otlp_grpc", "http", "store", "token_file", "token", "grpc_max_message_bytes",
     "shutdown_grace_s", "log_level", "stall_threshold_ms", "tls_cert", "tls_key", "grpc_workers",
-    "slo_objectives", "slo_interval_s",
+    "slo_objectives", "slo_interval_s", "rules",
 )  # fmt: skip
 
 #: How a flag's value is written in --help, as the docs write it.

@@ -6,9 +6,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from latscope.auth import TokenFileError, read_token_file
 from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE
+
+if TYPE_CHECKING:
+    from latscope.attribution.rules import Rulebook
 
 #: ``--attribution-reach-s``: how far from the spans that bring a trace to an attribution pass
 #: its other spans may start. A pass reads the spans that start from this long before the first
@@ -209,6 +213,14 @@ class Settings:
         default=60.0,
         metadata={"help": "seconds between two evaluations of the burn rates on /metrics"},
     )
+    rules: str = field(
+        default="",
+        metadata={
+            "help": "rule files that add or override engine entries of the rulebook (TOML, "
+            'docs/attribution.md "Engines"), separated by commas; checked at start; '
+            "`latscope rules` prints the rulebook in force"
+        },
+    )
     query_timeout_s: float = field(
         default=DEFAULT_QUERY_TIMEOUT_S,
         metadata={"help": "ClickHouse stops any query or command running longer (seconds)"},
@@ -252,6 +264,20 @@ class Settings:
         settings = cls(**values)  # type: ignore[arg-type]
         settings.validate()
         return settings
+
+    def rule_files(self) -> list[str]:
+        """The ``--rules`` files, in order."""
+        return [p.strip() for p in self.rules.split(",") if p.strip()]
+
+    def rulebook(self) -> Rulebook:
+        """The shipped rulebook with the ``--rules`` files on top; ConfigError naming each
+        problem's file and line."""
+        from latscope.attribution.rules import RulebookError, load
+
+        try:
+            return load(self.rule_files())
+        except RulebookError as exc:
+            raise ConfigError("--rules: the rule files are not usable:\n" + str(exc)) from None
 
     def validate(self) -> None:
         parse_hostport(self.otlp_grpc, name="--otlp-grpc")
@@ -327,6 +353,7 @@ class Settings:
         if self.batch_timeout_s <= 0 or self.store_retry_s <= 0:
             raise ConfigError("--batch-timeout-s and --store-retry-s must be greater than 0")
         parse_shard(self.attributor_shard)
+        self.rulebook()
         if self.attributor_tables not in ("shared", "local"):
             raise ConfigError(
                 f"--attributor-tables: expected shared or local, got {self.attributor_tables!r}"

@@ -84,11 +84,22 @@ def main(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     logging.getLogger().setLevel(settings.log_level.upper())
+    install_rulebook(settings)
     try:
         return run(settings)
     except (OSError, StoreError) as exc:
         print(f"latscope: {exc}", file=sys.stderr)
         return 1
+
+
+def install_rulebook(settings: Settings) -> None:
+    """Put the rulebook with the ``--rules`` files in force for both attributors."""
+    from latscope.attribution import rules
+
+    book = settings.rulebook()
+    rules.install(book)
+    if settings.rule_files():
+        log.info("rulebook: %s", ", ".join(f"{e.name} ({e.origin})" for e in book.engines))
 
 
 @dataclass

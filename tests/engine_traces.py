@@ -830,7 +830,9 @@ class TgiServer(EnginePlan):
     that step's token. ``validation_time`` runs from the handler's start (``lead`` after the span
     opens) to the queue; ``inference_time`` from batching to the handler seeing the end
     (``hop`` after the request leaves the batch); ``time_per_token`` is ``inference_time`` over
-    the generated tokens (truncated to ns). ``tail``: then until the span closes."""
+    the generated tokens (truncated to ns). ``tail``: then until the span closes. The truth takes
+    decode from the router's ``infer`` spans (the hop is the router handing the stream's end to
+    the handler, not a batch step: other)."""
 
     engine = "tgi"
     model: str = "mistral-7b"
@@ -869,8 +871,8 @@ class TgiServer(EnginePlan):
             "preprocess": self.validation,
             "queue": self.queue,
             "prefill": self.prefill,
-            "decode": m["end_seen"] - m["first"],
-            "other": self.lead + self.tail,
+            "decode": m["left"] - m["first"],
+            "other": self.lead + self.hop + self.tail,
         }
 
     def figures(self) -> dict[str, int]:

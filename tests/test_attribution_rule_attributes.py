@@ -26,6 +26,8 @@ FACTS_DDL = "010_span_facts.sql"
 FACTS_COLUMNS = ("LatscopePhase", "LatscopeFacts", "LatscopeFirstToken")
 FIGURES_DDL = "011_token_figures.sql"
 CALLS_DDL = "014_calls_as_made.sql"
+#: The latest list of codes (016 extends 014's with the shipped rulebook's keys).
+ENGINES_DDL = "016_engine_rules.sql"
 #: The columns 014 recomputes for the parts stored before it.
 REWRITTEN = ("LatscopeRuleAttributes", "LatscopeFirstToken")
 
@@ -42,14 +44,15 @@ def _stored_codes(ddl: str) -> tuple[list[str], list[int]]:
 
 
 def test_the_stored_codes_are_the_rules_codes() -> None:
-    """The codes stored in every part are the latest DDL's (014 extends 007's list); the rules
-    look values up by KEYS' codes. A change of KEYS' order would make every stored span read
-    wrong, so it fails here; a code once stored keeps its key."""
-    keys, codes = _stored_codes(_ddl(CALLS_DDL))
+    """The codes stored in every part are the latest DDL's (014 extends 007's list, 016 014's);
+    the rules look values up by KEYS' codes. A change of KEYS' order would make every stored
+    span read wrong, so it fails here; a code once stored keeps its key."""
+    keys, codes = _stored_codes(_ddl(ENGINES_DDL))
     assert keys == list(KEYS.values())
     assert codes == [CODES[name] for name in KEYS]
-    first_keys, first_codes = _stored_codes(_ddl())
-    assert (keys[: len(first_keys)], codes[: len(first_codes)]) == (first_keys, first_codes)
+    for earlier in (DDL, CALLS_DDL):
+        first_keys, first_codes = _stored_codes(_ddl(earlier))
+        assert (keys[: len(first_keys)], codes[: len(first_codes)]) == (first_keys, first_codes)
 
 
 def _columns_of_parts(store: Store) -> set[str]:

@@ -33,7 +33,11 @@ span_rows AS (
         -- The figures of its token offsets, as latscope's collector stored them; empty from
         -- other writers (deploy/clickhouse/011_token_figures.sql). The single-call path reads
         -- them, the general path the offsets.
-        LatscopeTokenFigures AS token_figures
+        LatscopeTokenFigures AS token_figures,
+        -- What the rulebook's engine rules read that has no code (attribution/rules): those
+        -- attributes' values by name, and the earliest time of each event the rules name.
+        $RULE_VALUES AS rule_vals,
+        $RULE_EVENTS AS rule_events
     FROM $SPANS_TABLE
     WHERE TraceId IN (SELECT trace_id FROM batch) AND $SPAN_BOUNDS
 )

@@ -10,14 +10,21 @@
 span_facts AS (
     SELECT
         trace_id, span_id, parent_id, service, start_ns, end_ns, kind, status, resource, codes,
-        vals, first_token_event,
+        vals, first_token_event, rule_events,
         phase_code != 0 AS latscope_phase,
+        -- The engine whose request span this is (the rulebook's entry, index + 1; 0: none), its
+        -- figures in ns (rf_*), and its stage name's code (an engine's stage spans by name).
+        $ENGINE AS engine,
+        -- The serving system whose request span this is (Dynamo's frontend, ...; 0: none).
+        $SYSTEM AS system,
+        $RULE_FIGURES,
+        $STAGE_CODE(name) AS stage_code,
         -- The bucket this span stands for, if it is a phase (its rank + 1; 0: none):
-        -- latscope.phase, else an SGLang stage slice by name (which only counts under an SGLang
-        -- request root: stage 2 checks).
-        if(latscope_phase, $PHASE_BUCKET(phase_code), $STAGE_BUCKET(name))
+        -- latscope.phase, else an engine's stage span by name (which only counts under that
+        -- engine's request span, within its depth: stage 2 checks).
+        if(latscope_phase, $PHASE_BUCKET(phase_code), $STAGE_BUCKET(stage_code))
             AS bucket,
-        $FACT(LATENCY_NUMBER) AS has_latency,
+        engine != 0 AS has_latency,
         kind = $SERVER OR has_latency AS server_like,
         vals[indexOf(codes, $K_OPERATION)] AS operation,
         -- A client-side GenAI operation (engine.is_model_call), a SERVER span's own word that it
@@ -28,8 +35,8 @@ span_facts AS (
             OR $INFERENCE_ROUTE(vals[indexOf(codes, $K_ROUTE)])) AS says,
         $ASGI_RESPONSE_BODY IN (vals[indexOf(codes, $K_ASGI_EVENT)],
             vals[indexOf(codes, $K_ASGI_EVENT_OLD)]) AS response,
-        has_latency AND startsWith(name, $PREFILL_ROOT) AS prefill_root,
-        has_latency AND startsWith(name, $DECODE_ROOT) AS decode_root,
+        $PREFILL_ROOT AS prefill_root,
+        $DECODE_ROOT AS decode_root,
         -- A decode span with token offsets (a JSON array of integers, not empty), and a prefill
         -- or decode span with GPU figures.
         $TIMED(bucket) AS timed,
@@ -44,16 +51,21 @@ spans AS (
             + $F_GPU * has_gpu + $F_SAYS * says + $F_RESPONSE * response
             + $F_PREFILL_ROOT * prefill_root + $F_DECODE_ROOT * decode_root
             + $F_BUCKET * bucket) AS flags,
-        if(server_like OR kind = $CLIENT OR model_call OR timed OR has_gpu,
+        if(server_like OR system != 0 OR kind = $CLIENT OR model_call OR timed OR has_gpu,
             mapFilter((c, v) -> v != '' AND bitTest(
-                    bitOr(bitOr(if(server_like, $ATTEMPT_MASK, 0),
+                    bitOr(bitOr(if(server_like OR system != 0, $ATTEMPT_MASK, 0),
                                 if(kind = $CLIENT OR model_call, $CLIENT_MASK, 0)),
                           bitOr(if(timed, $DECODE_MASK, 0), if(has_gpu, $GPU_MASK, 0))), c),
                 mapFromArrays(arrayConcat(codes, [$K_STATUS, $K_FIRST_TOKEN_EVENT]),
                               arrayConcat(vals, [status, first_token_event]))),
             map()) AS payload,
         -- Resource attributes are read from the request's last attempt only.
-        if(server_like, resource, map()) AS resource
+        if(server_like, resource, map()) AS resource,
+        -- An engine span's phases from its figures (rank, start, end, kept beside its stage
+        -- spans), its first token from its start, and the decode time its TPOT divides.
+        engine, system, stage_code,
+        $ENGINE_PHASES AS ephases,
+        ($ENGINE_FIRST, $ENGINE_TPOT) AS efigures
     FROM span_facts
     -- A span stored twice (an exporter that retried an Export that had arrived) counts once.
     LIMIT 1 BY trace_id, span_id

@@ -17,7 +17,13 @@ trace_arrays AS (
         groupArray(end_ns) AS ends,
         groupArray(flags) AS flags,
         groupArray(payload) AS payloads,
-        groupArray(resource) AS resources
+        groupArray(resource) AS resources,
+        groupArray(engine) AS engines,
+        groupArray(system) AS systems,
+        groupArray(stage_code) AS stage_codes,
+        groupArray(ephases) AS ephases,
+        -- A tuple: groupArray skips a NULL value, not a tuple holding one.
+        groupArray(efigures) AS efigures
     FROM spans
     GROUP BY trace_id
     -- Not for the order: one sorted stream of trace rows halves the CPU of the stages after it
@@ -29,7 +35,8 @@ trace_arrays AS (
 -- and its flags as arrays.
 parents AS (
     SELECT
-        trace_id, ids, services, starts, ends, payloads, resources,
+        trace_id, ids, services, starts, ends, payloads, resources, engines, systems, stage_codes,
+        ephases, efigures,
         arrayEnumerate(ids) AS idx,
         arraySort((i, s, id) -> (s, id), idx, starts, ids) AS by_start,
         arrayMap(p -> toUInt32(indexOf(ids, p)), parents) AS parent_idx,
@@ -58,17 +65,22 @@ $ANCESTRY,
 -- when that is a CLIENT span or a client-side GenAI operation (engine.client_chain).
 relations AS (
     SELECT
-        * EXCEPT (latscope_phases, by_start),
+        * EXCEPT (by_start),
         arrayMap(i -> toUInt32(indexOf(by_start, i)), idx) AS span_rank,
-        arrayMap((b, a, l) -> if(b = 0, 0, arrayFirst(x -> serverlike[x] AND (l OR latency[x]),
+        arrayMap((b, a, l, c) -> if(b = 0, 0, arrayFirst(x -> serverlike[x]
+            AND (l OR $STAGE_DEPTH(engines[x], c) >= indexOf(a, x)),
             [arrayFirst(x -> serverlike[x], arraySlice(a, 1, $MAX_PHASE_DEPTH))])),
-            buckets, ancestors, latscope_phases) AS owner,
+            buckets, ancestors, latscope_phases, stage_codes) AS owner,
         arrayMap((r, a) -> if(r, arrayFirst(x -> serverlike[x], arraySlice(a, 1, $MAX_PHASE_DEPTH)),
             0), responses, ancestors) AS response_owner,
         arrayMap((a, svc) -> arrayFirst(x -> clients[x]
             OR (serverlike[x] AND services[x] != svc), a), ancestors, services) AS stop,
         arrayMap(p -> if((clients[p] AND NOT latency[p]) OR model_calls[p], p, 0), parent_idx)
-            AS call_up
+            AS call_up,
+        -- The nearest serving system's request span above, within its depth (engine.system_above).
+        arrayMap(a -> arrayMap(x -> if(x != 0 AND indexOf(a, x) <= $SYSTEM_DEPTH(systems[x]), x, 0),
+            [arrayFirst(x -> systems[x] != 0, arraySlice(a, 1, $MAX_PHASE_DEPTH))])[1], ancestors)
+            AS sys_of
     FROM $LAST_ANCESTRY
 ),
 -- The transport of each span, and the client of the call it belongs to: the outermost GenAI
@@ -78,8 +90,18 @@ relations AS (
 -- in its chain).
 candidates AS (
     SELECT
-        * EXCEPT (stop, parent_idx, says),
-        arrayMap(x -> if(clients[x], x, 0), stop) AS client_of,
+        * EXCEPT (stop, parent_idx, says, buckets, latscope_phases),
+        -- The earliest stage span of a name its engine lists in stages.first stands for that
+        -- bucket (engine._first_stages).
+        arrayMap(j -> if(owner[j] != 0 AND NOT latscope_phases[j]
+            AND $STAGE_FIRST(engines[owner[j]], stage_codes[j]) != 0
+            AND span_rank[j] = arrayMin(arrayMap(i -> span_rank[i], arrayFilter(i -> owner[i]
+                = owner[j] AND stage_codes[i] = stage_codes[j] AND NOT latscope_phases[i], idx))),
+            toUInt8($STAGE_FIRST(engines[owner[j]], stage_codes[j])), buckets[j]), idx)
+            AS final_buckets,
+        -- Under a serving system, the system's transport (the CLIENT spans inside it are its hops).
+        arrayMap((x, y) -> if(y != 0, if(clients[stop[y]], stop[y], 0), if(clients[x], x, 0)),
+            stop, sys_of) AS client_of,
         arrayMap(t -> multiIf(model_calls[call_up[call_up[t]]], call_up[call_up[t]],
             model_calls[call_up[t]], call_up[t], t), client_of) AS request_client,
         arrayMap((l, i) -> l OR has(owner, i), latency, idx) AS engine,
@@ -94,7 +116,8 @@ candidates AS (
 -- none). A request is keyed by its client, else by its inference span.
 traces AS (
     SELECT
-        * EXCEPT (ancestors, engine, said, servers),
+        * EXCEPT (ancestors, engine, said, servers, final_buckets),
+        final_buckets AS buckets,
         arrayMap((e, s, i) -> e OR (s AND NOT has(arrayFlatten(arrayFilter((a, c) -> c,
             ancestors, arrayMap((x, y) -> x OR y, engine, said))), i)), engine, said, idx)
             AS is_inference,
@@ -102,7 +125,8 @@ traces AS (
             k = 0, a, arraySlice(a, 1, toUInt64(k - 1))),
             [arrayFirstIndex(x -> clients[x] OR services[x] != svc, a)])[1])),
             ancestors, services, idx) AS outer_server,
-        arrayMap((w, i) -> if(w = 0, i, w), outer_server, idx) AS window_of,
+        arrayMap((w, i, y) -> if(y != 0, if(outer_server[y] = 0, y, outer_server[y]),
+            if(w = 0, i, w)), outer_server, idx, sys_of) AS window_of,
         arrayMap((c, i) -> if(c != 0, c, i), request_client, idx) AS request_key
     FROM candidates
 )

@@ -67,16 +67,27 @@ requests AS (
         arrayCumSum(arrayMap(x -> toUInt32(x), new_try)) AS try_of,
         arrayLastIndex(x -> x, new_try) AS last_try_at,
         -- Of each try, the attempts the response waited for (engine.critical_attempts): the one
-        -- that ended last, then started last; both workers of a disaggregated try. And the last
-        -- try's samples (engine._samples): the decode worker's when disaggregated.
+        -- that ended last, then started last; every part of a disaggregated try (an engine's
+        -- prefill and decode roles, or several engine spans under one serving system). And the
+        -- last try's samples (engine._samples): the decode role's when it has roles; their
+        -- output tokens (engine._output_tokens): a serving system's last part's; their first
+        -- token from the try's start (the serving system's window's under one).
         arrayMap(t -> arrayExists(k -> try_of[k] = t AND disaggregated[attempts[k]],
-            range(1, n_attempts + 1)), range(1, tries + 1)) AS split_try,
+            range(1, n_attempts + 1)), range(1, tries + 1)) AS role_try,
+        arrayMap(t -> role_try[t] OR (arrayCount(k -> try_of[k] = t, range(1, n_attempts + 1)) > 1
+            AND arrayExists(k -> try_of[k] = t AND sys_of[attempts[k]] != 0,
+                range(1, n_attempts + 1))), range(1, tries + 1)) AS split_try,
         arrayFlatten(arrayMap(t -> if(split_try[t],
             arrayFilter(k -> try_of[k] = t, range(1, n_attempts + 1)),
             [arraySort(k -> (a_ends[k], a_starts[k], k),
                 arrayFilter(k -> try_of[k] = t, range(1, n_attempts + 1)))[-1]]),
             range(1, tries + 1))) AS critical,
-        arrayFilter(k -> try_of[k] = tries AND (NOT split_try[tries]
-            OR decode_roots[attempts[k]]), range(1, n_attempts + 1)) AS samples
+        arrayFilter(k -> try_of[k] = tries AND (NOT role_try[tries]
+            OR decode_roots[attempts[k]]), range(1, n_attempts + 1)) AS samples,
+        if(NOT role_try[tries] AND length(samples) > 1
+            AND arrayExists(k -> sys_of[attempts[k]] != 0, samples),
+            [arraySort(k -> (a_ends[k], a_starts[k], k), samples)[-1]], samples) AS token_samples,
+        arrayMin(arrayMap(k -> if(sys_of[attempts[k]] != 0, w_lo[k], a_starts[k]), samples))
+            AS try_lo
     FROM request_clients
 )

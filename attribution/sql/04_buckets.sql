@@ -7,40 +7,15 @@
 -- its bucket's rank, all moved onto the client's clock and clipped to the window. The window is
 -- cut at every interval end; each piece goes to the lowest rank covering it, or to network where
 -- none does.
-latency_s AS (
+engine_figures AS (
     SELECT
         * EXCEPT (new_try, try_of),
-        -- Each attempt's gen_ai.latency.* figures (seconds), aligned with `attempts`.
-        arrayMap(m -> $NUM_AT(m, $K_QUEUE), a_payloads) AS l_queue,
-        arrayMap(m -> $NUM_AT(m, $K_TTFT), a_payloads) AS l_ttft,
-        arrayMap(m -> $NUM_AT(m, $K_PREFILL), a_payloads) AS l_prefill,
-        arrayMap(m -> $NUM_AT(m, $K_DECODE), a_payloads) AS l_decode,
-        arrayMap(m -> $NUM_AT(m, $K_E2E), a_payloads) AS l_e2e
+        -- Each attempt's first token from its start and the decode time its TPOT divides, by
+        -- its engine's rules (stage 1), aligned with `attempts`.
+        arrayMap(a -> if(efigures[a].1 IS NOT NULL, efigures[a].1,
+            $FIRST_TOKEN_AFTER(a)), attempts) AS ttft_ns,
+        arrayMap(a -> efigures[a].2, attempts) AS decode_ns
     FROM requests
-),
-latency_ns AS (
-    SELECT
-        * EXCEPT (l_queue, l_prefill, l_decode, l_e2e, l_ttft),
-        -- engine.synthetic_phases in ns: queue, first token, prefill, and decode (e2e - ttft
-        -- where the split is missing), each relative to its attempt's start.
-        arrayMap(x -> ifNull($S2NS(x), 0), l_queue) AS q_ns,
-        arrayMap(x -> $S2NS(x), l_ttft) AS ttft_ns,
-        arrayMap((t, q, p) -> if(t IS NOT NULL, $S2NS(t), ifNull($S2NS(q), 0)
-            + ifNull($S2NS(p), 0)), l_ttft, l_queue, l_prefill) AS first_ns,
-        arrayMap(p -> $S2NS(p), l_prefill) AS prefill_given,
-        arrayMap(d -> $S2NS(d), l_decode) AS decode_given,
-        arrayMap(e -> $S2NS(e), l_e2e) AS e2e_ns
-    FROM latency_s
-),
-synthetic AS (
-    SELECT
-        * EXCEPT (prefill_given, decode_given, e2e_ns),
-        arrayMap((p, t, f, q) -> if(p IS NOT NULL, p, if(t IS NOT NULL, greatest(0, f - q), 0)),
-            prefill_given, ttft_ns, first_ns, q_ns) AS prefill_ns,
-        arrayMap((d, e, t, f) -> multiIf(d IS NOT NULL, d,
-            e IS NOT NULL AND t IS NOT NULL, greatest(0, e - f), NULL),
-            decode_given, e2e_ns, ttft_ns, first_ns) AS decode_ns
-    FROM latency_ns
 ),
 -- Each attempt's phases (rank, start, end) on the server's clock, clipped to its window.
 attempt_phases AS (
@@ -48,14 +23,14 @@ attempt_phases AS (
         *,
         arrayMap(k -> arrayFilter(p -> p.3 > p.2, arrayMap(
             p -> (p.1, greatest(p.2, w_lo[k]), least(p.3, w_hi[k])),
-            if(has(owner, attempts[k]),
+            arrayConcat(
                 arrayMap(j -> (toUInt8(buckets[j] - 1), starts[j], ends[j]),
                     arrayFilter(j -> owner[j] = attempts[k], idx)),
-                if(latency[attempts[k]], $SYNTHETIC(k), [])))),
+                $ENGINE_PHASES_OF(k)))),
             range(1, n_attempts + 1)) AS a_phases,
         arrayConcat(arrayFlatten(arrayMap(ps -> arrayMap(p -> p.3, ps), a_phases)),
             arrayFilter((h, r) -> r, w_hi, w_responds)) AS reach_ends
-    FROM synthetic
+    FROM engine_figures
 ),
 timelines AS (
     SELECT
@@ -77,12 +52,13 @@ intervals AS (
             critical))) AS ivs,
         -- A KV-cache transfer recorded among the swept attempts' stages (engine._kv_transfer).
         arrayExists(k -> arrayExists(j -> owner[j] = attempts[k] AND buckets[j] = $KV_BUCKET,
-            idx), critical) AS kv_recorded
+            idx) OR arrayExists(p -> p.1 = $KV_RANK, $ENGINE_PHASES_OF(k)), critical)
+            AS kv_recorded
     FROM timelines
 ),
 cut AS (
     SELECT
-        * EXCEPT (q_ns, first_ns, prefill_ns, latency, critical, a_phases, w_lo, w_hi),
+        * EXCEPT (latency, critical, a_phases, w_lo, w_hi, ephases, efigures),
         $CUTS(lo, hi, ivs) AS cuts
     FROM intervals
 ),

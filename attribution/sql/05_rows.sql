@@ -14,19 +14,18 @@ picked AS (
         a_payloads[-1] AS pl_last,
         -- Phases of this request, and its last try's samples.
         arrayFilter(j -> owner[j] != 0 AND has(attempts, owner[j]), idx) AS my_phases,
-        arrayMap(k -> a_payloads[k], samples) AS try_payloads,
+        arrayMap(k -> a_payloads[k], token_samples) AS try_payloads,
         -- Without token times: the earliest first token of the last try's samples, from their
         -- start (vLLM's n > 1 samples start together), and the last attempt's figures for TPOT.
         arrayFilter(x -> x IS NOT NULL, arrayMap(k -> a_starts[k]
-            - arrayMin(arrayMap(j -> a_starts[j], samples)) + ttft_ns[k], samples)) AS try_ttfts,
-        ttft_ns[-1] AS last_ttft,
+            - try_lo + ttft_ns[k], samples)) AS try_ttfts,
         decode_ns[-1] AS last_decode
     FROM swept
 ),
 chosen AS (
     SELECT
         * EXCEPT (ttft_ns, decode_ns, last_try_at, a_payloads, try_payloads, timed_decodes,
-                  gpu_phases, idx, attempts, samples, a_starts, a_ends, windows, kv_recorded),
+                  gpu_phases, idx, attempts, samples, token_samples, try_lo, a_starts, a_ends, windows, kv_recorded),
         -- Merged attributes (m_<name>): the first of the last attempt, the client, client1 and
         -- client2 that has the attribute; c_<name>: the client chain's alone.
         $MERGED_VALUES,
@@ -43,7 +42,8 @@ chosen AS (
         -- Its last decode phase span with token offsets, and its last prefill and decode phase
         -- spans with GPU figures (0: none).
         arrayLast(j -> 1, arraySort(j -> span_rank[j],
-            arrayFilter(j -> timed_decodes[j], my_phases))) AS decode_span,
+            arrayFilter(j -> timed_decodes[j] AND buckets[j] = $DECODE_BUCKET, my_phases)))
+            AS decode_span,
         $GPU_SPANS
     FROM picked
 ),
@@ -107,7 +107,7 @@ rows AS (
             decode_span != 0, decode_start + offsets[1] * 1000 - decode_attempt_start,
             notEmpty(try_ttfts), arrayMin(try_ttfts), NULL) AS ttft_server,
         multiIf(decode_span != 0 AND n_gaps > 0, figures[$AT_TPOT],
-            decode_span = 0 AND last_ttft IS NOT NULL AND last_decode IS NOT NULL
+            decode_span = 0 AND last_decode IS NOT NULL
                 AND last_output > 1, last_decode / (last_output - 1),
             NULL) AS tpot,
         $ITL_COLUMNS(n_gaps > 0),

@@ -28,6 +28,7 @@ from functools import cache, partial
 from importlib import resources
 
 from latscope import sqltext
+from latscope.attribution import rules
 from latscope.attribution.engine import (
     CLIENT_CHAIN,
     DEFAULT_STALL_NS,
@@ -51,11 +52,11 @@ from latscope.attribution.engine import (
     TPOT_NS,
 )
 from latscope.attribution.model import INTEGER, MAX_FLOAT, NUMBER
+from latscope.attribution.sql.engines import EngineSql
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import (
     INFERENCE_ROUTES,
     KV_TRANSFER,
-    SGLANG_STAGES,
     STREAM_PARAMETER,
     ClientAttributes,
     GenAIAttributes,
@@ -64,7 +65,6 @@ from latscope.semconv import (
     LatscopeAttributes,
     OpenInferenceAttributes,
     Phase,
-    SglangSpans,
     SpanKind,
     StatusCode,
     VllmAttributes,
@@ -136,6 +136,15 @@ KEYS: dict[str, str] = {
     "OI_KIND": OpenInferenceAttributes.SPAN_KIND,
     "ASGI_EVENT": HttpAttributes.ASGI_EVENT_TYPE,
     "ASGI_EVENT_OLD": HttpAttributes.ASGI_EVENT_TYPE_OLD,
+    # deploy/clickhouse/016_engine_rules.sql: what the shipped rulebook reads beyond these
+    # (attribution/rules; a user's file reads its own keys by name).
+    "KV_TRANSFER_TIME": "gen_ai.latency.kv_cache_transfer_time",
+    "TGI_VALIDATION": "validation_time",
+    "TGI_QUEUE": "queue_time",
+    "TGI_INFERENCE": "inference_time",
+    "TGI_TOTAL": "total_time",
+    "DYNAMO_METHOD": "method",
+    "DYNAMO_URI": "uri",
 }
 #: Codes of payload values that are not attributes: the span's status, and the time of
 #: latscope's first-token event.
@@ -148,7 +157,7 @@ assert max(CODES.values()) < 64  # a set of codes is a UInt64 bit mask
 #: chain) its merged attributes and first-token figures; a decode span with token offsets those
 #: and its token count; a prefill or decode span with GPU figures those.
 PAYLOAD: dict[str, tuple[str, ...]] = {
-    "ATTEMPT": (*MERGED, *LATENCY, "STATUS"),
+    "ATTEMPT": (*MERGED, "STATUS"),
     "CLIENT": (
         *MERGED,
         "FIRST_TOKEN_NS",
@@ -456,26 +465,12 @@ def flag(flags: str, name: str) -> str:
     return f"(bitAnd({flags}, {FLAGS[name]}) != 0)"
 
 
-def _synthetic(k: str) -> str:
-    """engine.synthetic_phases for the k-th attempt: three (rank, start, end) tuples from the
-    figures stage 4 computed (q_ns, first_ns, prefill_ns, decode_ns)."""
-    first = f"(a_starts[{k}] + first_ns[{k}])"
-    prefill, queue = f"prefill_ns[{k}]", f"q_ns[{k}]"
-    decode = f"ifNull(decode_ns[{k}], 0)"
-
-    def tup(name: str, lo: str, hi: str) -> str:
-        return f"(toUInt8({RANK[name]}), toInt64({lo}), toInt64({hi}))"
-
+def _engine_phases_of(k: str) -> str:
+    """engine.synthetic_phases for the k-th attempt: its engine's phases from its figures
+    (stage 1), all of them without stage spans below it, else those kept beside them."""
     return (
-        "["
-        + ", ".join(
-            [
-                tup(Phase.QUEUE, f"{first} - {prefill} - {queue}", f"{first} - {prefill}"),
-                tup(Phase.PREFILL, f"{first} - {prefill}", first),
-                tup(Phase.DECODE, first, f"{first} + {decode}"),
-            ]
-        )
-        + "]"
+        f"arrayMap(p -> (p.1, p.2, p.3), arrayFilter(p -> p.4 = 1 OR NOT has(owner, "
+        f"attempts[{k}]), ephases[attempts[{k}]]))"
     )
 
 
@@ -696,7 +691,6 @@ def _values(
             if current in (SpanKind.SERVER, SpanKind.CLIENT)
         },
     }
-    stage_buckets = {name: _bucket(bucket) for name, bucket in SGLANG_STAGES.items()}
     values = {
         "SPANS_TABLE": spans_table,
         "SPAN_BOUNDS": span_bounds,
@@ -715,15 +709,13 @@ def _values(
         "MODEL_CALLS": _array(list(GenAIOperation.MODEL_CALLS)),
         "OI_LLM": literal(OpenInferenceAttributes.LLM),
         "ASGI_RESPONSE_BODY": literal(HttpAttributes.ASGI_RESPONSE_BODY),
-        "PREFILL_ROOT": literal(SglangSpans.PREFILL_ROOT),
-        "DECODE_ROOT": literal(SglangSpans.DECODE_ROOT),
+        **_engine_values(),
         "CLIENT_CHAIN": str(CLIENT_CHAIN),
         "KV_RANK": str(KV_RANK),
         "KV_BUCKET": str(_bucket(KV_TRANSFER)),
         **{f"{kind}_MASK": _mask(names) for kind, names in PAYLOAD.items()},
         **{f"K_{name}": str(code) for name, code in CODES.items()},
         **{f"F_{name}": str(value) for name, value in FLAGS.items()},
-        "STAGE_NAMES": _array(list(stage_buckets)),
         "MAX_ANCESTRY": str(MAX_ANCESTRY),
         "MAX_PHASE_DEPTH": str(MAX_PHASE_DEPTH),
         "ANCESTRY": _ancestry(),
@@ -780,10 +772,74 @@ def inference_route(route: str) -> str:
     return f"arrayExists(r -> endsWith({route}, r), {_array(list(INFERENCE_ROUTES))})"
 
 
-def _stage_bucket(expr: str) -> str:
-    names = list(SGLANG_STAGES)
-    codes = [_bucket(SGLANG_STAGES[n]) for n in names]
-    return f"toUInt8(transform({expr}, {_array(names)}, {codes}, 0))"
+def _engine_sql() -> EngineSql:
+    return EngineSql(rules.active())
+
+
+def _stage_code(name: str) -> str:
+    return _engine_sql().stage_code(name)
+
+
+def _stage_bucket(code: str) -> str:
+    return f"toUInt8({_engine_sql().stage_bucket(code, _BUCKET_CODES)})"
+
+
+def _stage_depth(engine: str, code: str) -> str:
+    return _engine_sql().stage_depth(engine, code)
+
+
+def _stage_first(engine: str, code: str) -> str:
+    return _engine_sql().stage_first(engine, code, _BUCKET_CODES)
+
+
+#: A phase bucket's code (rank + 1) by its name, for what the rulebook names.
+_BUCKET_CODES: dict[str, int] = {name: rank + 1 for name, rank in RANK.items()}
+
+
+def rule_attr(key: str, book_keys: list[str]) -> str:
+    """Stage 1's raw value of a rulebook attribute: by its code where the rules already read it
+    (``LatscopeRuleAttributes``), else from ``rule_vals`` (read by name in stage 0)."""
+    code = _KEY_CODES.get(key)
+    if code is not None:
+        return f"vals[indexOf(codes, {code})]"
+    return f"rule_vals[{book_keys.index(key) + 1}]"
+
+
+_KEY_CODES: dict[str, int] = {key: CODES[name] for name, key in KEYS.items()}
+
+
+def _engine_values() -> dict[str, str]:
+    """The placeholders the rulebook fills (``latscope.attribution.sql.engines``)."""
+    sql = _engine_sql()
+    uncoded = [k for k in sql.attributes() if k not in _KEY_CODES]
+
+    def attr(key: str) -> str:
+        return rule_attr(key, uncoded)
+
+    kind = sql.kind_name("kind", FLAGS["SERVER"], FLAGS["CLIENT"])
+    no_latency_key = sql.without_latency_key(set(LATENCY.values()))
+    return {
+        "RULE_VALUES": (
+            f"[{', '.join(f'SpanAttributes[{literal(k)}]' for k in uncoded)}]"
+            if uncoded
+            else "CAST([], 'Array(String)')"
+        ),
+        "RULE_EVENTS": sql.rule_events(),
+        "ENGINE": sql.engine_code(attr, "name", kind),
+        "SYSTEM": sql.engine_code(attr, "name", kind, system=True),
+        # The single-call path: a span of an engine that needs no gen_ai.latency.* key (those
+        # send a trace to the general path already), or of a serving system.
+        "ENGINE_HINT": (
+            f"({sql.engine_code(attr, 'name', kind, no_latency_key)} != 0"
+            f" OR {sql.engine_code(attr, 'name', kind, system=True)} != 0)"
+        ),
+        "RULE_FIGURES": sql.figure_columns(attr),
+        "PREFILL_ROOT": sql.role("prefill"),
+        "DECODE_ROOT": sql.role("decode"),
+        "ENGINE_PHASES": sql.phases(RANK),
+        "ENGINE_FIRST": sql.first_token(),
+        "ENGINE_TPOT": sql.tpot_decode(),
+    }
 
 
 _MACROS: dict[str, Callable[..., str]] = {
@@ -797,7 +853,7 @@ _MACROS: dict[str, Callable[..., str]] = {
     "TOKENS": tokens,
     "STREAMED": streamed,
     "QUANTILE": quantile,
-    "SYNTHETIC": _synthetic,
+    "ENGINE_PHASES_OF": _engine_phases_of,
     "FLAG": flag,
     "SV": sv,
     "TIMED": timed,
@@ -811,6 +867,11 @@ _MACROS: dict[str, Callable[..., str]] = {
     "ITL_COLUMNS": itl_columns,
     "PHASE_BUCKET": _phase_bucket,
     "STAGE_BUCKET": _stage_bucket,
+    "STAGE_CODE": _stage_code,
+    "STAGE_DEPTH": _stage_depth,
+    "STAGE_FIRST": _stage_first,
+    "SYSTEM_DEPTH": lambda code: _engine_sql().system_depth(code),
+    "FIRST_TOKEN_AFTER": lambda a: _engine_sql().first_token_after(a, _BUCKET_CODES),
     "INFERENCE_ROUTE": inference_route,
 }
 
@@ -888,3 +949,8 @@ def simple_select(
         ctes.insert(0, resources_by_id(resources_table))
     final = render(_stage(FINAL), values).strip()
     return "WITH\n" + ",\n".join(ctes) + "\n" + final + "\n" + SETTINGS
+
+
+# A rulebook put in force (``latscope serve --rules``) renders the statements anew.
+rules.on_install(attribution_select.cache_clear)
+rules.on_install(simple_select.cache_clear)

@@ -11,7 +11,8 @@ simple_spans AS (
         -- only under a span with gen_ai.latency.*, which sends a trace to the general path.
         $PHASE_BUCKET(phase_code) AS bucket,
         -- Any gen_ai.latency.* key, a number or not: the general path decides what it means.
-        $FACT(LATENCY_KEY) AS latency_key,
+        -- Or the request span of an engine the rulebook reads without one.
+        $FACT(LATENCY_KEY) OR $ENGINE_HINT AS latency_key,
         $TIMED(bucket) AS timed,
         $HAS_GPU(bucket) AS has_gpu,
         -- A client-side GenAI operation (engine.is_model_call: no span here carries a latency

@@ -29,9 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from latscope.cli import settings_from_args
+    from latscope.serve import install_rulebook
 
     settings = settings_from_args(args)
     logging.getLogger().setLevel(settings.log_level.upper())
+    install_rulebook(settings)
     try:
         return run(settings)
     except StoreError as exc:

@@ -1,0 +1,311 @@
+"""The rulebook's engine entries (``latscope.attribution.rules``) rendered into the SQL
+attributor's statement: which engine's request span a span is, its figures, its phases, its
+first token and TPOT, its disaggregated role, and its stage spans by name. The reference engine
+evaluates the same entries in Python (``rules.Engine``); the property tests hold the two equal on
+random traces of every engine in the rulebook.
+
+Every value here comes from the rulebook (keys, names, units, expressions), never from a span: a
+rulebook string is rendered as a ClickHouse literal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from latscope.attribution.model import NUMBER
+from latscope.attribution.rules import (
+    MAX_SECONDS,
+    RUST_DURATION,
+    RUST_UNITS,
+    UNITS,
+    Engine,
+    Expr,
+    Rulebook,
+)
+
+#: What an engine's figures, phases and first token read from a span, as SQL over stage 1's
+#: columns: ``attr(key)`` a raw attribute value (a String, '' when absent).
+Attr = Callable[[str], str]
+
+
+def _lit(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _array(values: list[str]) -> str:
+    return "[" + ", ".join(_lit(v) for v in values) + "]"
+
+
+def figure_sql(raw: str, unit: str) -> str:
+    """rules.figure_ns of the String ``raw``: Nullable(Int64) ns."""
+    if unit == "rust_duration":
+        groups = f"extractGroups({raw}, {_lit(RUST_DURATION.pattern)})"
+        per_unit = (
+            "multiIf("
+            + ", ".join(f"g[3] = {_lit(u)}, toInt64({10**d})" for u, d in RUST_UNITS.items())
+            + ", toInt64(0))"
+        )
+        digits = (
+            "multiIf(" + ", ".join(f"g[3] = {_lit(u)}, {d}" for u, d in RUST_UNITS.items()) + ", 0)"
+        )
+        return (
+            f"if(match({raw}, {_lit(RUST_DURATION.pattern)}), arrayMap(g -> toInt64(g[1])"
+            f" * {per_unit} + toInt64OrZero(substring(rightPad(g[2], 9, '0'), 1, {digits})),"
+            f" [{groups}])[1], NULL)"
+        )
+    scale = UNITS[unit]
+    bound = MAX_SECONDS * (10**9 // scale)
+    value = f"toFloat64OrNull({raw})"
+    clamped = f"if(abs({value}) > {bound}, sign({value}) * {bound}, {value})"
+    return (
+        f"if(match({raw}, {_lit(NUMBER.pattern)}), toInt64(floor({clamped} * {scale} + 0.5)), NULL)"
+    )
+
+
+class EngineSql:
+    """The SQL of one rulebook, given how stage 1 reads an attribute (``attr``) and an event's
+    first time (``event``)."""
+
+    def __init__(self, book: Rulebook) -> None:
+        self.book = book
+        self.figures: list[tuple[str, str]] = list(
+            dict.fromkeys((f.attribute, f.unit) for e in book.engines for f in e.figures)
+        )
+        self.events: list[str] = sorted({n for e in book.engines for n in e.event_names()})
+        self.stage_names = book.stage_names()
+
+    def attributes(self) -> list[str]:
+        keys = [k for e in self.book.engines for k in e.attributes()]
+        return list(dict.fromkeys(keys))
+
+    # -- stage 0: the raw values -----------------------------------------------------------------
+
+    def rule_events(self) -> str:
+        """Each event name the rules read: its earliest time (ns), else NULL."""
+        if not self.events:
+            return "CAST([], 'Array(Nullable(Int64))')"
+        items = [
+            f"if(has(Events.Name, {_lit(n)}), toUnixTimestamp64Nano(arrayMin(arrayFilter("
+            f"(t, n) -> n = {_lit(n)}, Events.Timestamp, Events.Name))), NULL)"
+            for n in self.events
+        ]
+        return f"CAST([{', '.join(items)}], 'Array(Nullable(Int64))')"
+
+    # -- stage 1: which engine, its figures ------------------------------------------------------
+
+    def match(self, engine: Engine, attr: Attr, name: str, kind: str) -> str:
+        """rules.Engine.matches."""
+        conds = []
+        if engine.names:
+            conds.append(f"{name} IN ({', '.join(_lit(n) for n in engine.names)})")
+        if engine.name_regex:
+            conds.append(f"match({name}, {_lit(engine.name_regex)})")
+        if engine.kinds:
+            conds.append(f"{kind} IN ({', '.join(_lit(k) for k in engine.kinds)})")
+
+        def present(key: str) -> str:
+            if engine.numeric:
+                return f"match({attr(key)}, {_lit(NUMBER.pattern)})"
+            return f"{attr(key)} != ''"
+
+        if engine.all_attributes:
+            conds += [present(k) for k in engine.all_attributes]
+        if engine.any_attribute:
+            conds.append("(" + " OR ".join(present(k) for k in engine.any_attribute) + ")")
+        if engine.any_event:
+            at = [f"rule_events[{self.events.index(n) + 1}] IS NOT NULL" for n in engine.any_event]
+            conds.append("(" + " OR ".join(at) + ")")
+        return "(" + " AND ".join(conds or ["1"]) + ")"
+
+    def engine_code(
+        self,
+        attr: Attr,
+        name: str,
+        kind: str,
+        engines: list[int] | None = None,
+        *,
+        system: bool = False,
+    ) -> str:
+        """The span's engine: the index + 1 of the first entry it matches, else 0 (only the
+        entries ``engines`` when given; the serving systems' with ``system``)."""
+        branches = []
+        for i, engine in enumerate(self.book.engines, 1):
+            if bool(engine.system_depth) != system:
+                continue
+            if engines is None or i in engines:
+                branches += [self.match(engine, attr, name, kind), str(i)]
+        if not branches:
+            return "toUInt8(0)"
+        return f"toUInt8(multiIf({', '.join(branches)}, 0))"
+
+    def without_latency_key(self, latency: set[str]) -> list[int]:
+        """The entries (index + 1) whose request span may carry no ``latency`` key at all."""
+        out = []
+        for i, e in enumerate(self.book.engines, 1):
+            needs = bool(set(e.all_attributes) & latency) or (
+                bool(e.any_attribute) and set(e.any_attribute) <= latency
+            )
+            if not needs:
+                out.append(i)
+        return out
+
+    def system_depth(self, code: str) -> str:
+        """How far below a serving system's request span its engine spans may sit."""
+        return f"{[e.system_depth for e in self.book.engines]}[{code}]"
+
+    def figure_columns(self, attr: Attr) -> str:
+        """``rf_1 .. rf_n``: each (attribute, unit) pair's value in ns on engine spans."""
+        if not self.figures:
+            return "0 AS rf_none"
+        return ",\n        ".join(
+            f"if(engine = 0, NULL, {figure_sql(attr(key), unit)}) AS rf_{i}"
+            for i, (key, unit) in enumerate(self.figures, 1)
+        )
+
+    def figure_names(self) -> str:
+        return ", ".join(f"rf_{i}" for i in range(1, len(self.figures) + 1)) or "rf_none"
+
+    def kind_name(self, kind_code: str, server: int, client: int) -> str:
+        """The kind as a request rule names it (rules.kind_name)."""
+        return (
+            f"multiIf({kind_code} = {server}, 'server', {kind_code} = {client}, 'client', "
+            "'internal')"
+        )
+
+    def role(self, role: str) -> str:
+        """The span is its engine's request span of disaggregated role ``role``."""
+        branches = []
+        for i, engine in enumerate(self.book.engines, 1):
+            prefix = dict(engine.roles).get(role)
+            if prefix:
+                branches += [f"engine = {i}", f"startsWith(name, {_lit(prefix)})"]
+        return f"multiIf({', '.join(branches)}, 0)" if branches else "0"
+
+    # -- stage 1 (second SELECT): phases, first token, TPOT -------------------------------------
+
+    def _expr(self, e: Expr, engine: Engine, own: str | None = None) -> str:
+        if e.kind == "num":
+            return f"toInt64({int(e.value)})"
+        if e.kind == "start":
+            return "start_ns"
+        if e.kind == "end":
+            return "end_ns"
+        if e.kind == "event":
+            return f"rule_events[{self.events.index(e.value) + 1}]"
+        if e.kind == "ref":
+            return self._ref(e.value, engine, own)
+        args = [self._expr(a, engine, own) for a in e.args]
+        if e.kind == "max0":
+            return f"if({args[0]} < 0, toInt64(0), {args[0]})"
+        return f"({args[0]} {'+' if e.kind == 'add' else '-'} {args[1]})"
+
+    def _ref(self, name: str, engine: Engine, own: str | None) -> str:
+        derived = dict(engine.derive)
+        if name in derived and name != own:
+            alts = [self._expr(a, engine, name) for a in derived[name]]
+            return alts[0] if len(alts) == 1 else f"coalesce({', '.join(alts)})"
+        for f in engine.figures:
+            if f.name == name:
+                return f"rf_{self.figures.index((f.attribute, f.unit)) + 1}"
+        raise KeyError(name)  # the rulebook's validation makes this unreachable
+
+    def _first(self, alts: tuple[Expr, ...], engine: Engine) -> str:
+        parts = [self._expr(a, engine) for a in alts]
+        return parts[0] if len(parts) == 1 else f"coalesce({', '.join(parts)})"
+
+    def phases(self, ranks: dict[str, int]) -> str:
+        """Each engine span's phases from its figures: Array((rank, start, end, kept beside its
+        stage spans)), those with an absent end left out."""
+        branches = []
+        for i, engine in enumerate(self.book.engines, 1):
+            if not engine.phases:
+                continue
+            items = [
+                f"(toUInt8({ranks[p.bucket]}), {self._expr(p.start, engine)}, "
+                f"{self._expr(p.end, engine)}, toUInt8({int(p.with_stages)}))"
+                for p in engine.phases
+            ]
+            branches += [f"engine = {i}", f"[{', '.join(items)}]"]
+        typed = "Array(Tuple(UInt8, Nullable(Int64), Nullable(Int64), UInt8))"
+        if not branches:
+            return "CAST([], 'Array(Tuple(UInt8, Int64, Int64, UInt8))')"
+        return (
+            "arrayMap(p -> (p.1, assumeNotNull(p.2), assumeNotNull(p.3), p.4), arrayFilter("
+            f"p -> p.2 IS NOT NULL AND p.3 IS NOT NULL, CAST(multiIf({', '.join(branches)}, "
+            f"[]), '{typed}')))"
+        )
+
+    def _per_engine(self, value: Callable[[Engine], str | None]) -> str:
+        """``value(engine)`` for the span's engine, a Nullable(Int64); NULL where it is None."""
+        branches = []
+        for i, engine in enumerate(self.book.engines, 1):
+            v = value(engine)
+            if v is not None:
+                branches += [f"engine = {i}", v]
+        if not branches:
+            return "CAST(NULL, 'Nullable(Int64)')"
+        return f"CAST(multiIf({', '.join(branches)}, NULL), 'Nullable(Int64)')"
+
+    def first_token(self) -> str:
+        """Engine.first_token_ns: Nullable(Int64) from the span's start."""
+        return self._per_engine(
+            lambda e: f"{self._first(e.first_token, e)} - start_ns" if e.first_token else None
+        )
+
+    def first_token_after(self, a: str, buckets: dict[str, int]) -> str:
+        """Without first-token figures: the end of attempt span ``a``'s earliest stage span of its
+        engine's ``after_stage`` bucket, from its start; NULL without."""
+        codes = [
+            buckets[e.first_token_after] if e.first_token_after else 0 for e in self.book.engines
+        ]
+        if not any(codes):
+            return "CAST(NULL, 'Nullable(Int64)')"
+        first = (
+            f"arraySort(j -> span_rank[j], arrayFilter(j -> owner[j] = {a} "
+            f"AND buckets[j] = {codes}[engines[{a}]], idx))"
+        )
+        return (
+            f"if({codes}[engines[{a}]] = 0 OR empty({first}), CAST(NULL, 'Nullable(Int64)'), "
+            f"ends[{first}[1]] - starts[{a}])"
+        )
+
+    def tpot_decode(self) -> str:
+        """Engine.tpot_decode_ns: Nullable(Int64)."""
+
+        def value(engine: Engine) -> str | None:
+            if not engine.tpot_decode:
+                return None
+            out = self._first(engine.tpot_decode, engine)
+            when = [f"{self._ref(n, engine, None)} IS NOT NULL" for n in engine.tpot_when]
+            return f"if({' AND '.join(when)}, {out}, NULL)" if when else out
+
+        return self._per_engine(value)
+
+    # -- stage spans -----------------------------------------------------------------------------
+
+    def stage_code(self, name: str) -> str:
+        """A span's stage name code (index + 1 among every engine's stage names; 0: none)."""
+        if not self.stage_names:
+            return "toUInt16(0)"
+        return f"toUInt16(indexOf({_array(self.stage_names)}, {name}))"
+
+    def stage_bucket(self, code: str, buckets: dict[str, int]) -> str:
+        """A stage name code's bucket (rank + 1; 0: none)."""
+        values = [0] + [buckets[self.book.stage_bucket(n) or ""] for n in self.stage_names]
+        return f"{values}[{code} + 1]"
+
+    def _table(self, value: Callable[[Engine, str], int]) -> str:
+        rows = [[value(e, n) for n in self.stage_names] for e in self.book.engines]
+        return str(rows if rows and self.stage_names else [[0]])
+
+    def stage_depth(self, engine: str, code: str) -> str:
+        """How far below its request span an engine's stage of this name may sit (0: not one of
+        the engine's stages)."""
+        table = self._table(lambda e, n: e.stage_depth if e.stage_bucket(n) is not None else 0)
+        return f"{table}[{engine}][{code}]"
+
+    def stage_first(self, engine: str, code: str, buckets: dict[str, int]) -> str:
+        """The bucket (rank + 1) the earliest stage span of this name stands for (0: none)."""
+        table = self._table(lambda e, n: buckets[dict(e.first_stages)[n]] if n in dict(
+            e.first_stages) else 0)  # fmt: skip
+        return f"{table}[{engine}][{code}]"
