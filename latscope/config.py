@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from latscope.auth import TokenFileError, read_token_file
-from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE
+from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE, ENGINE_MEMORY_SHARE
 
 #: ``--attribution-reach-s``: how far from the spans that bring a trace to an attribution pass
 #: its other spans may start. A pass reads the spans that start from this long before the first
@@ -32,6 +32,25 @@ DEFAULT_BATCH_SPANS = 1_000_000
 #: Upper bounds of the two: the plan weighs traces in their product (UInt64).
 MAX_BATCH_TRACES = 10_000_000
 MAX_BATCH_SPANS = 1_000_000_000
+
+
+#: What ``latscope serve`` holds beside what ``--memory-limit-bytes`` governs: Python and its
+#: modules, the embedded ClickHouse's code (0.37 GiB of its library mapped in), the insert's
+#: copies past the limit (a slice and a segment read back from the spool) and the allocators'
+#: slack (freed memory they hold for a few seconds). ``memory_bound_bytes`` adds the rest.
+PROCESS_MEMORY_BYTES = 768 * 1024**2
+
+
+def memory_bound_bytes(memory_limit_bytes: int) -> int:
+    """The most ``latscope serve`` on an embedded store holds (its RSS), for a memory setting:
+    the process's own, the limit itself (Exports), and the embedded ClickHouse's limit
+    (``ENGINE_MEMORY_SHARE`` times it). docs/deploy.md states it; ``bench/memory`` and
+    ``tests/test_serve_memory.py`` hold it.
+
+    >>> memory_bound_bytes(256 * 1024**2) / 1024**3
+    1.75
+    """
+    return PROCESS_MEMORY_BYTES + (1 + ENGINE_MEMORY_SHARE) * memory_limit_bytes
 
 
 class ConfigError(ValueError):
@@ -193,7 +212,8 @@ class Settings:
         default=256 * 1024**2,
         metadata={
             "help": "memory Exports may hold (received, decoded, waiting for ClickHouse) before "
-            "the collector answers RESOURCE_EXHAUSTED / 429"
+            "the collector answers RESOURCE_EXHAUSTED / 429; an embedded store's ClickHouse "
+            f"may use {ENGINE_MEMORY_SHARE} times this (docs/deploy.md gives the process's bound)"
         },
     )
     query_timeout_s: float = field(
