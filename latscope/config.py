@@ -10,6 +10,9 @@ from pathlib import Path
 from latscope.auth import TokenFileError, read_token_file
 from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE, ENGINE_MEMORY_SHARE
 
+#: ``--max-trace-spans``: the most spans of one trace the API answers (latscope.api.trace).
+DEFAULT_MAX_TRACE_SPANS = 50_000
+
 #: ``--attribution-reach-s``: how far from the spans that bring a trace to an attribution pass
 #: its other spans may start. A pass reads the spans that start from this long before the first
 #: start to this long after the last end of its slice's spans. Two hours cover hour-long streams
@@ -218,7 +221,17 @@ class Settings:
     )
     query_timeout_s: float = field(
         default=DEFAULT_QUERY_TIMEOUT_S,
-        metadata={"help": "ClickHouse stops any query or command running longer (seconds)"},
+        metadata={
+            "help": "ClickHouse stops any query or command running longer (seconds); an answer "
+            "about one trace worked out in this process stops at it too"
+        },
+    )
+    max_trace_spans: int = field(
+        default=DEFAULT_MAX_TRACE_SPANS,
+        metadata={
+            "help": "a trace with more spans is not answered (422 trace_too_large): each trace "
+            "answer is Python work linear in its spans (about 50 ms per 1,000)"
+        },
     )
     http_body_timeout_s: float = field(
         default=30.0,
@@ -311,7 +324,7 @@ class Settings:
                 raise ConfigError(f"--{name.replace('_', '-')}: no such file {path}")
         for name in ("grpc_workers", "queue_max_spans", "batch_max_spans", "spool_max_bytes",
                      "max_span_attributes", "max_attribute_value_bytes",
-                     "memory_limit_bytes"):  # fmt: skip
+                     "memory_limit_bytes", "max_trace_spans"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         if self.query_timeout_s < 1:
