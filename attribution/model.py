@@ -83,7 +83,7 @@ def parse_int_list(raw: str | None) -> list[int]:
         or max(values) >= _INT15_BOUND
     ):
         return []
-    return values  # type: ignore[no-any-return]
+    return values
 
 
 @dataclass(frozen=True, slots=True)

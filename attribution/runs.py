@@ -142,8 +142,10 @@ def explain_run(
     entry: dict[str, tuple[CallOnPath, int, int, list[tuple[str, int, int]]]] = {}
     calls = []
     for r in requests:
-        call = CallOnPath(attribute_request(trace_id, r, stall_threshold_ns=stall_threshold_ns))
-        tl, pieces = request_segments(r)
+        tl, pieces = segments = request_segments(r)
+        call = CallOnPath(
+            attribute_request(trace_id, r, stall_threshold_ns=stall_threshold_ns, segments=segments)
+        )
         entry[r.span_id] = (call, tl.lo, tl.hi, pieces)
         calls.append(call)
     # Spans with an LLM call at or below them: a CLIENT span among them wraps a call (a GenAI
