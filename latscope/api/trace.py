@@ -7,7 +7,7 @@ answer as they always did. Each function reads the spans from the store and retu
 model (``latscope.api.schemas``, milliseconds as floats), which the REST API serves, the gRPC
 service converts and the CLI's direct mode renders.
 
-Bounds, so that no trace ties up the API or the ingest beside it (issue 47): a trace of more than
+Bounds, so that no trace ties up the API or the ingest beside it: a trace of more than
 ``max_spans`` spans (``--max-trace-spans``) is not answered (422 ``trace_too_large``, counted
 before it is read); at most ``TRACE_SLOTS`` answers are worked out at once, the others wait
 their turn (503 ``busy`` at once when ``TRACE_WAITING`` already wait), since each is Python work
