@@ -4,6 +4,7 @@ request that cannot start or finish by its deadline stops (503 ``query_timeout``
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from latscope.api.errors import QueryError
-from latscope.api.trace import _Gate, _Trace
+from latscope.api.trace import _CyclesLater, _Gate, _Trace
 
 
 def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -62,3 +63,17 @@ def test_an_answer_past_its_deadline_stops_at_its_next_step() -> None:
     with pytest.raises(QueryError) as info:
         _Trace("ab" * 16, [], now - 1, "trace x").check()
     assert (info.value.status, info.value.error) == (503, "query_timeout")
+
+
+def test_the_cyclic_collector_is_back_once_no_answer_runs() -> None:
+    cycles = _CyclesLater()
+    assert gc.isenabled()
+    with cycles.paused():
+        assert not gc.isenabled()
+        with cycles.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # one answer still runs
+    assert gc.isenabled()
+    with pytest.raises(QueryError), cycles.paused():
+        raise QueryError(503, "query_timeout", "stopped")
+    assert gc.isenabled()

@@ -19,6 +19,7 @@ Every step is linear in the trace's spans (``docs/benchmarks.md``, "Wide traces"
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import re
 import threading
@@ -107,6 +108,37 @@ class _Gate:
 _GATE = _Gate(TRACE_SLOTS, TRACE_WAITING)
 
 
+class _CyclesLater:
+    """Python's cyclic garbage collector paused while any trace answer is worked out: an answer
+    allocates an object or more per span and per field, which sets off collections of the whole
+    heap again and again (a third of a wide trace's answer); what it leaves is freed by reference
+    counting, and any cycles at the next collection after the last answer ends. Answers are at
+    most ``TRACE_SLOTS`` at once and each stops at its deadline, so the pause is bounded."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._answers = 0
+        self._was_enabled = True
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        with self._lock:
+            if self._answers == 0:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._answers += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._answers -= 1
+                if self._answers == 0 and self._was_enabled:
+                    gc.enable()
+
+
+_CYCLES = _CyclesLater()
+
+
 def _timed_out(what: str) -> QueryError:
     return QueryError(
         503, "query_timeout",
@@ -172,7 +204,7 @@ class _Trace:
 def _reading(store: Store, trace_id: str, what: str, max_spans: int) -> Iterator[_Trace]:
     """The trace's spans, within the bounds (the module's docstring); NotFound when none."""
     deadline = time.monotonic() + store.query_timeout_s
-    with _GATE.slot(deadline, what):
+    with _GATE.slot(deadline, what), _CYCLES.paused():
         counted = int(
             store.query_rows(_COUNT_SPANS, {"trace_id": trace_id, "limit": max_spans + 1})[0][0]
         )
