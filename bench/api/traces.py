@@ -229,8 +229,11 @@ def main() -> None:
               f"{os.getloadavg()[0]:.2f}")  # fmt: skip
         ids = list(spans)
         with httpx.Client(base_url=serve.http, timeout=600) as client:
-            first = {t: client.get(f"/v1/traces/{t}/requests").json()["requests"][0]["request_id"]
-                     for t in ids}  # fmt: skip
+            first = {}
+            for t in ids:
+                r = client.get(f"/v1/traces/{t}/requests")
+                assert r.status_code == 200, r.text
+                first[t] = r.json()["requests"][0]["request_id"]
             header = "".join(f"{spans[t]:>10,} sp" for t in ids)
             print(f"\n{'route, best of ' + str(args.repeat):<34}{header}   ms per 1,000 spans")
             print(f"{'  (wall ms / serve CPU ms)':<34}")
