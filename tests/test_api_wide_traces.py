@@ -16,6 +16,8 @@ import pytest
 
 from bench.api.wide import CALL_MS, GAP_MS, STEP_MS, TOOL_MS, span_count, wide_run
 from latscope.api.grpc_service import run_dict
+from latscope.cli import main
+from latscope.cmd.explain import MAX_SPAN_ROWS
 from latscope.v1 import query_pb2, query_pb2_grpc
 from tests.serve_support import Server, start_serve
 
@@ -179,3 +181,12 @@ def test_grpc_refuses_a_trace_past_the_cap(served) -> None:
                 call(request, timeout=60)
             assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "--max-trace-spans" in info.value.details()
+
+
+def test_explain_draws_a_wide_run_s_first_spans_and_counts_the_rest(served, capsys) -> None:
+    wide = TRACES["wide"][0].hex()
+    assert main(["explain", wide, "--url", served.http]) == 0
+    out = capsys.readouterr().out
+    assert f"{WIDE} inference call(s), {WIDE} tool call(s)" in out
+    more = span_count(WIDE) - MAX_SPAN_ROWS
+    assert f"… and {more} more spans (--json or the web page shows all)" in out
