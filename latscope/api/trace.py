@@ -25,7 +25,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from latscope.api.errors import InvalidParameter, NotFound, QueryError
@@ -174,7 +174,6 @@ class _Trace:
     what: str
     _index: TraceIndex | None = None
     _requests: list[Request] | None = None
-    _timelines: dict[str, int] = field(default_factory=dict)
 
     @property
     def index(self) -> TraceIndex:
