@@ -215,6 +215,13 @@ def main() -> None:
     parser.add_argument("--ingest-s", type=float, default=10.0)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="latscope-bench-traces-"))
+    try:
+        _run(root, args)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(root: Path, args: argparse.Namespace) -> None:
     serve = Serve(root / "store")
     try:
         rng = random.Random(7)
@@ -272,7 +279,6 @@ def main() -> None:
               f"{json.dumps(body['detail'])[:160]}...")  # fmt: skip
     finally:
         serve.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
