@@ -767,10 +767,15 @@ def streamed(request: Request) -> bool | None:
 
 
 def attribute_request(
-    trace_id: str, request: Request, *, stall_threshold_ns: int = DEFAULT_STALL_NS
+    trace_id: str,
+    request: Request,
+    *,
+    stall_threshold_ns: int = DEFAULT_STALL_NS,
+    pieces: tuple[Timeline, list[tuple[int, int, int]]] | None = None,
 ) -> RequestAttribution:
-    """One request's buckets, streaming figures, tokens, skew and GPU figures."""
-    tl, ranked = ranked_pieces(request)
+    """One request's buckets, streaming figures, tokens, skew and GPU figures; ``pieces``: its
+    ``ranked_pieces``, when the caller has them already."""
+    tl, ranked = pieces or ranked_pieces(request)
     has_client = request.client is not None
     buckets: dict[str, int | None] = dict.fromkeys(BUCKETS, 0)
     for r, a, b in ranked:

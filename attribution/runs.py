@@ -20,15 +20,18 @@ category.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from latscope.attribution.engine import (
     DEFAULT_STALL_NS,
+    Request,
     TraceIndex,
     attribute_request,
     find_requests,
-    request_segments,
+    rank_name,
+    ranked_pieces,
 )
 from latscope.attribution.model import RequestAttribution, SpanRecord
 from latscope.semconv import (
@@ -121,21 +124,31 @@ def _placement(outer: tuple[int, int], inner: tuple[int, int]) -> int:
 
 
 def explain_run(
-    trace_id: str, spans: Sequence[SpanRecord], *, stall_threshold_ns: int = DEFAULT_STALL_NS
+    trace_id: str,
+    spans: Sequence[SpanRecord],
+    *,
+    stall_threshold_ns: int = DEFAULT_STALL_NS,
+    index: TraceIndex | None = None,
+    requests: Sequence[Request] | None = None,
 ) -> RunExplanation | None:
     """The run's critical path split into LLM buckets, tool time and app time; None for a trace
-    with no spans."""
+    with no spans. ``index`` and ``requests``: the spans' ``TraceIndex`` and ``find_requests``,
+    when the caller has them already."""
     if not spans:
         return None
-    index = TraceIndex(spans)
+    index = index or TraceIndex(spans)
     root = _root(spans, index)
-    requests = find_requests(spans)
+    requests = find_requests(spans) if requests is None else requests
     # An LLM call is entered at its client span, or at its first attempt when it has none.
     entry: dict[str, tuple[CallOnPath, int, int, list[tuple[str, int, int]]]] = {}
     calls = []
     for r in requests:
-        call = CallOnPath(attribute_request(trace_id, r, stall_threshold_ns=stall_threshold_ns))
-        tl, pieces = request_segments(r)
+        tl, ranked = computed = ranked_pieces(r)
+        has_client = r.client is not None
+        pieces = [(rank_name(x, client=has_client), a, b) for x, a, b in ranked]
+        call = CallOnPath(
+            attribute_request(trace_id, r, stall_threshold_ns=stall_threshold_ns, pieces=computed)
+        )
         entry[r.span_id] = (call, tl.lo, tl.hi, pieces)
         calls.append(call)
     # Spans with an LLM call at or below them: a CLIENT span among them wraps a call (a GenAI
@@ -199,6 +212,8 @@ def explain_run(
         # Children on this span's clock; a SERVER child of another service is on its own host's
         # clock and is placed inside this span first. A child already on the way down here is a
         # cycle in the parent links (a span its own ancestor): that link is left out.
+        # (c_hi, c_lo, span id, child, shift) of the children that can be on the path: those
+        # ending after lo and after they start, latest end first.
         kids = []
         here = (span.start_ns + offset, span.end_ns + offset)
         for c in index.children.get(span.span_id, ()):
@@ -208,26 +223,39 @@ def explain_run(
             shift = offset
             if c.kind == SpanKind.SERVER and c.service != span.service:
                 shift = offset + _placement(here, (c.start_ns + offset, c.end_ns + offset))
-            kids.append((c, shift))
+            c_lo, c_hi = interval(c, shift)
+            if c_hi > lo and c_hi > c_lo:
+                kids.append((c_hi, c_lo, c.span_id, c, shift))
+        kids.sort(key=lambda k: k[0], reverse=True)
+        # At each point t, the child that finished last at or before t (clipped to t) is next:
+        # every child still running at t ends there, and of those the one that started first
+        # (then the largest span id) is taken. Those are kept in a heap as t moves back, by
+        # (start, rank of the span id from the largest), and one starting at or after t can
+        # never be taken again; so each child is looked at a bounded number of times, and a
+        # span with many children (a long agent run) is walked in n log n, not n squared.
+        rank = {k[2]: i for i, k in enumerate(sorted(kids, key=lambda k: k[2], reverse=True))}
+        running: list[tuple[int, int, int]] = []
+        taken = 0  # kids[:taken] are in the heap (or were)
         t = hi
         while t > lo:
-            best: tuple[SpanRecord, int] | None = None
-            best_key: tuple[int, int, str] | None = None
-            for c, shift in kids:
-                c_lo, c_hi = interval(c, shift)
-                end = min(c_hi, t)
-                if c_lo >= t or end <= lo or end <= c_lo:
-                    continue
-                key = (end, -c_lo, c.span_id)
-                if best_key is None or key > best_key:
-                    best, best_key = (c, shift), key
-            if best is None or best_key is None:
-                own(span, category, lo, t)
-                break
-            child, shift = best
-            end, start = best_key[0], max(-best_key[1], lo)
-            own(span, category, end, t)
-            yield child, start, end, category, shift
+            while taken < len(kids) and kids[taken][0] >= t:
+                heapq.heappush(running, (kids[taken][1], rank[kids[taken][2]], taken))
+                taken += 1
+            while running and running[0][0] >= t:
+                heapq.heappop(running)
+            if not running:
+                if taken == len(kids):
+                    own(span, category, lo, t)
+                    break
+                # None runs at t: the next to end is the latest end before it.
+                end = kids[taken][0]
+                own(span, category, end, t)
+                t = end
+                continue
+            _, _, i = heapq.heappop(running)
+            _, c_lo, _, child, shift = kids[i]
+            start = max(c_lo, lo)
+            yield child, start, t, category, shift
             t = start
         if is_tool:
             tool_stack.pop()

@@ -87,7 +87,11 @@ class DeferredStore(Store):
 def open_store(settings: Settings) -> tuple[Store, int | None]:
     """The store and its schema version, or a ``DeferredStore`` (version None) when down."""
     try:
-        store = Store.open(settings.store, query_timeout_s=settings.query_timeout_s)
+        store = Store.open(
+            settings.store,
+            query_timeout_s=settings.query_timeout_s,
+            memory_limit_bytes=settings.memory_limit_bytes,
+        )
         return store, store.apply_schema()
     except StoreUnavailable as exc:
         if settings.store.startswith("chdb:"):

@@ -11,17 +11,22 @@ the heap suits Go; here the memory that grows with load is known exactly, so it 
 * while it is parsed in Python (OTLP/JSON, or protobuf without the C decoder), an estimate of
   the objects parsing creates;
 * its decoded columns, from decoding until they are inserted into ClickHouse, or dropped from
-  memory because ClickHouse is failing (they wait in the spool then, not in memory).
+  memory because ClickHouse is failing (they wait in the spool then, not in memory);
+* the insert's own copies while it runs (``holding``): each slice of a segment made contiguous
+  and written out as an Arrow stream for ClickHouse, and a segment read back from the spool.
 
 An Export that does not fit is refused before it is decoded where its size tells (the bytes
 alone do not fit), else as soon as decoding passes what is left (the C decoder stops there).
-Memory that is not counted is bounded elsewhere: one insert at a time, in slices of a bounded
-size, and the process's fixed footprint (``docs/deploy.md`` gives the bound with the defaults).
+Memory that is not counted is bounded elsewhere: the embedded ClickHouse by its own limit, set
+from this one (``latscope.storage.engine_settings``), and the process's fixed footprint
+(``docs/deploy.md`` gives the bound).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 from latscope.collector import telemetry
 
@@ -65,6 +70,18 @@ class MemoryLimit:
         with self._lock:
             self._held -= nbytes
             telemetry.MEMORY_HELD.set(self._held)
+
+    @contextlib.contextmanager
+    def holding(self, nbytes: int) -> Iterator[None]:
+        """Count ``nbytes`` while the block runs, past the limit if need be: memory the writer
+        needs to make progress (an insert's copies), which new Exports then wait for."""
+        with self._lock:
+            self._held += max(0, nbytes)
+            telemetry.MEMORY_HELD.set(self._held)
+        try:
+            yield
+        finally:
+            self.release(nbytes)
 
 
 __all__ = ["MemoryLimit"]

@@ -286,8 +286,8 @@ class Segment:
         for record in records:
             parts.append(len(record).to_bytes(4, "little"))
             parts.append(record)
-        data = b"".join(parts)
-        if not self.spool._grow(len(data)):
+        size = sum(len(part) for part in parts)
+        if not self.spool._grow(size):
             return False
         first = self._fd is None
         try:
@@ -295,12 +295,10 @@ class Segment:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 _fsync_dir(self.spool.directory)  # the name must survive a crash as the data does
             assert self._fd is not None
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view) :]
+            _write_all(self._fd, parts)
             os.fdatasync(self._fd)
         except OSError:
-            self.spool._shrink(len(data))
+            self.spool._shrink(size)
             if first and self._fd is not None:
                 # Never leave a segment without its header: the next append starts afresh.
                 os.close(self._fd)
@@ -311,7 +309,7 @@ class Segment:
                 with contextlib.suppress(OSError):
                     os.ftruncate(self._fd, self.size)
             raise
-        self.size += len(data)
+        self.size += size
         self.rows += rows
         return True
 
@@ -324,6 +322,24 @@ class Segment:
         entry = SpoolEntry(self.seq, self.token, self.rows, self.path, self.size)
         self.spool._add(entry)
         return entry
+
+
+#: Buffers one ``writev`` takes at most (Linux's IOV_MAX).
+_IOV_MAX = 1024
+
+
+def _write_all(fd: int, parts: list[bytes]) -> None:
+    """Write ``parts`` one after the other, without joining them into one more copy first (the
+    Exports' bytes are counted against the memory limit once, as received)."""
+    views = [memoryview(part) for part in parts if part]
+    first = 0
+    while first < len(views):
+        written = os.writev(fd, views[first : first + _IOV_MAX])
+        while first < len(views) and written >= len(views[first]):
+            written -= len(views[first])
+            first += 1
+        if written:
+            views[first] = views[first][written:]
 
 
 def read_segment(path: Path) -> pa.Table:

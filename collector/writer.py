@@ -26,6 +26,7 @@ acknowledged.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
@@ -45,6 +46,7 @@ from latscope.collector.mapping import (
     insert_slices,
     resource_ids,
     resource_rows,
+    table_bytes,
 )
 from latscope.collector.memory import MemoryLimit
 from latscope.collector.spool import Segment, Spool, SpoolEntry, SpoolError
@@ -186,8 +188,9 @@ class WriterConfig:
     #: a segment is what is read back from the spool at once, and what one insert sends
     batch_bytes: int = 64 << 20
     #: an insert sends at most about this many bytes with dictionaries expanded (what it costs
-    #: ClickHouse); a larger segment goes in as several inserts, each with its own token
-    insert_bytes: int = 64 << 20
+    #: ClickHouse, about five times this at its peak: ``bench/memory``); a larger segment goes in
+    #: as several inserts, each with its own token
+    insert_bytes: int = 32 << 20
     #: an inserted journal segment is kept until ClickHouse has synced its parts to disk, which
     #: it is asked to do (SYSTEM SYNC FILE CACHE) at most this often, and soon after it idles
     sync_every_s: float = 1.0
@@ -289,15 +292,19 @@ class _StoreWriter:
         the rows alone, so a replay after a failure midway sends the same slices with the same
         tokens, and ClickHouse drops the ones it already has.
         """
-        # One contiguous chunk per column: ClickHouse takes it several times faster than many,
-        # and the cut is computed once over the whole segment (slices are views of it).
-        table = combine(table)
         slices = insert_slices(table, self.config.insert_bytes)
         for i, part in enumerate(slices):
             tok = token if len(slices) == 1 else f"{token}-{i}"
-            if not self._insert(self._prepare(part), tok, split_any=split_any):
-                return False
+            # One contiguous chunk per column, a slice at a time (so one slice is copied at
+            # once): ClickHouse takes it several times faster than many.
+            with self._holding(2 * table_bytes(part)):  # the copy, and its Arrow stream
+                if not self._insert(self._prepare(combine(part)), tok, split_any=split_any):
+                    return False
         return True
+
+    def _holding(self, nbytes: int) -> contextlib.AbstractContextManager[None]:
+        """Count memory an insert needs against the collector's limit while it runs."""
+        return contextlib.nullcontext()
 
     def _prepare(self, part: pa.Table) -> pa.Table:
         """A slice as it is inserted (after the cut, which depends on the decoded rows alone)."""
@@ -869,6 +876,9 @@ class JournalWriter(_StoreWriter):
         self.spool.discard([entry for _, entry in batch])
         self._spool_bytes.set(self.spool.bytes)
 
+    def _holding(self, nbytes: int) -> contextlib.AbstractContextManager[None]:
+        return self.memory.holding(nbytes) if self.memory is not None else contextlib.nullcontext()
+
     def _insert_entry(self, entry: SpoolEntry, tables: list[pa.Table] | None) -> None:
         if tables is None:
             try:
@@ -881,6 +891,14 @@ class JournalWriter(_StoreWriter):
         if table is None or not table.num_rows:
             self._removed(entry, tables)
             return
+        # Rows read back from the spool are counted while they are inserted (rows still in
+        # memory were counted since they were decoded).
+        with self._holding(table_bytes(table) if tables is None else 0):
+            self._insert_table(entry, tables, table)
+
+    def _insert_table(
+        self, entry: SpoolEntry, tables: list[pa.Table] | None, table: pa.Table
+    ) -> None:
         if self._insert_sliced(table, entry.token) or self._count_failure(entry, table):
             self._removed(entry, tables)
             if tables is None:

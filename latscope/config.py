@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from latscope.auth import TokenFileError, read_token_file
-from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE
+from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE, ENGINE_MEMORY_SHARE
+
+#: ``--max-trace-spans``: the most spans of one trace the API answers (latscope.api.trace).
+DEFAULT_MAX_TRACE_SPANS = 50_000
 
 if TYPE_CHECKING:
     from latscope.attribution.rules import Rulebook
@@ -36,6 +39,25 @@ DEFAULT_BATCH_SPANS = 1_000_000
 #: Upper bounds of the two: the plan weighs traces in their product (UInt64).
 MAX_BATCH_TRACES = 10_000_000
 MAX_BATCH_SPANS = 1_000_000_000
+
+
+#: What ``latscope serve`` holds beside what ``--memory-limit-bytes`` governs: Python and its
+#: modules, the embedded ClickHouse's code (0.37 GiB of its library mapped in), the insert's
+#: copies past the limit (a slice and a segment read back from the spool) and the allocators'
+#: slack (freed memory they hold for a few seconds). ``memory_bound_bytes`` adds the rest.
+PROCESS_MEMORY_BYTES = 768 * 1024**2
+
+
+def memory_bound_bytes(memory_limit_bytes: int) -> int:
+    """The most ``latscope serve`` on an embedded store holds (its RSS), for a memory setting:
+    the process's own, the limit itself (Exports), and the embedded ClickHouse's limit
+    (``ENGINE_MEMORY_SHARE`` times it). docs/deploy.md states it; ``bench/memory`` and
+    ``tests/test_serve_memory.py`` hold it.
+
+    >>> memory_bound_bytes(256 * 1024**2) / 1024**3
+    1.75
+    """
+    return PROCESS_MEMORY_BYTES + (1 + ENGINE_MEMORY_SHARE) * memory_limit_bytes
 
 
 class ConfigError(ValueError):
@@ -197,7 +219,8 @@ class Settings:
         default=256 * 1024**2,
         metadata={
             "help": "memory Exports may hold (received, decoded, waiting for ClickHouse) before "
-            "the collector answers RESOURCE_EXHAUSTED / 429"
+            "the collector answers RESOURCE_EXHAUSTED / 429; an embedded store's ClickHouse "
+            f"may use {ENGINE_MEMORY_SHARE} times this (docs/deploy.md gives the process's bound)"
         },
     )
     slo_objectives: str = field(
@@ -223,7 +246,17 @@ class Settings:
     )
     query_timeout_s: float = field(
         default=DEFAULT_QUERY_TIMEOUT_S,
-        metadata={"help": "ClickHouse stops any query or command running longer (seconds)"},
+        metadata={
+            "help": "ClickHouse stops any query or command running longer (seconds); an answer "
+            "about one trace worked out in this process stops at it too"
+        },
+    )
+    max_trace_spans: int = field(
+        default=DEFAULT_MAX_TRACE_SPANS,
+        metadata={
+            "help": "a trace with more spans is not answered (422 trace_too_large): each trace "
+            "answer is Python work linear in its spans (0.04-0.15 CPU s per 1,000)"
+        },
     )
     http_body_timeout_s: float = field(
         default=30.0,
@@ -330,7 +363,7 @@ class Settings:
                 raise ConfigError(f"--{name.replace('_', '-')}: no such file {path}")
         for name in ("grpc_workers", "queue_max_spans", "batch_max_spans", "spool_max_bytes",
                      "max_span_attributes", "max_attribute_value_bytes",
-                     "memory_limit_bytes"):  # fmt: skip
+                     "memory_limit_bytes", "max_trace_spans"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         if self.slo_interval_s < 1:

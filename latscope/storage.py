@@ -51,6 +51,44 @@ RESOURCES_TABLE = "latscope_resources"
 #: a row's Timestamp is never older than this before the ingest time of a span that names it.
 RESOURCE_REFRESH_S = 600
 
+#: The embedded engine's share of latscope's one memory setting (``--memory-limit-bytes``, the
+#: bytes Exports may hold): ClickHouse's server-wide limit (``max_server_memory_usage``) is this
+#: many times it. Everything the engine allocates counts: inserts, merges, queries, caches. An
+#: insert, merge or query that would pass it fails with MEMORY_LIMIT_EXCEEDED (the collector
+#: spools and retries, merges are retried, the attributor cuts its batch), and sorts and
+#: aggregations spill to disk at half of it (ClickHouse's ``max_bytes_ratio_before_external_*``).
+ENGINE_MEMORY_SHARE = 3
+#: Of the engine's limit, what its caches may keep: marks, skipping-index marks, the query
+#: condition cache and compiled expressions (ClickHouse sizes each at 0.1-5 GiB by default, for a
+#: server with the machine to itself). Data blocks are not cached (``uncompressed_cache_size`` 0).
+_CACHE_SHARES = {
+    "mark_cache_size": 16,
+    "index_mark_cache_size": 32,
+    "primary_index_cache_size": 32,
+    "query_condition_cache_size": 32,
+    "compiled_expression_cache_size": 32,
+}
+
+
+def engine_settings(memory_limit_bytes: int) -> dict[str, int]:
+    """The embedded ClickHouse's server settings for latscope's memory setting.
+
+    Merges: two at a time at most (ClickHouse interleaves up to twice its pool's threads, and
+    each merge holds its parts' read buffers for as long as it runs).
+
+    >>> engine_settings(256 * 1024**2)["max_server_memory_usage"] // 1024**2
+    768
+    """
+    server = ENGINE_MEMORY_SHARE * memory_limit_bytes
+    return {
+        "max_server_memory_usage": server,
+        "uncompressed_cache_size": 0,
+        "index_uncompressed_cache_size": 0,
+        **{name: server // share for name, share in _CACHE_SHARES.items()},
+        "background_merges_mutations_concurrency_ratio": 1,
+    }
+
+
 _DDL_FILE = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 #: Attribute column types latscope reads: a map of strings (keys may be LowCardinality).
 _STRING_MAP = re.compile(r"^Map\((LowCardinality\()?String\)?, String\)$")
@@ -159,9 +197,14 @@ class Store:
         dsn: str = DEFAULT_STORE,
         *,
         query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
+        memory_limit_bytes: int | None = None,
         **kwargs: Any,
     ) -> Store:
-        """Open a store from a DSN: ``chdb:///dir`` or ``http(s)://user:pass@host:port/db``."""
+        """Open a store from a DSN: ``chdb:///dir`` or ``http(s)://user:pass@host:port/db``.
+
+        ``memory_limit_bytes``: latscope's memory setting; an embedded engine started here takes
+        its own limits from it (``engine_settings``). A server's limits are its own.
+        """
         scheme = urlsplit(dsn).scheme
         connect = None
         try:
@@ -169,6 +212,10 @@ class Store:
                 path = _embedded_path(dsn)
                 Path(path).mkdir(parents=True, exist_ok=True)
                 dsn = f"chdb://{path}"
+                if memory_limit_bytes is not None:
+                    # Server settings reach the engine as options of the connection that starts
+                    # it; a later handle passing the same ones changes nothing.
+                    kwargs["chdb_options"] = engine_settings(memory_limit_bytes)
                 client = clickhouse_connect.get_client(dsn=dsn, **kwargs)
                 # More handles on the same engine (chDB allows any number in one process).
                 connect = functools.partial(clickhouse_connect.get_client, dsn=dsn, **kwargs)

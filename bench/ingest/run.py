@@ -168,11 +168,11 @@ class ParseOnly(trace_service_pb2_grpc.TraceServiceServicer):
 class _Load:
     """The load generator, started and holding its payloads until ``go``."""
 
-    def __init__(self, addr: str, args: argparse.Namespace) -> None:
+    def __init__(self, addr: str, args: argparse.Namespace, seed: int | None = None) -> None:
         self.child = subprocess.Popen(
             [sys.executable, "-m", "bench.ingest.run", "--loadgen", addr,
              "--exports", str(args.exports), "--streams", str(args.streams),
-             "--requests", str(args.requests)],
+             "--requests", str(args.requests), "--seed", str(args.seed if seed is None else seed)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.child.stdin and self.child.stdout
@@ -249,53 +249,72 @@ def _merges_settle(store: Any, table: str, timeout: float = 120.0) -> float:
     return time.monotonic() - started
 
 
-def bench(args: argparse.Namespace) -> None:
-    from latscope.collector.mapping import NATIVE
+@dataclasses.dataclass
+class Round:
+    """One end-to-end run of the collector: its figures."""
+
+    variant: str
+    spans: int
+    wall_s: float
+    cpu_s: float
+    p99_ms: float
+    groups: Counter[str]
+    settle_s: float
+    settle_cpu_s: float
+    parts_left: int
+
+    @property
+    def per_cpu_s(self) -> float:
+        return self.spans / self.cpu_s
+
+    @property
+    def with_merges(self) -> float:
+        return self.spans / (self.cpu_s + self.settle_cpu_s)
+
+
+#: The variants ``--compare`` alternates, by name: what each changes in the collector's writer.
+VARIANTS = {
+    # Inserted journal segments kept until ClickHouse has synced them (the default).
+    "synced": {},
+    # Inserted journal segments dropped at once, with no sync first (the journal without its
+    # promise across a power failure): what that promise costs.
+    "unsynced": {"sync": False},
+}
+
+
+def collector_round(
+    args: argparse.Namespace, store: Any, workdir: Path, variant: str, number: int
+) -> Round:
+    """The collector end to end into ``store`` (emptied first): every span acknowledged, then
+    stored, then the merges it leaves run until the table settles."""
     from latscope.collector.service import collector_parts
-    from latscope.config import Settings
     from latscope.serve import start_grpc, stop_components
-    from latscope.storage import SPANS_TABLE, Store
+    from latscope.storage import SPANS_TABLE
 
-    hot = _hot_paths(args)
-    base, base_cpu = _baseline(args)
-
-    # The collector, end to end into the embedded ClickHouse.
-    workdir = Path(tempfile.mkdtemp(prefix="latscope-bench-"))
-    # Removed at exit, also when the run fails half-way (the store holds gigabytes).
-    atexit.register(shutil.rmtree, workdir, ignore_errors=True)
-    store = Store.open(f"chdb://{workdir / 'store'}")
-    store.apply_schema()
-    settings = Settings(
-        otlp_grpc="127.0.0.1:0", store=store.dsn, spool_dir=str(workdir / "spool"),
-        grpc_max_message_bytes=64 << 20, grpc_workers=args.streams * 2,
-        max_span_age_s=0, max_span_future_s=0,  # the generated spans are at fixed times
-        **{k: v for k, v in (("batch_max_spans", args.batch_max_spans),
-                             ("batch_timeout_s", args.batch_timeout_s)) if v is not None},
-    )  # fmt: skip
+    store.command(f"TRUNCATE TABLE {SPANS_TABLE}")
+    settings = _settings(args, store.dsn, workdir / f"spool-{number}")
     # CPU the insert thread spends inside chDB's insert (the rest of that thread is Python).
     insert_cpu = [0.0]
-    insert_arrow = store.insert_arrow
+    insert_arrow = type(store).insert_arrow
 
     def timed_insert(table: str, data: Any, **kwargs: Any) -> None:
         started = time.thread_time()
         try:
-            insert_arrow(table, data, **kwargs)
+            insert_arrow(store, table, data, **kwargs)
         finally:
             insert_cpu[0] += time.thread_time() - started
 
-    store.insert_arrow = timed_insert  # type: ignore[method-assign]
+    store.insert_arrow = timed_insert
     parts = collector_parts(settings, store)
-    for component in parts.components:
-        component.start()
-    grpc_server, addr = start_grpc(settings, parts)
     writer = parts.components[0].spans
     if args.sync_every_s is not None:
         writer.config = dataclasses.replace(writer.config, sync_every_s=args.sync_every_s)
-    if args.no_sync:
-        # Inserted journal segments dropped at once, with no SYSTEM SYNC FILE CACHE first (the
-        # journal before it kept its promise across a power failure): what that promise costs.
+    if VARIANTS[variant].get("sync") is False:
         writer._sync_works = False
-    load = _Load(addr, args)
+    for component in parts.components:
+        component.start()
+    grpc_server, addr = start_grpc(settings, parts)
+    load = _Load(addr, args, seed=args.seed + number)
     threads0, cpu0 = _threads(), _cpu()
     started = load.go()
     run = load.result()
@@ -304,19 +323,65 @@ def bench(args: argparse.Namespace) -> None:
         time.sleep(0.002)
     elapsed = time.perf_counter() - started
     cpu = _cpu() - cpu0
-    threads1 = _threads()
-    groups = cpu_by_group(threads0, threads1, cpu)
+    groups = cpu_by_group(threads0, _threads(), cpu)
     groups[GROUPS[2][0]] -= insert_cpu[0]
     groups[GROUPS[3][0]] += insert_cpu[0]
+    del store.insert_arrow
     stored = store.query_rows(f"SELECT count() FROM {SPANS_TABLE}")[0][0]
     assert stored == run["spans"], (stored, run["spans"])
     # The merges ClickHouse still owes for this run's parts: CPU until the table settles.
     cpu1 = _cpu()
     settle_s = _merges_settle(store, SPANS_TABLE)
     settle_cpu = _cpu() - cpu1
-    parts_left = active_parts(store, SPANS_TABLE)
     grpc_server.stop(5).wait()
     stop_components(parts, time.monotonic() + 30)
+    return Round(
+        variant, run["spans"], elapsed, cpu, run["p99_ms"], groups, settle_s, settle_cpu,
+        active_parts(store, SPANS_TABLE),
+    )  # fmt: skip
+
+
+def _settings(args: argparse.Namespace, dsn: str, spool: Path) -> Any:
+    from latscope.config import Settings
+
+    return Settings(
+        otlp_grpc="127.0.0.1:0", store=dsn, spool_dir=str(spool),
+        grpc_max_message_bytes=64 << 20, grpc_workers=args.streams * 2,
+        max_span_age_s=0, max_span_future_s=0,  # the generated spans are at fixed times
+        **{k: v for k, v in (("batch_max_spans", args.batch_max_spans),
+                             ("batch_timeout_s", args.batch_timeout_s)) if v is not None},
+    )  # fmt: skip
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def bench(args: argparse.Namespace) -> None:
+    from latscope.collector.mapping import NATIVE
+    from latscope.serve import give_back_large_blocks
+    from latscope.storage import SPANS_TABLE, Store
+
+    # The process as latscope serve sets it up: glibc's threshold, the engine's own limits.
+    give_back_large_blocks()
+    hot = _hot_paths(args)
+    base, base_cpu = _baseline(args)
+
+    workdir = Path(tempfile.mkdtemp(prefix="latscope-bench-"))
+    # Removed at exit, also when the run fails half-way (the store holds gigabytes).
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)
+    dsn = f"chdb://{workdir / 'store'}"
+    defaults = _settings(args, dsn, workdir)
+    store = Store.open(dsn, memory_limit_bytes=defaults.memory_limit_bytes)
+    store.apply_schema()
+    variants = list(VARIANTS) if args.compare else ["unsynced" if args.no_sync else "synced"]
+    rounds = [
+        collector_round(args, store, workdir, variant, i * len(variants) + j)
+        for i in range(args.rounds)
+        for j, variant in enumerate(variants)
+    ]
     store.command(f"OPTIMIZE TABLE {SPANS_TABLE} FINAL")
     on_disk = store.query_rows(
         "SELECT sum(bytes_on_disk), sum(rows) FROM system.parts "
@@ -325,37 +390,47 @@ def bench(args: argparse.Namespace) -> None:
     )[0]
     store.close()
 
-    spans = run["spans"]
-    per100k = 1e5 / spans
-    rate = spans / elapsed
-    base_rate = base["spans"] / base["wall"]
     load1 = os.getloadavg()[0]
     print(f"exports {args.exports} x {args.requests * 7} spans, {args.streams} streams; "
-          f"C decoder {'on' if NATIVE else 'NOT BUILT'}; batches of {settings.batch_max_spans} "
-          f"spans / {settings.batch_timeout_s} s; inserted segments "
-          f"{'dropped unsynced' if args.no_sync else 'kept until synced'} (every "
-          f"{writer.config.sync_every_s} s); "
-          f"load average {load1:.2f}")  # fmt: skip
+          f"C decoder {'on' if NATIVE else 'NOT BUILT'}; batches of {defaults.batch_max_spans} "
+          f"spans / {defaults.batch_timeout_s} s; {args.rounds} round(s) of "
+          f"{', '.join(variants)}; load average {load1:.2f}")  # fmt: skip
     print("decode paths alone, one thread, best of 3 (spans per CPU-second):")
     for name, value in hot.items():
         print(f"  {name:52s} {value:>12,.0f}")
+    base_rate = base["spans"] / base["wall"]
     base_per100k = base_cpu * 1e5 / base["spans"]
     print(f"parse-only baseline : {base_rate:>10,.0f} spans/s   "
           f"{base_per100k:.3f} CPU s/100k spans   p99 {base['p99_ms']:.1f} ms")  # fmt: skip
-    print(f"collector -> chDB   : {rate:>10,.0f} spans/s   "
-          f"{cpu * per100k:.3f} CPU s/100k spans   p99 {run['p99_ms']:.1f} ms")  # fmt: skip
-    print(f"collector spans per CPU-second (whole process, all threads): {spans / cpu:,.0f}")
-    print(f"ratio to parse-only (spans/s): {rate / base_rate:.2f}")
-    print("collector CPU by thread, s per 100k spans:")
+    for r in rounds:
+        per100k = 1e5 / r.spans
+        print(f"{r.variant:9s} -> chDB  : {r.spans / r.wall_s:>10,.0f} spans/s   "
+              f"{r.cpu_s * per100k:.3f} CPU s/100k spans   p99 {r.p99_ms:.1f} ms   "
+              f"{r.per_cpu_s:,.0f} spans per CPU-second; with the merges after it "
+              f"({r.settle_s:.0f} s, {r.parts_left} parts left) "
+              f"{r.with_merges:,.0f}")  # fmt: skip
+    last = rounds[-1]
+    per100k = 1e5 / last.spans
+    print(f"collector CPU by thread, s per 100k spans (last round, {last.variant}):")
     sides: Counter[str] = Counter()
     for name, side in GROUPS:
-        print(f"  {name:56s} {groups[name] * per100k:6.3f}")
-        sides[side] += groups[name]
+        print(f"  {name:56s} {last.groups[name] * per100k:6.3f}")
+        sides[side] += last.groups[name]
     print(f"  = latscope {sides['latscope'] * per100k:.3f} + chDB {sides['chDB'] * per100k:.3f}"
           f" + other {sides['other'] * per100k:.3f}")  # fmt: skip
-    print(f"merges after the run, until the table settled ({settle_s:.0f} s, {parts_left} parts "
-          f"left): {settle_cpu * per100k:.3f} CPU s/100k spans; with them "
-          f"{spans / (cpu + settle_cpu):,.0f} spans per CPU-second")  # fmt: skip
+    for variant in variants:
+        mine = [r for r in rounds if r.variant == variant]
+        print(f"{variant:9s} median : {_median([r.per_cpu_s for r in mine]):,.0f} spans per "
+              f"CPU-second during the run, {_median([r.with_merges for r in mine]):,.0f} with "
+              f"the merges after it; ratio to parse-only (spans/s) "
+              f"{_median([r.spans / r.wall_s for r in mine]) / base_rate:.2f}")  # fmt: skip
+    if args.compare:
+        pairs = [
+            (a.cpu_s / a.spans) / (b.cpu_s / b.spans)
+            for a, b in zip(rounds[0::2], rounds[1::2], strict=True)
+        ]
+        print(f"CPU per span, synced / unsynced, per pair: "
+              f"{', '.join(f'{x:.2f}' for x in pairs)}; median {_median(pairs):.2f}")  # fmt: skip
     print(f"bytes per span on disk: {on_disk[0] / on_disk[1]:.1f}  ({on_disk[1]} rows)")
 
 
@@ -376,6 +451,12 @@ def main() -> None:
         action="store_true",
         help="drop inserted journal segments without syncing ClickHouse first (to measure "
         "what keeping them until synced costs)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="collector runs (of each variant)")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="alternate synced and unsynced rounds over the same store; print each pair's ratio",
     )
     args = parser.parse_args()
     if args.loadgen:

@@ -4,15 +4,18 @@
 
 Starts ``latscope serve`` (a process of its own, defaults except the spool size and the ports)
 on a fresh embedded store, then sends for ``--seconds`` from ``--senders`` threads in a separate
-process: Exports of ``--spans`` spans, each carrying a prompt and a completion of 16 kB (32 kB of
-attributes a span), retrying what the collector refuses (RESOURCE_EXHAUSTED, after its
-RetryInfo). serve's RSS is sampled every 0.1 s; after the load, the run waits until every
-acknowledged span is stored (queue and spool empty), stops serve and counts the stored spans.
+process: Exports of ``--spans`` spans (32-384, drawn per Export: 1-12 MB), each span carrying a
+prompt and a completion of 16 kB (32 kB of attributes), retrying what the collector refuses
+(RESOURCE_EXHAUSTED, after its RetryInfo). serve's RSS is sampled every 0.1 s; after the load,
+the run waits until every acknowledged span is stored (queue and spool empty), stops serve and
+counts the stored spans. The peak is the larger of the samples and the kernel's high-water mark.
 
 Printed: serve's RSS idle (the baseline of the same run), peak RSS and its ratio to the bound
-docs/deploy.md gives for these settings, the memory the collector counted at its peak, spans
-acknowledged / refused / stored, and MB/s acknowledged. ``--memory-limit-bytes`` runs it with
-another limit (the bound moves with it).
+docs/deploy.md gives for these settings (``latscope.config.memory_bound_bytes``), the memory the
+collector counted at its peak, spans acknowledged / refused / stored, MB/s acknowledged, and
+what serve logged as warnings or errors (an insert the embedded ClickHouse refused at its memory
+limit is one, and is retried). ``--memory-limit-bytes`` runs it with another limit (the bound
+moves with it).
 """
 
 from __future__ import annotations
@@ -37,13 +40,11 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from latscope.config import Settings, memory_bound_bytes
+
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 T0 = 1_763_000_000_000_000_000
 SERVICE = "bench-memory"
-#: serve's footprint beside what the memory limit counts (Python, chDB, gRPC, the insert in
-#: flight); docs/deploy.md states the bound as this plus the limit.
-FIXED_BYTES = 1536 * 1024**2
-DEFAULT_LIMIT = 256 * 1024**2
 
 
 def _rss(pid: int) -> tuple[int, int]:
@@ -60,6 +61,7 @@ def _metric(text: str, name: str, labels: str = "") -> float:
 
 
 def _export(rng: random.Random, i: int, spans: int) -> bytes:
+    """An Export of ``spans`` spans, each with a 16 kB prompt and a 16 kB completion."""
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
     rs.resource.attributes.append(
@@ -69,8 +71,8 @@ def _export(rng: random.Random, i: int, spans: int) -> bytes:
     for n in range(spans):
         span = ss.spans.add(
             trace_id=rng.randbytes(16), span_id=rng.randbytes(8), name="chat",
-            kind=2, start_time_unix_nano=T0 + (i * spans + n) * 1_000_000,
-            end_time_unix_nano=T0 + (i * spans + n) * 1_000_000 + 500_000_000,
+            kind=2, start_time_unix_nano=T0 + (i * 1000 + n) * 1_000_000,
+            end_time_unix_nano=T0 + (i * 1000 + n) * 1_000_000 + 500_000_000,
         )  # fmt: skip
         for key in ("gen_ai.prompt", "gen_ai.completion"):
             text = rng.randbytes(8192).hex()  # 16 kB that compress like text, not like zeros
@@ -78,7 +80,7 @@ def _export(rng: random.Random, i: int, spans: int) -> bytes:
     return req.SerializeToString()
 
 
-def loadgen(addr: str, seconds: float, senders: int, spans: int) -> None:
+def loadgen(addr: str, seconds: float, senders: int, spans: tuple[int, int]) -> None:
     """Child process: send for ``seconds`` from ``senders`` threads; print the counts."""
     rng = random.Random(1)
     # A pool of distinct Exports, sent round-robin with fresh span ids patched in is costly;
@@ -98,12 +100,13 @@ def loadgen(addr: str, seconds: float, senders: int, spans: int) -> None:
             with lock:
                 i = next_i[0]
                 next_i[0] += 1
-            payload = _export(local, i, spans)
+            n = local.randint(*spans)
+            payload = _export(local, i, n)
             while time.monotonic() < deadline + 30:
                 try:
                     call(payload, timeout=60)
                     with lock:
-                        counts["acked"] += spans
+                        counts["acked"] += n
                         counts["bytes"] += len(payload)
                     break
                 except grpc.RpcError as exc:
@@ -146,7 +149,7 @@ def bench(args: argparse.Namespace) -> None:
     if args.memory_limit_bytes:
         cmd += ["--memory-limit-bytes", str(int(args.memory_limit_bytes))]
     cmd += args.serve_arg
-    limit = int(args.memory_limit_bytes or DEFAULT_LIMIT)
+    limit = int(args.memory_limit_bytes or Settings().memory_limit_bytes)
     serve = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert serve.stdout is not None
     grpc_addr = http_addr = ""
@@ -167,7 +170,7 @@ def bench(args: argparse.Namespace) -> None:
         load = subprocess.Popen(
             [sys.executable, "-m", "bench.memory.run", "--loadgen", grpc_addr,
              "--seconds", str(args.seconds), "--senders", str(args.senders),
-             "--spans", str(args.spans)],
+             "--spans", f"{args.spans[0]}-{args.spans[1]}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert load.stdin and load.stdout
@@ -223,9 +226,10 @@ def bench(args: argparse.Namespace) -> None:
     )[0]
     store.close()
     shutil.rmtree(workdir, ignore_errors=True)
-    bound = FIXED_BYTES + limit
+    bound = memory_bound_bytes(limit)
     mib = 1024**2
-    print(f"{args.senders} senders x {args.seconds:.0f} s, Exports of {args.spans} spans x 32 kB "
+    lo, hi = args.spans
+    print(f"{args.senders} senders x {args.seconds:.0f} s, Exports of {lo}-{hi} spans x 32 kB "
           f"attributes; spool limit {args.spool_max_bytes / 1e9:.1f} GB, memory limit "
           f"{limit / mib:.0f} MiB; load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     print(f"serve RSS idle (baseline)   : {idle / mib:8.0f} MiB")
@@ -243,13 +247,25 @@ def bench(args: argparse.Namespace) -> None:
           f"drained {drained_s:.0f} s after the load")  # fmt: skip
     lost = acked - distinct
     print(f"acknowledged and not stored : {max(0, lost):8d}")
+    logged = [line for line in output if re.search(r"\b(WARNING|ERROR)\b", line)]
+    print(f"serve's warnings and errors : {len(logged):8d}")
+    for line in logged[:5]:
+        print("    " + line.rstrip()[:300])
+
+
+def _span_range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    return int(lo), int(hi or lo)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--senders", type=int, default=8)
-    parser.add_argument("--spans", type=int, default=64, help="spans per Export")
+    parser.add_argument(
+        "--spans", type=_span_range, default=(32, 384),
+        help="spans per Export, LO-HI (each Export draws its count; 32 kB a span)",
+    )  # fmt: skip
     parser.add_argument("--spool-max-bytes", type=float, default=8e9)
     parser.add_argument("--memory-limit-bytes", type=float, default=0)
     parser.add_argument(

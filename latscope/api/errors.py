@@ -7,8 +7,10 @@
 * 401 ``unauthorized`` — a token is configured and the request did not carry it
 * 404 ``*_not_found`` — the trace, request or route does not exist
 * 409 ``several_requests`` — a trace id names a request only when the trace holds one call
-* 422 ``invalid_request`` — a parameter failed its declared type or bounds
-* 503 ``store_unavailable`` — ClickHouse did not answer; retry later
+* 422 ``invalid_request`` — a parameter failed its declared type or bounds;
+  ``trace_too_large`` — the trace holds more spans than ``--max-trace-spans``
+* 503 ``store_unavailable`` — ClickHouse did not answer; ``busy``, ``query_timeout`` — the
+  answers about one trace are queued or took longer than ``--query-timeout-s``; retry later
 """
 
 from __future__ import annotations
@@ -86,8 +88,10 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
                 401: "token missing or wrong",
                 404: "not found",
                 409: "a trace id was given for a trace with several calls: name one",
-                422: "a parameter failed validation",
-                503: "the store did not answer",
+                422: "a parameter failed validation, or (trace_too_large) the trace holds more "
+                "spans than --max-trace-spans",
+                503: "the store did not answer, or (busy, query_timeout) trace answers are "
+                "queued or took longer than --query-timeout-s: retry later",
             }[status],
             "content": {
                 "application/json": {

@@ -43,6 +43,10 @@ _STATUS = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     404: grpc.StatusCode.NOT_FOUND,
     409: grpc.StatusCode.FAILED_PRECONDITION,
+    # trace_too_large: the trace is past --max-trace-spans
+    422: grpc.StatusCode.FAILED_PRECONDITION,
+    # busy, query_timeout: retry later
+    503: grpc.StatusCode.UNAVAILABLE,
 }
 
 #: Threads for unary queries beside the Watch streams (each open stream holds one thread).
@@ -235,6 +239,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
                 self.store,
                 request.request_id or request.trace_id,
                 stall_threshold_ms=self.settings.stall_threshold_ms,
+                max_spans=self.settings.max_trace_spans,
             ),
         )
         return attribution_message(body)
@@ -245,7 +250,10 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
         body = self._answer(
             context,
             lambda: trace.trace_requests(
-                self.store, request.trace_id, stall_threshold_ms=self.settings.stall_threshold_ms
+                self.store,
+                request.trace_id,
+                stall_threshold_ms=self.settings.stall_threshold_ms,
+                max_spans=self.settings.max_trace_spans,
             ),
         )
         return requests_message(body)
@@ -256,7 +264,10 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
         body = self._answer(
             context,
             lambda: trace.trace_run(
-                self.store, request.trace_id, stall_threshold_ms=self.settings.stall_threshold_ms
+                self.store,
+                request.trace_id,
+                stall_threshold_ms=self.settings.stall_threshold_ms,
+                max_spans=self.settings.max_trace_spans,
             ),
         )
         return run_message(body)

@@ -9,7 +9,7 @@ import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from latscope.api import conversations as talks
 from latscope.api import live as live_feed
@@ -146,8 +146,10 @@ _KEYS_PATTERN = r"^[A-Za-z0-9_.\-/]{1,128}$"
 
 def _served(answer: Answer) -> Response:
     """The answer's JSON. The answering function built and checked the model; ``response_model``
-    documents it (returning the model itself would have FastAPI validate it a second time)."""
-    return JSONResponse(answer.json_dict())
+    documents it (returning the model itself would have FastAPI validate it a second time).
+    Written by pydantic's serializer straight to bytes: a wide trace's answer is tens of
+    thousands of rows, and a dict of them dumped again by ``json`` costs as much once more."""
+    return Response(answer.model_dump_json(), media_type="application/json")
 
 
 _ONE = error_responses(400, 401, 404, 422, 503)
@@ -161,6 +163,7 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
     """Every ``/v1`` route over ``store`` (the caller adds the token check)."""
     router = APIRouter(prefix="/v1")
     stall = settings.stall_threshold_ms
+    cap = settings.max_trace_spans
 
     @router.get(
         "/requests/{request_id}/attribution",
@@ -174,7 +177,9 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         A request is one inference call. Name it by its request id, or by its trace id when the
         trace holds one call (409 ``several_requests`` when it holds several: the answer lists
         their ids; ``/v1/traces/{trace_id}/requests`` gives them all with their buckets)."""
-        return _served(trace.request_attribution(store, request_id, stall_threshold_ms=stall))
+        return _served(
+            trace.request_attribution(store, request_id, stall_threshold_ms=stall, max_spans=cap)
+        )
 
     @router.get(
         "/requests/{request_id}", tags=["requests"], response_model=Explain, responses=_REQUEST
@@ -183,7 +188,9 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
         """One request at once: its buckets, its trace's spans as a waterfall (on this
         request's clock, from its start) and its token timeline. Named as for
         ``/attribution``."""
-        return _served(trace.explain(store, request_id, stall_ms, stall_threshold_ms=stall))
+        return _served(
+            trace.explain(store, request_id, stall_ms, stall_threshold_ms=stall, max_spans=cap)
+        )
 
     @router.get(
         "/requests/{request_id}/tokens",
@@ -194,7 +201,11 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
     def request_tokens(request_id: RequestId, stall_ms: StallMs = None) -> Response:
         """When each token reached the client's clock, and the inter-token stalls. Named as
         for ``/attribution``."""
-        return _served(trace.token_timeline(store, request_id, stall_ms, stall_threshold_ms=stall))
+        return _served(
+            trace.token_timeline(
+                store, request_id, stall_ms, stall_threshold_ms=stall, max_spans=cap
+            )
+        )
 
     @router.get(
         "/traces/{trace_id}/spans", tags=["traces"], response_model=TraceSpans, responses=_ONE
@@ -202,7 +213,7 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
     def trace_spans(trace_id: TraceId) -> Response:
         """Every span of a trace, server spans moved onto the client's clock, depth-first: each
         span's children under it, siblings by start (as a waterfall lists them)."""
-        return _served(trace.trace_spans(store, trace_id))
+        return _served(trace.trace_spans(store, trace_id, max_spans=cap))
 
     @router.get(
         "/traces/{trace_id}/requests",
@@ -213,20 +224,24 @@ def v1_router(store: Store, settings: Settings) -> APIRouter:
     def trace_requests(trace_id: TraceId) -> Response:
         """Every inference call of a trace (an agent run, a RAG pipeline, a gateway fan-out),
         by start, each with its buckets; an empty list when the trace holds none."""
-        return _served(trace.trace_requests(store, trace_id, stall_threshold_ms=stall))
+        return _served(
+            trace.trace_requests(store, trace_id, stall_threshold_ms=stall, max_spans=cap)
+        )
 
     @router.get("/traces/{trace_id}/run", tags=["traces"], response_model=Run, responses=_ONE)
     def trace_run(trace_id: TraceId) -> Response:
         """The trace as one run: the root's end-to-end time and, along its critical path (the
         chain of work the root waited on), the time in LLM calls by bucket, in tool calls and in
         the app's own code; these add up to the root's duration. Parallel calls count once."""
-        return _served(trace.trace_run(store, trace_id, stall_threshold_ms=stall))
+        return _served(trace.trace_run(store, trace_id, stall_threshold_ms=stall, max_spans=cap))
 
     @router.get("/traces/{trace_id}", tags=["traces"], response_model=TraceExplain, responses=_ONE)
     def trace_explain(trace_id: TraceId) -> Response:
         """A trace at once: its run (as ``/run``) and its spans as a waterfall from the root's
         start, each call's client span marked with its request id."""
-        return _served(trace.trace_explain(store, trace_id, stall_threshold_ms=stall))
+        return _served(
+            trace.trace_explain(store, trace_id, stall_threshold_ms=stall, max_spans=cap)
+        )
 
     @router.get("/live", tags=["requests"], response_model=Live, responses=_MANY)
     def live(

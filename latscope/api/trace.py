@@ -6,13 +6,26 @@ span's); a trace id names a request too when the trace holds exactly one, so sin
 answer as they always did. Each function reads the spans from the store and returns the answer's
 model (``latscope.api.schemas``, milliseconds as floats), which the REST API serves, the gRPC
 service converts and the CLI's direct mode renders.
+
+Bounds, so that no trace ties up the API or the ingest beside it: a trace of more than
+``max_spans`` spans (``--max-trace-spans``) is not answered (422 ``trace_too_large``, counted
+before it is read); at most ``TRACE_SLOTS`` answers are worked out at once, the others wait
+their turn (503 ``busy`` at once when ``TRACE_WAITING`` already wait), since each is Python work
+that holds the GIL the collector's threads need; and an answer not ready within the store's
+query time limit (``--query-timeout-s``), waiting included, stops with 503 ``query_timeout``.
+Every step is linear in the trace's spans (``docs/benchmarks.md``, "Wide traces").
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import re
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from latscope.api.errors import InvalidParameter, NotFound, QueryError
@@ -36,10 +49,11 @@ from latscope.attribution import (
     find_requests,
     load_trace,
 )
-from latscope.attribution.engine import DEFAULT_STALL_NS, TraceIndex, timed_decode
+from latscope.attribution.engine import DEFAULT_STALL_NS, TraceIndex, timed_decode, timeline
 from latscope.attribution.runs import RunExplanation
+from latscope.config import DEFAULT_MAX_TRACE_SPANS
 from latscope.semconv import LatscopeAttributes
-from latscope.storage import Store
+from latscope.storage import SPANS_TABLE, Store
 
 TRACE_ID_PATTERN = r"^[0-9a-fA-F]{32}$"
 REQUEST_ID_PATTERN = r"^[0-9a-fA-F]{32}(-[0-9a-fA-F]{16})?$"
@@ -50,6 +64,167 @@ _REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 DEFAULT_STALL_MS = DEFAULT_STALL_NS / 1e6
 #: The token timeline lists at most this many tokens (the SDK caps what it records anyway).
 MAX_TOKENS = 100_000
+#: Trace answers worked out at once in this process; more wait for a slot.
+TRACE_SLOTS = 2
+#: Trace answers waiting for a slot at most; past that one is refused at once (503 ``busy``), so
+#: requests for wide traces cannot take every thread of the HTTP server's pool.
+TRACE_WAITING = 16
+_COUNT_SPANS = f"""
+SELECT count() FROM (
+    SELECT 1 FROM {SPANS_TABLE} WHERE TraceId = {{trace_id:String}} LIMIT {{limit:UInt64}}
+)
+"""
+
+
+class _Gate:
+    """``TRACE_SLOTS`` answers at once, at most ``TRACE_WAITING`` waiting."""
+
+    def __init__(self, slots: int, waiting: int) -> None:
+        self._slots = threading.BoundedSemaphore(slots)
+        self._waiting = waiting
+        self._queued = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def slot(self, deadline: float, what: str) -> Iterator[None]:
+        with self._lock:
+            if self._queued >= self._waiting:
+                raise QueryError(
+                    503, "busy",
+                    f"{self._queued} trace answers are waiting already; retry {what} later",
+                )  # fmt: skip
+            self._queued += 1
+        try:
+            got = self._slots.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._lock:
+                self._queued -= 1
+        if not got:
+            raise _timed_out(what)
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+
+_GATE = _Gate(TRACE_SLOTS, TRACE_WAITING)
+
+
+class _CyclesLater:
+    """Python's cyclic garbage collector paused while any trace answer is worked out: an answer
+    allocates an object or more per span and per field, which sets off collections of the whole
+    heap again and again (a third of a wide trace's answer); what it leaves is freed by reference
+    counting, and any cycles at the next collection after the last answer ends. Answers are at
+    most ``TRACE_SLOTS`` at once and each stops at its deadline, so the pause is bounded."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._answers = 0
+        self._was_enabled = True
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        with self._lock:
+            if self._answers == 0:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._answers += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._answers -= 1
+                if self._answers == 0 and self._was_enabled:
+                    gc.enable()
+
+
+_CYCLES = _CyclesLater()
+
+
+def _timed_out(what: str) -> QueryError:
+    return QueryError(
+        503, "query_timeout",
+        f"answering {what} took longer than the query time limit (--query-timeout-s); retry "
+        "when the server is less busy",
+    )  # fmt: skip
+
+
+class TraceTooLarge(QueryError):
+    """A trace holds more spans than this process answers a trace with."""
+
+    def __init__(self, trace_id: str, spans: int, max_spans: int) -> None:
+        super().__init__(
+            422,
+            "trace_too_large",
+            f"trace {trace_id} holds more than {max_spans:,} spans, the most latscope answers a "
+            f"trace with (--max-trace-spans; {spans:,} counted so far). Its inference calls are "
+            "attributed all the same: /v1/requests?since=...&service=... lists the slowest, and "
+            "/v1/export/requests their rows. To see this trace, raise --max-trace-spans (an "
+            "answer takes 0.04-0.15 CPU s more per 1,000 spans) or read its spans from "
+            f"ClickHouse ({SPANS_TABLE} WHERE TraceId = '{trace_id}').",
+        )
+
+
+@dataclass
+class _Trace:
+    """One trace read for an answer: its spans, indexed once, its calls found once, and the
+    deadline its answer keeps."""
+
+    trace_id: str
+    spans: list[SpanRecord]
+    deadline: float
+    what: str
+    _index: TraceIndex | None = None
+    _requests: list[Request] | None = None
+
+    @property
+    def index(self) -> TraceIndex:
+        if self._index is None:
+            self._index = TraceIndex(self.spans)
+        return self._index
+
+    @property
+    def requests(self) -> list[Request]:
+        if self._requests is None:
+            self._requests = find_requests(self.spans)
+            self.check()
+        return self._requests
+
+    def check(self) -> None:
+        """Stop once the deadline passed (between steps: each is bounded by the span cap)."""
+        if time.monotonic() > self.deadline:
+            raise _timed_out(self.what)
+
+    def run(self, stall_threshold_ms: float) -> RunExplanation:
+        """The trace as one run (``explain_run``), over the index and calls found already."""
+        run = explain_run(
+            self.trace_id, self.spans, stall_threshold_ns=_stall_ns(stall_threshold_ms),
+            index=self.index, requests=self.requests,
+        )  # fmt: skip
+        assert run is not None  # spans is not empty
+        self.check()
+        return run
+
+    def skews(self) -> dict[str, int]:
+        """Request span id -> its server clock's skew (``clock_skew_ns``: ``-timeline.offset``),
+        for every request whose server runs on another clock."""
+        return {r.span_id: -tl.offset for r in self.requests if (tl := timeline(r)).offset}
+
+
+@contextlib.contextmanager
+def _reading(store: Store, trace_id: str, what: str, max_spans: int) -> Iterator[_Trace]:
+    """The trace's spans, within the bounds (the module's docstring); NotFound when none."""
+    deadline = time.monotonic() + store.query_timeout_s
+    with _GATE.slot(deadline, what), _CYCLES.paused():
+        counted = int(
+            store.query_rows(_COUNT_SPANS, {"trace_id": trace_id, "limit": max_spans + 1})[0][0]
+        )
+        if counted > max_spans:
+            raise TraceTooLarge(trace_id, counted, max_spans)
+        spans = _load(store, trace_id)
+        loaded = _Trace(trace_id, spans, deadline, what)
+        loaded.check()
+        yield loaded
 
 
 class SeveralRequests(QueryError):
@@ -102,8 +277,14 @@ def _no_calls(trace_id: str, spans: Sequence[SpanRecord]) -> NotFound:
     )
 
 
-def _select(trace_id: str, span_id: str | None, spans: Sequence[SpanRecord]) -> Request:
-    requests = find_requests(spans)
+def _select(
+    trace_id: str,
+    span_id: str | None,
+    spans: Sequence[SpanRecord],
+    requests: list[Request] | None = None,
+) -> Request:
+    if requests is None:
+        requests = find_requests(spans)
     if not requests:
         raise _no_calls(trace_id, spans)
     if span_id is None:
@@ -125,7 +306,11 @@ def _stall_ns(stall_threshold_ms: float) -> int:
 
 
 def request_attribution(
-    store: Store, request_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
+    store: Store,
+    request_id: str,
+    *,
+    stall_threshold_ms: float = DEFAULT_STALL_MS,
+    max_spans: int = DEFAULT_MAX_TRACE_SPANS,
 ) -> Attribution:
     """``GET /v1/requests/{id}/attribution``: the seven buckets of one request.
 
@@ -133,50 +318,51 @@ def request_attribution(
     setting, so ``stalls`` here equals the stored count).
     """
     trace_id, span_id = check_request_id(request_id)
-    spans = _load(store, trace_id)
-    request = _select(trace_id, span_id, spans)
-    return Attribution.model_validate(
-        attribute_request(
-            trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms)
-        ).to_json()
-    )
+    with _reading(store, trace_id, f"request {request_id}", max_spans) as t:
+        request = _select(trace_id, span_id, t.spans, t.requests)
+        return Attribution.model_validate(
+            attribute_request(
+                trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms)
+            ).to_json()
+        )
 
 
 def trace_requests(
-    store: Store, trace_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
+    store: Store,
+    trace_id: str,
+    *,
+    stall_threshold_ms: float = DEFAULT_STALL_MS,
+    max_spans: int = DEFAULT_MAX_TRACE_SPANS,
 ) -> TraceRequests:
     """``GET /v1/traces/{trace_id}/requests``: every inference call of a trace, by start."""
     trace_id = check_trace_id(trace_id)
-    spans = _load(store, trace_id)
-    stall = _stall_ns(stall_threshold_ms)
-    return TraceRequests.model_validate(
-        {
-            "trace_id": trace_id,
-            "requests": [
-                attribute_request(trace_id, r, stall_threshold_ns=stall).to_json()
-                for r in find_requests(spans)
-            ],
-        }
-    )
+    with _reading(store, trace_id, f"trace {trace_id}", max_spans) as t:
+        stall = _stall_ns(stall_threshold_ms)
+        requests = []
+        for i, r in enumerate(t.requests):
+            requests.append(attribute_request(trace_id, r, stall_threshold_ns=stall).to_json())
+            if i % 256 == 255:
+                t.check()
+        return TraceRequests.model_validate({"trace_id": trace_id, "requests": requests})
 
 
-def _skews(spans: Sequence[SpanRecord], results: Sequence[RequestAttribution]) -> dict[str, int]:
+def _shifts(t: _Trace, skews: dict[str, int]) -> dict[str, int]:
     """Span id -> the clock offset that moves it onto its caller's clock: the spans of each
-    request's server side (its attempts and everything under them) by that request's skew."""
-    index = TraceIndex(spans)
+    request's server side (its attempts and everything under them) by that request's skew
+    (request span id -> ``clock_skew_ns``)."""
     shift: dict[str, int] = {}
-    by_span = {r.request_span_id: r for r in results}
-    for request in find_requests(spans):
-        result = by_span.get(request.span_id)
-        if result is None or not result.clock_skew_ns:
+    children = t.index.children
+    for request in t.requests:
+        skew = skews.get(request.span_id)
+        if not skew:
             continue
         stack = [request.window(a) for a in request.attempts]
         while stack:
             span = stack.pop()
             if span.span_id in shift:
                 continue
-            shift[span.span_id] = result.clock_skew_ns
-            stack.extend(index.children.get(span.span_id, ()))
+            shift[span.span_id] = skew
+            stack.extend(children.get(span.span_id, ()))
     return shift
 
 
@@ -208,15 +394,14 @@ def _tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return ordered
 
 
-def _waterfall(
-    spans: Sequence[SpanRecord], origin: int, results: Sequence[RequestAttribution]
-) -> list[dict[str, Any]]:
-    shift = _skews(spans, results)
-    calls = {}
-    for r in results:
-        calls[r.request_span_id] = r.request_id
+def _waterfall(t: _Trace, origin: int, skews: dict[str, int]) -> list[dict[str, Any]]:
+    """Every span as a row of the waterfall, ms from ``origin``, in tree order; each call's
+    client span (its server span without one) marked with its request id."""
+    shift = _shifts(t, skews)
+    calls = {r.span_id: f"{t.trace_id}-{r.span_id}" for r in t.requests}
+    t.check()
     rows = []
-    for s in spans:
+    for s in t.spans:
         # Server-side spans are moved onto the client's clock so the waterfall nests.
         d = shift.get(s.span_id, 0)
         rows.append(
@@ -233,32 +418,36 @@ def _waterfall(
                 "depth": 0,
                 "status": s.status,
                 "attributes": dict(sorted(s.attributes.items())),
-                "events": [{"name": name, "at_ms": (t - d - origin) / 1e6} for name, t in s.events],
+                "events": [
+                    {"name": name, "at_ms": (at - d - origin) / 1e6} for name, at in s.events
+                ],
             }
         )
-    return _tree_order(rows)
+    t.check()
+    ordered = _tree_order(rows)
+    t.check()
+    return ordered
 
 
-def _all_results(trace_id: str, spans: Sequence[SpanRecord]) -> list[RequestAttribution]:
-    return [attribute_request(trace_id, r) for r in find_requests(spans)]
-
-
-def trace_spans(store: Store, trace_id: str) -> TraceSpans:
+def trace_spans(
+    store: Store, trace_id: str, *, max_spans: int = DEFAULT_MAX_TRACE_SPANS
+) -> TraceSpans:
     """``GET /v1/traces/{trace_id}/spans``: every span, placed on one clock, in tree order."""
     trace_id = check_trace_id(trace_id)
-    spans = _load(store, trace_id)
-    results = _all_results(trace_id, spans)
-    origin = min(s.start_ns for s in spans)
-    if len(results) == 1:
-        origin = results[0].start_ns
-    return TraceSpans.model_validate(
-        {
-            "trace_id": trace_id,
-            "start_unix_ms": origin / 1e6,
-            "clock_skew_ms": (results[0].clock_skew_ns if len(results) == 1 else 0) / 1e6,
-            "spans": _waterfall(spans, origin, results),
-        }
-    )
+    with _reading(store, trace_id, f"trace {trace_id}", max_spans) as t:
+        origin = min(s.start_ns for s in t.spans)
+        skew = 0
+        if len(t.requests) == 1:
+            only = timeline(t.requests[0])
+            origin, skew = only.lo, -only.offset
+        return TraceSpans.model_validate(
+            {
+                "trace_id": trace_id,
+                "start_unix_ms": origin / 1e6,
+                "clock_skew_ms": skew / 1e6,
+                "spans": _waterfall(t, origin, t.skews()),
+            }
+        )
 
 
 def _timeline(request: Request, result: RequestAttribution, stall_ms: float) -> dict[str, Any]:
@@ -299,21 +488,24 @@ def token_timeline(
     stall_ms: float | None = None,
     *,
     stall_threshold_ms: float = DEFAULT_STALL_MS,
+    max_spans: int = DEFAULT_MAX_TRACE_SPANS,
 ) -> RequestTokens:
     """``GET /v1/requests/{id}/tokens``: when each token came, and the stalls (gaps over
     ``stall_ms``, by default the attributor's ``stall_threshold_ms``). The tokens are those of
     the request's decode span that attribution reads (``engine.timed_decode``)."""
     trace_id, span_id = check_request_id(request_id)
-    spans = _load(store, trace_id)
-    request = _select(trace_id, span_id, spans)
-    result = attribute_request(trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms))
-    return RequestTokens.model_validate(
-        {
-            "trace_id": trace_id,
-            "request_id": result.request_id,
-            **_timeline(request, result, stall_ms or stall_threshold_ms),
-        }
-    )
+    with _reading(store, trace_id, f"request {request_id}", max_spans) as t:
+        request = _select(trace_id, span_id, t.spans, t.requests)
+        result = attribute_request(
+            trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms)
+        )
+        return RequestTokens.model_validate(
+            {
+                "trace_id": trace_id,
+                "request_id": result.request_id,
+                **_timeline(request, result, stall_ms or stall_threshold_ms),
+            }
+        )
 
 
 def explain(
@@ -322,19 +514,24 @@ def explain(
     stall_ms: float | None = None,
     *,
     stall_threshold_ms: float = DEFAULT_STALL_MS,
+    max_spans: int = DEFAULT_MAX_TRACE_SPANS,
 ) -> Explain:
     """``GET /v1/requests/{id}``: attribution, waterfall and token timeline at once."""
     trace_id, span_id = check_request_id(request_id)
-    spans = _load(store, trace_id)
-    request = _select(trace_id, span_id, spans)
-    result = attribute_request(trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms))
-    others = [r for r in _all_results(trace_id, spans) if r.request_span_id != request.span_id]
+    with _reading(store, trace_id, f"request {request_id}", max_spans) as t:
+        request = _select(trace_id, span_id, t.spans, t.requests)
+        result = attribute_request(
+            trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms)
+        )
+        spans = _waterfall(t, result.start_ns, t.skews())
+        tokens = _timeline(request, result, stall_ms or stall_threshold_ms)
+    # A query over the attribution table, not the trace: outside the trace answers' slots.
     return Explain.model_validate(
         {
             "attribution": result.to_json(),
             "standing": standing(store, result),
-            "spans": _waterfall(spans, result.start_ns, [result, *others]),
-            "tokens": _timeline(request, result, stall_ms or stall_threshold_ms),
+            "spans": spans,
+            "tokens": tokens,
         }
     )
 
@@ -420,39 +617,53 @@ def run_answer(run: RunExplanation) -> Run:
     })  # fmt: skip
 
 
-def trace_run(store: Store, trace_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS) -> Run:
+def trace_run(
+    store: Store,
+    trace_id: str,
+    *,
+    stall_threshold_ms: float = DEFAULT_STALL_MS,
+    max_spans: int = DEFAULT_MAX_TRACE_SPANS,
+) -> Run:
     """``GET /v1/traces/{trace_id}/run``: the trace as one run: its root's end-to-end time and,
     along its critical path, the time in each LLM call's buckets, in tool calls and in the app."""
     trace_id = check_trace_id(trace_id)
-    spans = _load(store, trace_id)
-    run = explain_run(trace_id, spans, stall_threshold_ns=_stall_ns(stall_threshold_ms))
-    assert run is not None  # spans is not empty
-    return run_answer(run)
+    with _reading(store, trace_id, f"trace {trace_id}", max_spans) as t:
+        run = t.run(stall_threshold_ms)
+        return run_answer(run)
 
 
 def trace_explain(
-    store: Store, trace_id: str, *, stall_threshold_ms: float = DEFAULT_STALL_MS
+    store: Store,
+    trace_id: str,
+    *,
+    stall_threshold_ms: float = DEFAULT_STALL_MS,
+    max_spans: int = DEFAULT_MAX_TRACE_SPANS,
 ) -> TraceExplain:
     """``GET /v1/traces/{trace_id}``: a trace at once: its run, every call, and the waterfall
     with each call's spans on its caller's clock."""
     trace_id = check_trace_id(trace_id)
-    spans = _load(store, trace_id)
-    run = explain_run(trace_id, spans, stall_threshold_ns=_stall_ns(stall_threshold_ms))
-    assert run is not None
-    results = [c.attribution for c in run.calls]
-    return TraceExplain.model_validate(
-        {
-            "trace_id": trace_id,
-            "run": run_answer(run),
-            "spans": _waterfall(spans, run.root.start_ns, results),
+    with _reading(store, trace_id, f"trace {trace_id}", max_spans) as t:
+        run = t.run(stall_threshold_ms)
+        skews = {
+            c.attribution.request_span_id: c.attribution.clock_skew_ns
+            for c in run.calls
+            if c.attribution.clock_skew_ns
         }
-    )
+        return TraceExplain.model_validate(
+            {
+                "trace_id": trace_id,
+                "run": run_answer(run),
+                "spans": _waterfall(t, run.root.start_ns, skews),
+            }
+        )
 
 
 __all__ = [
+    "DEFAULT_MAX_TRACE_SPANS",
     "REQUEST_ID_PATTERN",
     "TRACE_ID_PATTERN",
     "SeveralRequests",
+    "TraceTooLarge",
     "check_request_id",
     "check_trace_id",
     "explain",

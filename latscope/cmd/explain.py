@@ -23,8 +23,12 @@ _TRACE_ERRORS = ("several_requests", "no_inference_call")
 TOOL, APP = "tool", "app"
 RUN_COLOURS: dict[str, str] = {**r.COLOURS, TOOL: "dark_goldenrod", APP: "white"}
 RUN_GLYPHS: dict[str, str] = {**r.GLYPHS, TOOL: "*", APP: "o"}
-#: Calls and tools listed at most (the waterfall shows every span).
+#: Calls and tools listed at most.
 MAX_ROWS = 50
+#: Spans of a run's waterfall drawn at most, oldest first: a long agent run holds tens of
+#: thousands, which a terminal cannot show usefully (and which take minutes to lay out);
+#: ``--json`` and the web page give them all.
+MAX_SPAN_ROWS = 500
 #: A request id: 32 hex digits, '-', 16 hex digits.
 REQUEST_ID_WIDTH = 49
 
@@ -264,7 +268,12 @@ def render_run(body: dict[str, Any]) -> None:
         out.print(r.fit(_tools_table(run), drop=("start ms",)))
     out.print()
     out.print(Text("spans", style="bold"))
-    out.print(r.waterfall(spans, run["e2e_ms"], marks=_marks(spans)))
+    marks = _marks(spans)
+    out.print(r.waterfall(spans[:MAX_SPAN_ROWS], run["e2e_ms"], marks=marks))
+    if len(spans) > MAX_SPAN_ROWS:
+        out.print(
+            f"  … and {len(spans) - MAX_SPAN_ROWS} more spans (--json or the web page shows all)"
+        )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,0 +1,192 @@
+"""A long agent run in one trace, against a real ``latscope serve``: every trace route answers it
+right (each call as the same call alone in its trace, the run's critical path as the generator
+laid it out), and a trace past ``--max-trace-spans`` gets a 422 naming the cap on every route,
+REST and gRPC. How long the answers take is ``bench/api/traces.py``'s to say."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from bench.api.wide import CALL_MS, GAP_MS, STEP_MS, TOOL_MS, span_count, wide_run
+from latscope.api.grpc_service import run_dict
+from latscope.cli import main
+from latscope.cmd.explain import MAX_SPAN_ROWS
+from latscope.v1 import query_pb2, query_pb2_grpc
+from tests.serve_support import Server, start_serve
+
+pytestmark = pytest.mark.subprocess
+
+CAP = 1_500
+WIDE = 200  # calls: 1,201 spans, under the cap
+PAST = 300  # calls: 1,801 spans, past it
+TRACES = {"one": (bytes.fromhex("0a" * 16), 1), "wide": (bytes.fromhex("0b" * 16), WIDE),
+          "past": (bytes.fromhex("0c" * 16), PAST)}  # fmt: skip
+
+
+def _first_call(trace_id: bytes, calls: int) -> str:
+    """The request id of the run's first call (its CLIENT span's), as the fixture sent it."""
+    seed = [t for t, _ in TRACES.values()].index(trace_id)
+    for export in wide_run(trace_id, calls, seed=seed):
+        for rs in export.resource_spans:
+            for span in rs.scope_spans[0].spans:
+                if span.kind == 3:
+                    return f"{trace_id.hex()}-{span.span_id.hex()}"
+    raise AssertionError("no call")
+
+
+def _get(server: Server, path: str) -> httpx.Response:
+    return httpx.get(server.url(path), timeout=60)
+
+
+def _ok(server: Server, path: str) -> dict:
+    r = _get(server, path)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_serve(
+        Path(tmp_path_factory.mktemp("wide")) / "store",
+        "--max-trace-spans", str(CAP), "--max-span-age-s", "0", "--max-span-future-s", "0",
+    )  # fmt: skip
+    try:
+        with grpc.insecure_channel(server.grpc) as channel:
+            export = channel.unary_unary(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                request_serializer=None,
+                response_deserializer=None,
+            )
+            for i, (trace_id, calls) in enumerate(TRACES.values()):
+                for message in wide_run(trace_id, calls, per_export=500, seed=i):
+                    export(message.SerializeToString(), timeout=60)
+
+        def stored() -> bool:
+            for name in ("one", "wide"):
+                trace_id, calls = TRACES[name]
+                r = _get(server, f"/v1/traces/{trace_id.hex()}/spans")
+                if r.status_code != 200 or len(r.json()["spans"]) != span_count(calls):
+                    return False
+            past = _get(server, f"/v1/traces/{TRACES['past'][0].hex()}/spans")
+            return past.status_code == 422
+
+        deadline = time.monotonic() + 120
+        while not stored():
+            assert time.monotonic() < deadline, "the runs were not stored"
+            time.sleep(0.2)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_every_call_of_a_wide_run_is_attributed_as_alone(served) -> None:
+    wide = TRACES["wide"][0].hex()
+    (alone,) = _ok(served, f"/v1/traces/{TRACES['one'][0].hex()}/requests")["requests"]
+    calls = _ok(served, f"/v1/traces/{wide}/requests")["requests"]
+    assert len(calls) == WIDE
+    assert alone["e2e_ms"] == CALL_MS
+    for call in calls:
+        assert call["trace_id"] == wide
+        assert call["e2e_ms"] == alone["e2e_ms"]
+        assert call["buckets_ms"] == alone["buckets_ms"]
+        assert call["itl_ms"] == alone["itl_ms"] and call["output_tokens"] == 64
+    first = _first_call(*TRACES["wide"])
+    assert calls[0]["request_id"] == first
+    # A call's own routes give what the trace's list gives.
+    assert _ok(served, f"/v1/requests/{first}/attribution") == calls[0]
+    page = _ok(served, f"/v1/requests/{first}")
+    assert page["attribution"] == calls[0]
+    assert len(page["spans"]) == span_count(WIDE)
+    assert page["tokens"]["count"] == len(page["tokens"]["times_ms"]) == 64
+    marked = [s for s in page["spans"] if s["request_id"] == first]
+    assert len(marked) == 1 and marked[0]["start_ms"] == 0.0
+
+
+def test_the_run_of_a_wide_trace_is_its_critical_path(served) -> None:
+    wide = TRACES["wide"][0].hex()
+    run = _ok(served, f"/v1/traces/{wide}/run")
+    e2e = WIDE * STEP_MS + GAP_MS
+    assert run["e2e_ms"] == e2e
+    budget = run["critical_path_ms"]
+    assert budget["llm"] == WIDE * CALL_MS
+    assert budget["tool"] == WIDE * TOOL_MS
+    assert budget["app"] == e2e - WIDE * (CALL_MS + TOOL_MS)
+    assert len(run["calls"]) == len(run["tools"]) == WIDE
+    for step, call in enumerate(run["calls"]):
+        assert call["start_ms"] == step * STEP_MS + GAP_MS
+        assert call["on_critical_path_ms"] == CALL_MS
+    assert all(t["on_critical_path_ms"] == TOOL_MS for t in run["tools"])
+    steps = run["path"]
+    assert [s["start_ms"] for s in steps] == sorted(s["start_ms"] for s in steps)
+    assert sum(s["end_ms"] - s["start_ms"] for s in steps) == pytest.approx(e2e, abs=1e-6)
+    # gRPC answers as REST does.
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = query_pb2_grpc.QueryServiceStub(channel)
+        assert run_dict(stub.GetRun(query_pb2.GetRunRequest(trace_id=wide), timeout=60)) == run
+
+
+def test_the_trace_view_of_a_wide_run_is_its_run_and_every_span(served) -> None:
+    wide = TRACES["wide"][0].hex()
+    body = _ok(served, f"/v1/traces/{wide}")
+    assert body["run"] == _ok(served, f"/v1/traces/{wide}/run")
+    spans = body["spans"]
+    assert spans == _ok(served, f"/v1/traces/{wide}/spans")["spans"]
+    # The root, a CLIENT span and a tool per step under it, the server under each client and
+    # its three phases under that.
+    assert Counter(s["depth"] for s in spans) == {0: 1, 1: 2 * WIDE, 2: WIDE, 3: 3 * WIDE}
+    assert spans[0]["depth"] == 0 and spans[0]["start_ms"] == 0.0
+    assert sum(1 for s in spans if s["request_id"]) == WIDE
+
+
+PAST_ROUTES = (
+    "/v1/traces/{t}",
+    "/v1/traces/{t}/run",
+    "/v1/traces/{t}/requests",
+    "/v1/traces/{t}/spans",
+    "/v1/requests/{r}",
+    "/v1/requests/{r}/attribution",
+    "/v1/requests/{r}/tokens",
+)
+
+
+@pytest.mark.parametrize("route", PAST_ROUTES)
+def test_a_trace_past_the_cap_is_refused_naming_the_cap(served, route: str) -> None:
+    trace_id, calls = TRACES["past"]
+    r = _get(served, route.format(t=trace_id.hex(), r=_first_call(trace_id, calls)))
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["error"] == "trace_too_large"
+    assert f"more than {CAP:,} spans" in body["detail"]
+    assert "--max-trace-spans" in body["detail"]
+
+
+def test_grpc_refuses_a_trace_past_the_cap(served) -> None:
+    trace_id, calls = TRACES["past"]
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = query_pb2_grpc.QueryServiceStub(channel)
+        for call, request in (
+            (stub.GetRun, query_pb2.GetRunRequest(trace_id=trace_id.hex())),
+            (stub.ListRequests, query_pb2.ListRequestsRequest(trace_id=trace_id.hex())),
+            (stub.GetAttribution,
+             query_pb2.GetAttributionRequest(request_id=_first_call(trace_id, calls))),
+        ):  # fmt: skip
+            with pytest.raises(grpc.RpcError) as info:
+                call(request, timeout=60)
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "--max-trace-spans" in info.value.details()
+
+
+def test_explain_draws_a_wide_run_s_first_spans_and_counts_the_rest(served, capsys) -> None:
+    wide = TRACES["wide"][0].hex()
+    assert main(["explain", wide, "--url", served.http]) == 0
+    out = capsys.readouterr().out
+    assert f"{WIDE} inference call(s), {WIDE} tool call(s)" in out
+    more = span_count(WIDE) - MAX_SPAN_ROWS
+    assert f"… and {more} more spans (--json or the web page shows all)" in out
