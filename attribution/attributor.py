@@ -14,7 +14,7 @@ of at most that many traces and about that many spans, so one statement's memory
 whatever the backlog and whatever the traces' sizes. The cut is by trace id, not by ingest
 time, because the spans table sorts by trace id within an hour: a batch of a range of ids reads
 the granules of that range, where a batch of random ids (one insert's) reads every granule of the
-hours it reaches, so each batch of a backlog read all of it again (docs/benchmarks.md).
+hours it reaches, so each batch of a backlog would read all of it again.
 
 A late span (say the client span, exported after the server's) is a new span after the watermark:
 its trace is attributed again from all its spans and the new row, with a higher Version (the
@@ -795,8 +795,7 @@ class Attributor(Poller):
 
 #: Settings of the attributor's inserts. A statement writes one row per request key (rows and
 #: tombstones alike), so ReplacingMergeTree has nothing to collapse inside one insert, and its
-#: collapsing pass over the sorted block is skipped: 0.5 -> 0.15 s of CPU for 50,000 rows
-#: (docs/benchmarks.md).
+#: collapsing pass over the sorted block, which would find nothing, is skipped.
 INSERT_SETTINGS = "SETTINGS optimize_on_insert = 0"
 
 
