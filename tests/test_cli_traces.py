@@ -144,17 +144,25 @@ def test_explain_an_unknown_call_names_the_calls(served, capsys) -> None:
     assert "request_not_found" in err and agent.requests[0].request_id in err
 
 
-def _top(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[threading.Thread, list[int]]:
+def _top(
+    monkeypatch: pytest.MonkeyPatch, run_: AgentRun, *argv: str
+) -> tuple[threading.Thread, list[int]]:
     """``latscope top *argv`` on a thread, started once it has taken its cursor (requests
-    attributed after that are news to it); the list gets its exit code."""
+    attributed after that are news to it); the list gets its exit code. Its feed holds the
+    requests of ``run_`` alone: the server is the module's, and a request of an earlier test's
+    run may still reach the live feed (top has no flag for a trace)."""
     connected = threading.Event()
-    connect = RestFeed.connect
+    connect, ask = RestFeed.connect, RestFeed._ask
 
     def connect_then_tell(feed: RestFeed) -> None:
         connect(feed)
         connected.set()
 
+    def ask_for_the_run(feed: RestFeed) -> list[dict]:
+        return [r for r in ask(feed) if r["trace_id"] == run_.trace_id]
+
     monkeypatch.setattr(RestFeed, "connect", connect_then_tell)
+    monkeypatch.setattr(RestFeed, "_ask", ask_for_the_run)
     code: list[int] = []
     thread = threading.Thread(target=lambda: code.append(main(["top", *argv])), daemon=True)
     thread.start()
@@ -172,7 +180,7 @@ def test_top_follows_latscope_url_and_lists_request_ids_explain_takes(
     # No --url: LATSCOPE_URL names the API (and no gRPC address is given anywhere).
     monkeypatch.setenv("LATSCOPE_URL", server.http)
     monkeypatch.setenv("LATSCOPE_OTLP_GRPC", "127.0.0.1:9")
-    top, code = _top(monkeypatch, "--json", "--count", str(len(want)), "--duration", "60")
+    top, code = _top(monkeypatch, run_, "--json", "--count", str(len(want)), "--duration", "60")
     export(server.grpc, run_)
     top.join(90)
     out, err = capsys.readouterr()
@@ -190,7 +198,7 @@ def test_top_screen_shows_whole_request_ids(served, capsys, monkeypatch) -> None
     wait_live_caught_up(server)  # what top sees next is this run alone
     want = {t.request_id for t in run_.requests}
     monkeypatch.setenv("COLUMNS", "100")
-    top, code = _top(monkeypatch, "--url", server.http, "--count", str(len(want)))
+    top, code = _top(monkeypatch, run_, "--url", server.http, "--count", str(len(want)))
     export(server.grpc, run_)
     top.join(90)
     out, err = capsys.readouterr()
