@@ -14,7 +14,7 @@ of at most that many traces and about that many spans, so one statement's memory
 whatever the backlog and whatever the traces' sizes. The cut is by trace id, not by ingest
 time, because the spans table sorts by trace id within an hour: a batch of a range of ids reads
 the granules of that range, where a batch of random ids (one insert's) reads every granule of the
-hours it reaches, so each batch of a backlog read all of it again (docs/benchmarks.md).
+hours it reaches, so each batch of a backlog would read all of it again.
 
 A late span (say the client span, exported after the server's) is a new span after the watermark:
 its trace is attributed again from all its spans and the new row, with a higher Version (the
@@ -68,7 +68,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from prometheus_client import Counter, Gauge
@@ -188,8 +188,15 @@ class Attributor(Poller):
         complete_s: float | None = None,
         early_when_quiet: bool = True,
         reach_s: float = DEFAULT_REACH_S,
+        clock: Callable[[], float] = time.monotonic,
+        store_clock_us: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
+        #: The clock the waits between passes are timed on (s), and the store's (us, the clock
+        #: of LatscopeIngestedAt) that settles traces: the store's own unless given. Tests give
+        #: both to decide the cadence without sleeping.
+        self.clock = clock
+        self._store_clock_us = store_clock_us
         if not reach_s > 0:
             raise ValueError(f"reach_s must be positive, got {reach_s}")
         self.reach_ns = int(reach_s * 1e9)
@@ -237,10 +244,11 @@ class Attributor(Poller):
         self.spans_table = SPANS_TABLE + suffix
         self.table = ATTRIBUTION_TABLE + suffix
         self.watermark_us: int | None = None
-        #: When the next pass is due (monotonic s); between passes the loop wakes every
+        #: When the next pass is due (s, on ``clock``); between passes the loop wakes every
         #: ``idle_poll_s`` to see whether ingest has paused.
         self._due = 0.0
-        #: When to look next whether ingest has paused (monotonic s; inf: a poll after the pass).
+        #: When to look next whether ingest has paused (s, on ``clock``; inf: a poll after the
+        #: pass).
         self._look = math.inf
         #: The single-call path reads the token figures the collector stored with each span
         #: when they counted the stalls at this threshold (sql.STORED_STALL_NS), else it
@@ -281,20 +289,20 @@ class Attributor(Poller):
     def poll(self) -> None:
         """The background loop's wake-up: a pass when one is due, or before, once ingest has
         paused (no span for ``idle_poll_s``); otherwise nothing."""
-        if time.monotonic() < self._due and self.watermark_us is not None:
-            quiet_s = self._quiet_s()
+        if self.clock() < self._due and self.watermark_us is not None:
+            quiet_s = self._quiet_s(self._now_us())
             if quiet_s is None or quiet_s < self.idle_poll_s:
                 # Look again when the newest span will have gone idle_poll_s without a newer
                 # one (a look a poll apart would see it up to a poll late).
-                self._look = time.monotonic() + self.idle_poll_s - (quiet_s or 0.0) + LOOK_LATE_S
+                self._look = self.clock() + self.idle_poll_s - (quiet_s or 0.0) + LOOK_LATE_S
                 return
         # A pass that fails is retried after the idle poll.
-        self._due = time.monotonic() + self.idle_poll_s
+        self._due = self.clock() + self.idle_poll_s
         self._look = math.inf
         self.run_until_idle()
 
     def next_wake_s(self) -> float:
-        now = time.monotonic()
+        now = self.clock()
         return max(0.0, min(self.idle_poll_s, self._due - now, self._look - now))
 
     # -- work --------------------------------------------------------------------------------
@@ -303,18 +311,21 @@ class Attributor(Poller):
         return {"shard_index": self.shard[0], "shard_count": self.shard[1], **values}
 
     def _now_us(self) -> int:
+        """Now on the store's clock (us)."""
+        if self._store_clock_us is not None:
+            return self._store_clock_us()
         return int(self.store.query_rows(NOW_US_SQL)[0][0])
 
-    def _quiet(self) -> tuple[float, int] | None:
-        """Seconds since the newest span after the watermark was stored (on the store's clock),
-        and its ingest time (us); None when there is none."""
-        quiet_us, newest_us, pending = self.store.query_rows(
+    def _quiet(self, now_us: int) -> tuple[float, int] | None:
+        """Seconds from the newest span after the watermark being stored to ``now_us`` (the
+        store's clock), and its ingest time (us); None when there is none."""
+        newest_us, pending = self.store.query_rows(
             self._sql.quiet, self._params(after_us=self.watermark_us)
         )[0]
-        return (int(quiet_us) / 1e6, int(newest_us)) if int(pending) else None
+        return ((now_us - int(newest_us)) / 1e6, int(newest_us)) if int(pending) else None
 
-    def _quiet_s(self) -> float | None:
-        quiet = self._quiet()
+    def _quiet_s(self, now_us: int) -> float | None:
+        quiet = self._quiet(now_us)
         return None if quiet is None else quiet[0]
 
     def _statements(self, after_us: int, early: bool) -> _Statements:
@@ -592,7 +603,7 @@ class Attributor(Poller):
 
     def run_until_idle(self, *, max_batches: int = 1000) -> int:
         """Attribute every settled trace up to now (bounded batches); returns requests written."""
-        started = time.monotonic()
+        started = self.clock()
         if self.watermark_us is None:
             self.watermark_us = self._resume()
         now_us = self._now_us()
@@ -600,7 +611,7 @@ class Attributor(Poller):
         complete_us = None if self.complete_us is None else now_us - self.complete_us
         if complete_us is None and self.early_when_quiet:
             # Ingest has paused: the early window runs to the newest span.
-            quiet = self._quiet()
+            quiet = self._quiet(now_us)
             if quiet is not None and quiet[0] >= self.idle_poll_s:
                 complete_us = quiet[1]
         written = 0
@@ -696,10 +707,10 @@ class Attributor(Poller):
         self.poll_s = self.idle_poll_s
         if written:
             busy_s = min(
-                max(self.idle_poll_s, BUSY_PAUSE * (time.monotonic() - started)),
+                max(self.idle_poll_s, BUSY_PAUSE * (self.clock() - started)),
                 self.busy_poll_max_s,
             )
-            quiet_s = self._quiet_s()
+            quiet_s = self._quiet_s(now_us)
             if quiet_s is not None:
                 busy_s = min(busy_s, max(MIN_POLL_S, ready_s - quiet_s))
                 if quiet_s >= self.idle_poll_s:
@@ -716,12 +727,12 @@ class Attributor(Poller):
             log.debug(
                 "attributed %d requests in %.2f s (%s); lag %.1f s; next pass in %.2f s",
                 written,
-                time.monotonic() - started,
+                self.clock() - started,
                 "with an early window" if complete_us is not None else "settled traces",
                 (now_us - self.watermark_us) / 1e6,
                 busy_s,
             )
-        self._due = time.monotonic() + self.poll_s
+        self._due = self.clock() + self.poll_s
         return written
 
     def attribute_slice(
@@ -786,8 +797,7 @@ class Attributor(Poller):
 
 #: Settings of the attributor's inserts. A statement writes one row per request key (rows and
 #: tombstones alike), so ReplacingMergeTree has nothing to collapse inside one insert, and its
-#: collapsing pass over the sorted block is skipped: 0.5 -> 0.15 s of CPU for 50,000 rows
-#: (docs/benchmarks.md).
+#: collapsing pass over the sorted block, which would find nothing, is skipped.
 INSERT_SETTINGS = "SETTINGS optimize_on_insert = 0"
 
 
@@ -976,12 +986,11 @@ SELECT n, first_ns, last_ns, arrayMap(i -> ids[i + 1], starts), starts, unnamed 
 SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), count()
 FROM {spans}
 WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""")
-        #: How long since the newest span after the watermark came (us, on the store's clock),
-        #: and whether there is one: after a pass with work (when will it settle), and between
-        #: passes (has ingest paused).
+        #: When the newest span after the watermark came (us, on the store's clock), and whether
+        #: there is one: after a pass with work (when will it settle), and between passes (has
+        #: ingest paused).
         self.quiet = _no_jit(f"""
-SELECT toUnixTimestamp64Micro(now64(6)) - toUnixTimestamp64Micro(max(LatscopeIngestedAt)),
-       toUnixTimestamp64Micro(max(LatscopeIngestedAt)), count() > 0
+SELECT toUnixTimestamp64Micro(max(LatscopeIngestedAt)), count() > 0
 FROM {spans}
 WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""")
         # A batch: the settled traces of the slice in a range of trace ids.

@@ -22,18 +22,18 @@ if TYPE_CHECKING:
 #: start to this long after the last end of its slice's spans. Two hours cover hour-long streams
 #: and any clock skew latscope corrects. Not more, because a pass reads the TraceId of every span
 #: stored in that range, of its batch's traces or not (their random ids are spread over every
-#: granule of the hours they fall in): with a day of reach that read grew with the day's traffic
-#: and came to dominate each pass (docs/benchmarks.md, "Attribution with stored history").
+#: granule of the hours they fall in): with a day of reach that read grows with the day's
+#: traffic and dominates each pass (docs/benchmarks.md, "Attribution with stored history").
 DEFAULT_REACH_S = 2 * 3600.0
 #: A batch's bounds: at most this many traces, and fewer than this many spans before its last
 #: trace (the attributor's ``plan``). A statement's memory follows its spans, about 1 KB each
 #: (the benchmark's 7-span requests, docs/benchmarks.md): 100,000 such requests are 700,000
 #: spans, a statement of ~0.65 GB, and no batch passes ~1 GB whatever its traces' sizes (a
-#: backlog of 200-span agent traces goes 5,000 traces a batch, where a bound on traces alone let
-#: 50,000 of them, 10 M spans, into one statement). Bigger batches spread the fixed cost of a
-#: statement (its analysis and planning, the batch's set, the insert) over more requests: the
-#: attributor alone over 200,000 requests cost about 0.9 of the CPU in 2 batches that it cost in
-#: 4, 50,000 each (docs/benchmarks.md).
+#: backlog of 200-span agent traces goes 5,000 traces a batch, where a bound on traces alone
+#: would let 50,000 of them, 10 M spans, into one statement). Bigger batches spread the fixed
+#: cost of a statement (its analysis and planning, the batch's set, the insert) over more
+#: requests: the attributor alone over 200,000 requests costs about 0.9 of the CPU in 2 batches
+#: that it costs in 4, 50,000 each.
 DEFAULT_BATCH_TRACES = 100_000
 DEFAULT_BATCH_SPANS = 1_000_000
 #: Upper bounds of the two: the plan weighs traces in their product (UInt64).

@@ -47,6 +47,8 @@ class FlakyStore:
         self.bug: Exception | None = None
         #: when set, SYSTEM SYNC FILE CACHE waits for it (parts not yet on disk)
         self.sync_gate: threading.Event | None = None
+        #: set when a sync reaches ``sync_gate``
+        self.sync_held = threading.Event()
         self.syncs = 0
         self.embedded = store.embedded
         self.dsn = store.dsn
@@ -74,6 +76,7 @@ class FlakyStore:
         if self.down:
             raise StoreUnavailable("connection refused (test)")
         if sql.startswith("SYSTEM SYNC") and self.sync_gate is not None:
+            self.sync_held.set()
             self.sync_gate.wait(30)
         result = self.store.command(sql, parameters)
         if sql.startswith("SYSTEM SYNC"):

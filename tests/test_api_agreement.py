@@ -308,7 +308,7 @@ def test_watch_agrees_with_the_live_feed(served: Served) -> None:
         done.set()
 
     threading.Thread(target=read, daemon=True).start()
-    time.sleep(0.5)  # the stream is open before the requests come
+    stream.initial_metadata()  # the server sends its headers once the stream is subscribed
     everything = dataset(time.time_ns())
     send(served.server.grpc, [replace(everything[i], model=model) for i in LIVE_SPECS])
     polled: list[dict[str, Any]] = []

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
 import pytest
 
 from latscope.api.grpc_service import attribution_dict
+from latscope.cli import main
 from latscope.v1 import query_pb2, query_pb2_grpc
 from tests.serve_support import Server, start_serve
 from tests.surfaces import FAST_ATTRIBUTION, RequestSpec, send, steady_tokens
@@ -55,10 +56,29 @@ def _metric(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def test_watch_and_metrics_follow_attributed_requests(live: Server) -> None:
+def test_watch_and_metrics_follow_attributed_requests(
+    live: Server, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Top runs the same stream from the command line, as JSON lines; each stream is open (the
+    # server sends its headers once it has subscribed) before the requests are sent.
+    opened: list[grpc.Call] = []
+
+    class Stub(query_pb2_grpc.QueryServiceStub):
+        """The generated stub, keeping each Watch stream it opens."""
+
+        def __init__(self, channel: grpc.Channel) -> None:
+            super().__init__(channel)
+            self._watch, self.Watch = self.Watch, self._watched
+
+        def _watched(self, *args: Any, **kwargs: Any) -> Any:
+            opened.append(self._watch(*args, **kwargs))
+            return opened[-1]
+
+    monkeypatch.setattr(query_pb2_grpc, "QueryServiceStub", Stub)
     with grpc.insecure_channel(live.grpc) as channel:
-        stub = query_pb2_grpc.QueryServiceStub(channel)
-        stream = stub.Watch(query_pb2.WatchRequest(model="llama-3-8b", min_e2e_ms=1100), timeout=60)
+        stream = Stub(channel).Watch(
+            query_pb2.WatchRequest(model="llama-3-8b", min_e2e_ms=1100), timeout=60
+        )
         got: list[dict] = []
         done = threading.Event()
 
@@ -73,19 +93,22 @@ def test_watch_and_metrics_follow_attributed_requests(live: Server) -> None:
             done.set()
 
         threading.Thread(target=read, daemon=True).start()
-        # Top runs the same stream from the command line, as JSON lines.
-        top = subprocess.Popen(
-            [sys.executable, "-m", "latscope.cli", "top", "--grpc", live.grpc, "--count", "3",
-             "--duration", "60", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        code: list[int] = []
+        argv = ["top", "--grpc", live.grpc, "--count", "3", "--duration", "60", "--json"]
+        top = threading.Thread(target=lambda: code.append(main(argv)), daemon=True)
+        top.start()
+        deadline = time.monotonic() + 60
+        while len(opened) < 2:
+            assert time.monotonic() < deadline, "top never opened its Watch stream"
+            time.sleep(0.05)
+        for s in opened:
+            s.initial_metadata()  # waits for the server's headers: subscribed
         specs = [_spec(300), _spec(20), _spec(600), _spec(400, model="mistral-7b")]
-        # The subscriptions are open before the requests complete: give them a moment to attach.
-        threading.Event().wait(1.5)
         send(live.grpc, specs)
         assert done.wait(45), "Watch delivered nothing"
         stream.cancel()
-        out, err = top.communicate(timeout=60)
+        top.join(60)
+        out, err = capsys.readouterr()
     slow = {specs[0].trace_id: specs[0], specs[2].trace_id: specs[2]}
     assert {r["trace_id"] for r in got} == set(slow)
     for r in got:
@@ -93,7 +116,7 @@ def test_watch_and_metrics_follow_attributed_requests(live: Server) -> None:
         assert r["buckets_ms"]["queue"] == pytest.approx(
             slow[r["trace_id"]].expected_buckets()["queue"], abs=0.01
         )
-    assert top.returncode == 0, err
+    assert code == [0], err
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 3
     assert {json.loads(line)["trace_id"] for line in lines} <= {s.trace_id for s in specs}

@@ -330,7 +330,7 @@ def test_watch_streams_every_call_of_a_trace(served, stub) -> None:
         done.set()
 
     threading.Thread(target=read, daemon=True).start()
-    time.sleep(1.0)  # the stream is subscribed before the run arrives
+    stream.initial_metadata()  # the server sends its headers once the stream is subscribed
     export(server.grpc, run)
     assert done.wait(45), got
     stream.cancel()

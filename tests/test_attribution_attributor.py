@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from latscope.attribution.attributor import Attributor, attributor_parts
 from latscope.config import ConfigError, Settings
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
 from tests.attribution_support import MS, T0, server_spans, span_rows, stalls_call, store_traces
+from tests.clock_support import StoreClock
 from tests.serve_support import Server, start_serve
 from tests.skeleton_support import EXPECTED, LAYOUT, provider
 
@@ -70,112 +71,110 @@ def test_late_client_span_replaces_the_row_and_reruns_are_idempotent(store: Stor
     assert store.query_rows(FINAL_ROWS, {"t": trace_id}) == before
 
 
+@pytest.fixture
+def clock(store: Store) -> Iterator[StoreClock]:
+    """A hand-moved clock for an attributor, after whatever the module stored before has been
+    attributed (so the attributors below resume after it, and see only their test's spans)."""
+    Attributor(store, settle_s=0).run_until_idle()
+    clock = StoreClock(store)
+    try:
+        yield clock
+    finally:
+        clock.finish()
+
+
+def _timed(att: Attributor, clock: StoreClock, pass_s: float) -> Attributor:
+    """``att`` on ``clock``, its statements taking ``pass_s`` each."""
+    att.clock, att._store_clock_us = clock.monotonic, clock.now_us
+    attribute = att.attribute_slice
+
+    def slow(*args: Any, **kwargs: Any) -> int:
+        clock.advance(pass_s)
+        return attribute(*args, **kwargs)
+
+    att.attribute_slice = slow  # type: ignore[method-assign]
+    return att
+
+
 def _one_settled_one_fresh(
-    store: Store, settle_s: float, idle_poll_s: float
+    store: Store, clock: StoreClock, settle_s: float, idle_poll_s: float
 ) -> tuple[Attributor, str]:
-    """An attributor caught up with the store, a trace stored a settle window ago (settled) and
-    one stored just now; returns the attributor and the fresh trace's id."""
+    """An attributor, a trace stored a settle window ago (settled) and one stored now (its pass
+    takes 50 ms); returns the attributor and the fresh trace's id."""
     first, last = uuid.uuid4().hex, uuid.uuid4().hex
-    att = Attributor(store, settle_s=settle_s, poll_s=idle_poll_s)
-    att.run_until_idle()  # catch up with whatever the module stored before
-    store.insert_arrow(SPANS_TABLE, span_rows(first, server_spans()))
-    time.sleep(settle_s + 0.05)
-    store.insert_arrow(SPANS_TABLE, span_rows(last, server_spans()))
+    att = _timed(Attributor(store, settle_s=settle_s, poll_s=idle_poll_s), clock, 0.05)
+    clock.store(first, server_spans())
+    clock.advance(settle_s + 0.05)
+    clock.store(last, server_spans())
     return att, last
 
 
-@pytest.mark.slow
 def test_after_a_busy_pass_the_next_waits_only_until_the_newest_span_settles(
-    store: Store,
+    store: Store, clock: StoreClock
 ) -> None:
     """Under load a busy pass waits up to the settle window before the next, so slices grow; once
     traffic stops, the wait ends when the last span settles, not a whole window later."""
     settle_s, idle_poll_s = 3.0, 2.0
-    att, last = _one_settled_one_fresh(store, settle_s, idle_poll_s)
-    time.sleep(settle_s - 1.0)  # `last` settles in about a second
+    att, last = _one_settled_one_fresh(store, clock, settle_s, idle_poll_s)
+    clock.advance(1.9)  # ingest has not paused (a poll is 2 s)
     assert att.run_until_idle() == 1
-    # A busy pass would wait at least the idle poll (2 s); `last` settles sooner than that.
-    assert 0.1 <= att.poll_s <= 1.05, att.poll_s
-    time.sleep(att.poll_s)
+    # A busy pass would wait at least the idle poll (2 s); `last` settles 1.05 s after the pass
+    # (stored 1.9 s before it, which took 50 ms).
+    assert att.poll_s == pytest.approx(settle_s - 1.95), att.poll_s
+    assert store.query_rows(ALL_ROWS, {"t": last})[0][0] == 0
+    clock.advance(att.poll_s)
     assert att.run_until_idle() == 1
     assert store.query_rows(ALL_ROWS, {"t": last})[0][0] == 1
 
 
-@pytest.mark.slow
 def test_once_ingest_pauses_a_busy_pass_waits_one_poll_not_until_the_newest_settles(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, clock: StoreClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Under load the wait after a busy pass is long (here the whole settle window); once no span
     has come for a poll interval, the traces left are taken as they settle, a poll at a time."""
     monkeypatch.setattr("latscope.attribution.attributor.BUSY_PAUSE", 1000.0)
     settle_s, idle_poll_s = 4.0, 1.0
-    att, last = _one_settled_one_fresh(store, settle_s, idle_poll_s)
-    time.sleep(idle_poll_s + 0.2)  # ingest paused; `last` settles in about 2.8 s
+    att, last = _one_settled_one_fresh(store, clock, settle_s, idle_poll_s)
+    clock.advance(idle_poll_s + 0.2)  # ingest paused; `last` settles in 2.8 s
     assert att.run_until_idle() == 1
     assert att.poll_s == idle_poll_s, att.poll_s
     assert store.query_rows(ALL_ROWS, {"t": last})[0][0] == 0
 
 
-def _stored_at(store: Store, trace_id: str) -> float:
-    """When ``trace_id``'s newest span was stored, on this process's monotonic clock: its ingest
-    time on the store's clock, less how long ago that was by the store's clock. The attributor
-    times its waits from ingest times, so a test that times them from before its insert would
-    be off by the insert's latency (under load, more than the tolerances below)."""
-    ago_us = store.query_rows(
-        "SELECT toUnixTimestamp64Micro(now64(6)) - toUnixTimestamp64Micro(max(LatscopeIngestedAt))"
-        f" FROM {SPANS_TABLE} WHERE TraceId = {{t:String}}",
-        {"t": trace_id},
-    )[0][0]
-    return time.monotonic() - int(ago_us) / 1e6
-
-
-def _sleep_until(deadline: float) -> None:
-    time.sleep(max(0.0, deadline - time.monotonic()))
-
-
-@pytest.mark.slow
 def test_during_a_long_wait_the_loop_passes_as_soon_as_ingest_pauses(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, clock: StoreClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A busy pass under load waits long (here the settle window); the loop still looks whether
-    ingest has paused (at most a poll apart, and when the newest span will have gone a poll
-    without a newer one), and once it has it passes then instead of when the wait ends.
+    """A busy pass under load waits long (here until the newest span settles); the loop still
+    looks whether ingest has paused (at most a poll apart, and when the newest span will have
+    gone a poll without a newer one), and once it has it passes then instead of when the wait
+    ends."""
+    from latscope.attribution.attributor import LOOK_LATE_S
 
-    Times are taken from the spans' ingest times (``_stored_at``). The tolerances allow for a
-    loaded machine (the time between the attributor reading the store's clock and this test
-    reading its own) and stay well short of what they tell apart: a wait a settle window (4 s)
-    too long, a look a poll (1 s) late."""
     monkeypatch.setattr("latscope.attribution.attributor.BUSY_PAUSE", 1000.0)
-    settle_s, idle_poll_s, slack_s = 4.0, 1.0, 0.4
+    settle_s, idle_poll_s = 4.0, 1.0
     a, b, c = (uuid.uuid4().hex for _ in range(3))
-    Attributor(store, settle_s=0).run_until_idle()  # whatever the module stored before
-    att = Attributor(store, settle_s=settle_s, poll_s=idle_poll_s)  # resumes after it
-    store.insert_arrow(SPANS_TABLE, span_rows(a, server_spans()))
-    a_stored = _stored_at(store, a)
-    _sleep_until(a_stored + 1.0)
-    store.insert_arrow(SPANS_TABLE, span_rows(b, server_spans()))
-    b_stored = _stored_at(store, b)  # settles a settle window later
-    _sleep_until(a_stored + settle_s + 0.3)  # `a` has settled, `b` has not
-    store.insert_arrow(SPANS_TABLE, span_rows(c, server_spans()))  # ingest goes on, then stops
-    c_stored = _stored_at(store, c)
+    att = _timed(Attributor(store, settle_s=settle_s, poll_s=idle_poll_s), clock, 0.05)
+    clock.store(a, server_spans())
+    clock.advance(1.0)
+    b_stored = clock.store(b, server_spans())  # settles a settle window later
+    clock.advance(settle_s - 1.0 + 0.3)  # `a` has settled, `b` has not
+    c_stored = clock.store(c, server_spans())  # ingest goes on, then stops
     att.poll()  # its first: writes `a`, then waits until `c` settles, ingest being busy
-    waits_until = time.monotonic() + att.poll_s
     rows = "SELECT count() FROM latscope_attribution WHERE TraceId IN {t:Array(String)}"
     assert store.query_rows(rows, {"t": [a]})[0][0] == 1
-    # The wait ends when `c` settles, however long the pass took (not a settle window later).
-    assert abs(waits_until - (c_stored + settle_s)) < slack_s, (waits_until - c_stored, att.poll_s)
-    assert 0 < att.next_wake_s() <= idle_poll_s  # but wakes every poll to look
-    if time.monotonic() < c_stored + idle_poll_s - 0.2:
-        watermark = att.watermark_us
-        att.poll()  # spans came less than a poll ago: no pass (a pass moves the watermark)
-        assert att.watermark_us == watermark
+    # The wait ends when `c` settles, not a settle window after the pass (which took 50 ms).
+    assert clock.monotonic() + att.poll_s == pytest.approx(c_stored + settle_s), att.poll_s
+    assert att.next_wake_s() == idle_poll_s  # but wakes every poll to look
+    watermark = att.watermark_us
+    att.poll()  # spans came less than a poll ago: no pass (a pass moves the watermark)
+    assert att.watermark_us == watermark
     # The next look comes when `c` will have gone a poll without a newer span, not a poll later.
-    looks_at = time.monotonic() + att.next_wake_s()
-    assert -0.05 <= looks_at - (c_stored + idle_poll_s) < slack_s, looks_at - c_stored
+    looks_at = clock.monotonic() + att.next_wake_s()
+    assert looks_at == pytest.approx(c_stored + idle_poll_s + LOOK_LATE_S), looks_at - c_stored
     assert store.query_rows(rows, {"t": [b, c]})[0][0] == 0
     # `b` settled, the wait for `c` not over: ingest has paused, so the loop passes now.
-    _sleep_until(b_stored + settle_s + 0.3)
-    assert time.monotonic() < c_stored + settle_s - slack_s
+    clock.advance(b_stored + settle_s + 0.3 - clock.monotonic())
+    assert clock.monotonic() < c_stored + settle_s - idle_poll_s
     att.poll()
     assert store.query_rows(rows, {"t": [b]})[0][0] == 1
     assert store.query_rows(rows, {"t": [c]})[0][0] == 0  # still settling
@@ -427,11 +426,15 @@ def _agent_records(seeds: int) -> dict[str, list[Any]]:
 
 
 def check_n_attributors_write_the_rows_of_one(
-    store: Store, make: Callable[[int, int], Attributor], wait_s: float = 0.0
+    store: Store,
+    make: Callable[[int, int], Attributor],
+    clock: StoreClock | None = None,
+    wait_s: float = 0.0,
 ) -> None:
     """--attributor-shard I/N: three attributors over one store write the same rows as one, with
     no request done twice (their row counts add up) and none missed. ``make(i, n)`` gives
-    attributor ``i`` of ``n``, made before the spans are stored; they run ``wait_s`` after."""
+    attributor ``i`` of ``n``, made before the spans are stored; they run ``wait_s`` after, on
+    ``clock`` (the spans stamped with its time) when given."""
     from tests.attribution_support import spans_table
 
     records = _agent_records(6)
@@ -440,10 +443,12 @@ def check_n_attributors_write_the_rows_of_one(
         prefix = uuid.uuid4().hex[:6]
         prefixes.append(prefix)
         attributors = [make(i, shards) for i in range(shards)]
-        store.insert_arrow(
-            SPANS_TABLE, spans_table({prefix + t[6:]: spans for t, spans in records.items()})
-        )
-        time.sleep(wait_s)
+        table = spans_table({prefix + t[6:]: spans for t, spans in records.items()})
+        if clock is None:
+            store.insert_arrow(SPANS_TABLE, table)
+        else:
+            store.insert_arrow(SPANS_TABLE, clock.stamp(table))
+            clock.advance(wait_s)
         written = [a.run_until_idle() for a in attributors]
         rows = _rows_of(store, ATTRIBUTION_TABLE, prefix)
         assert sum(written) >= len(rows) > 0

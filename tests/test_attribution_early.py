@@ -8,7 +8,6 @@ newest span (``early_when_quiet``, on by default): every rule here holds for bot
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from latscope.attribution.attributor import MIN_POLL_S, QUIET_EARLY_SPANS, Attri
 from latscope.config import ConfigError, Settings
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
 from tests.attribution_support import MS, T0, server_spans, span_rows
+from tests.clock_support import StoreClock
 from tests.serve_support import start_serve
 from tests.skeleton_support import EXPECTED
 from tests.test_attribution_attributor import (
@@ -59,8 +59,14 @@ def _rows(store: Store, trace_id: str) -> tuple[int, int]:
     return int(count), int(version)
 
 
-def _now_us(store: Store) -> int:
-    return int(store.query_rows("SELECT toUnixTimestamp64Micro(now64(6))")[0][0])
+@pytest.fixture
+def clock(store: Store) -> Iterator[StoreClock]:
+    """The clock the attributors below and their spans' ingest times follow, moved by hand."""
+    clock = StoreClock(store)
+    try:
+        yield clock
+    finally:
+        clock.finish()
 
 
 @pytest.fixture(params=["complete", "quiet"])
@@ -70,104 +76,117 @@ def mode(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def _attributor(store: Store, mode: str, **kwargs) -> Attributor:
-    """An early-attributing attributor that starts now (the shared store holds other tests'
-    spans, and rows whose watermark it would otherwise resume from)."""
+def _attributor(store: Store, clock: StoreClock, mode: str, **kwargs) -> Attributor:
+    """An early-attributing attributor on ``clock`` that starts now (the shared store holds
+    other tests' spans, and rows whose watermark it would otherwise resume from)."""
     if mode == "complete":
         kwargs.update(complete_s=COMPLETE_S, poll_s=0.1, early_when_quiet=False)
     else:
         kwargs.update(poll_s=COMPLETE_S)
-    att = Attributor(store, settle_s=SETTLE_S, **kwargs)
-    att.watermark_us = _now_us(store) - att.settle_us
+    att = Attributor(
+        store, settle_s=SETTLE_S, clock=clock.monotonic, store_clock_us=clock.now_us, **kwargs
+    )
+    att.watermark_us = clock.now_us() - att.settle_us
     return att
 
 
-def _attributed_early(store: Store, att: Attributor) -> tuple[str, float]:
+def _attributed_early(store: Store, clock: StoreClock, att: Attributor) -> tuple[str, float]:
     """A complete trace stored and attributed early by ``att``; its id, and when it was stored
-    (monotonic s)."""
+    (on ``clock``)."""
     trace_id = uuid.uuid4().hex
-    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
-    stored = time.monotonic()
-    time.sleep(COMPLETE_S + 0.2)
+    stored = clock.store(trace_id, [CLIENT, *server_spans()])
+    clock.advance(COMPLETE_S + 0.2)
     att.run_until_idle()
     assert _rows(store, trace_id) == (1, 4)
     return trace_id, stored
 
 
-def _sleep_until(deadline: float) -> None:
-    time.sleep(max(0.0, deadline - time.monotonic()))
+def _advance_to(clock: StoreClock, at: float) -> None:
+    clock.advance(at - clock.monotonic())
 
 
 def _early_then_settled(
-    store: Store, att: Attributor, trace_id: str, since: float, *, early: tuple, settled: tuple
+    store: Store,
+    clock: StoreClock,
+    att: Attributor,
+    trace_id: str,
+    since: float,
+    *,
+    early: tuple,
+    settled: tuple,
 ) -> None:
-    """A pass once the trace's newest spans are ``complete_s`` old, then one once spans stored
-    at ``since`` (monotonic s) have settled: the trace's rows after each (``_rows``)."""
-    time.sleep(COMPLETE_S + 0.2)
+    """A pass just before the trace's newest spans are ``complete_s`` old, one just after, then
+    one once spans stored at ``since`` (on ``clock``) have settled: the trace's rows after the
+    first (none new) and the others (``_rows``)."""
+    before = _rows(store, trace_id)
+    clock.advance(COMPLETE_S - 0.01)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == before  # neither complete_s nor a poll without spans
+    clock.advance(0.21)
     att.run_until_idle()
     assert _rows(store, trace_id) == early
-    _sleep_until(since + SETTLE_S + 0.2)
+    _advance_to(clock, since + SETTLE_S + 0.2)
     att.run_until_idle()
     assert _rows(store, trace_id) == settled
 
 
 @pytest.mark.slow
 def test_a_complete_trace_is_attributed_before_it_settles_and_only_once(
-    store: Store, mode: str
+    store: Store, clock: StoreClock, mode: str
 ) -> None:
-    att = _attributor(store, mode)
+    att = _attributor(store, clock, mode)
     complete, incomplete = uuid.uuid4().hex, uuid.uuid4().hex
-    store.insert_arrow(SPANS_TABLE, span_rows(complete, [CLIENT, *server_spans()]))
+    clock.store(complete, [CLIENT, *server_spans()])
     # The server's spans alone: their parent, the client span, is not stored (yet).
-    store.insert_arrow(SPANS_TABLE, span_rows(incomplete, server_spans()))
-    stored = time.monotonic()
+    stored = clock.store(incomplete, server_spans())
+    clock.advance(COMPLETE_S - 0.01)
     att.run_until_idle()
     assert _rows(store, complete) == (0, 0)  # its spans came less than complete_s ago
-    time.sleep(COMPLETE_S + 0.2)
+    clock.advance(0.21)
     att.run_until_idle()
     assert _rows(store, complete) == (1, 4)
     assert _rows(store, incomplete) == (0, 0)
-    _sleep_until(stored + SETTLE_S + 0.2)
+    _advance_to(clock, stored + SETTLE_S + 0.2)
     att.run_until_idle()  # the incomplete trace has settled
     assert _rows(store, incomplete) == (1, 3)
     assert _rows(store, complete) == (1, 4)  # not written a second time
 
 
 @pytest.mark.slow
-def test_a_client_span_without_a_child_waits_for_the_settle_window(store: Store, mode: str) -> None:
+def test_a_client_span_without_a_child_waits_for_the_settle_window(
+    store: Store, clock: StoreClock, mode: str
+) -> None:
     """An agent's LLM call with its server's spans, and a tool call whose server has not reported
     (its spans may be on their way): the trace waits to settle."""
-    att = _attributor(store, mode)
+    att = _attributor(store, clock, mode)
     trace_id = uuid.uuid4().hex
     agent = {"id": "d1" * 8, "kind": "Internal", "start": T0 - 100 * MS, "end": T0 + 2000 * MS}
     llm_call = {**CLIENT, "parent": agent["id"]}
     tool_call = {"id": "e1" * 8, "parent": agent["id"], "kind": "Client",
                  "start": T0 + 1100 * MS, "end": T0 + 1900 * MS}  # fmt: skip
     spans = [agent, llm_call, *server_spans(), tool_call]
-    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, spans))
-    stored = time.monotonic()
-    _early_then_settled(store, att, trace_id, stored, early=(0, 0), settled=(1, len(spans)))
+    stored = clock.store(trace_id, spans)
+    _early_then_settled(store, clock, att, trace_id, stored, early=(0, 0), settled=(1, len(spans)))
 
 
 @pytest.mark.slow
-def test_a_late_span_attributes_the_trace_again(store: Store, mode: str) -> None:
-    att = _attributor(store, mode)
-    trace_id, _ = _attributed_early(store, att)
-    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [PREFILL]))
-    late = time.monotonic()
+def test_a_late_span_attributes_the_trace_again(store: Store, clock: StoreClock, mode: str) -> None:
+    att = _attributor(store, clock, mode)
+    trace_id, _ = _attributed_early(store, clock, att)
+    late = clock.store(trace_id, [PREFILL])
     # Early again, with the late span; nothing more once it settles.
-    _early_then_settled(store, att, trace_id, late, early=(2, 5), settled=(2, 5))
+    _early_then_settled(store, clock, att, trace_id, late, early=(2, 5), settled=(2, 5))
 
 
 @pytest.mark.slow
 def test_a_span_stored_into_a_window_already_passed_is_attributed_once_settled(
-    store: Store, mode: str
+    store: Store, clock: StoreClock, mode: str
 ) -> None:
     """An insert still in flight when the early pass read: its span carries an ingest time inside
     the window that pass took. Early windows do not look back; settling does, and the trace's
     count of spans (5) differs from its row's Version (4), so it is attributed again."""
-    att = _attributor(store, mode)
-    trace_id, stored = _attributed_early(store, att)
+    att = _attributor(store, clock, mode)
+    trace_id, stored = _attributed_early(store, clock, att)
     ingested_us = store.query_rows(
         f"SELECT toUnixTimestamp64Micro(max(LatscopeIngestedAt)) FROM {SPANS_TABLE} "
         "WHERE TraceId = {t:String}",
@@ -178,16 +197,17 @@ def test_a_span_stored_into_a_window_already_passed_is_attributed_once_settled(
         "LatscopeIngestedAt", pa.array([ingested_us], pa.timestamp("us"))
     )
     store.insert_arrow(SPANS_TABLE, in_flight)
-    _early_then_settled(store, att, trace_id, stored, early=(1, 4), settled=(2, 5))
+    _early_then_settled(store, clock, att, trace_id, stored, early=(1, 4), settled=(2, 5))
 
 
 @pytest.mark.slow
 def test_n_early_attributors_split_a_store_and_write_exactly_the_rows_of_one(
-    store: Store, mode: str
+    store: Store, clock: StoreClock, mode: str
 ) -> None:
     check_n_attributors_write_the_rows_of_one(
         store,
-        lambda i, n: _attributor(store, mode, shard=(i, n), step_s=3600),
+        lambda i, n: _attributor(store, clock, mode, shard=(i, n), step_s=3600),
+        clock=clock,
         wait_s=COMPLETE_S + 0.2,
     )
 
@@ -218,12 +238,12 @@ def test_serve_attributes_a_complete_trace_before_the_settle_window(
     assert got == pytest.approx({b: float(v) for b, v in EXPECTED.items()}, abs=1.0)
 
 
-def _filler(store: Store) -> None:
+def _filler(clock: StoreClock) -> None:
     """Another trace's spans, stored now: ingest has not paused."""
-    store.insert_arrow(SPANS_TABLE, span_rows(uuid.uuid4().hex, server_spans()))
+    clock.store(uuid.uuid4().hex, server_spans())
 
 
-def _statements_run(store: Store, att: Attributor) -> set[str]:
+def _statements_run(store: Store, clock: StoreClock, att: Attributor) -> set[str]:
     """One pass of ``att`` that starts 1 ms before its settled bound (so it holds no settled
     traces, and the early window is its only work), and the names of the statements it ran."""
     sql: list[str] = []
@@ -231,7 +251,7 @@ def _statements_run(store: Store, att: Attributor) -> set[str]:
     store.command = lambda s, *a, **k: (sql.append(s), real[0](s, *a, **k))[1]  # type: ignore[method-assign]
     store.query_rows = lambda s, *a, **k: (sql.append(s), real[1](s, *a, **k))[1]  # type: ignore[method-assign]
     try:
-        att.watermark_us = _now_us(store) - att.settle_us - 1000
+        att.watermark_us = clock.now_us() - att.settle_us - 1000
         att.run_until_idle()
     finally:
         del store.command, store.query_rows
@@ -240,7 +260,9 @@ def _statements_run(store: Store, att: Attributor) -> set[str]:
 
 
 @pytest.mark.slow
-def test_the_exact_count_of_traces_left_runs_only_when_a_superset_has_one(store: Store) -> None:
+def test_the_exact_count_of_traces_left_runs_only_when_a_superset_has_one(
+    store: Store, clock: StoreClock
+) -> None:
     """The batch of an early window is known only by its tree check, so counting which of its
     traces got no row from the single-call statement would evaluate that check again. A first
     quiet pass (no trace of its slice attributed early before, so no Version check) counts a
@@ -248,48 +270,51 @@ def test_the_exact_count_of_traces_left_runs_only_when_a_superset_has_one(store:
     count nor the general statement runs; with an incomplete trace that has a SERVER span, the
     exact count runs, finds no complete trace left, and the general statement does not run.
     Once a quiet window was taken, the slices reaching into it make the exact count alone."""
-    att = _attributor(store, "quiet")
-    att._early_us = _now_us(store)  # the window starts here: no other test's spans in it
+    att = _attributor(store, clock, "quiet")
+    att._early_us = clock.now_us()  # the window starts here: no other test's spans in it
     complete = uuid.uuid4().hex
-    store.insert_arrow(SPANS_TABLE, span_rows(complete, [CLIENT, *server_spans()]))
-    time.sleep(COMPLETE_S + 0.2)
-    ran = _statements_run(store, att)
+    clock.advance(0.001)
+    clock.store(complete, [CLIENT, *server_spans()])
+    clock.advance(COMPLETE_S + 0.2)
+    ran = _statements_run(store, clock, att)
     assert _rows(store, complete) == (1, 4)
     assert {"insert_simple", "count_left_superset"} <= ran
     assert not ran & {"count_left", "insert"}
     assert set(att._early_sql) == {False}  # no Version check
 
     incomplete = uuid.uuid4().hex  # the server's spans without their parent, the client span
-    before = _now_us(store)
-    store.insert_arrow(SPANS_TABLE, span_rows(incomplete, server_spans()))
-    time.sleep(COMPLETE_S + 0.2)
-    ran = _statements_run(store, att)  # its slice reaches into the first window
+    before = clock.now_us()
+    clock.advance(0.001)
+    clock.store(incomplete, server_spans())
+    clock.advance(COMPLETE_S + 0.2)
+    ran = _statements_run(store, clock, att)  # its slice reaches into the first window
     assert _rows(store, incomplete) == (0, 0)
     assert True in att._early_sql
     assert {"insert_simple", "count_left"} <= ran
     assert not ran & {"count_left_superset", "insert"}
 
-    fresh = _attributor(store, "quiet")  # no window taken: the superset first
+    fresh = _attributor(store, clock, "quiet")  # no window taken: the superset first
     fresh._early_us = before
-    ran = _statements_run(store, fresh)
+    ran = _statements_run(store, clock, fresh)
     assert _rows(store, incomplete) == (0, 0)
     assert {"insert_simple", "count_left_superset", "count_left"} <= ran
     assert "insert" not in ran
 
 
 @pytest.mark.slow
-def test_while_spans_keep_coming_a_quiet_pass_does_not_come(store: Store) -> None:
+def test_while_spans_keep_coming_a_quiet_pass_does_not_come(
+    store: Store, clock: StoreClock
+) -> None:
     """Early attribution off: a complete trace waits to settle while other spans keep coming."""
-    att = _attributor(store, "quiet")
+    att = _attributor(store, clock, "quiet")
     trace_id = uuid.uuid4().hex
-    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
-    stored = time.monotonic()
+    stored = clock.store(trace_id, [CLIENT, *server_spans()])
     for _ in range(3):
-        time.sleep(COMPLETE_S + 0.2)
-        _filler(store)
+        clock.advance(COMPLETE_S + 0.2)
+        _filler(clock)
         att.run_until_idle()
         assert _rows(store, trace_id) == (0, 0)
-    _sleep_until(stored + SETTLE_S + 0.2)
+    _advance_to(clock, stored + SETTLE_S + 0.2)
     att.run_until_idle()
     assert _rows(store, trace_id) == (1, 4)
 
@@ -297,56 +322,54 @@ def test_while_spans_keep_coming_a_quiet_pass_does_not_come(store: Store) -> Non
 @pytest.mark.slow
 @pytest.mark.parametrize("early_when_quiet", [True, False])
 def test_a_pass_that_ends_after_ingest_paused_calls_the_quiet_pass_at_once(
-    store: Store, early_when_quiet: bool
+    store: Store, clock: StoreClock, early_when_quiet: bool
 ) -> None:
     """A pass that began while spans kept coming and ended after ingest paused: the early
     window is ready, so the next pass comes at once (MIN_POLL_S), not a poll later."""
-    att = _attributor(store, "quiet", early_when_quiet=early_when_quiet)
+    att = _attributor(store, clock, "quiet", early_when_quiet=early_when_quiet)
     settled = uuid.uuid4().hex
-    store.insert_arrow(SPANS_TABLE, span_rows(settled, [CLIENT, *server_spans()]))
-    time.sleep(SETTLE_S + 0.2)
-    _filler(store)  # spans keep coming when the pass begins
-    real, late = att._quiet, []
+    clock.store(settled, [CLIENT, *server_spans()])
+    clock.advance(SETTLE_S + 0.2)
+    _filler(clock)  # spans keep coming when the pass begins
+    late = []
 
-    def quiet() -> tuple[float, int] | None:
-        if _rows(store, settled)[0]:  # the pass's end: ingest has paused since it began
-            time.sleep(att.idle_poll_s)
+    def now_us() -> int:
+        if _rows(store, settled)[0] and not late:  # the pass's end: ingest paused since it began
+            clock.advance(att.idle_poll_s)
             late.append(True)
-        return real()
+        return clock.now_us()
 
-    att._quiet = quiet  # type: ignore[method-assign]
+    att._store_clock_us = now_us
     att.run_until_idle()
     assert late and _rows(store, settled) == (1, 4)
     assert att.poll_s == (MIN_POLL_S if early_when_quiet else att.idle_poll_s)
 
 
 @pytest.mark.slow
-def test_early_when_quiet_off_waits_for_the_settle_window(store: Store) -> None:
-    att = _attributor(store, "quiet", early_when_quiet=False)
+def test_early_when_quiet_off_waits_for_the_settle_window(store: Store, clock: StoreClock) -> None:
+    att = _attributor(store, clock, "quiet", early_when_quiet=False)
     trace_id = uuid.uuid4().hex
-    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
-    stored = time.monotonic()
-    _early_then_settled(store, att, trace_id, stored, early=(0, 0), settled=(1, 4))
+    stored = clock.store(trace_id, [CLIENT, *server_spans()])
+    _early_then_settled(store, clock, att, trace_id, stored, early=(0, 0), settled=(1, 4))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("traces", [4, 5])
 def test_a_quiet_pass_takes_an_early_window_of_at_most_16_spans_per_batch_trace(
-    store: Store, traces: int
+    store: Store, clock: StoreClock, traces: int
 ) -> None:
     """One statement takes a quiet pass's early window: a window larger than QUIET_EARLY_SPANS
     (16) spans per batch trace waits to settle, and goes in batches (here of one trace)."""
     assert QUIET_EARLY_SPANS == 16
-    att = _attributor(store, "quiet", batch_traces=1)
+    att = _attributor(store, clock, "quiet", batch_traces=1)
     ids = [uuid.uuid4().hex for _ in range(traces)]  # 4 spans each: 16 or 20
     for trace_id in ids:
-        store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [CLIENT, *server_spans()]))
-    stored = time.monotonic()
-    time.sleep(COMPLETE_S + 0.2)
+        stored = clock.store(trace_id, [CLIENT, *server_spans()])
+    clock.advance(COMPLETE_S + 0.2)
     att.run_until_idle()
     early = (1, 4) if traces * 4 <= 16 else (0, 0)
     assert [_rows(store, t) for t in ids] == [early] * traces
-    _sleep_until(stored + SETTLE_S + 0.2)
+    _advance_to(clock, stored + SETTLE_S + 0.2)
     att.run_until_idle()
     assert [_rows(store, t) for t in ids] == [(1, 4)] * traces
 

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from latscope.cli import main
+from latscope.cmd.top import RestFeed
 from tests.agent_surfaces import (
     PARALLEL_SEEDS,
     SINGLE_CALL_SEED,
@@ -28,16 +30,33 @@ from tests.agent_surfaces import (
 )
 from tests.agent_traces import AgentRun
 from tests.serve_support import Server, start_serve
-from tests.surfaces import FAST_ATTRIBUTION
 
 pytestmark = pytest.mark.subprocess
+
+#: A settle window far longer than the collector's batches are apart (0.2 s): a run's spans are
+#: in the store, client spans and all, before its trace settles, so every request is keyed by
+#: its client span. The runs, with their tool calls, are attributed once settled.
+ATTRIBUTION = ("--attribution-settle-s", "3", "--attribution-poll-s", "0.1")
+
+
+def wait_attributed(server: Server, runs: list[AgentRun], timeout_s: float = 60.0) -> None:
+    """Until every request of ``runs`` can be read back by its id."""
+    deadline = time.monotonic() + timeout_s
+    for rid in (t.request_id for run in runs for t in run.requests):
+        while (
+            httpx.get(server.url(f"/v1/requests/{rid}/attribution"), timeout=10).status_code != 200
+        ):
+            assert time.monotonic() < deadline, f"{rid} never attributed"
+            time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[AgentRun]]]:
-    server = start_serve(Path(tmp_path_factory.mktemp("cli-traces")) / "store", *FAST_ATTRIBUTION)
+    server = start_serve(Path(tmp_path_factory.mktemp("cli-traces")) / "store", *ATTRIBUTION)
     try:
-        yield server, send_runs(server, (PARALLEL_SEEDS[1], SINGLE_CALL_SEED))
+        runs = send_runs(server, (PARALLEL_SEEDS[1], SINGLE_CALL_SEED))
+        wait_attributed(server, runs)
+        yield server, runs
     finally:
         server.stop()
 
@@ -125,30 +144,47 @@ def test_explain_an_unknown_call_names_the_calls(served, capsys) -> None:
     assert "request_not_found" in err and agent.requests[0].request_id in err
 
 
-def _top(server: Server, *argv: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "latscope.cli", "top", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **env},
-    )
+def _top(
+    monkeypatch: pytest.MonkeyPatch, run_: AgentRun, *argv: str
+) -> tuple[threading.Thread, list[int]]:
+    """``latscope top *argv`` on a thread, started once it has taken its cursor (requests
+    attributed after that are news to it); the list gets its exit code. Its feed holds the
+    requests of ``run_`` alone: the server is the module's, and a request of an earlier test's
+    run may still reach the live feed (top has no flag for a trace)."""
+    connected = threading.Event()
+    connect, ask = RestFeed.connect, RestFeed._ask
+
+    def connect_then_tell(feed: RestFeed) -> None:
+        connect(feed)
+        connected.set()
+
+    def ask_for_the_run(feed: RestFeed) -> list[dict]:
+        return [r for r in ask(feed) if r["trace_id"] == run_.trace_id]
+
+    monkeypatch.setattr(RestFeed, "connect", connect_then_tell)
+    monkeypatch.setattr(RestFeed, "_ask", ask_for_the_run)
+    code: list[int] = []
+    thread = threading.Thread(target=lambda: code.append(main(["top", *argv])), daemon=True)
+    thread.start()
+    assert connected.wait(60), "top never took its cursor"
+    return thread, code
 
 
-def test_top_follows_latscope_url_and_lists_request_ids_explain_takes(served, capsys) -> None:
+def test_top_follows_latscope_url_and_lists_request_ids_explain_takes(
+    served, capsys, monkeypatch
+) -> None:
     server, _ = served
     run_ = recent_run(1, ago_s=5)
     wait_live_caught_up(server)  # what top sees next is this run alone
     want = {t.request_id for t in run_.requests}
     # No --url: LATSCOPE_URL names the API (and no gRPC address is given anywhere).
-    top = _top(
-        server, "--json", "--count", str(len(want)), "--duration", "60",
-        env={"LATSCOPE_URL": server.http, "LATSCOPE_OTLP_GRPC": "127.0.0.1:9"},
-    )  # fmt: skip
-    time.sleep(2.0)  # top has taken its cursor: what comes next is news
+    monkeypatch.setenv("LATSCOPE_URL", server.http)
+    monkeypatch.setenv("LATSCOPE_OTLP_GRPC", "127.0.0.1:9")
+    top, code = _top(monkeypatch, run_, "--json", "--count", str(len(want)), "--duration", "60")
     export(server.grpc, run_)
-    out, err = top.communicate(timeout=90)
-    assert top.returncode == 0, err
+    top.join(90)
+    out, err = capsys.readouterr()
+    assert code == [0], err
     rows = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert {r["request_id"] for r in rows} == want
     for rid in sorted(want)[:2]:
@@ -156,19 +192,17 @@ def test_top_follows_latscope_url_and_lists_request_ids_explain_takes(served, ca
         assert code == 0 and f"request {rid}" in text
 
 
-def test_top_screen_shows_whole_request_ids(served, capsys) -> None:
+def test_top_screen_shows_whole_request_ids(served, capsys, monkeypatch) -> None:
     server, _ = served
     run_ = recent_run(2, ago_s=5)
     wait_live_caught_up(server)  # what top sees next is this run alone
     want = {t.request_id for t in run_.requests}
-    top = _top(
-        server, "--url", server.http, "--count", str(len(want)), "--duration", "60",
-        env={"COLUMNS": "100"},
-    )  # fmt: skip
-    time.sleep(2.0)
+    monkeypatch.setenv("COLUMNS", "100")
+    top, code = _top(monkeypatch, run_, "--url", server.http, "--count", str(len(want)))
     export(server.grpc, run_)
-    out, err = top.communicate(timeout=90)
-    assert top.returncode == 0, err
+    top.join(90)
+    out, err = capsys.readouterr()
+    assert code == [0], err
     assert f"{len(want)} requests seen" in out
     for rid in want:
         assert rid in out, out

@@ -293,7 +293,7 @@ def test_an_inserted_segment_stays_in_the_journal_until_clickhouse_synced_it(
         while count_spans(store, service) < 21:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        time.sleep(1.5)  # past sync_every_s: the sync is under way, held at the gate
+        assert flaky.sync_held.wait(30), "no sync after the insert"  # held at the gate
         assert _spooled(spool / "traces"), "the inserted segment was dropped before a sync"
         flaky.sync_gate.set()
         while _spooled(spool / "traces"):

@@ -129,7 +129,7 @@ def test_reconfiguring_with_the_collector_down_holds_no_old_spans() -> None:
 def test_collector_refusing_with_resource_exhausted() -> None:
     with collector("refuse") as (servicer, addr), _configured(addr):
         _run_app_workload()
-        assert sdk.force_flush(timeout_s=5) in (True, False)
+        assert sdk.force_flush(timeout_s=5) is False  # nothing went: every Export refused
         stats = _check_bounded()
         assert servicer.calls > 0
         assert stats["spans_exported"] == 0

@@ -26,8 +26,7 @@ trace_arrays AS (
         groupArray(efigures) AS efigures
     FROM spans
     GROUP BY trace_id
-    -- Not for the order: one sorted stream of trace rows halves the CPU of the stages after it
-    -- (measured: 77 -> 152 us per request without it, 20,000 traces).
+    -- Not for the order: one sorted stream of trace rows halves the CPU of the stages after it.
     ORDER BY trace_id
 ),
 -- Each span's parent (its index; 0: not stored), its rank by (start, span id) (the order the

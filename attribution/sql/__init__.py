@@ -239,9 +239,8 @@ def parse_int(raw: str) -> str:
 
     Most values are an integer written as ClickHouse writes it (no sign but a minus, no leading
     zero): those are read without the regular expressions, which cost more than the rest of
-    the parse (the single-call statement over 99,801 requests, 1.6-1.8 CPU s: -0.085, -0.039
-    and -0.026 in three sets of 13-21 rounds, docs/benchmarks.md). Such a value matches the
-    integer pattern, so the answer is the same; any other value takes the patterns."""
+    the parse. Such a value matches the integer pattern, so the answer is the same; any other
+    value takes the patterns."""
     exact = f"toInt64OrNull({raw})"
     return (
         f"if({exact} IS NOT NULL AND toString({exact}) = {raw}, {exact}, "
@@ -257,8 +256,8 @@ def integer(expr: str) -> str:
 
     The value is bound once by a lambda, and accurateCastOrNull does the Int64 range check:
     the statement has a dozen of these, and spelled out with the value in every branch and
-    the range as two float comparisons they were 0.4-0.5 s of ClickHouse's analysis of it,
-    for every pass."""
+    the range as two float comparisons they would be most of ClickHouse's analysis of it,
+    paid by every pass."""
     return f"arrayMap(raw -> {parse_int('raw')}, [{expr}])[1]"
 
 
@@ -275,8 +274,8 @@ def int_at(payload: str, code: str) -> str:
 def int_list(valid: str, expr: str) -> str:
     """model.parse_int_list of the token offsets ``expr`` where ``valid`` (the span has the
     ``OFFSETS`` fact: a JSON array of integers that fit Int64), else []. Parsed as ClickHouse's
-    text form of an array, the same integers as ``JSONExtract`` gives for such a value, at about
-    three quarters of its CPU (docs/benchmarks.md); the text is '[]' where not ``valid``, as a cast
+    text form of an array, the same integers as ``JSONExtract`` gives for such a value, for less
+    CPU; the text is '[]' where not ``valid``, as a cast
     of any other text fails whether or not its row is used."""
     return f"CAST(if({valid}, {expr}, '[]'), 'Array(Int64)')"
 
@@ -886,22 +885,20 @@ def _stage(name: str) -> str:
 
 #: Settings of both statements. The per-trace GROUP BY stays single-level: a two-level hash
 #: table hands its 50,000 groups on in 256 small blocks, and every function of the stages after
-#: it then pays its per-block cost 256 times (measured on 50,000 requests: the single-call path
-#: 79 -> 25 us per request, the general path 50 -> 42).
+#: it then pays its per-block cost 256 times (the single-call path would cost about three times
+#: as much a request).
 #:
-#: Two of ClickHouse's rewrites find nothing in these statements and were most of the cost of
-#: analysing and planning them, which every pass pays whatever its size (measured on an empty
-#: batch, chDB 4.4: the single-call statement 0.15 -> 0.09 CPU s, the general one 0.46 -> 0.20;
-#: 50,000 requests cost the same within noise): ``optimize_and_compare_chain`` (deriving
+#: Two of ClickHouse's rewrites find nothing in these statements and would be most of the cost of
+#: analysing and planning them, which every pass pays whatever its size:
+#: ``optimize_and_compare_chain`` (deriving
 #: comparisons with constants from AND chains: it hashes the query tree for each chain, and there
 #: is no chain of comparisons with constants here) and ``query_plan_merge_expressions``
 #: (merging the plan's consecutive expression steps, one per common table expression).
 #:
 #: No JIT compilation (``NO_JIT``): ClickHouse compiles an expression or an aggregate function
-#: to machine code the third time it meets it, and these statements hold dozens (a process's
-#: first 200,000 requests: 41 functions, 0.64 CPU s of compiling, an eighth of the run), while
-#: the compiled code made later runs no faster, within the noise of interleaved runs
-#: (docs/benchmarks.md). The attributor's other statements take it too.
+#: to machine code the third time it meets it, and these statements hold dozens: compiling them
+#: costs a process's first passes CPU that the compiled code does not win back. The attributor's
+#: other statements take it too.
 NO_JIT = "compile_expressions = 0, compile_aggregate_expressions = 0, compile_sort_description = 0"
 SETTINGS = (
     "SETTINGS group_by_two_level_threshold = 0, group_by_two_level_threshold_bytes = 0, "

@@ -87,9 +87,9 @@ simple_timeline AS (
 -- Most requests' phases do not overlap (`flat`: sorted by start, each starts where the one
 -- before ended or later). Then the sweep's answer needs no sweep: every phase is its own bucket,
 -- S less its phases is `other`, the window less S is network ($FLAT_SUMS). The sweep runs only
--- for the rest: their cuts are left empty, and the segments of no cuts cost nothing. (The
--- segments' nested lambda and the sums over them were a quarter of this path's work after its
--- GROUP BY; the same rows, docs/benchmarks.md.)
+-- for the rest: their cuts are left empty, and the segments of no cuts cost nothing (the
+-- segments' nested lambda and the sums over them are the costly part of this path after its
+-- GROUP BY).
 simple_intervals AS (
     SELECT
         * EXCEPT (phases),

@@ -12,11 +12,10 @@
 -- "Collector"): every insert compresses each column once and every merge decompresses and
 -- compresses it again, and ZSTD costs about twice LZ4 there. ZSTD(1) is kept where it buys
 -- the bytes (random ids, timestamps, durations, span attributes); the rest, low-cardinality or
--- repeated within a trace, is as small or smaller with LZ4 (one merge level 4.6 -> 2.7 us/span,
--- 36.6 -> 35.0 B/span). The OTel exporter's bloom filters on map keys and minmax on Duration are
--- left out: with this sort order every granule holds every common key and a spread of durations,
--- so on 1.3 M bench spans they skipped no granule (mapContains got 5x faster without them),
--- while they cost every insert and every merge.
+-- repeated within a trace, is as small or smaller with LZ4, and merges cheaper. The OTel
+-- exporter's bloom filters on map keys and minmax on Duration are left out: with this sort order
+-- every granule holds every common key and a spread of durations, so they skip no granule (and
+-- slow mapContains down), while they cost every insert and every merge.
 --
 -- Exactly-once writes: the collector tags every batch with an insert_deduplication_token and
 -- replays a spooled batch with the same token, so the deduplication window below drops a batch

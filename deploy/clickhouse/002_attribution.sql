@@ -62,7 +62,7 @@ SETTINGS index_granularity = 8192;
 
 -- When each span reached the store: the attributor finds new and late spans by this, not by the
 -- span's own (client-clock, possibly old) Timestamp. A column with a default, so the OTel
--- Collector's ClickHouse exporter and the latscope collector insert as before.
+-- Collector's ClickHouse exporter and the latscope collector insert without naming it.
 -- Parts are written in ingest order, so a minmax index lets "spans ingested since T" skip old
 -- granules instead of scanning the column.
 ALTER TABLE otel_traces

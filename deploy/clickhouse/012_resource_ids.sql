@@ -1,19 +1,15 @@
 -- Resources by id: latscope's collector stores each span's resource as an id beside its attributes
 -- (LatscopeResourceId), and each resource's attributes once in latscope_resources, so the
 -- attributor carries a number per request through its GROUP BY and looks the attributes up after
--- it, where it copied every request's resource map into its per-trace state.
+-- it, instead of copying every request's resource map into its per-trace state: the bigger the
+-- resources (a Kubernetes pod's dozens of attributes), the more that saves
+-- (bench/attribution/resources.py, docs/benchmarks.md).
 --
--- Measured on 99,801 requests of the attribution benchmark (bench/attribution/resources.py), the
--- same rows: the single-call statement 1.21 -> 1.09 CPU s with the benchmark's small resources
--- (the server's 4 attributes), 1.60 -> 1.18 with resources like a Kubernetes pod's (24
--- attributes, 836 bytes); the collector's ids 0.09 us a span, against 5.9 for its C decoder
--- (docs/benchmarks.md).
---
--- LatscopeResourceId (ZSTD: a few ids repeat along the sort order; 0.34 bytes a span on the
--- attribution benchmark's spans against 0.83 with LZ4): a 64-bit hash of the resource's attributes as the collector rendered them
+-- LatscopeResourceId (ZSTD: a few ids repeat along the sort order, which ZSTD packs tighter
+-- than LZ4): a 64-bit hash of the resource's attributes as the collector rendered them
 -- (latscope.collector.mapping.resource_ids; never 0). 0: no id: other writers (the OpenTelemetry
 -- Collector's ClickHouse exporter) and spans stored before this file. The attributor reads a
--- slice with any span of id 0 by its attributes, as before this file.
+-- slice with any span of id 0 by its attributes.
 --
 -- latscope_resources: a resource's attributes by id, written by the collector before the first
 -- spans of that resource it stores, and again at least every RESOURCE_REFRESH_S while it keeps

@@ -301,6 +301,9 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):
         if sub is None:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many Watch streams open")
         context.add_callback(sub.close)
+        # The headers go now: a client that waits for them knows what is attributed from here
+        # on reaches it.
+        context.send_initial_metadata(())
         for body in iter_subscription(sub, alive=context.is_active):
             yield attribution_message(LiveRequest.model_validate(body))
 
