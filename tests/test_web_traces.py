@@ -54,6 +54,8 @@ def _open(page: Page, server: Server, fragment: str) -> None:
     page.goto(server.url(f"/#{fragment}"))
     page.wait_for_selector("body[data-request=ok], body[data-request=error]", timeout=30_000)
     assert page.get_attribute("body", "data-request") == "ok", page.inner_text("#error")
+    # The charts above the card may still be drawing: the card is where it stays once they are.
+    page.wait_for_selector("body[data-settled=ok]", timeout=60_000)
 
 
 def _num(v: float | None) -> str:

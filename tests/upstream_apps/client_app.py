@@ -38,6 +38,11 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 SHORT_CALLS = 12
 
 
+#: The span events by which OpenInference and traceloop mark a stream's first chunk (traceloop
+#: one per chunk: the earliest).
+FIRST_CHUNK_EVENTS = ("First Token Stream Event", "gen_ai.content.completion.chunk")
+
+
 class GenAIOperations(SpanProcessor):
     """Notes, per thread, the last GenAI operation span the instrumentation ended: the call's
     span as the instrumentation recorded it (its id names the call in latscope)."""
@@ -129,6 +134,11 @@ class App:
             "start_ns": start,
             "e2e_ns": end - start,
             "ttft_ns": None if first is None else first - start,
+            # When the instrumentation marked the first chunk, before handing it to the app.
+            "first_chunk_mark_ns": min(
+                (e.timestamp for e in span.events if e.name in FIRST_CHUNK_EVENTS), default=None
+            ),
+            "first_ns": first,
             "stream": stream,
             "input_tokens": usage.prompt_tokens if usage else None,
             "output_tokens": usage.completion_tokens if usage else None,

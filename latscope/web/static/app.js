@@ -503,6 +503,17 @@ function fromHash(key) {
   return m ? decodeURIComponent(m[1]) : null;
 }
 
+// The card the address opened, brought into view; again once the charts above it have drawn
+// (they change its place), unless the reader has scrolled meanwhile.
+let revealed = null;
+function reveal(card) {
+  revealed = card;
+  card.scrollIntoView({ block: "start" });
+}
+for (const type of ["wheel", "touchstart", "keydown"]) {
+  window.addEventListener(type, () => { revealed = null; }, { passive: true });
+}
+
 // ``#trace=ID``: a request id (``TRACE-SPAN``), or a trace id. A trace with one call shows that
 // request; one with several (or none) shows the run, and ``&call=REQUEST_ID`` opens one of its
 // calls below it. A trace id is asked as a trace (the run names its calls), so the page never
@@ -514,7 +525,7 @@ async function openFromHash() {
     try {
       await run(async () => renderConversation(await api(`v1/conversations/${encodeURIComponent(conversation)}`)));
       document.body.dataset.conversation = "ok";
-      if (!id) $("#conversation").scrollIntoView({ block: "start" });
+      if (!id) reveal($("#conversation"));
     } catch (_) { document.body.dataset.conversation = "error"; }
   }
   if (!id) return;
@@ -538,7 +549,7 @@ async function openFromHash() {
       if (call) await loadRequest(call);
       else { $("#request-id").textContent = ""; $("#trace-input").value = id; shown = $("#run"); }
     });
-    shown.scrollIntoView({ block: "start" });
+    reveal(shown);
     document.body.dataset.request = "ok";
   } catch (_) { document.body.dataset.request = "error"; }
 }
@@ -603,6 +614,8 @@ async function start_data() {
     try { await run(openOnData); } catch (_) { /* the menu's window, as the page would anyway */ }
   }
   await Promise.all([refresh(), openFromHash()]);
+  if (revealed && !revealed.hidden) revealed.scrollIntoView({ block: "start" });
+  document.body.dataset.settled = "ok";
 }
 
 start();
