@@ -669,12 +669,13 @@ def ranked_pieces(request: Request) -> tuple[Timeline, list[tuple[int, int, int]
     return tl, ranked_segments((tl.lo, tl.hi), intervals)
 
 
-def request_segments(request: Request) -> tuple[Timeline, list[tuple[str, int, int]]]:
-    """The request's timeline cut into ``(bucket, start, end)`` pieces on the client's clock
-    (``other`` for server time and ``network`` for the rest when there is no client span)."""
-    tl, ranked = ranked_pieces(request)
+def named_pieces(
+    request: Request, ranked: Sequence[tuple[int, int, int]]
+) -> list[tuple[str, int, int]]:
+    """``ranked_pieces``' pieces as ``(bucket, start, end)`` (``other`` for server time and
+    ``network`` for the rest when the request has no client span)."""
     has_client = request.client is not None
-    return tl, [(rank_name(r, client=has_client), a, b) for r, a, b in ranked]
+    return [(rank_name(r, client=has_client), a, b) for r, a, b in ranked]
 
 
 def _kv_transfer(request: Request, ranked: Sequence[tuple[int, int, int]]) -> int | None:

@@ -12,7 +12,7 @@ the span's own time, count the child down to its start recursively, continue fro
 start. So back-to-back children are both on the path, a parallel group counts its last-finishing
 branch (and whatever ran before that branch started), and a child outliving its parent counts
 only up to the parent's end. An LLM call is one step: its client span (extended to the server's
-end for a headers-only client) holds its bucket timeline from ``engine.request_segments``, clipped
+end for a headers-only client) holds its bucket timeline from ``engine.named_pieces``, clipped
 to the part of the call the path covers. The walk does not descend from a span into a SERVER child
 of another service (another host's clock): a call to another service is one step of its caller's
 category.
@@ -30,7 +30,7 @@ from latscope.attribution.engine import (
     TraceIndex,
     attribute_request,
     find_requests,
-    rank_name,
+    named_pieces,
     ranked_pieces,
 )
 from latscope.attribution.model import RequestAttribution, SpanRecord
@@ -144,8 +144,7 @@ def explain_run(
     calls = []
     for r in requests:
         tl, ranked = computed = ranked_pieces(r)
-        has_client = r.client is not None
-        pieces = [(rank_name(x, client=has_client), a, b) for x, a, b in ranked]
+        pieces = named_pieces(r, ranked)
         call = CallOnPath(
             attribute_request(trace_id, r, stall_threshold_ns=stall_threshold_ns, pieces=computed)
         )
