@@ -11,6 +11,7 @@ import argparse
 import logging
 import sys
 
+from latscope.cmd._settings import API_SETTINGS, add_settings_flags, settings_from_args
 from latscope.config import Settings
 from latscope.storage import StoreError
 
@@ -18,8 +19,6 @@ HELP = "REST API + web page + gRPC query service alone (for a ClickHouse server 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from latscope.cli import API_SETTINGS, add_settings_flags
-
     add_settings_flags(parser, API_SETTINGS)
     parser.epilog = (
         "The gRPC query service listens on --otlp-grpc. An embedded chdb:// store is owned by "
@@ -28,7 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from latscope.cli import settings_from_args
     from latscope.serve import install_rulebook
 
     settings = settings_from_args(args)
