@@ -1,9 +1,13 @@
-"""The flags of the commands that run latscope's processes (``serve``, ``collector``, ``api``):
-one per ``Settings`` field, read as flags > ``LATSCOPE_*`` environment variables > defaults."""
+"""The commands that run latscope's processes (``serve``, ``collector``, ``api``): their flags,
+one per ``Settings`` field, read as flags > ``LATSCOPE_*`` environment variables > defaults, and
+how each starts its process (``process_main``)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
+from collections.abc import Callable
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
@@ -68,3 +72,28 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     from latscope.config import Settings
 
     return Settings.from_env(**{f.name: getattr(args, f.name, None) for f in fields(Settings)})
+
+
+def process_main(
+    args: argparse.Namespace,
+    run: Callable[[Settings], int],
+    *,
+    prefix: str = "latscope",
+    rulebook: bool = True,
+) -> int:
+    """A process command's ``main``: the settings the flags give (their log level set), the
+    ``--rules`` rulebook put in force (with ``rulebook``), then ``run(settings)`` until it
+    stops; a port or a store that fails becomes one line on stderr, after ``prefix``, and exit
+    code 1."""
+    from latscope.serve import install_rulebook
+    from latscope.storage import StoreError
+
+    settings = settings_from_args(args)
+    logging.getLogger().setLevel(settings.log_level.upper())
+    if rulebook:
+        install_rulebook(settings)
+    try:
+        return run(settings)
+    except (OSError, StoreError) as exc:
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return 1

@@ -8,12 +8,9 @@ attributed rows from the attribution table, which the collectors' attributors wr
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 
-from latscope.cmd._settings import API_SETTINGS, add_settings_flags, settings_from_args
+from latscope.cmd._settings import API_SETTINGS, add_settings_flags, process_main
 from latscope.config import Settings
-from latscope.storage import StoreError
 
 HELP = "REST API + web page + gRPC query service alone (for a ClickHouse server store)"
 
@@ -27,19 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from latscope.serve import install_rulebook
-
-    settings = settings_from_args(args)
-    logging.getLogger().setLevel(settings.log_level.upper())
-    install_rulebook(settings)
-    try:
-        return run(settings)
-    except StoreError as exc:
-        print(f"latscope api: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"latscope api: {exc}", file=sys.stderr)
-        return 1
+    return process_main(args, run, prefix="latscope api")
 
 
 def run(settings: Settings) -> int:

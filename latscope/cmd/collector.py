@@ -14,11 +14,9 @@ the same work twice but write the same rows; with several collectors keep it on 
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 
-from latscope.cmd._settings import add_settings_flags, settings_from_args
-from latscope.storage import StoreError
+from latscope.cmd._settings import add_settings_flags, process_main
+from latscope.config import Settings
 
 HELP = "OTLP collector alone (gRPC and HTTP ingest), for a ClickHouse server store"
 
@@ -28,19 +26,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from latscope.collector.standalone import create_app, open_store
-    from latscope.serve import ingest_parts, run
+    return process_main(args, run, rulebook=False)
 
-    settings = settings_from_args(args)
-    logging.getLogger().setLevel(settings.log_level.upper())
-    try:
-        return run(
-            settings,
-            command="collector",
-            make_parts=ingest_parts,
-            make_app=create_app,
-            open_store=open_store,
-        )
-    except (OSError, StoreError) as exc:
-        print(f"latscope: {exc}", file=sys.stderr)
-        return 1
+
+def run(settings: Settings) -> int:
+    """Run until SIGTERM or SIGINT; returns the process exit code."""
+    from latscope.collector.standalone import create_app, open_store
+    from latscope.serve import ingest_parts
+    from latscope.serve import run as run_process
+
+    return run_process(
+        settings,
+        command="collector",
+        make_parts=ingest_parts,
+        make_app=create_app,
+        open_store=open_store,
+    )
