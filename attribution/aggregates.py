@@ -27,8 +27,7 @@ from latscope.attribution.answers.slo import Objective, slo
 from latscope.attribution.answers.standing import standing
 from latscope.attribution.answers.summary import summary
 from latscope.attribution.answers.tail import tail
-from latscope.attribution.answers.timeseries import heatmap, timeseries
-from latscope.windows import choose_step
+from latscope.attribution.answers.timeseries import choose_step, heatmap, timeseries
 
 __all__ = [
     "BUCKET_LEVELS",

@@ -74,7 +74,7 @@ from typing import Any, NamedTuple
 from prometheus_client import Counter, Gauge
 
 from latscope.attribution import rules
-from latscope.attribution.engine import LATENCY_KEYS
+from latscope.attribution.engine import DEFAULT_STALL_NS, LATENCY_KEYS
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
 from latscope.attribution.sql import (
     NO_JIT,
@@ -105,7 +105,6 @@ from latscope.storage import (
     StoreError,
     StoreUnavailable,
 )
-from latscope.tokens import DEFAULT_STALL_NS
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,13 @@ from latscope import sqltext
 from latscope.attribution import rules
 from latscope.attribution.engine import (
     CLIENT_CHAIN,
+    DEFAULT_STALL_NS,
+    FIRST_OFFSET_US,
     GPU_KEYS,
     GPU_PHASES,
+    ITL_MAX_NS,
+    ITL_P50_NS,
+    ITL_P99_NS,
     KV_RANK,
     LATENCY_KEYS,
     MAX_ANCESTRY,
@@ -42,6 +47,9 @@ from latscope.attribution.engine import (
     NETWORK_RANK,
     OTHER_RANK,
     RANK,
+    STALLS,
+    TOKENS,
+    TPOT_NS,
 )
 from latscope.attribution.model import INTEGER, MAX_FLOAT, NUMBER
 from latscope.attribution.sql.engines import EngineSql
@@ -62,16 +70,6 @@ from latscope.semconv import (
     VllmAttributes,
 )
 from latscope.storage import RESOURCE_REFRESH_S, RESOURCES_TABLE
-from latscope.tokens import (
-    DEFAULT_STALL_NS,
-    FIRST_OFFSET_US,
-    ITL_MAX_NS,
-    ITL_P50_NS,
-    ITL_P99_NS,
-    STALLS,
-    TOKENS,
-    TPOT_NS,
-)
 
 #: Read by both paths: the batch's spans with their attribute codes.
 SPAN_ROWS = "00_span_rows.sql"
@@ -274,7 +272,7 @@ def int_at(payload: str, code: str) -> str:
 
 
 def int_list(valid: str, expr: str) -> str:
-    """tokens.parse_int_list of the token offsets ``expr`` where ``valid`` (the span has the
+    """model.parse_int_list of the token offsets ``expr`` where ``valid`` (the span has the
     ``OFFSETS`` fact: a JSON array of integers that fit Int64), else []. Parsed as ClickHouse's
     text form of an array, the same integers as ``JSONExtract`` gives for such a value, for less
     CPU; the text is '[]' where not ``valid``, as a cast
@@ -316,7 +314,7 @@ def streamed(*chain: str) -> str:
 
 
 def quantile(sorted_values: str, n: str, q: str, scale: int = 1) -> str:
-    """tokens.linear_quantile over an already sorted array of ``n`` values (n >= 1), each
+    """engine.linear_quantile over an already sorted array of ``n`` values (n >= 1), each
     multiplied by ``scale`` first."""
     pos = f"({q} * ({n} - 1))"
     i = f"toInt64(floor({pos}))"
@@ -411,7 +409,7 @@ def gaps(offsets: str) -> str:
 
 
 def token_figures(offsets: str) -> str:
-    """tokens.token_figures of the token offsets ``offsets`` (us, an Array(Int64)) at the
+    """engine.token_figures of the token offsets ``offsets`` (us, an Array(Int64)) at the
     statement's stall threshold, an Array(Float64) of seven (all 0 where there are no offsets),
     by the same arithmetic: the figures the collector stores with each span
     (``LatscopeTokenFigures``, deploy/clickhouse/011_token_figures.sql), computed where a writer
@@ -430,7 +428,7 @@ def token_figures(offsets: str) -> str:
     return "[" + ", ".join(figures[at] for at in sorted(figures)) + "]"
 
 
-#: The figures of ``tokens.token_figures`` by the names the single-call path's rows read them
+#: The figures of ``engine.token_figures`` by the names the single-call path's rows read them
 #: (``$AT_<name>``), at the engine's positions plus one (ClickHouse indexes arrays from 1).
 FIGURE_AT: dict[str, int] = {
     name: at + 1
