@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from latscope.attribution.engine import DEFAULT_STALL_NS
 from latscope.attribution.runs import RunExplanation, explain_run
 from latscope.attribution.spans import load_trace
 from latscope.storage import SPANS_TABLE, Store
+from latscope.tokens import DEFAULT_STALL_NS
 
 __all__ = [
     "DEFAULT_TURNS",

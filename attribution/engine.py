@@ -77,6 +77,19 @@ from latscope.semconv import (
     SpanKind,
     VllmAttributes,
 )
+from latscope.tokens import (
+    DEFAULT_STALL_NS,
+    ITL_MAX_NS,
+    ITL_P50_NS,
+    ITL_P99_NS,
+    STALLS,
+    TPOT_NS,
+    token_figures,
+)
+
+# The SQL attributor and the attributor take the token figures' names from here as well.
+from latscope.tokens import FIRST_OFFSET_US as FIRST_OFFSET_US
+from latscope.tokens import TOKENS as TOKENS
 
 #: Overlapping phases: the first listed wins the overlapping time. The work nearest the GPU is
 #: what the request was waiting on (a queue span that wraps the whole request must not hide the
@@ -104,9 +117,6 @@ MAX_ANCESTRY = 32
 #: many in all, form the client chain (LangChain's LLM span over OpenInference's over an httpx
 #: span; openai-v2's ``chat`` span over latscope's client span).
 CLIENT_CHAIN = 3
-
-#: Default gap between two tokens that counts as a stall.
-DEFAULT_STALL_NS = 250_000_000
 
 GPU_KEYS: dict[str, str] = {
     LatscopeAttributes.GPU_UTIL_MEAN: "utilization_mean",
@@ -179,46 +189,6 @@ def ranked_segments(
         ranks = [r for r, s, e in clipped if s <= a and e >= b]
         out.append((min(ranks) if ranks else NETWORK_RANK, a, b))
     return out
-
-
-def linear_quantile(values: Sequence[float], q: float) -> float:
-    """Quantile with linear interpolation between order statistics (numpy's and polars' default)."""
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    i = math.floor(pos)
-    if i + 1 >= len(ordered):
-        return float(ordered[-1])
-    return float(ordered[i] + (ordered[i + 1] - ordered[i]) * (pos - i))
-
-
-#: What ``token_figures`` gives, by position.
-FIRST_OFFSET_US, TPOT_NS, ITL_P50_NS, ITL_P99_NS, ITL_MAX_NS, STALLS, TOKENS = range(7)
-
-
-def token_figures(offsets_us: Sequence[int], stall_threshold_ns: int) -> list[float]:
-    """The streaming figures of a decode span's token offsets (us from its start; not empty):
-    the first offset (us), TPOT, ITL p50 / p99 / max (ns), the gaps longer than
-    ``stall_threshold_ns`` and the number of tokens, indexed by ``FIRST_OFFSET_US`` .. ``TOKENS``.
-    With one token there are no gaps, and the four gap figures are 0. Every figure is a double
-    computed as ClickHouse and C compute it (TPOT: the span's length, rounded to a double, over
-    the gaps), so the three give the same bits.
-
-    The one arithmetic of these figures: the rules (``_streaming``) read them from here, the
-    collector stores them with each span at the default stall threshold (its C decoder by the
-    same operations, a test holds the two equal), and the SQL attributor reads those or computes
-    them from the offsets by the same formulas (``latscope.attribution.sql.token_figures``)."""
-    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(offsets_us)]
-    if not gaps:
-        return [float(offsets_us[0]), 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
-    return [
-        float(offsets_us[0]),
-        float((offsets_us[-1] - offsets_us[0]) * 1000) / len(gaps),
-        linear_quantile(gaps, 0.5),
-        linear_quantile(gaps, 0.99),
-        float(max(gaps)),
-        float(sum(1 for g in gaps if g > stall_threshold_ns)),
-        float(len(offsets_us)),
-    ]
 
 
 # -- which spans make each request ---------------------------------------------------------------

@@ -2,29 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from latscope.semconv import BUCKETS
+from latscope.tokens import parse_int_list
 
 # Attribute values are strings in the spans table. These are the only forms read as numbers, so
 # the SQL attributor (attribution/sql/) parses exactly what this module parses: a decimal number
 # (an optional exponent), an integer of at most 19 digits read exactly (ns timestamps), and token
-# offsets as a JSON array of integers of at most 15 digits. Anything else counts as absent.
+# offsets as a JSON array of integers of at most 15 digits (``latscope.tokens.INT_ARRAY``, which
+# the collector reads too). Anything else counts as absent.
 #
 # The patterns are matched whole (``fullmatch`` here, ``match`` with the same text in SQL, whose
 # RE2 ``$`` is the end of the value: Python's ``$`` alone also matches before a final newline).
-# An offsets list is exactly what JSON allows (its four whitespace characters, no leading zeros),
-# so a list the pattern accepts always parses as JSON, here and in SQL.
 NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")
 INTEGER = re.compile(r"^-?[0-9]{1,19}$")
 _INT64 = 2**63
-_WS = "[ \t\n\r]*"
-_INT15 = "-?(0|[1-9][0-9]{0,14})"
-INT_ARRAY = re.compile(rf"^\[{_WS}({_INT15}{_WS}(,{_WS}{_INT15}{_WS})*)?\]$")
 #: A decimal number reads as at most this in magnitude ("1e308", or "1e999", which a float reads
 #: as infinity, read as 1e18): a value a client wrote must never make a figure the attributor
 #: derives from it overflow (issue 44: one span with a TTFT of 1e308 failed every pass that read
@@ -53,37 +49,6 @@ def parse_int(raw: str | None) -> int | None:
     if not math.isfinite(value) or not -_INT64 <= value < _INT64:
         return None
     return int(value)
-
-
-#: ``INT_ARRAY``'s integers are below this in magnitude (at most 15 digits).
-_INT15_BOUND = 10**15
-
-
-def parse_int_list(raw: str | None) -> list[int]:
-    """A JSON array of integers, else [] (the whole value is ignored): what ``INT_ARRAY`` matches.
-
-    JSON's own parser checks the grammar the pattern states (its four whitespace characters, no
-    leading zeros, no ``+``) several times faster than the pattern (a long agent run's answer
-    reads thousands of decode spans' offsets); what JSON takes beyond it (fractions, exponents,
-    nesting, other values, longer integers, text around the brackets) is refused after.
-    ``tests/test_attribution_model.py`` holds the two equal.
-    """
-    if not raw or raw[0] != "[" or raw[-1] != "]":
-        return []
-    try:
-        values = json.loads(raw)
-    except (ValueError, RecursionError):
-        return []
-    if not values:
-        return []
-    # Integers only (not bool, which is an int too), within bounds: checked in C, not per value.
-    if (
-        set(map(type, values)) != {int}
-        or min(values) <= -_INT15_BOUND
-        or max(values) >= _INT15_BOUND
-    ):
-        return []
-    return values
 
 
 @dataclass(frozen=True, slots=True)

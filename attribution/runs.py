@@ -25,7 +25,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from latscope.attribution.engine import (
-    DEFAULT_STALL_NS,
     Request,
     TraceIndex,
     attribute_request,
@@ -41,6 +40,7 @@ from latscope.semconv import (
     OpenInferenceAttributes,
     SpanKind,
 )
+from latscope.tokens import DEFAULT_STALL_NS
 
 APP = "app"
 TOOL = "tool"

@@ -1054,18 +1054,18 @@ static int dedup_row(Ctx *c, Buf *m, size_t e0, RowCache *seen)
 /* -- token figures ------------------------------------------------------------------------- */
 
 /* The streaming figures of a span's latscope.token_offsets_us, stored with it
- * (LatscopeTokenFigures, deploy/clickhouse/011_token_figures.sql): engine.token_figures at the
+ * (LatscopeTokenFigures, deploy/clickhouse/011_token_figures.sql): tokens.token_figures at the
  * default stall threshold, by the same double operations in the same order, so the figures are
  * the same to the bit (tests/test_collector_token_figures.py holds the two equal). The build
  * turns off the contraction of a multiply and an add into one fused operation (pyproject.toml),
  * which would round once where Python rounds twice. */
 static const char OFFSETS_KEY[] = "latscope.token_offsets_us";
-#define STORED_STALL_NS 250000000LL /* engine.DEFAULT_STALL_NS */
+#define STORED_STALL_NS 250000000LL /* tokens.DEFAULT_STALL_NS */
 #define N_FIGURES 7
 
 static inline int is_ws(uint8_t ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; }
 
-/* model.parse_int_list: a JSON array of integers of at most 15 digits (model.INT_ARRAY), else
+/* tokens.parse_int_list: a JSON array of integers of at most 15 digits (tokens.INT_ARRAY), else
  * nothing. The integers go to c->tokens; returns how many (0: not such an array, or empty), -1
  * when out of memory. */
 static Py_ssize_t parse_offsets(Ctx *c, const uint8_t *p, size_t n)
@@ -1155,7 +1155,7 @@ static int64_t min_of(const int64_t *t, ptrdiff_t lo, ptrdiff_t hi)
     return m;
 }
 
-/* engine.linear_quantile of the n >= 1 values t[0..n), of which t[0..from) are already the
+/* tokens.linear_quantile of the n >= 1 values t[0..n), of which t[0..from) are already the
  * smallest, in order or not, and no larger than the rest. Partitions t further. */
 static double linear_quantile(int64_t *t, ptrdiff_t n, ptrdiff_t from, double q, ptrdiff_t *at)
 {

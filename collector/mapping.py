@@ -34,9 +34,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
 
-from latscope.attribution.engine import DEFAULT_STALL_NS, token_figures
-from latscope.attribution.model import parse_int_list
 from latscope.semconv import LatscopeAttributes, ResourceAttributes
+from latscope.tokens import DEFAULT_STALL_NS, parse_int_list, token_figures
 
 _otlp: ModuleType | None
 try:
@@ -341,7 +340,7 @@ def _dedup(keys: list[str], values: list[str]) -> tuple[list[str], list[str]]:
 
 def stored_token_figures(offsets: str) -> list[float]:
     """What the collector stores in ``LatscopeTokenFigures`` for a span whose
-    latscope.token_offsets_us is ``offsets``: engine.token_figures at the default stall
+    latscope.token_offsets_us is ``offsets``: tokens.token_figures at the default stall
     threshold, or nothing when it is not a JSON array of integers (the C decoder computes the
     same; the attributor computes them from the offsets where a writer stored none)."""
     tokens = parse_int_list(offsets)

@@ -1,4 +1,5 @@
-"""``latscope quarantine``: the rows ClickHouse refused alone, listed, and inserted again.
+"""The rows ClickHouse refused alone, kept in the spool, and inserted again
+(``latscope quarantine``, ``latscope/cmd/quarantine.py``).
 
 The collector inserts a batch ClickHouse refuses for a reason in its rows in parts, and keeps a
 row it refuses alone in ``quarantine/`` of the spool directory (``<spool-dir>/<signal>/
@@ -15,24 +16,15 @@ An embedded store must not be open in a running ``latscope serve`` while ``repla
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyarrow.ipc as ipc
 
 from latscope.collector.spool import QUARANTINE
-
-HELP = "rows ClickHouse refused alone: list them, or insert them again once the cause is mended"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("list", "replay"))
-    parser.add_argument(
-        "--spool-dir", required=True, help="the collector's spool directory (--spool-dir)"
-    )
-    parser.add_argument("--store", help="replay: the store to insert into (a DSN)")
+from latscope.storage import Store
 
 
 def entries(spool_dir: Path) -> list[tuple[Path, dict]]:
@@ -46,34 +38,11 @@ def entries(spool_dir: Path) -> list[tuple[Path, dict]]:
     return sorted(found, key=lambda e: e[1].get("at", ""))
 
 
-def main(args: argparse.Namespace) -> int:
-    found = entries(Path(args.spool_dir))
-    if args.action == "list":
-        for path, note in found:
-            print(f"{note['at']}  {note['table']}  {note['rows']} row(s)  {path}")
-            print(f"    {note['reason']}")
-        print(f"{sum(n['rows'] for _, n in found)} row(s) in {len(found)} file(s)")
-        return 0
-    if not args.store:
-        print("latscope: replay needs --store DSN", file=sys.stderr)
-        return 2
-    from latscope.storage import Store, StoreError
-
-    store = Store.open(args.store)
-    failed = 0
-    try:
-        for path, note in found:
-            with ipc.open_stream(path.read_bytes()) as reader:
-                rows = reader.read_all()
-            try:
-                store.insert_arrow(note["table"], rows, dedup_token=note["token"])
-            except StoreError as exc:
-                failed += 1
-                print(f"{path}: refused again, kept: {exc}", file=sys.stderr)
-                continue
-            path.unlink()
-            path.with_suffix(".json").unlink()
-            print(f"{path}: {note['rows']} row(s) inserted into {note['table']}")
-    finally:
-        store.close()
-    return 1 if failed else 0
+def replay(store: Store, path: Path, note: dict[str, Any]) -> None:
+    """Insert the quarantined batch ``path`` (described by ``note``) with the token of the insert
+    that was refused, then delete it; raises ``StoreError`` (and keeps it) when refused again."""
+    with ipc.open_stream(path.read_bytes()) as reader:
+        rows = reader.read_all()
+    store.insert_arrow(note["table"], rows, dedup_token=note["token"])
+    path.unlink()
+    path.with_suffix(".json").unlink()

@@ -15,19 +15,14 @@ import importlib
 import logging
 import re
 import sys
-from dataclasses import fields
-from typing import TYPE_CHECKING
 
 from latscope import __version__
 
-if TYPE_CHECKING:
-    from latscope.config import Settings
-
 #: subcommand -> module implementing it, in the order ``--help`` lists them.
 COMMANDS: dict[str, str] = {
-    "serve": "latscope.serve",
-    "collector": "latscope.collector.command",
-    "quarantine": "latscope.collector.quarantine",
+    "serve": "latscope.cmd.serve",
+    "collector": "latscope.cmd.collector",
+    "quarantine": "latscope.cmd.quarantine",
     "api": "latscope.cmd.api",
     "report": "latscope.cmd.report",
     "tail": "latscope.cmd.tail",
@@ -44,28 +39,7 @@ COMMANDS: dict[str, str] = {
     "top": "latscope.cmd.top",
     "mcp": "latscope.cmd.mcp",
     "rules": "latscope.cmd.rules",
-    "demo": "latscope.demo.command",
-}
-
-#: The settings ``latscope api`` reads (it ingests nothing: no collector or attributor flags).
-API_SETTINGS = (
-    "otlp_grpc", "http", "store", "token_file", "token", "grpc_max_message_bytes",
-    "shutdown_grace_s", "log_level", "stall_threshold_ms", "tls_cert", "tls_key", "grpc_workers",
-    "slo_objectives", "slo_interval_s", "rules",
-)  # fmt: skip
-
-#: How a flag's value is written in --help, as the docs write it.
-_METAVARS = {
-    "otlp_grpc": "HOST:PORT",
-    "http": "HOST:PORT",
-    "store": "DSN",
-    "token_file": "PATH",
-    "token": "TOKEN",
-    "tls_cert": "PATH",
-    "tls_key": "PATH",
-    "spool_dir": "PATH",
-    "log_level": "LEVEL",
-    "attributor": "on|off",
+    "demo": "latscope.cmd.demo",
 }
 
 #: Flags whose value may be a relative time written with a minus (``--since -5m``).
@@ -80,44 +54,6 @@ SERVER_EXTRA_MISSING = (
     "`pip install latscope` is the SDK alone; for the collector, store, API and CLI run:\n"
     '    pip install "latscope[server]"\n'
 )
-
-
-def _metavar(name: str, default: object) -> str:
-    if name in _METAVARS:
-        return _METAVARS[name]
-    if name.endswith("_ms"):
-        return "MS"
-    if name.endswith("_s"):
-        return "SECONDS"
-    if name.endswith("_bytes"):
-        return "BYTES"
-    return "N" if isinstance(default, int | float) else name.upper()
-
-
-def add_settings_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] = ()) -> None:
-    """One flag per ``Settings`` field (or per field in ``only``); unset flags stay None so
-    environment variables and defaults apply."""
-    from latscope.config import Settings
-
-    for f in fields(Settings):
-        if only and f.name not in only:
-            continue
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            dest=f.name,
-            type=type(f.default),
-            default=None,
-            metavar=_metavar(f.name, f.default),
-            help=f"{f.metadata.get('help', '')} [env {Settings.env_name(f.name)}, "
-            f"default {f.default!r}]",
-        )
-
-
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Settings from flags > ``LATSCOPE_*`` > defaults; raises ConfigError with a fix."""
-    from latscope.config import Settings
-
-    return Settings.from_env(**{f.name: getattr(args, f.name, None) for f in fields(Settings)})
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,6 @@
-"""``latscope serve``: the OTLP receiver and the HTTP API in one process over one store.
+"""The process ``latscope serve``, ``collector`` and ``api`` run (the commands are in
+``latscope/cmd/``): its ports, its parts over one store, and its shutdown. ``serve`` runs the
+OTLP receiver and the HTTP API in one process over one store.
 
 Shutdown order on SIGTERM / Ctrl-C: stop gRPC intake and let in-flight Exports finish, stop the
 HTTP server (the other intake), then stop the background components in reverse start order (the
@@ -7,7 +9,6 @@ collector drains what it acknowledged), then close the store.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import logging
 import signal
@@ -28,11 +29,10 @@ from fastapi import FastAPI
 from latscope.api import create_app
 from latscope.config import Settings, parse_hostport
 from latscope.parts import Parts
-from latscope.storage import Store, StoreError, StoreUnavailable, redact_dsn
+from latscope.storage import Store, StoreUnavailable, redact_dsn
 
 log = logging.getLogger("latscope.serve")
 
-HELP = "OTLP receiver + REST API over one store (embedded chDB by default)"
 #: Seconds the gRPC port keeps answering UNAVAILABLE after intake closed on SIGTERM, at least;
 #: then until no Export has arrived for QUIET_S (senders backing off), at most half the grace,
 #: before gRPC's own shutdown starts.
@@ -82,25 +82,6 @@ class Shutdown:
         log.info("received %s, shutting down", signal.Signals(self.signum).name)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from latscope.cli import add_settings_flags
-
-    add_settings_flags(parser)
-
-
-def main(args: argparse.Namespace) -> int:
-    from latscope.cli import settings_from_args
-
-    settings = settings_from_args(args)
-    logging.getLogger().setLevel(settings.log_level.upper())
-    install_rulebook(settings)
-    try:
-        return run(settings)
-    except (OSError, StoreError) as exc:
-        print(f"latscope: {exc}", file=sys.stderr)
-        return 1
-
-
 def install_rulebook(settings: Settings) -> None:
     """Put the rulebook with the ``--rules`` files in force for both attributors."""
     from latscope.attribution import rules
@@ -139,6 +120,18 @@ def serve_parts(settings: Settings, store: Store) -> Parts:
         + (attributor_parts(settings, store) if settings.attributor == "on" else Parts())
         + query_parts(settings, store)
     )
+
+
+def ingest_parts(settings: Settings, store: Store) -> Parts:
+    """What ``latscope collector`` runs: the collector's receivers, and the attributor unless
+    ``--attributor off``."""
+    from latscope.attribution.attributor import attributor_parts
+    from latscope.collector.service import collector_parts
+
+    parts = collector_parts(settings, store)
+    if settings.attributor == "on":
+        parts = parts + attributor_parts(settings, store)
+    return parts
 
 
 def _target(host: str, port: int) -> str:

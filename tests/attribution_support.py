@@ -158,7 +158,7 @@ def sql_rows(
     statements run over every trace: the traces the single-call path answers must get the same
     rows from the general one, and the result is composed as the attributor composes it (the
     single-call rows, then the general rows of the other traces)."""
-    from latscope.attribution.engine import DEFAULT_STALL_NS
+    from latscope.tokens import DEFAULT_STALL_NS
 
     stall_ns = DEFAULT_STALL_NS if stall_threshold_ns is None else stall_threshold_ns
     params = {"trace_ids": trace_ids, "stall_ns": stall_ns, "through_us": 0, "after_us": 0}

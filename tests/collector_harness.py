@@ -18,8 +18,8 @@ import pyarrow as pa
 import pytest
 import uvicorn
 
-from latscope.collector.command import create_app
 from latscope.collector.service import collector_parts
+from latscope.collector.standalone import create_app
 from latscope.config import Settings
 from latscope.parts import Parts
 from latscope.serve import bind_http, start_grpc, stop_components

@@ -8,9 +8,9 @@ import pytest
 
 from latscope.api.burn import BurnRates, parse_objectives
 from latscope.api.errors import InvalidParameter
-from latscope.attribution.answers.slo import BURN_WINDOWS_S
 from latscope.config import ConfigError, Settings
 from latscope.storage import Store
+from latscope.windows import BURN_WINDOWS_S
 from tests.planted import MS, S, insert, queue_burn
 
 T = 1_790_000_000 * S

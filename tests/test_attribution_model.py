@@ -1,5 +1,5 @@
-"""Token offsets as the rules read them (``model.parse_int_list``): exactly what the pattern the
-SQL attributor and the collector's stored figures use (``model.INT_ARRAY``) accepts, read the same,
+"""Token offsets as the rules read them (``tokens.parse_int_list``): exactly what the pattern the
+SQL attributor and the collector's stored figures use (``tokens.INT_ARRAY``) accepts, read the same,
 whatever a client wrote."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from latscope.attribution.model import INT_ARRAY, parse_int_list
+from latscope.tokens import INT_ARRAY, parse_int_list
 from tests.hypothesis_support import examples
 
 

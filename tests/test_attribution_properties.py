@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from latscope.attribution import aggregates as ag
 from latscope.attribution.attributor import Attributor
-from latscope.attribution.engine import DEFAULT_STALL_NS, attribute_requests
+from latscope.attribution.engine import attribute_requests
 from latscope.attribution.model import SpanRecord
 from latscope.attribution.spans import normalized
 from latscope.semconv import (
@@ -27,6 +27,7 @@ from latscope.semconv import (
     VllmAttributes,
 )
 from latscope.storage import SPANS_TABLE, Store
+from latscope.tokens import DEFAULT_STALL_NS
 from tests.agent_traces import agent_run
 from tests.attribution_support import MS, T0, TraceBuilder, spans_table, sql_check, stalls_call
 from tests.hypothesis_support import examples

@@ -12,10 +12,11 @@ import re
 import pytest
 
 from latscope.attribution.engine import first_chunk_event
-from latscope.attribution.model import NUMBER, SpanRecord, parse_int_list
+from latscope.attribution.model import NUMBER, SpanRecord
 from latscope.attribution.sql import CODES, FACTS, GPU, KEYS, LATENCY, PHASE_CODES
 from latscope.semconv import GenAIEvents, LatscopeAttributes, Phase, SpanKind
 from latscope.storage import SPANS_TABLE, Store, ddl_files
+from latscope.tokens import parse_int_list
 from tests.agent_traces import mixed_traces
 from tests.attribution_support import check_stored, store_traces
 from tests.serve_support import release_embedded_store

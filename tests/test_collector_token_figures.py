@@ -1,5 +1,5 @@
 """The token figures the collector stores with a span (LatscopeTokenFigures, 011): the C decoder,
-the Python mapping and the SQL attributor's own computation give engine.token_figures, to the bit,
+the Python mapping and the SQL attributor's own computation give tokens.token_figures, to the bit,
 and the same nothing for offsets that are not a JSON array of integers."""
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from latscope.attribution.engine import DEFAULT_STALL_NS, STALLS, token_figures
 from latscope.attribution.sql import STORED_STALL_NS, gaps
 from latscope.attribution.sql import token_figures as token_figures_sql
 from latscope.collector import mapping
 from latscope.collector.mapping import decode_spans, stored_token_figures
 from latscope.semconv import LatscopeAttributes
 from latscope.storage import Store
+from latscope.tokens import DEFAULT_STALL_NS, STALLS, token_figures
 from tests.hypothesis_support import examples
 
 native = pytest.mark.skipif(not mapping.NATIVE, reason="the C decoder is not built here")
 
-#: Offsets of up to 15 digits (model.INT_ARRAY), negative ones too.
+#: Offsets of up to 15 digits (tokens.INT_ARRAY), negative ones too.
 OFFSET = st.integers(-(10**15) + 1, 10**15 - 1)
 #: Token offsets as real streams give them: increasing, gaps from 0 to a few seconds.
 STREAM = st.lists(st.integers(0, 3_000_000), min_size=1, max_size=80).map(
@@ -81,7 +81,7 @@ def test_both_decoders_store_the_rules_figures(offsets: list[int], sep: str) -> 
     ],
 )  # fmt: skip
 def test_offsets_that_are_not_a_list_of_integers_store_nothing(text: str) -> None:
-    """What model.parse_int_list refuses (the rules then see no token offsets)."""
+    """What tokens.parse_int_list refuses (the rules then see no token offsets)."""
     assert stored_token_figures(text) == []
     value = AnyValue(string_value=text)
     assert _stored(value, native=False) == []

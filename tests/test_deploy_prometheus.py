@@ -23,8 +23,8 @@ import httpx
 import pytest
 import yaml
 
-from latscope.attribution.answers.slo import ALERTS, BURN_WINDOWS_S
 from latscope.semconv import BUCKETS
+from latscope.windows import ALERTS, BURN_WINDOWS_S
 from tests.planted import BURN_SERVICE, store_dir
 from tests.serve_support import Server, start_serve
 
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "deploy/prometheus"
 RULES = FOLDER / "latscope-slo.rules.yml"
 DASHBOARD = ROOT / "deploy/grafana/dashboards/latscope.json"
-#: The rules' alert for each of the answers' alerts (slo.ALERTS).
+#: The rules' alert for each of the answers' alerts (windows.ALERTS).
 ALERT_NAMES = {
     "fast_burn": "LatscopeSloFastBurn",
     "slow_burn": "LatscopeSloSlowBurn",
@@ -74,7 +74,7 @@ def test_promtool_checks_the_config_and_passes_the_rules_unit_tests() -> None:
 
 
 def test_the_rules_are_the_answers_alerts() -> None:
-    """Each alert of /v1/slo (slo.ALERTS) is one rule: its long and short windows above the same
+    """Each alert of /v1/slo (windows.ALERTS) is one rule: its long and short windows above the same
     burn rate, and every window a rule names is one latscope serves."""
     rules = {r["alert"]: r for r in _rules()}
     assert set(rules) == set(ALERT_NAMES.values())

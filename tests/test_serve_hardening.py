@@ -23,7 +23,7 @@ import uvicorn
 
 from bench.ingest.traces import make_batch
 from latscope.api import create_app
-from latscope.collector.command import DeferredStore
+from latscope.collector.standalone import DeferredStore
 from latscope.config import Settings
 from latscope.serve import bind_http
 from latscope.storage import Store, StoreError

@@ -18,6 +18,7 @@ from latscope.attribution.answers.common import FILTERS, SETTINGS, query_dicts
 from latscope.attribution.answers.errors import AggregateError
 from latscope.sqltext import render
 from latscope.storage import Store
+from latscope.windows import ALERTS, BURN_WINDOWS_S, FAST_BURN, SLOW_BURN, TICKET_BURN
 
 __all__ = [
     "ALERTS",
@@ -36,22 +37,6 @@ SLO_METRICS: dict[str, str] = {
     "e2e": "toFloat64(E2eNs)",
     "ttft": "toFloat64(coalesce(TtftClientNs, TtftServerNs))",
     "tpot": "TpotNs",
-}
-
-#: Google SRE workbook, "Alerting on SLOs": page when 2 % of a 30-day budget burns in 1 h
-#: (14.4x) or 5 % in 6 h (6x), open a ticket when 10 % burns in 3 days (1x), each confirmed by a
-#: short window (5 m, 30 m, 6 h) so the alert stops soon after the burn does.
-FAST_BURN, SLOW_BURN, TICKET_BURN = 14.4, 6.0, 1.0
-#: The burn-rate windows (the workbook's): name -> seconds before now.
-BURN_WINDOWS_S: dict[str, int] = {
-    "5m": 300, "30m": 1800, "1h": 3600, "6h": 21_600, "3d": 259_200,
-}  # fmt: skip
-#: Each alert: (long window, short window, burn rate both must exceed). The Prometheus rules
-#: (deploy/prometheus/latscope-slo.rules.yml) are the same alerts; a test holds them equal.
-ALERTS: dict[str, tuple[str, str, float]] = {
-    "fast_burn": ("1h", "5m", FAST_BURN),
-    "slow_burn": ("6h", "30m", SLOW_BURN),
-    "ticket": ("3d", "6h", TICKET_BURN),
 }
 
 

@@ -37,6 +37,7 @@ from latscope.attribution.table import BUCKET_COLUMN_LIST
 from latscope.semconv import BUCKETS
 from latscope.sqltext import render
 from latscope.storage import Store
+from latscope.windows import HEATMAP_METRICS, STEPS_S, choose_step
 
 __all__ = [
     "HEATMAP_METRICS",
@@ -48,27 +49,16 @@ __all__ = [
 ]
 
 
-#: Steps a window is cut into, shortest first; every one divides a day, so steps line up with
-#: hours (and the rollup) whenever they are whole hours.
-STEPS_S = (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
-#: The step chosen for a window: the shortest giving at most this many points...
-TARGET_POINTS = 120
-#: ...but whole hours from a day on, so long windows come from the rollup.
-HOURLY_FROM_S = 86_400
 #: A step given explicitly may make at most this many points.
 MAX_POINTS = 2000
 MIN_STEP_S = 1
 
 _METRIC_INDEX = {name: i for i, name in enumerate(METRICS)}
-#: Figures with percentiles per step, and their levels.
+#: Figures with percentiles per step (``HEATMAP_METRICS``), and their levels.
 _SERIES_METRICS: dict[str, tuple[tuple[str, float], ...]] = {
-    "e2e": E2E_LEVELS,
-    **dict.fromkeys(BUCKETS, BUCKET_LEVELS),
-    "ttft": STREAM_LEVELS,
-    "tpot": STREAM_LEVELS,
+    m: {"e2e": E2E_LEVELS, "ttft": STREAM_LEVELS, "tpot": STREAM_LEVELS}.get(m, BUCKET_LEVELS)
+    for m in HEATMAP_METRICS
 }
-#: Metrics the heatmap can count: e2e, a bucket, TTFT (client, else server) or TPOT.
-HEATMAP_METRICS = tuple(_SERIES_METRICS)
 
 _SETTINGS = (
     "\nSETTINGS do_not_merge_across_partitions_select_final = 1, "
@@ -78,20 +68,6 @@ _FILTERS = f"""
     AND {FILTERS}"""
 _STEP_RAW = "intDiv(toUnixTimestamp(Timestamp), {step_s:UInt32})"
 _STEP_ROLLUP = "intDiv(toUInt32(toUnixTimestamp(Timestamp)), {step_s:UInt32})"
-
-
-def choose_step(window_s: float) -> int:
-    """The step (s) for a window: the shortest of STEPS_S giving at most TARGET_POINTS points,
-    and at least an hour from a day on.
-
-    >>> choose_step(3600), choose_step(6 * 3600), choose_step(7 * 86400)
-    (30, 300, 7200)
-    """
-    floor = 3600 if window_s >= HOURLY_FROM_S else 0
-    for step in STEPS_S:
-        if step >= floor and math.ceil(window_s / step) <= TARGET_POINTS:
-            return step
-    return STEPS_S[-1]
 
 
 def _bin_value_sql(b: str) -> str:

@@ -100,7 +100,7 @@ streaming AS (
 rows AS (
     SELECT
         *,
-        -- Server TTFT, TPOT, ITL and stalls from the token times (engine.token_figures, as the
+        -- Server TTFT, TPOT, ITL and stalls from the token times (tokens.token_figures, as the
         -- single-call path reads them), else from the latency figures.
         $TOKEN_FIGURES(offsets) AS figures,
         multiIf(streamed = 0, NULL,

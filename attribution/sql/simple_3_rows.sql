@@ -161,7 +161,7 @@ simple_streaming AS (
 rows AS (
     SELECT
         *,
-        -- engine.token_figures: as stored, else from the offsets.
+        -- tokens.token_figures: as stored, else from the offsets.
         if(notEmpty(stored_figures), stored_figures, $TOKEN_FIGURES(offsets)) AS figures,
         if(n_timed != 0 AND ifNull(streamed, 1) != 0,
             decode_start + toInt64(figures[$AT_FIRST_OFFSET]) * 1000 - s_start, NULL)

@@ -37,10 +37,10 @@ NULL_SINK = "latscope_bench_resources_null"
 
 
 def compare(store_dir: Path, rounds: int) -> dict[str, Any]:
-    from latscope.attribution.engine import DEFAULT_STALL_NS
     from latscope.attribution.sql import simple_select
     from latscope.attribution.table import ATTRIBUTION_SCHEMA
     from latscope.storage import ATTRIBUTION_TABLE, RESOURCES_TABLE, SPANS_TABLE, Store
+    from latscope.tokens import DEFAULT_STALL_NS
 
     store = Store.open(f"chdb://{store_dir}")
     try:

@@ -329,9 +329,9 @@ def _cpu_of(fn: Any) -> tuple[float, Any]:
 def statement_costs(store: Any) -> dict[str, dict[str, float]]:
     """CPU seconds of each attribution SELECT (the single-call path's and the general one's):
     its analysis alone, one trace, and per request beyond one (best of 3 each)."""
-    from latscope.attribution.engine import DEFAULT_STALL_NS
     from latscope.attribution.sql import attribution_select, simple_select
     from latscope.storage import SPANS_TABLE
+    from latscope.tokens import DEFAULT_STALL_NS
 
     # The first traces by id up to a bound: a sub-query, as the attributor's own batch is. (An
     # array parameter of thousands of ids is pasted into the statement's text, and ClickHouse's

@@ -13,7 +13,7 @@
 --     1  a gen_ai.latency.* key, whatever its value (the single-call path leaves such a trace to
 --        the general path);
 --     2  a gen_ai.latency.* value that is a number (a figure the rules read);
---     4  latscope.token_offsets_us a JSON array of integers, not empty (model.parse_int_list);
+--     4  latscope.token_offsets_us a JSON array of integers, not empty (tokens.parse_int_list);
 --     8  a latscope.gpu.* value that is a number.
 -- * LatscopeFirstToken: on a CLIENT span, the earliest latscope.first_token event's time (ns,
 --   as a string, as the rules carry it); else ''.

@@ -14,7 +14,7 @@ objectives of ``--slo-objectives`` every ``--slo-interval-s`` over the attributi
 * ``latscope_slo_evaluation_timestamp_seconds`` and ``latscope_slo_evaluation_failures_total``.
 
 ``deploy/prometheus/latscope-slo.rules.yml`` holds the SRE workbook's multi-window,
-multi-burn-rate alerts on these (``slo.ALERTS``); its annotations name the bucket with the most
+multi-burn-rate alerts on these (``windows.ALERTS``); its annotations name the bucket with the most
 ``bad_extra_seconds``.
 
 An objective is ``METRIC:THRESHOLD_MS:TARGET[:WINDOW_DAYS]`` (``/v1/slo``'s), optionally scoped
@@ -38,11 +38,12 @@ from prometheus_client.registry import Collector
 from latscope.api.errors import InvalidParameter
 from latscope.api.queries import DEFAULT_OBJECTIVES, parse_objective
 from latscope.attribution import aggregates
-from latscope.attribution.answers.slo import BURN_WINDOWS_S, SLO_METRICS, Objective, burn_rate
+from latscope.attribution.answers.slo import SLO_METRICS, Objective, burn_rate
 from latscope.metrics import REGISTRY
 from latscope.parts import Poller
 from latscope.semconv import BUCKETS
 from latscope.storage import Store
+from latscope.windows import BURN_WINDOWS_S
 
 log = logging.getLogger(__name__)
 

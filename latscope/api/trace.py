@@ -49,11 +49,12 @@ from latscope.attribution import (
     find_requests,
     load_trace,
 )
-from latscope.attribution.engine import DEFAULT_STALL_NS, TraceIndex, timed_decode, timeline
+from latscope.attribution.engine import TraceIndex, timed_decode, timeline
 from latscope.attribution.runs import RunExplanation
 from latscope.config import DEFAULT_MAX_TRACE_SPANS
 from latscope.semconv import LatscopeAttributes
 from latscope.storage import SPANS_TABLE, Store
+from latscope.tokens import DEFAULT_STALL_NS
 
 TRACE_ID_PATTERN = r"^[0-9a-fA-F]{32}$"
 REQUEST_ID_PATTERN = r"^[0-9a-fA-F]{32}(-[0-9a-fA-F]{16})?$"

@@ -8,18 +8,14 @@ attributed rows from the attribution table, which the collectors' attributors wr
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 
+from latscope.cmd._settings import API_SETTINGS, add_settings_flags, process_main
 from latscope.config import Settings
-from latscope.storage import StoreError
 
 HELP = "REST API + web page + gRPC query service alone (for a ClickHouse server store)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from latscope.cli import API_SETTINGS, add_settings_flags
-
     add_settings_flags(parser, API_SETTINGS)
     parser.epilog = (
         "The gRPC query service listens on --otlp-grpc. An embedded chdb:// store is owned by "
@@ -28,20 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from latscope.cli import settings_from_args
-    from latscope.serve import install_rulebook
-
-    settings = settings_from_args(args)
-    logging.getLogger().setLevel(settings.log_level.upper())
-    install_rulebook(settings)
-    try:
-        return run(settings)
-    except StoreError as exc:
-        print(f"latscope api: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"latscope api: {exc}", file=sys.stderr)
-        return 1
+    return process_main(args, run, prefix="latscope api")
 
 
 def run(settings: Settings) -> int:

@@ -8,10 +8,10 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from latscope.attribution.answers.timeseries import HEATMAP_METRICS
 from latscope.cmd import _render as r
 from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
 from latscope.cmd.timeline import step_for, step_label
+from latscope.windows import HEATMAP_METRICS
 
 HELP = "a latency heatmap: requests per time step and latency bin (e2e, a bucket, ttft, tpot)"
 #: Darker is more requests: a cell's share of the busiest cell, in eighths.

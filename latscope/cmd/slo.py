@@ -8,9 +8,9 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from latscope.attribution.answers.slo import ALERTS, BURN_WINDOWS_S
 from latscope.cmd import _render as r
 from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
+from latscope.windows import ALERTS, BURN_WINDOWS_S
 
 HELP = "SLOs on TTFT / TPOT / e2e: error budget left and 5m/30m/1h/6h/3d burn rates"
 #: A window's burn rate shows red above the highest limit of the alerts it takes part in.

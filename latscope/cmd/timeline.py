@@ -12,10 +12,10 @@ from rich.table import Table
 from rich.text import Text
 
 from latscope.api.timerange import TimeRangeError, parse_range
-from latscope.attribution.answers.timeseries import STEPS_S, choose_step
 from latscope.cmd import _render as r
 from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
 from latscope.semconv import BUCKETS
+from latscope.windows import STEPS_S, choose_step
 
 HELP = "over time: e2e, each bucket's share, TTFT and TPOT per step, as sparklines"
 

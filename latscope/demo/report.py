@@ -14,7 +14,7 @@ from latscope.semconv import BUCKETS
 RUN_PARTS = (*(f"llm.{b}" for b in BUCKETS), "tool", "app")
 
 if TYPE_CHECKING:
-    from latscope.demo.command import DemoRun
+    from latscope.demo.run import DemoRun
 
 
 def _ms(value: float | None) -> str:

@@ -1,20 +1,13 @@
-"""``latscope collector``: OTLP ingest alone, for a ClickHouse server backend.
+"""The collector run on its own (``latscope collector``, ``latscope/cmd/collector.py``): a store
+that may be down at start, and the collector's HTTP side.
 
-Several collectors can run side by side behind a load balancer, each with its own spool. The
-collector starts even when ClickHouse is down: it spools until the server answers, then applies
-the schema and replays. With a ``chdb:///dir`` store it works too (it then owns the store).
-
-It also runs the continuous attributor, which turns settled traces into rows of the attribution
-table that ``latscope api`` reads. Attribution is idempotent, so two attributors on one store do
-the same work twice but write the same rows; with several collectors keep it on in one
-(``--attributor off`` on the others).
+The collector starts even when ClickHouse is down: ``open_store`` gives a ``DeferredStore`` that
+spools until the server answers, then applies the schema and replays.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -27,18 +20,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from latscope import __version__
 from latscope.config import Settings
 from latscope.metrics import REGISTRY
-from latscope.parts import Parts
 from latscope.storage import Store, StoreError, StoreUnavailable
 
 log = logging.getLogger("latscope.collector")
-
-HELP = "OTLP collector alone (gRPC and HTTP ingest), for a ClickHouse server store"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from latscope.cli import add_settings_flags
-
-    add_settings_flags(parser)
 
 
 class DeferredStore(Store):
@@ -122,34 +106,3 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
     for router in routers:
         app.include_router(router)
     return app
-
-
-def ingest_parts(settings: Settings, store: Store) -> Parts:
-    """The collector's receivers, and the attributor unless ``--attributor off``."""
-    from latscope.attribution.attributor import attributor_parts
-    from latscope.collector.service import collector_parts
-
-    parts = collector_parts(settings, store)
-    if settings.attributor == "on":
-        parts = parts + attributor_parts(settings, store)
-    return parts
-
-
-def main(args: argparse.Namespace) -> int:
-
-    from latscope.cli import settings_from_args
-    from latscope.serve import run
-
-    settings = settings_from_args(args)
-    logging.getLogger().setLevel(settings.log_level.upper())
-    try:
-        return run(
-            settings,
-            command="collector",
-            make_parts=ingest_parts,
-            make_app=create_app,
-            open_store=open_store,
-        )
-    except (OSError, StoreError) as exc:
-        print(f"latscope: {exc}", file=sys.stderr)
-        return 1
