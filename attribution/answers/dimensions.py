@@ -37,10 +37,11 @@ from typing import Any
 
 from latscope.attribution import rollups
 from latscope.attribution.answers import timeseries, window
-from latscope.attribution.answers.common import FILTERS, SETTINGS, ms
+from latscope.attribution.answers.common import FILTERS, SETTINGS, bounded, ms
 from latscope.attribution.answers.errors import DimensionError
 from latscope.attribution.answers.figures import side_means
 from latscope.attribution.answers.groups import ATTRIBUTE_KEY
+from latscope.attribution.answers.models import Why, Window
 from latscope.attribution.rollups import KEY_STRIDE, METRICS, ROLLUP_TABLE
 from latscope.attribution.table import BUCKET_COLUMN_LIST, BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
@@ -91,6 +92,10 @@ DEFAULT_RESOURCE_KEYS = (
     "service.version",
 )
 MAX_EXTRA_DIMENSIONS = 16
+
+#: Most values ``why`` lists per dimension, and most slowest selected requests it shows.
+MAX_VALUES = 50
+MAX_EXAMPLES = 100
 
 #: Figures a selection can be made on: name -> SQL (network null without a client span, TTFT
 #: the client's where seen, else the server's).
@@ -517,20 +522,23 @@ def why(
     limit_values: int = 5,
     examples: int = 5,
     use_rollups: bool = True,
-) -> dict[str, Any]:
+) -> Why:
     """Rank the dimensions by how differently the selection's requests are distributed over
     their values than the baseline's, and split each top value's extra time into buckets.
 
     ``resources`` adds resource attributes to the defaults (DEFAULT_RESOURCE_KEYS), ``attributes``
     adds span attributes (the value on any span of the request's trace). ``dimensions`` limits
     the built-in ones (and then skips the default resource attributes). Per dimension, values
-    are listed by over-representation (``difference``), at most ``limit_values``.
+    are listed by over-representation (``difference``), at most ``limit_values`` (up to
+    ``MAX_VALUES``), and ``examples`` of the slowest selected requests (up to ``MAX_EXAMPLES``).
     """
-    return _why_many(
+    (found,) = _why_many(
         store, since_ns, until_ns, [selection or Selection()], service=service, model=model,
         resources=resources, attributes=attributes, dimensions=dimensions,
-        limit_values=limit_values, examples=examples, use_rollups=use_rollups,
-    )[0]  # fmt: skip
+        limit_values=bounded(limit_values, 1, MAX_VALUES),
+        examples=bounded(examples, 0, MAX_EXAMPLES), use_rollups=use_rollups,
+    )  # fmt: skip
+    return Why.model_validate(found)
 
 
 def _why_many(
@@ -616,7 +624,7 @@ def _why_many(
 def _empty(since_ns: int, until_ns: int, selection: Selection, q: _Query | None) -> dict[str, Any]:
     """The answer before anything is counted (and for a selection empty by construction)."""
     return {
-        "window": {"since_ns": int(since_ns), "until_ns": int(until_ns)},
+        "window": Window.of(since_ns, until_ns),
         "selection": {
             "kind": selection.kind,
             "metric": selection.metric,
