@@ -36,7 +36,9 @@ def approx(x: float) -> object:
 
 def test_summary_matches_polars(store: Store, data) -> None:
     df, service, t0 = data
-    got = ag.summary(store, since_ns=t0, until_ns=t0 + 2 * H, service=service, exact=True)
+    got = ag.summary(
+        store, since_ns=t0, until_ns=t0 + 2 * H, service=service, exact=True
+    ).model_dump()
     assert got["count"] == df.height
     for name, p in ag.E2E_LEVELS:
         assert got["e2e_ms"][name] == approx(q(df["E2eNs"], p))
@@ -59,7 +61,7 @@ def test_summary_matches_polars(store: Store, data) -> None:
 
 def test_default_percentiles_are_within_the_documented_error(store: Store, data) -> None:
     df, service, t0 = data
-    got = ag.summary(store, since_ns=t0, until_ns=t0 + 2 * H, service=service)
+    got = ag.summary(store, since_ns=t0, until_ns=t0 + 2 * H, service=service).model_dump()
     assert got["count"] == df.height
     within = pytest.approx  # every percentile within ALPHA (0.5 %) of the exact one
     for name, p in ag.E2E_LEVELS:
@@ -78,10 +80,12 @@ def test_default_percentiles_are_within_the_documented_error(store: Store, data)
 
 def test_default_tail_is_binned_and_exact_over_its_bins(store: Store, data) -> None:
     df, service, t0 = data
-    got = ag.tail(store, since_ns=t0, until_ns=t0 + 2 * H, service=service, percentile=95)
+    got = ag.tail(
+        store, since_ns=t0, until_ns=t0 + 2 * H, service=service, percentile=95
+    ).model_dump()
     exact = ag.tail(
         store, since_ns=t0, until_ns=t0 + 2 * H, service=service, percentile=95, exact=True
-    )
+    ).model_dump()
     # The threshold is the lower edge of the 1 %-wide bin holding the p95 request.
     assert exact["threshold_ms"] * (1 - 2 * rollups.ALPHA) <= got["threshold_ms"]
     assert got["threshold_ms"] <= exact["threshold_ms"]
@@ -96,7 +100,7 @@ def test_summary_groups_match_polars(store: Store, data, group_by: str) -> None:
     df, service, t0 = data
     got = ag.summary(
         store, since_ns=t0, until_ns=t0 + 2 * H, service=service, group_by=group_by, exact=True
-    )
+    ).model_dump()
     if group_by == "resource.k8s.pod.name":
         key = df["ResourceAttributes"].list.first().struct.field("value")
     else:
@@ -117,23 +121,23 @@ def test_filters_and_window_bounds(store: Store, data) -> None:
     df, service, t0 = data
     got = ag.summary(
         store, since_ns=t0, until_ns=t0 + H, service=service, model="m-large", exact=True
-    )
+    ).model_dump()
     want = df.filter((pl.col("Timestamp") < t0 + H) & (pl.col("Model") == "m-large"))
     assert got["count"] == want.height
     assert got["e2e_ms"]["p50"] == approx(q(want["E2eNs"], 0.5))
-    empty = ag.summary(store, since_ns=t0 - H, until_ns=t0, service=service)
+    empty = ag.summary(store, since_ns=t0 - H, until_ns=t0, service=service).model_dump()
     assert empty["count"] == 0 and empty["e2e_ms"]["p50"] is None
     with pytest.raises(ag.AggregateError):
-        ag.summary(store, since_ns=t0, until_ns=t0, service=service)
+        ag.summary(store, since_ns=t0, until_ns=t0, service=service).model_dump()
     with pytest.raises(ag.AggregateError, match="group_by"):
-        ag.summary(store, since_ns=t0, until_ns=t0 + H, group_by="nope; DROP TABLE x")
+        ag.summary(store, since_ns=t0, until_ns=t0 + H, group_by="nope; DROP TABLE x").model_dump()
 
 
 def test_tail_matches_polars(store: Store, data) -> None:
     df, service, t0 = data
     got = ag.tail(
         store, since_ns=t0, until_ns=t0 + 2 * H, service=service, percentile=95, exact=True
-    )
+    ).model_dump()
     e2e = df["E2eNs"].cast(pl.Float64)
     thr, lo, hi = (e2e.quantile(p, "linear") for p in (0.95, 0.45, 0.55))
     tail_rows = df.filter(pl.col("E2eNs") >= thr)
@@ -160,7 +164,7 @@ def test_compare_names_the_mover(store: Store) -> None:
     insert(store, pl.concat([before, after]))
     got = ag.compare(
         store, before=(t0, t0 + H), after=(t0 + H, t0 + 2 * H), service=service, exact=True
-    )
+    ).model_dump()
     assert got["mover"] == "prefill"
     assert got["before"]["count"] == got["after"]["count"] == 800
     for bucket in BUCKETS:
@@ -187,7 +191,7 @@ def test_diagnose_names_queue_when_the_tail_waits(store: Store) -> None:
         E2eNs=pl.sum_horizontal(*(pl.col(c).fill_null(0) for c in BUCKET_COLUMNS.values()))
     )
     insert(store, df)
-    got = ag.diagnose(store, since_ns=t0, until_ns=t0 + 2 * H, service=service)
+    got = ag.diagnose(store, since_ns=t0, until_ns=t0 + 2 * H, service=service).model_dump()
     assert got["count"] == 1000
     assert got["tail_dominant"] == "queue"
     ids = [v["id"] for v in got["verdicts"]]
@@ -203,7 +207,9 @@ def test_slo_budget_and_burn_rates(store: Store) -> None:
     df = make_rows(2000, service=service, t0=now - 24 * H, seed=9, span_ns=24 * H)
     insert(store, df)
     objective = ag.Objective("e2e", threshold_ms=3000, target=0.99, window_days=30)
-    got = ag.slo(store, objectives=[objective], now_ns=now, service=service)["objectives"][0]
+    got = ag.slo(store, objectives=[objective], now_ns=now, service=service).model_dump()[
+        "objectives"
+    ][0]
     bad = df.filter(pl.col("E2eNs") > 3000 * MS)
     assert got["total"] == df.height and got["bad"] == bad.height
     assert got["budget_left"] == approx(1 - (bad.height / df.height) / 0.01)
@@ -214,18 +220,20 @@ def test_slo_budget_and_burn_rates(store: Store) -> None:
         got["burn_rates"]["1h"] > 14.4 and (got["burn_rates"]["5m"] or 0) > 14.4
     )
     with pytest.raises(ag.AggregateError):
-        ag.slo(store, objectives=[{"metric": "latency", "threshold_ms": 1}], now_ns=now)
+        ag.slo(
+            store, objectives=[{"metric": "latency", "threshold_ms": 1}], now_ns=now
+        ).model_dump()
 
 
 def test_helpers(store: Store, data) -> None:
     df, service, t0 = data
-    top = ag.slowest(store, since_ns=t0, until_ns=t0 + 2 * H, service=service, limit=3)
-    assert [r["e2e_ms"] for r in top] == [v / MS for v in df["E2eNs"].sort(descending=True)[:3]]
-    seen = ag.services(store, since_ns=t0, until_ns=t0 + 2 * H)
-    mine = next(s for s in seen if s["service"] == service)
-    assert mine["count"] == df.height
+    top = ag.slowest(store, since_ns=t0, until_ns=t0 + 2 * H, service=service, limit=3).requests
+    assert [r.e2e_ms for r in top] == [v / MS for v in df["E2eNs"].sort(descending=True)[:3]]
+    seen = ag.services(store, since_ns=t0, until_ns=t0 + 2 * H).services
+    mine = next(s for s in seen if s.service == service)
+    assert mine.count == df.height
     gpu = ag.gpu_by_phase(store, since_ns=t0, until_ns=t0 + 2 * H, service=service)
-    assert gpu["phases"]["decode"]["energy_mj"]["total"] == approx(float(sum(range(df.height))))
+    assert gpu.phases["decode"]["energy_mj"].total == approx(float(sum(range(df.height))))
 
 
 @pytest.mark.slow
@@ -244,7 +252,7 @@ def test_answers_are_strict_json(store: Store, data, offset: int) -> None:
         ag.services(store, **w),
         ag.gpu_by_phase(store, **w, service=service),
     ]
-    json.dumps(answers, allow_nan=False)
+    json.dumps([answer.json_dict() for answer in answers], allow_nan=False)
 
 
 def test_diagnose_prefill_and_stalls_and_peak(store: Store) -> None:
@@ -276,7 +284,7 @@ def test_diagnose_prefill_and_stalls_and_peak(store: Store) -> None:
         TtftServerNs=(pl.col("QueueNs") + pl.col("PrefillNs")).cast(pl.Int64),
     ).with_columns(TtftClientNs=pl.lit(None, pl.Int64))
     insert(store, df)
-    got = ag.diagnose(store, since_ns=t0, until_ns=t0 + 2 * H, service=service)
+    got = ag.diagnose(store, since_ns=t0, until_ns=t0 + 2 * H, service=service).model_dump()
     verdicts = {v["id"]: v for v in got["verdicts"]}
     assert {"prefill_prompt_length", "decode_stalls", "peak_only"} <= verdicts.keys(), verdicts
     assert verdicts["decode_stalls"]["evidence"]["stalled_requests"] == n // 4

@@ -314,7 +314,7 @@ def test_every_call_of_agent_runs_counts_once_in_the_aggregates(store: Store) ->
         )
         assert sorted(rows) == sorted(want)
         counted = sum(
-            ag.summary(store, since_ns=0, until_ns=2**62, service=service)["count"]
+            ag.summary(store, since_ns=0, until_ns=2**62, service=service).count
             for service in services
         )
         assert counted == len(want)

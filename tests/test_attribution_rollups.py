@@ -86,11 +86,11 @@ def test_rollup_answers_equal_raw_answers(store: Store, data, query: dict) -> No
     _, services = data
     if "service" in query:
         query = query | {"service": services[query["service"]]}
-    got = ag.summary(store, **WINDOW, **query)
-    raw = ag.summary(store, **WINDOW, **query, use_rollups=False)
+    got = ag.summary(store, **WINDOW, **query).model_dump()
+    raw = ag.summary(store, **WINDOW, **query, use_rollups=False).model_dump()
     assert got["count"] > 0 and close(got, raw) == []
     if "limit_groups" in query:  # the largest groups, as the exact answer ranks them
-        exact = ag.summary(store, **WINDOW, **query, exact=True)
+        exact = ag.summary(store, **WINDOW, **query, exact=True).model_dump()
         assert [g["key"] for g in got["groups"]] == [g["key"] for g in exact["groups"]]
         assert len(got["groups"]) == query["limit_groups"]
 
@@ -101,19 +101,21 @@ def test_rollup_tail_and_compare_equal_raw(store: Store, data, query: dict) -> N
     if "service" in query:
         query = query | {"service": services[query["service"]]}
     for percentile in (99, 90):
-        got = ag.tail(store, **WINDOW, percentile=percentile, **query)
-        raw = ag.tail(store, **WINDOW, percentile=percentile, **query, use_rollups=False)
+        got = ag.tail(store, **WINDOW, percentile=percentile, **query).model_dump()
+        raw = ag.tail(
+            store, **WINDOW, percentile=percentile, **query, use_rollups=False
+        ).model_dump()
         assert got["tail_count"] > 0 and close(got, raw) == []
     windows = {"before": (T0 + 10**9, T0 + 3 * H + 7), "after": (T0 + 3 * H + 7, T0 + 6 * H)}
-    got = ag.compare(store, **windows, **query)
-    assert close(got, ag.compare(store, **windows, **query, use_rollups=False)) == []
+    got = ag.compare(store, **windows, **query).model_dump()
+    assert close(got, ag.compare(store, **windows, **query, use_rollups=False).model_dump()) == []
 
 
 def test_rollup_answers_match_polars(store: Store, data) -> None:
     df, services = data
     want = in_window(df, **WINDOW)
-    check_against(ag.summary(store, **WINDOW), want)
-    got = ag.summary(store, **WINDOW, service=services[1], group_by="model")
+    check_against(ag.summary(store, **WINDOW).model_dump(), want)
+    got = ag.summary(store, **WINDOW, service=services[1], group_by="model").model_dump()
     mine = want.filter(pl.col("ServiceName") == services[1])
     check_against(got, mine)
     for group in got["groups"]:
@@ -123,7 +125,7 @@ def test_rollup_answers_match_polars(store: Store, data) -> None:
 def test_tail_bins_match_polars(store: Store, data) -> None:
     df, _ = data
     want = in_window(df, **WINDOW)
-    got = ag.tail(store, **WINDOW, percentile=95)
+    got = ag.tail(store, **WINDOW, percentile=95).model_dump()
     e2e = want["E2eNs"].cast(pl.Float64)
     threshold = got["threshold_ms"] * MS
     # The threshold is the lower edge of the bin of the p95 request: at most 1 % below it.
@@ -153,7 +155,9 @@ def test_reattributed_after_the_build_counts_once(store: Store) -> None:
     insert(store, df)
     build(store)
     window = {"since_ns": t0 + 5 * 60 * 10**9, "until_ns": t0 + 6 * H - 10**9}
-    check_against(ag.summary(store, **window, service=service), in_window(df, **window))
+    check_against(
+        ag.summary(store, **window, service=service).model_dump(), in_window(df, **window)
+    )
     hour = (t0 + 2 * H) // 10**9
     assert hour in [h for h, _ in rollups.plan(store, **window).hours]
 
@@ -185,18 +189,20 @@ def test_reattributed_after_the_build_counts_once(store: Store) -> None:
 
     stale = {(t0 + i * H) // 10**9 for i in (2, 3, 4)}
     assert not stale & {h for h, _ in rollups.plan(store, **window).hours}
-    got = ag.summary(store, **window, service=service, group_by="model")
+    got = ag.summary(store, **window, service=service, group_by="model").model_dump()
     check_against(got, in_window(now, **window))
     assert {g["key"] for g in got["groups"]} == {"m-small", "m-large", "m-moved"}
     assert close(got, ag.summary(store, **window, service=service, group_by="model",
-                                 use_rollups=False)) == []  # fmt: skip
+                                 use_rollups=False).model_dump()) == []  # fmt: skip
 
     build(store)  # the changed hours are rebuilt from their FINAL rows
     assert stale <= {h for h, _ in rollups.plan(store, **window).hours}
-    again = ag.summary(store, **window, service=service, group_by="model")
+    again = ag.summary(store, **window, service=service, group_by="model").model_dump()
     assert close(again, got) == []
-    tail = ag.tail(store, **window, service=service)
-    assert close(tail, ag.tail(store, **window, service=service, use_rollups=False)) == []
+    tail = ag.tail(store, **window, service=service).model_dump()
+    assert (
+        close(tail, ag.tail(store, **window, service=service, use_rollups=False).model_dump()) == []
+    )
 
 
 def test_a_build_cut_short_is_never_read(store: Store, data) -> None:
@@ -210,13 +216,13 @@ def test_a_build_cut_short_is_never_read(store: Store, data) -> None:
     )
     assert not rollups.hour_states(store, hour, hour + 3600)[hour].usable
     assert hour not in [h for h, _ in rollups.plan(store, **WINDOW).hours]
-    raw = ag.summary(store, **WINDOW, group_by="model", use_rollups=False)
-    assert close(ag.summary(store, **WINDOW, group_by="model"), raw) == []
+    raw = ag.summary(store, **WINDOW, group_by="model", use_rollups=False).model_dump()
+    assert close(ag.summary(store, **WINDOW, group_by="model").model_dump(), raw) == []
     builder = Rollups(store, settle_s=0, margin_s=0)
     assert hour in builder.due()[0]
     builder.run_until_idle()
     assert rollups.hour_states(store, hour, hour + 3600)[hour].usable
-    assert close(ag.summary(store, **WINDOW, group_by="model"), raw) == []
+    assert close(ag.summary(store, **WINDOW, group_by="model").model_dump(), raw) == []
 
 
 def test_the_builder_waits_for_settled_hours_and_quiet_ones(store: Store) -> None:
@@ -237,7 +243,7 @@ def test_the_builder_waits_for_settled_hours_and_quiet_ones(store: Store) -> Non
     assert t0 // 10**9 not in Rollups(store, settle_s=0, margin_s=3600).due()[0]
     window = {"since_ns": t0, "until_ns": t0 + 2 * H}
     assert [h for h, _ in rollups.plan(store, **window).hours] == [(t0 + H) // 10**9]
-    check_against(ag.summary(store, **window, service=service), pl.concat([df, extra]))
+    check_against(ag.summary(store, **window, service=service).model_dump(), pl.concat([df, extra]))
 
 
 def test_an_hour_with_nothing_left_is_built_once(store: Store) -> None:
@@ -251,7 +257,7 @@ def test_an_hour_with_nothing_left_is_built_once(store: Store) -> None:
     assert hour in builder.due()[0]
     builder.run_until_idle()
     assert hour not in builder.due()[0]  # nothing survives FINAL: no rows, and no rebuild loop
-    got = ag.summary(store, since_ns=t0, until_ns=t0 + H, service=service)
+    got = ag.summary(store, since_ns=t0, until_ns=t0 + H, service=service).model_dump()
     assert got["count"] == 0
 
 
@@ -318,7 +324,7 @@ def test_a_late_client_span_after_the_build_through_the_attributor(store: Store)
     window = bounds | {"service": service}
     hour = s0 // H * H // 10**9
     assert hour in [h for h, _ in rollups.plan(store, **bounds).hours]
-    first = ag.summary(store, **window)
+    first = ag.summary(store, **window).model_dump()
     assert first["count"] == 1 and first["e2e_ms"]["mean"] == pytest.approx(920)
 
     client = {"id": "c1" * 8, "kind": "Client", "start": s0 - H + 40 * MS_NS,
@@ -329,10 +335,15 @@ def test_a_late_client_span_after_the_build_through_the_attributor(store: Store)
     assert hour not in [h for h, _ in rollups.plan(store, **bounds).hours]
     e2e_ms = (client["end"] - client["start"]) / MS_NS
     for _ in range(2):  # before the rebuild (raw), then after it (rollup)
-        got = ag.summary(store, **window, group_by="model")
+        got = ag.summary(store, **window, group_by="model").model_dump()
         assert got["count"] == 1 and got["e2e_ms"]["mean"] == pytest.approx(e2e_ms)
         assert [g["key"] for g in got["groups"]] == ["late-model"]
-        assert close(got, ag.summary(store, **window, group_by="model", use_rollups=False)) == []
+        assert (
+            close(
+                got, ag.summary(store, **window, group_by="model", use_rollups=False).model_dump()
+            )
+            == []
+        )
         build(store)
     # The request's new hour is built; its old one holds only the replaced row and the tombstone
     # (nothing after FINAL: no rollup rows, read raw at no cost).

@@ -57,15 +57,15 @@ def test_rows_from_before_the_upgrade_get_rollups_and_stay_right(store: Store) -
     builder = Rollups(store, settle_s=0, margin_s=0)
     builder.run_until_idle()
     assert len(usable(store)) == 2  # the whole hours inside the window
-    raw = ag.summary(store, **WINDOW, group_by="model", use_rollups=False)
-    check_against(ag.summary(store, **WINDOW), df.filter(pl.col("Timestamp").is_between(
-        WINDOW["since_ns"], WINDOW["until_ns"], closed="left")))  # fmt: skip
-    assert close(ag.summary(store, **WINDOW, group_by="model"), raw) == []
+    raw = ag.summary(store, **WINDOW, group_by="model", use_rollups=False).model_dump()
+    in_window = pl.col("Timestamp").is_between(WINDOW["since_ns"], WINDOW["until_ns"], "left")
+    check_against(ag.summary(store, **WINDOW).model_dump(), df.filter(in_window))
+    assert close(ag.summary(store, **WINDOW, group_by="model").model_dump(), raw) == []
 
     # A merge may write the missing column with the merge's time, later than the build: the
     # hours are then read raw (same answers) until the builder's next pass.
     store.command("OPTIMIZE TABLE latscope_attribution FINAL")
-    assert close(ag.summary(store, **WINDOW, group_by="model"), raw) == []
+    assert close(ag.summary(store, **WINDOW, group_by="model").model_dump(), raw) == []
     builder.run_until_idle()
     assert len(usable(store)) == 2
-    assert close(ag.summary(store, **WINDOW, group_by="model"), raw) == []
+    assert close(ag.summary(store, **WINDOW, group_by="model").model_dump(), raw) == []

@@ -74,7 +74,9 @@ def steps(df: pl.DataFrame, step_s: int) -> dict[int, pl.DataFrame]:
 @pytest.mark.parametrize("step_s", [900, 3600])
 def test_every_step_matches_polars(store: Store, data, step_s: int) -> None:
     df, service = data
-    got = ts.timeseries(store, since_ns=SINCE, until_ns=UNTIL, step_s=step_s, service=service)
+    got = ts.timeseries(
+        store, since_ns=SINCE, until_ns=UNTIL, step_s=step_s, service=service
+    ).model_dump()
     assert got["step_s"] == step_s
     [series] = got["series"]
     groups = steps(df, step_s)
@@ -87,7 +89,7 @@ def test_every_step_matches_polars(store: Store, data, step_s: int) -> None:
     assert (got["source"]["rollup_hours"] > 0) == (step_s == 3600)
     raw = ts.timeseries(
         store, since_ns=SINCE, until_ns=UNTIL, step_s=step_s, service=service, use_rollups=False
-    )
+    ).model_dump()
     # Read raw, the window is small: exact percentiles, which the binned ones are within 0.5 % of.
     assert raw["source"]["rollup_hours"] == 0
     for a, b in zip(got["series"][0]["points"], raw["series"][0]["points"], strict=True):
@@ -99,9 +101,13 @@ def test_every_step_matches_polars(store: Store, data, step_s: int) -> None:
 
 def test_binned_and_exact_percentiles_agree(store: Store, data, monkeypatch) -> None:
     df, service = data
-    exact = ts.timeseries(store, since_ns=SINCE, until_ns=UNTIL, step_s=900, service=service)
+    exact = ts.timeseries(
+        store, since_ns=SINCE, until_ns=UNTIL, step_s=900, service=service
+    ).model_dump()
     monkeypatch.setattr(ts, "EXACT_MAX_REQUESTS", 0)  # every window binned
-    binned = ts.timeseries(store, since_ns=SINCE, until_ns=UNTIL, step_s=900, service=service)
+    binned = ts.timeseries(
+        store, since_ns=SINCE, until_ns=UNTIL, step_s=900, service=service
+    ).model_dump()
     for a, b in zip(exact["series"][0]["points"], binned["series"][0]["points"], strict=True):
         for bucket in ("queue", "decode"):
             if a["count"]:
@@ -120,7 +126,7 @@ def test_groups_carry_their_own_series(store: Store, data) -> None:
     got = ts.timeseries(
         store, since_ns=SINCE, until_ns=UNTIL, step_s=3600, service=service,
         group_by="resource.k8s.pod.name", limit_groups=3,
-    )  # fmt: skip
+    ).model_dump()  # fmt: skip
     total, *groups = got["series"]
     assert total["key"] == "" and len(groups) == 3
     pods = df.with_columns(pod=df["ResourceAttributes"].list.first().struct.field("value"))
@@ -138,10 +144,12 @@ def test_groups_carry_their_own_series(store: Store, data) -> None:
 
 def test_heatmap_counts_requests_per_step_and_bin(store: Store, data) -> None:
     df, service = data
-    got = ts.heatmap(store, since_ns=SINCE, until_ns=UNTIL, step_s=3600, service=service)
+    got = ts.heatmap(
+        store, since_ns=SINCE, until_ns=UNTIL, step_s=3600, service=service
+    ).model_dump()
     raw = ts.heatmap(
         store, since_ns=SINCE, until_ns=UNTIL, step_s=3600, service=service, use_rollups=False
-    )
+    ).model_dump()
     assert got["counts"] == raw["counts"] and got["bins"] == raw["bins"]
     assert got["source"]["rollup_hours"] > 0
     width = round(ts.FINE_PER_DECADE / got["bins_per_decade"])
@@ -166,7 +174,9 @@ def test_heatmap_counts_requests_per_step_and_bin(store: Store, data) -> None:
         min_ms=got["bins"][j0]["lo_ms"], max_ms=got["bins"][j1]["hi_ms"],
     )  # fmt: skip
     brushed = sum(got["counts"][i][j] for i in (1, 2) for j in range(j0, j1 + 1))
-    why = dm.why(store, since_ns=SINCE, until_ns=UNTIL, service=service, selection=region)
+    why = dm.why(
+        store, since_ns=SINCE, until_ns=UNTIL, service=service, selection=region
+    ).model_dump()
     assert why["selection"]["count"] == brushed > 0
 
 
@@ -174,7 +184,7 @@ def test_heatmap_of_a_bucket_counts_zeros_apart(store: Store, data) -> None:
     df, service = data
     got = ts.heatmap(
         store, since_ns=SINCE, until_ns=UNTIL, step_s=900, service=service, metric="other"
-    )
+    ).model_dump()
     inside = df.filter((pl.col("Timestamp") >= SINCE) & (pl.col("Timestamp") < UNTIL))
     assert sum(got["zero_counts"]) == int((inside["OtherNs"] == 0).sum()) > 0
     assert got["count"] == inside.height
@@ -211,12 +221,12 @@ def test_choosing_the_step() -> None:
 
 def test_bad_questions_say_what_to_write(store: Store) -> None:
     with pytest.raises(ts.TimeseriesError, match="at most 2000"):
-        ts.timeseries(store, since_ns=T0, until_ns=T0 + 24 * H, step_s=10)
+        ts.timeseries(store, since_ns=T0, until_ns=T0 + 24 * H, step_s=10).model_dump()
     with pytest.raises(ts.TimeseriesError, match="group_by 'colour'"):
-        ts.timeseries(store, since_ns=T0, until_ns=T0 + H, group_by="colour")
+        ts.timeseries(store, since_ns=T0, until_ns=T0 + H, group_by="colour").model_dump()
     with pytest.raises(ts.TimeseriesError, match="metric 'latency'"):
-        ts.heatmap(store, since_ns=T0, until_ns=T0 + H, metric="latency")
+        ts.heatmap(store, since_ns=T0, until_ns=T0 + H, metric="latency").model_dump()
     with pytest.raises(ts.TimeseriesError, match="empty window"):
-        ts.heatmap(store, since_ns=T0, until_ns=T0)
+        ts.heatmap(store, since_ns=T0, until_ns=T0).model_dump()
     with pytest.raises(ts.TimeseriesError, match="bins_per_decade"):
-        ts.heatmap(store, since_ns=T0, until_ns=T0 + H, bins_per_decade=7)
+        ts.heatmap(store, since_ns=T0, until_ns=T0 + H, bins_per_decade=7).model_dump()

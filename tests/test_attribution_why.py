@@ -15,6 +15,7 @@ from latscope.attribution import rollups
 from latscope.attribution.answers import coldstart as cs
 from latscope.attribution.answers import dimensions as dm
 from latscope.attribution.answers import window
+from latscope.attribution.answers.models import Why
 from latscope.attribution.rollups import HOUR_NS, Rollups
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
@@ -97,7 +98,7 @@ def split(df: pl.DataFrame, inside: pl.Series) -> tuple[pl.DataFrame, pl.DataFra
 
 def test_a_pod_slow_in_queue_is_named_first(store: Store, chat) -> None:
     df, service = chat
-    got = dm.why(store, since_ns=T0, until_ns=T0 + 3 * H, service=service)
+    got = dm.why(store, since_ns=T0, until_ns=T0 + 3 * H, service=service).model_dump()
     threshold = got["selection"]["threshold_ms"] * MS
     exact = df["E2eNs"].quantile(0.99, "lower")
     # The selection starts at the lower edge of the 1 % bin holding the p99 request.
@@ -130,7 +131,7 @@ def test_a_pod_slow_in_queue_is_named_first(store: Store, chat) -> None:
     everything = dm.why(
         store, since_ns=T0, until_ns=T0 + 3 * H, service=service, limit_values=50,
         dimensions=[], resources=["k8s.pod.name"],
-    )  # fmt: skip
+    ).model_dump()  # fmt: skip
     assert pods["values_seen"] == 8
     carried = sum(v["extra_share"] for v in everything["dimensions"][0]["values"])
     assert carried == approx(1.0)
@@ -149,7 +150,7 @@ def test_a_tenant_with_long_prompts_is_named_first(store: Store, rag) -> None:
         store, since_ns=T0, until_ns=T0 + 3 * H, service=service,
         selection=dm.Selection("percentile", metric="ttft", percentile=95),
         attributes=["tenant.id"],
-    )  # fmt: skip
+    ).model_dump()  # fmt: skip
     top = got["top"]
     assert (top["dimension"], top["value"], top["dominant"]) == (
         "attribute.tenant.id", planted.TENANT, "prefill",
@@ -168,7 +169,9 @@ def test_the_scale_up_is_flagged_as_warm_up(store: Store, gen) -> None:
     df, service, cold = gen
     since, until = T0 + 30 * 60 * S, T0 + 3 * H
     rule = cs.WarmupRule(warmup_requests=0, warmup_s=planted.COLD_S)
-    got = cs.coldstart(store, since_ns=since, until_ns=until, service=service, rule=rule)
+    got = cs.coldstart(
+        store, since_ns=since, until_ns=until, service=service, rule=rule
+    ).model_dump()
     in_window = (df["Timestamp"] >= since) & (df["Timestamp"] < until)
     cold_s = pl.Series(cold)
     warm_up, warm = df.filter(in_window & cold_s), df.filter(in_window & ~cold_s)
@@ -195,11 +198,13 @@ def test_the_scale_up_is_flagged_as_warm_up(store: Store, gen) -> None:
     by_count = cs.coldstart(
         store, since_ns=since, until_ns=until, service=service,
         rule=cs.WarmupRule(warmup_requests=3, warmup_s=0),
-    )  # fmt: skip
+    ).model_dump()  # fmt: skip
     assert by_count["warmup"]["count"] == 3 * len(planted.NEW_REPLICAS)
 
     # Diagnose names it, with the usual fixes and the replicas.
-    verdicts = ag.diagnose(store, since_ns=since, until_ns=until, service=service, warmup=rule)
+    verdicts = ag.diagnose(
+        store, since_ns=since, until_ns=until, service=service, warmup=rule
+    ).model_dump()
     cold_start = next(v for v in verdicts["verdicts"] if v["id"] == "cold_start")
     assert cold_start["bucket"] == "prefill"
     assert any("pre-warm" in fix for fix in cold_start["fixes"])
@@ -219,12 +224,14 @@ def test_the_fleet_present_when_the_data_begins_is_not_a_cold_start(store: Store
     before = cs.coldstart(
         store, since_ns=start - 10 * 60 * S, until_ns=start + 30 * 60 * S, service=service,
         rule=rule,
-    )  # fmt: skip
+    ).model_dump()  # fmt: skip
     assert before["appeared"] == 0 and before["warmup"]["count"] == 0
     assert not any(r["appeared"] for r in before["replicas"])
     assert before["warm"]["count"] == df.filter(pl.col("Timestamp") < start + 30 * 60 * S).height
     assert cs.verdict(before) is None
-    after = cs.coldstart(store, since_ns=start, until_ns=start + 2 * H, service=service, rule=rule)
+    after = cs.coldstart(
+        store, since_ns=start, until_ns=start + 2 * H, service=service, rule=rule
+    ).model_dump()
     assert sorted(r["replica"] for r in after["replicas"] if r["appeared"]) == sorted(
         planted.NEW_REPLICAS
     )
@@ -233,14 +240,14 @@ def test_the_fleet_present_when_the_data_begins_is_not_a_cold_start(store: Store
 
 def test_diagnose_names_where_and_since_when(store: Store, chat) -> None:
     _, service = chat
-    got = ag.diagnose(store, since_ns=T0, until_ns=T0 + 3 * H, service=service)
+    got = ag.diagnose(store, since_ns=T0, until_ns=T0 + 3 * H, service=service).model_dump()
     queue = next(v for v in got["verdicts"] if v["bucket"] == "queue")
     where = queue["where"]
     assert where["dimension"] in ("resource.k8s.pod.name", "resource.service.instance.id")
     assert where["value"] == f"{service}-5"
     assert abs(where["since_ns"] - (T0 + 90 * 60 * S)) <= 120 * S
     # The buckets' shares come from the rules' own read: exactly the summary's.
-    summary = ag.summary(store, since_ns=T0, until_ns=T0 + 3 * H, service=service)
+    summary = ag.summary(store, since_ns=T0, until_ns=T0 + 3 * H, service=service).model_dump()
     assert got["shares"] == {b: v["share"] or 0.0 for b, v in summary["buckets_ms"].items()}
     assert got["dominant"] == max(got["shares"], key=lambda b: got["shares"][b])
 
@@ -249,12 +256,12 @@ def test_selection_kinds_match_polars(store: Store, chat) -> None:
     df, service = chat
     common = {"since_ns": T0, "until_ns": T0 + 3 * H, "service": service, "examples": 0}
     # An SLO's bad requests: strictly above the threshold.
-    slo = dm.why(store, **common, selection=dm.Selection("slo", threshold_ms=3000))
+    slo = dm.why(store, **common, selection=dm.Selection("slo", threshold_ms=3000)).model_dump()
     assert slo["selection"]["count"] == int((df["E2eNs"] > 3000 * MS).sum())
     # A heatmap rectangle: a time range by a latency range.
     region = dm.Selection("region", since_ns=T0 + H, until_ns=T0 + 2 * H, min_ms=2500,
                           max_ms=7000)  # fmt: skip
-    got = dm.why(store, **common, selection=region)
+    got = dm.why(store, **common, selection=region).model_dump()
     mask = (
         (df["Timestamp"] >= T0 + H) & (df["Timestamp"] < T0 + 2 * H)
         & (df["E2eNs"] >= 2500 * MS) & (df["E2eNs"] < 7000 * MS)
@@ -265,7 +272,7 @@ def test_selection_kinds_match_polars(store: Store, chat) -> None:
     before = dm.why(
         store, since_ns=T0 + 2 * H, until_ns=T0 + 3 * H, service=service, examples=0,
         selection=dm.Selection("before"),
-    )  # fmt: skip
+    ).model_dump()  # fmt: skip
     assert before["selection"]["count"] == int((df["Timestamp"] >= T0 + 2 * H).sum())
     hour = (df["Timestamp"] >= T0 + H) & (df["Timestamp"] < T0 + 2 * H)
     assert before["baseline"]["count"] == int(hour.sum())
@@ -281,7 +288,7 @@ def test_slo_budget_goes_to_the_buckets_of_the_bad_requests(store: Store, chat) 
     got = ag.slo(
         store, objectives=[ag.Objective("e2e", threshold_ms=5500, target=0.99, window_days=1)],
         now_ns=now, service=service,
-    )["objectives"][0]  # fmt: skip
+    ).model_dump()["objectives"][0]  # fmt: skip
     split_by = got["budget_by_bucket"]
     assert set(split_by) == {"window", "5m", "30m", "1h", "6h", "3d"}
     for name, start in (("window", now - 24 * H), ("1h", now - H), ("30m", now - H // 2)):
@@ -302,8 +309,8 @@ def test_slo_budget_goes_to_the_buckets_of_the_bad_requests(store: Store, chat) 
     plain = ag.slo(
         store, objectives=[ag.Objective("e2e", threshold_ms=5500, target=0.99, window_days=1)],
         now_ns=now, service=service, explain=False,
-    )["objectives"][0]  # fmt: skip
-    assert "budget_by_bucket" not in plain
+    ).model_dump()["objectives"][0]  # fmt: skip
+    assert plain.pop("budget_by_bucket") is None
     assert {k: v for k, v in got.items() if k != "budget_by_bucket"} == plain
 
 
@@ -325,7 +332,7 @@ def test_clean_hours_are_read_as_stored_and_others_with_final(store: Store) -> N
     assert ranges.final == [(t0 + 10 * 60 * S, t0 + H)]
     assert ranges.clean == [(t0 + H, t0 + 2 * H)]
     got = dm.why(store, since_ns=t0, until_ns=t0 + 2 * H, service=service,
-                 selection=dm.Selection("slo", threshold_ms=3000))  # fmt: skip
+                 selection=dm.Selection("slo", threshold_ms=3000)).model_dump()  # fmt: skip
     assert got["selection"]["count"] == int((df["E2eNs"] > 3000 * MS).sum())
     assert got["baseline"]["count"] == df.height - got["selection"]["count"]
     # A request written after the build: its hour is no longer read as stored.
@@ -361,7 +368,7 @@ def test_one_view_looks_the_hours_up_once(store: Store, chat) -> None:
     window.raw_ranges(counting, ranges)  # type: ignore[arg-type]
     assert counting.queries == 3 * per_call
     # The diagnosis (one view over its reads) says the same as its parts read alone.
-    got = ag.diagnose(store, since_ns=T0, until_ns=T0 + 3 * H, service=service)
+    got = ag.diagnose(store, since_ns=T0, until_ns=T0 + 3 * H, service=service).model_dump()
     queue = next(v for v in got["verdicts"] if v["bucket"] == "queue")
     alone_where = dm.concentration(
         store, since_ns=T0, until_ns=T0 + 3 * H, bucket="queue", service=service
@@ -384,7 +391,7 @@ def test_selections_read_together_answer_as_each_alone(store: Store, chat) -> No
     )  # fmt: skip
     for selection, got in zip(selections, together, strict=True):
         alone = dm.why(store, **window_, selection=selection, service=service, examples=2)
-        assert got == alone, selection
+        assert Why.model_validate(got) == alone, selection
     # The diagnosis' places: several buckets in one read, each as it is alone.
     both = dm.concentrations(store, **window_, buckets=["queue", "prefill", "network/queue"],
                              service=service)  # fmt: skip
@@ -407,7 +414,7 @@ def test_selections_read_together_answer_as_each_alone(store: Store, chat) -> No
 )
 def test_bad_questions_say_what_to_write(store: Store, kwargs: dict, message: str) -> None:
     with pytest.raises(dm.DimensionError, match=message):
-        dm.why(store, since_ns=T0, until_ns=T0 + H, **kwargs)
+        dm.why(store, since_ns=T0, until_ns=T0 + H, **kwargs).model_dump()
     with pytest.raises(cs.ColdStartError, match="both 0"):
         cs.coldstart(store, since_ns=T0, until_ns=T0 + H,
-                     rule=cs.WarmupRule(warmup_requests=0, warmup_s=0))  # fmt: skip
+                     rule=cs.WarmupRule(warmup_requests=0, warmup_s=0)).model_dump()  # fmt: skip

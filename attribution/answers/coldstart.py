@@ -18,10 +18,9 @@ was quiet): its first request came among the service's first ``INITIAL_FLEET_FAC
 (replicas) requests, as a load balancer sends them to every replica it has. Replicas appearing
 within ``SCALE_UP_GAP_S`` of each other make one scale-up.
 
->>> coldstart(store, since_ns=t0, until_ns=t1)  # doctest: +SKIP
-{"rule": {...}, "replicas": [{"service": "llm", "replica": "llm-7", "appeared": True, ...}],
- "warmup": {"count": 40, "e2e_mean_ms": ...}, "warm": {...}, "extra_e2e_ms": 850.0,
- "extra_buckets_ms": {"prefill": 790.0, ...}, "dominant": "prefill", "scale_ups": [...]}
+>>> got = coldstart(store, since_ns=t0, until_ns=t1)  # doctest: +SKIP
+>>> got.appeared, got.warmup.count, got.extra_e2e_ms, got.dominant  # doctest: +SKIP
+(1, 40, 850.0, 'prefill')
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from latscope.attribution.answers import window
 from latscope.attribution.answers.common import FILTERS, ms
 from latscope.attribution.answers.errors import ColdStartError
 from latscope.attribution.answers.figures import side_means
+from latscope.attribution.answers.models import ColdStart, Window
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
 from latscope.sqltext import render
@@ -162,7 +162,7 @@ def coldstart(
     service: str | None = None,
     model: str | None = None,
     rule: WarmupRule | None = None,
-) -> dict[str, Any]:
+) -> ColdStart:
     """Replicas that appeared, which requests of the window they served while warming up, and
     warm-up against warm latency bucket by bucket (``extra_buckets_ms`` adds up to
     ``extra_e2e_ms``).
@@ -266,20 +266,22 @@ def coldstart(
         key=lambda r: r["first_seen_ns"],
     )
     listed = sorted(seen, key=lambda r: (-r["first_seen_ns"], r["service"], r["replica"]))
-    return {
-        "window": {"since_ns": int(since_ns), "until_ns": int(until_ns)},
-        "rule": asdict(rule) | {"replica_keys": list(REPLICA_KEYS)},
-        "replicas": listed[:MAX_REPLICAS],
-        "replica_count": len(seen),
-        "appeared": len([r for r in new_replicas if r["first_seen_ns"] >= since_ns]),
-        "warmup": warmup,
-        "warm": warm,
-        "unidentified": unidentified,
-        "extra_e2e_ms": extra,
-        "extra_buckets_ms": extra_buckets,
-        "dominant": dominant,
-        "scale_ups": _scale_ups(new_replicas, since_ns),
-    }
+    return ColdStart.model_validate(
+        {
+            "window": Window.of(since_ns, until_ns),
+            "rule": asdict(rule) | {"replica_keys": list(REPLICA_KEYS)},
+            "replicas": listed[:MAX_REPLICAS],
+            "replica_count": len(seen),
+            "appeared": len([r for r in new_replicas if r["first_seen_ns"] >= since_ns]),
+            "warmup": warmup,
+            "warm": warm,
+            "unidentified": unidentified,
+            "extra_e2e_ms": extra,
+            "extra_buckets_ms": extra_buckets,
+            "dominant": dominant,
+            "scale_ups": _scale_ups(new_replicas, since_ns),
+        }
+    )
 
 
 def _initial_fleet(found: list[dict[str, Any]]) -> set[tuple[str, str]]:

@@ -66,6 +66,12 @@ def window_params(
     }
 
 
+def bounded(value: float, low: int, high: int) -> int:
+    """``value`` as an int within ``[low, high]``: the one place an answer's count limit is
+    held to its bounds (the REST routes declare the same bounds and refuse what is outside)."""
+    return max(low, min(int(value), high))
+
+
 def filters(service: str | None, model: str | None) -> list[str]:
     """The dimensions a query filters on, for ``rollups.level_for``."""
     return [name for name, value in (("service", service), ("model", model)) if value]

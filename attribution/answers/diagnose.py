@@ -31,6 +31,7 @@ from latscope.attribution.answers.common import (
     window_params,
 )
 from latscope.attribution.answers.figures import SHARE_SUMS, bucket_shares
+from latscope.attribution.answers.models import Diagnosis, Window
 from latscope.attribution.answers.tail import tail
 from latscope.attribution.table import BUCKET_COLUMN_LIST
 from latscope.sqltext import render
@@ -205,17 +206,18 @@ def diagnose(
     percentile: float = 99,
     stall_share: float = DECODE_STALL_SHARE,
     warmup: coldstart.WarmupRule | None = None,
-) -> dict[str, Any]:
+) -> Diagnosis:
     """Map what the window shows to the usual cause and first fix.
 
-    Returns ``{"count", "dominant", "tail_dominant", "verdicts": [{"id", "cause", "bucket",
-    "fixes", "evidence": {...}, "where": {...} | None}]}``, strongest first; each verdict
-    carries the numbers behind it, and ``where`` the dimension value that concentrates it and
+    The ``Diagnosis`` names the dominant buckets and lists the verdicts (``id``, ``cause``,
+    ``bucket``, ``fixes``, ``evidence``, ``where``), strongest first; each verdict carries the
+    numbers behind it, and ``where`` the dimension value that concentrates it and
     since when (``dimensions.concentrations``). ``warmup`` is the cold-start rule.
     """
     # Every read below is of this window: its hours are looked up once.
     with rollups.one_view():
-        return _diagnose(store, since_ns, until_ns, service, model, percentile, stall_share, warmup)
+        out = _diagnose(store, since_ns, until_ns, service, model, percentile, stall_share, warmup)
+    return Diagnosis.model_validate(out | {"window": Window.of(since_ns, until_ns)})
 
 
 def _diagnose(
@@ -259,22 +261,22 @@ def _diagnose(
     shares = {b: share or 0.0 for b, share in bucket_shares(f).items()}
     out["dominant"] = max(shares, key=lambda b: shares[b])
     out["shares"] = shares
-    out["tail_dominant"] = t["dominant"]
+    out["tail_dominant"] = t.dominant
     verdicts: list[tuple[float, str, dict[str, Any]]] = []
 
-    if t["dominant"] == "queue" and t["tail_count"]:
-        extra = t["buckets_ms"]["queue"]
+    if t.dominant == "queue" and t.tail_count:
+        extra = t.buckets_ms["queue"]
         verdicts.append(
             (
-                extra["extra_share"] or 0.0,
+                extra.extra_share or 0.0,
                 "queue_tail",
                 {
                     "tail_percentile": percentile,
-                    "tail_threshold_ms": t["threshold_ms"],
-                    "queue_extra_ms": extra["extra"],
-                    "queue_extra_share": extra["extra_share"],
-                    "queue_tail_mean_ms": extra["tail_mean"],
-                    "queue_median_mean_ms": extra["median_mean"],
+                    "tail_threshold_ms": t.threshold_ms,
+                    "queue_extra_ms": extra.extra,
+                    "queue_extra_share": extra.extra_share,
+                    "queue_tail_mean_ms": extra.tail_mean,
+                    "queue_median_mean_ms": extra.median_mean,
                 },
             )
         )
@@ -356,7 +358,7 @@ def _diagnose(
                 },
             )
         )
-    cold = coldstart.verdict(cold_answer)
+    cold = coldstart.verdict(cold_answer.model_dump())
     if cold is not None:
         verdicts.append((cold[0], "cold_start", cold[1]))
     shown = []

@@ -1,8 +1,9 @@
 """Lists to browse a window by: its slowest requests, the services and models seen, and GPU
 figures per phase.
 
->>> slowest(store, since_ns=t0, until_ns=t1, limit=3)  # doctest: +SKIP
-[{"trace_id": "4bf9...", "e2e_ms": 8120.5, "buckets_ms": {"queue": 7010.2, ...}, ...}, ...]
+>>> top = slowest(store, since_ns=t0, until_ns=t1, limit=3).requests  # doctest: +SKIP
+>>> top[0].e2e_ms, top[0].buckets_ms.queue  # doctest: +SKIP
+(8120.5, 7010.2)
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from latscope.attribution.answers.common import (
     FROM,
     SETTINGS,
     WHERE,
+    bounded,
     ms,
     query_dicts,
     window_params,
 )
+from latscope.attribution.answers.models import Gpu, Services, Slowest, Window
 from latscope.attribution.model import request_id
 from latscope.attribution.table import BUCKET_COLUMN_LIST, BUCKET_COLUMNS
 from latscope.storage import Store
@@ -38,6 +41,10 @@ LIMIT {{limit:UInt32}}{SETTINGS}
 """
 
 
+#: Most requests ``slowest`` lists.
+MAX_SLOWEST = 1000
+
+
 def slowest(
     store: Store,
     *,
@@ -46,9 +53,11 @@ def slowest(
     service: str | None = None,
     model: str | None = None,
     limit: int = 20,
-) -> list[dict[str, Any]]:
-    """The ``limit`` slowest requests of the window, each with its buckets (ms)."""
-    params = window_params(since_ns, until_ns, service, model) | {"limit": int(limit)}
+) -> Slowest:
+    """The ``limit`` slowest requests of the window (at most ``MAX_SLOWEST``), each with its
+    buckets (ms)."""
+    params = window_params(since_ns, until_ns, service, model)
+    params["limit"] = bounded(limit, 1, MAX_SLOWEST)
     out = []
     for row in query_dicts(store, SLOWEST_SQL, params):
         out.append(
@@ -70,7 +79,7 @@ def slowest(
                 "attempts": row["attempts"],
             }
         )
-    return out
+    return Slowest.model_validate({"window": Window.of(since_ns, until_ns), "requests": out})
 
 
 SERVICES_SQL = f"""
@@ -83,7 +92,7 @@ ORDER BY service, n DESC, model{SETTINGS}
 """
 
 
-def services(store: Store, *, since_ns: int, until_ns: int) -> list[dict[str, Any]]:
+def services(store: Store, *, since_ns: int, until_ns: int) -> Services:
     """Services seen in the window, each with its models and request counts."""
     params = window_params(since_ns, until_ns, None, None)
     by_service: dict[str, dict[str, Any]] = {}
@@ -94,7 +103,9 @@ def services(store: Store, *, since_ns: int, until_ns: int) -> list[dict[str, An
         entry["count"] += int(row["n"])
         entry["last_ns"] = max(entry["last_ns"], int(row["last_ns"]))
         entry["models"].append({"model": row["model"], "count": int(row["n"])})
-    return list(by_service.values())
+    return Services.model_validate(
+        {"window": Window.of(since_ns, until_ns), "services": list(by_service.values())}
+    )
 
 
 #: GPU figures are stored as ``Gpu['<phase>.<figure>']`` (e.g. ``decode.energy_mj``).
@@ -116,7 +127,7 @@ def gpu_by_phase(
     until_ns: int,
     service: str | None = None,
     model: str | None = None,
-) -> dict[str, Any]:
+) -> Gpu:
     """GPU figures per phase: ``{"phases": {phase: {figure: {"mean", "max", "total", "n"}}}}``.
 
     Figures: utilization_mean / utilization_max (%), memory_used_max (bytes), power_mean (W),
@@ -131,4 +142,4 @@ def gpu_by_phase(
             "total": row["total"],
             "n": int(row["n"]),
         }
-    return {"phases": phases}
+    return Gpu.model_validate({"phases": phases, "window": Window.of(since_ns, until_ns)})

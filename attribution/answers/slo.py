@@ -1,10 +1,11 @@
 """Latency objectives: compliance, error budget left, multi-window burn rates and the SRE
 workbook's alerts, and where the budget went, bucket by bucket.
 
->>> slo(store, objectives=[Objective("ttft", threshold_ms=500)], now_ns=now)  # doctest: +SKIP
-{"now_ns": ..., "objectives": [{"name": "ttft p99 < 500 ms", "compliance": 0.995, "met": True,
- "budget_left": 0.5, "burn_rates": {"5m": 0.2, ...}, "alerts": {"fast_burn": False, ...},
- "budget_by_bucket": {"window": {"bad": 12, "good": 2400, "dominant": "queue", ...}, ...}}]}
+>>> got = slo(store, objectives=[Objective("ttft", threshold_ms=500)], now_ns=now)  # doctest: +SKIP
+>>> first = got.objectives[0]  # doctest: +SKIP
+>>> first.name, first.met, first.burn_rates["5m"], first.budget_by_bucket["window"].dominant
+... # doctest: +SKIP
+('ttft p99 < 500 ms', True, 0.2, 'queue')
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 from latscope.attribution.answers import dimensions, window
 from latscope.attribution.answers.common import FILTERS, SETTINGS, query_dicts
 from latscope.attribution.answers.errors import AggregateError
+from latscope.attribution.answers.models import Slo
+from latscope.attribution.answers.models.base import format_ns
 from latscope.sqltext import render
 from latscope.storage import Store
 from latscope.windows import ALERTS, BURN_WINDOWS_S, FAST_BURN, SLOW_BURN, TICKET_BURN
@@ -108,7 +111,7 @@ def slo(
     service: str | None = None,
     model: str | None = None,
     explain: bool = True,
-) -> dict[str, Any]:
+) -> Slo:
     """Error budget left and multi-window burn rates for each objective, as of ``now_ns``.
 
     A burn rate is the window's bad fraction divided by the budget (1 - target): 1.0 spends the
@@ -185,7 +188,9 @@ def slo(
         )
         if spent is not None:
             results[-1]["budget_by_bucket"] = spent
-    return {"now_ns": int(now_ns), "objectives": results}
+    return Slo.model_validate(
+        {"at": format_ns(now_ns), "now_ns": int(now_ns), "objectives": results}
+    )
 
 
 def burn_rate(bad: int, total: int, target: float) -> float | None:

@@ -5,11 +5,9 @@ Without ``exact`` the hours wholly inside the window come from the hourly rollup
 date and only the rest is read raw (``window.plan_windows``): the same answer, from a few thousand
 rollup rows instead of millions of requests, percentiles within 0.5 % (``figures.EXACT_QUANTILES``).
 
->>> summary(store, since_ns=t0, until_ns=t1, group_by="model")  # doctest: +SKIP
-{"count": 1200, "e2e_ms": {"p50": ..., "p90": ..., "p95": ..., "p99": ..., "mean": ...},
- "buckets_ms": {"queue": {"p50": ..., "p95": ..., "p99": ..., "mean": ..., "share": 0.31}, ...},
- "streaming": {"ttft_ms": {...}, "tpot_ms": {...}, "itl_ms": {...}},
- "groups": [{"key": "llama-3-8b", "count": 700, "e2e_ms": {...}, "buckets_ms": {...}}, ...]}
+>>> got = summary(store, since_ns=t0, until_ns=t1, group_by="model")  # doctest: +SKIP
+>>> got.count, got.e2e_ms.p99, got.buckets_ms["queue"].share, got.groups[0].key  # doctest: +SKIP
+(1200, 2210.4, 0.31, 'llama-3-8b')
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from latscope.attribution.answers.common import (
     RAW_WHERE,
     SETTINGS,
     WHERE,
+    bounded,
     filters,
     query_dicts,
     window_params,
@@ -34,6 +33,7 @@ from latscope.attribution.answers.figures import (
     stats_or_empty,
 )
 from latscope.attribution.answers.groups import group_expr
+from latscope.attribution.answers.models import Summary, Window
 from latscope.attribution.answers.window import PlannedWindow, plan_windows, planned_sources
 from latscope.attribution.rollups import ROLLUP_TABLE
 from latscope.attribution.table import BUCKET_COLUMNS
@@ -116,6 +116,10 @@ _RAW_HIST = {
 }
 
 
+#: Most groups a summary lists.
+MAX_GROUPS = 500
+
+
 def approx_summary(
     store: Store,
     windows: Sequence[PlannedWindow],
@@ -189,19 +193,20 @@ def summary(
     limit_groups: int = 100,
     exact: bool = False,
     use_rollups: bool = True,
-) -> dict[str, Any]:
+) -> Summary:
     """Count, e2e and per-bucket percentiles, shares and streaming figures over a window.
 
     ``share`` is the bucket's fraction of all end-to-end time in the window (the shares sum to
     1); ``network`` figures cover only requests with a client span. With ``group_by`` (service,
     model, route, operation, status or ``resource.<key>``: ``groups.check_group_by``) ``groups``
-    lists the same figures per group (largest first, at most ``limit_groups``), each with its
-    ``key``; otherwise it is []. Percentiles are within 0.5 % unless ``exact``
-    (``figures.EXACT_QUANTILES``). ``use_rollups=False`` reads every request raw (the same
-    answer, slower; for checking).
+    lists the same figures per group (largest first, at most ``limit_groups``, up to
+    ``MAX_GROUPS``), each with its ``key``; otherwise it is []. Percentiles are within 0.5 %
+    unless ``exact`` (``figures.EXACT_QUANTILES``). ``use_rollups=False`` reads every request
+    raw (the same answer, slower; for checking).
     """
     params = window_params(since_ns, until_ns, service, model)
     expr = group_expr(group_by, params) if group_by else None
+    limit_groups = bounded(limit_groups, 1, MAX_GROUPS)
     rows: list[dict[str, Any]] = []
     if exact:
         found = query_dicts(store, SUMMARY_SQL, params)
@@ -228,8 +233,11 @@ def summary(
                     store, window, params, group=expr, dims=None, limit=limit_groups, total=False
                 )
         total = totals[0]
-    out = stats_or_empty(total)
-    out["window"] = {"since_ns": int(since_ns), "until_ns": int(until_ns)}
-    out["group_by"] = group_by
-    out["groups"] = [{"key": row["grp"], **stats_json(row)} for row in rows]
-    return out
+    return Summary.model_validate(
+        stats_or_empty(total)
+        | {
+            "group_by": group_by,
+            "groups": [{"key": row["grp"], **stats_json(row)} for row in rows],
+            "window": Window.of(since_ns, until_ns),
+        }
+    )

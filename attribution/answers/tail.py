@@ -2,10 +2,9 @@
 above a percentile) minus its mean over the median requests. Means add up, so the buckets' extra
 times add up to the tail's extra e2e.
 
->>> tail(store, since_ns=t0, until_ns=t1, percentile=99)  # doctest: +SKIP
-{"percentile": 99, "count": 1200, "threshold_ms": 2210.4, "tail_count": 12, ...,
- "buckets_ms": {"queue": {"tail_mean": ..., "median_mean": ..., "extra": ..., ...}, ...},
- "dominant": "queue"}
+>>> got = tail(store, since_ns=t0, until_ns=t1, percentile=99)  # doctest: +SKIP
+>>> got.threshold_ms, got.tail_count, got.dominant, got.buckets_ms["queue"].extra  # doctest: +SKIP
+(2210.4, 12, 'queue', 1830.2)
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from latscope.attribution.answers.common import (
 )
 from latscope.attribution.answers.errors import AggregateError
 from latscope.attribution.answers.figures import EXACT_QUANTILES
+from latscope.attribution.answers.models import Tail, Window
 from latscope.attribution.answers.window import PlannedWindow, plan_windows, planned_sources
 from latscope.attribution.rollups import ROLLUP_TABLE
 from latscope.attribution.table import BUCKET_COLUMNS
@@ -132,7 +132,7 @@ def tail(
     model: str | None = None,
     exact: bool = False,
     use_rollups: bool = True,
-) -> dict[str, Any]:
+) -> Tail:
     """Where the slowest requests spend their extra time.
 
     For requests with e2e at or above the ``percentile``-th percentile, each bucket's mean minus
@@ -145,6 +145,19 @@ def tail(
     if not 0 < percentile < 100:
         raise AggregateError(f"percentile must be between 0 and 100, got {percentile}")
     params = window_params(since_ns, until_ns, service, model)
+    figures = _tail(store, params, percentile, service, model, exact, use_rollups)
+    return Tail.model_validate(figures | {"window": Window.of(since_ns, until_ns)})
+
+
+def _tail(
+    store: Store,
+    params: dict[str, Any],
+    percentile: float,
+    service: str | None,
+    model: str | None,
+    exact: bool,
+    use_rollups: bool,
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "percentile": percentile,
         "count": 0,
@@ -166,7 +179,7 @@ def tail(
         params.update(threshold=float(threshold), mid_lo=float(mid_lo), mid_hi=float(mid_hi))
         row = query_dicts(store, TAIL_SQL, params)[0]
     else:
-        (w,) = plan_windows(store, [(since_ns, until_ns)], use_rollups)
+        (w,) = plan_windows(store, [(params["since_ns"], params["until_ns"])], use_rollups)
         level = rollups.level_for(filters(service, model), tail=True)
         found = _approx_tail(store, w, params, percentile / 100, level)
         if found is None:

@@ -14,9 +14,9 @@ the exact ones, read off the bins inside ClickHouse. A window read wholly raw (s
 at most ``EXACT_MAX_REQUESTS`` gets exact percentiles instead: keeping its values costs less than
 binning them.
 
->>> timeseries(store, since_ns=t0, until_ns=t1)  # doctest: +SKIP
-{"step_s": 30, "series": [{"key": "", "count": 1200, "points": [{"start_ns": ..., "count": 9,
- "e2e_ms": {"p50": ..., "p99": ..., "mean": ...}, "buckets_ms": {"queue": {...}, ...}, ...}]}]}
+>>> got = timeseries(store, since_ns=t0, until_ns=t1)  # doctest: +SKIP
+>>> got.step_s, got.series[0].key, got.series[0].points[0].count  # doctest: +SKIP
+(30, '', 9)
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from typing import Any
 
 from latscope.attribution import rollups
 from latscope.attribution.answers import window
-from latscope.attribution.answers.common import FILTERS, ms
+from latscope.attribution.answers.common import FILTERS, bounded, ms
 from latscope.attribution.answers.errors import TimeseriesError
 from latscope.attribution.answers.figures import BUCKET_LEVELS, E2E_LEVELS, STREAM_LEVELS
 from latscope.attribution.answers.groups import group_expr
+from latscope.attribution.answers.models import Heatmap, Timeseries, Window
 from latscope.attribution.answers.window import WindowRead
 from latscope.attribution.rollups import BUCKET_SUMS, KEY_STRIDE, METRICS, ROLLUP_TABLE
 from latscope.attribution.table import BUCKET_COLUMN_LIST
@@ -48,6 +49,9 @@ __all__ = [
     "timeseries",
 ]
 
+
+#: Most groups a timeseries carries a series for (the whole window's aside).
+MAX_SERIES = 50
 
 #: A step given explicitly may make at most this many points.
 MAX_POINTS = 2000
@@ -243,10 +247,10 @@ def timeseries(
     group_by: str | None = None,
     limit_groups: int = 10,
     use_rollups: bool = True,
-) -> dict[str, Any]:
+) -> Timeseries:
     """Every figure of ``summary`` per time step: ``series`` holds the whole window (key "") and,
-    with ``group_by``, its ``limit_groups`` largest groups, each with one point per step (steps
-    without requests have count 0 and null figures).
+    with ``group_by``, its ``limit_groups`` largest groups (at most ``MAX_SERIES``), each with
+    one point per step (steps without requests have count 0 and null figures).
 
     Steps start at multiples of ``step_s`` since the epoch (chosen from the window unless given:
     ``choose_step``); the first and last are cut to the window. ``share`` is the bucket's
@@ -256,10 +260,12 @@ def timeseries(
     """
     step = _check_window(since_ns, until_ns, step_s)
     # The groups' read and the whole window's (``_binned_quantiles``) plan the same hours.
+    limit = bounded(limit_groups, 1, MAX_SERIES)
     with rollups.one_view():
-        return _timeseries(
-            store, since_ns, until_ns, step, service, model, group_by, limit_groups, use_rollups
+        out = _timeseries(
+            store, since_ns, until_ns, step, service, model, group_by, limit, use_rollups
         )
+    return Timeseries.model_validate(out | {"window": Window.of(since_ns, until_ns)})
 
 
 def _timeseries(
@@ -518,7 +524,7 @@ def heatmap(
     model: str | None = None,
     bins_per_decade: int = 10,
     use_rollups: bool = True,
-) -> dict[str, Any]:
+) -> Heatmap:
     """Requests per time step and latency bin of ``metric`` (e2e, a bucket, ttft or tpot).
 
     Latency bins are log-scaled: ``bins_per_decade`` per factor of ten, each the union of
@@ -552,14 +558,16 @@ def heatmap(
             zeros[int(s) - first] += int(n)
     rows = [r for r in rows if int(r[1]) >= 0]
     if not rows:
-        return _heat_answer(metric, step, bins_per_decade, times, [], [], zeros, read)
+        out = _heat_answer(metric, step, bins_per_decade, times, [], [], zeros, read)
+        return Heatmap.model_validate(out | {"window": Window.of(since_ns, until_ns)})
     lo_row = min(int(r[1]) for r in rows)
     hi_row = max(int(r[1]) for r in rows)
     counts = [[0] * (hi_row - lo_row + 1) for _ in times]
     for s, row, n in rows:
         counts[int(s) - first][int(row) - lo_row] += int(n)
     bins = [_heat_bin(r, width) for r in range(lo_row, hi_row + 1)]
-    return _heat_answer(metric, step, bins_per_decade, times, bins, counts, zeros, read)
+    out = _heat_answer(metric, step, bins_per_decade, times, bins, counts, zeros, read)
+    return Heatmap.model_validate(out | {"window": Window.of(since_ns, until_ns)})
 
 
 def heat_edge_ns(row: int, width: int) -> float:

@@ -76,16 +76,17 @@ def load(store: Store, rows: int, fresh: bool) -> None:
 def planted(store: Store, slow_pod: dict[str, int], scale_day: dict[str, int]) -> None:
     """Say whether the answers find the generator's planted causes (a sanity check of the data
     the figures are measured on)."""
-    found = dm.why(store, **slow_pod)["top"]
+    found = dm.why(store, **slow_pod).top
+    assert found is not None, "why found no top value around the slow pod"
     print(
-        f"why p99 around the slow pod: {found['dimension']} = {found['value']}, "
-        f"mostly {found['dominant']} (planted: {SLOW_POD}, queue)"
+        f"why p99 around the slow pod: {found.dimension} = {found.value}, "
+        f"mostly {found.dominant} (planted: {SLOW_POD}, queue)"
     )
     cold = cs.coldstart(store, **scale_day)
     print(
-        f"cold starts around the scale-up: {cold['appeared']} replicas appeared, "
-        f"{cold['warmup']['count']} warm-up requests, +{cold['extra_e2e_ms']:.0f} ms, mostly "
-        f"{cold['dominant']} (planted: {len(NEW_PODS)} pods x 3 services, prefill)"
+        f"cold starts around the scale-up: {cold.appeared} replicas appeared, "
+        f"{cold.warmup.count} warm-up requests, +{cold.extra_e2e_ms or 0:.0f} ms, mostly "
+        f"{cold.dominant} (planted: {len(NEW_PODS)} pods x 3 services, prefill)"
     )
 
 

@@ -10,11 +10,11 @@ from collections import defaultdict
 from typing import Any
 
 from latscope.api.errors import InvalidParameter, NotFound
-from latscope.api.queries import time_range, window_json
-from latscope.api.schemas import Conversation, Conversations
-from latscope.api.timerange import format_ns
+from latscope.api.queries import time_range
+from latscope.api.schemas import Conversation, Conversations, Window
 from latscope.api.trace import DEFAULT_STALL_MS, run_answer
 from latscope.attribution import conversations as found
+from latscope.attribution.answers.models.base import format_ns
 from latscope.semconv import BUCKETS
 from latscope.storage import Store
 
@@ -124,7 +124,7 @@ def conversations(
     )
     return Conversations.model_validate(
         {
-            "window": window_json(r),
+            "window": Window.of(r.since_ns, r.until_ns),
             "conversations": [
                 {
                     "conversation_id": row["conversation_id"],

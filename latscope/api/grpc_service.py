@@ -29,7 +29,7 @@ from latscope.api.live import (
     WatchFilter,
     iter_subscription,
 )
-from latscope.api.schemas import Attribution, LiveRequest, Run, Summary, TraceRequests
+from latscope.api.schemas import Answer, Attribution, LiveRequest, Run, Summary, TraceRequests
 from latscope.auth import UNAUTHORIZED, bearer_ok, metadata_authorization
 from latscope.config import Settings
 from latscope.parts import Parts
@@ -151,42 +151,24 @@ def run_dict(message: query_pb2.Run) -> dict[str, Any]:
 
 
 def attribution_dict(message: query_pb2.RequestAttribution) -> dict[str, Any]:
-    """A ``RequestAttribution`` message back in the REST JSON shape (for clients such as top)."""
-    buckets = message.buckets_ms
-    itl = message.itl_ms
+    """A ``RequestAttribution`` message back in the REST JSON shape (for clients such as top):
+    the inverse of ``attribution_message``, through the same model."""
+    data = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    data["gpu"] = {phase: figures["figures"] for phase, figures in data["gpu"].items()}
+    return LiveRequest.model_validate(_with_nulls(data, LiveRequest)).json_dict()
 
-    def opt(msg: Any, field: str) -> Any:
-        return getattr(msg, field) if msg.HasField(field) else None
 
-    return {
-        "trace_id": message.trace_id,
-        "request_id": message.request_id,
-        "service": message.service,
-        "model": message.model,
-        "start_unix_nano": message.start_unix_nano,
-        "e2e_ms": message.e2e_ms,
-        "buckets_ms": {
-            "network": opt(buckets, "network"),
-            "queue": buckets.queue,
-            "preprocess": buckets.preprocess,
-            "prefill": buckets.prefill,
-            "decode": buckets.decode,
-            "postprocess": buckets.postprocess,
-            "other": buckets.other,
-        },
-        "ttft_ms": opt(message, "ttft_ms"),
-        "ttft_server_ms": opt(message, "ttft_server_ms"),
-        "tpot_ms": opt(message, "tpot_ms"),
-        "itl_ms": {k: opt(itl, k) for k in ("p50", "p99", "max")},
-        "stalls": message.stalls,
-        "input_tokens": opt(message, "input_tokens"),
-        "output_tokens": opt(message, "output_tokens"),
-        "clock_skew_ms": message.clock_skew_ms,
-        "attempts": message.attempts,
-        "client_headers_only": message.client_headers_only,
-        "kv_transfer_ms": opt(message, "kv_transfer_ms"),
-        "gpu": {phase: dict(g.figures) for phase, g in message.gpu.items()},
-    }
+def _with_nulls(data: dict[str, Any], model: type[Answer]) -> dict[str, Any]:
+    """``data`` with null for each field of ``model`` (and of its parts) it lacks: an unset
+    optional field of the message."""
+    out = {name: None for name in model.model_fields} | data
+    for name, field in model.model_fields.items():
+        part = field.annotation
+        if isinstance(part, type) and issubclass(part, Answer) and isinstance(out[name], dict):
+            out[name] = _with_nulls(out[name], part)
+    return out
 
 
 class QueryServicer(query_pb2_grpc.QueryServiceServicer):

@@ -3,18 +3,18 @@ text (time ranges as RFC 3339 or ``15m``, steps as ``5m``, objectives as ``ttft:
 parsed and checked, then handed to ``latscope.attribution.aggregates``, which runs the SQL. A
 bad parameter is an ``InvalidParameter`` (a 400 with a message saying what to write).
 
-Each function returns the answer's model (``latscope.api.schemas``) that the matching ``/v1``
-route serves, with the window it covered (``{"since", "until"}`` in RFC 3339 plus ns since the
-epoch); the gRPC service converts the same model and the CLI renders it.
+Each function returns the answer's model as the domain built it
+(``latscope.attribution.answers.models``, re-exported by ``latscope.api.schemas``), window
+included; the matching ``/v1`` route serves it, the gRPC service converts it and the CLI renders
+it. Count limits are held to their bounds by the domain (its ``MAX_*``), which the routes declare.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
-
-from pydantic import BaseModel
 
 from latscope.api.errors import InvalidParameter
 from latscope.api.schemas import (
@@ -35,13 +35,11 @@ from latscope.api.timerange import TimeRange, TimeRangeError, parse_instant, par
 from latscope.attribution import aggregates as agg
 from latscope.storage import Store
 
-_A = TypeVar("_A", bound=BaseModel)
+_T = TypeVar("_T")
 
 #: Objectives used when none is given: typical interactive-chat targets over 30 days.
 DEFAULT_OBJECTIVES = ("ttft:500:0.99:30", "tpot:50:0.99:30", "e2e:10000:0.99:30")
 MAX_OBJECTIVES = 20
-MAX_GROUPS = 500
-MAX_SLOWEST = 1000
 _OBJECTIVE = re.compile(
     r"^(?P<metric>e2e|ttft|tpot):(?P<threshold>\d+(\.\d+)?):(?P<target>0?\.\d+)"
     r"(:(?P<days>\d+(\.\d+)?))?$"
@@ -56,12 +54,8 @@ def time_range(since: str | None, until: str | None, prefix: str = "") -> TimeRa
         raise InvalidParameter("invalid_time", str(exc)) from None
 
 
-def window_json(r: TimeRange) -> dict[str, Any]:
-    """An answer's ``window``: RFC 3339 and ns since the epoch."""
-    return {**r.to_json(), "since_ns": r.since_ns, "until_ns": r.until_ns}
-
-
-def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+def _call(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``fn(*args, **kwargs)``, the domain's errors as ``InvalidParameter``."""
     try:
         return fn(*args, **kwargs)
     except agg.GroupByError as exc:
@@ -70,12 +64,10 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise InvalidParameter("invalid_parameter", str(exc)) from None
 
 
-def _windowed(answer: type[_A], fn: Any, store: Store, r: TimeRange, **params: Any) -> _A:
-    """The domain's answer over the window ``r`` (``fn(store, since_ns=, until_ns=, **params)``,
-    errors as ``_call`` maps them), with the window added, as its typed model."""
-    out = _call(fn, store, since_ns=r.since_ns, until_ns=r.until_ns, **params)
-    out["window"] = window_json(r)
-    return answer.model_validate(out)
+def _windowed(fn: Callable[..., _T], store: Store, r: TimeRange, **params: Any) -> _T:
+    """The domain's answer over the window ``r``: ``fn(store, since_ns=, until_ns=, **params)``,
+    errors as ``_call`` maps them."""
+    return _call(fn, store, since_ns=r.since_ns, until_ns=r.until_ns, **params)
 
 
 def _group_by(group_by: str | None) -> str | None:
@@ -104,14 +96,13 @@ def summary(
     _group_by(group_by)
     r = time_range(since, until)
     return _windowed(
-        Summary,
         agg.summary,
         store,
         r,
         service=service,
         model=model,
         group_by=group_by,
-        limit_groups=min(int(limit_groups), MAX_GROUPS),
+        limit_groups=limit_groups,
         exact=bool(exact),
     )
 
@@ -129,7 +120,6 @@ def tail(
     """Which bucket the requests above the ``percentile`` spend their extra time in."""
     r = time_range(since, until)
     return _windowed(
-        Tail,
         agg.tail,
         store,
         r,
@@ -163,7 +153,7 @@ def compare(
                 "invalid_time", "give both before_since and before_until, or neither"
             )
         before = time_range(before_since, before_until, prefix="before_")
-    out = _call(
+    return _call(
         agg.compare,
         store,
         before=(before.since_ns, before.until_ns),
@@ -172,9 +162,6 @@ def compare(
         model=model,
         exact=bool(exact),
     )
-    out["before"].update(before.to_json())
-    out["after"].update(after.to_json())
-    return Compare.model_validate(out)
 
 
 def diagnose(
@@ -192,7 +179,6 @@ def diagnose(
     (``warmup_*``: the cold-start rule, see ``coldstart``)."""
     r = time_range(since, until)
     return _windowed(
-        Diagnosis,
         agg.diagnose,
         store,
         r,
@@ -248,11 +234,9 @@ def slo(
     ):
         raise InvalidParameter("invalid_time", "at: the objective window starts before 1970")
     r = TimeRange(when - timedelta(microseconds=1), when)
-    out = _call(
+    return _call(
         agg.slo, store, objectives=objectives, now_ns=r.until_ns, service=service, model=model
     )
-    out["at"] = r.to_json()["until"]
-    return Slo.model_validate(out)
 
 
 def gpu(
@@ -266,7 +250,6 @@ def gpu(
     """GPU figures per phase (utilization, memory, power, SM clock, energy)."""
     r = time_range(since, until)
     return _windowed(
-        Gpu,
         agg.gpu_by_phase,
         store,
         r,
@@ -278,8 +261,7 @@ def gpu(
 def services(store: Store, *, since: str | None = None, until: str | None = None) -> Services:
     """The services seen in the window, each with its models and request counts."""
     r = time_range(since, until)
-    rows = _call(agg.services, store, since_ns=r.since_ns, until_ns=r.until_ns)
-    return Services.model_validate({"window": window_json(r), "services": rows})
+    return _windowed(agg.services, store, r)
 
 
 def slowest(
@@ -293,16 +275,7 @@ def slowest(
 ) -> Slowest:
     """The slowest requests of the window, slowest first, each with its buckets."""
     r = time_range(since, until)
-    rows = _call(
-        agg.slowest,
-        store,
-        since_ns=r.since_ns,
-        until_ns=r.until_ns,
-        service=service,
-        model=model,
-        limit=max(1, min(int(limit), MAX_SLOWEST)),
-    )
-    return Slowest.model_validate({"window": window_json(r), "requests": rows})
+    return _windowed(agg.slowest, store, r, service=service, model=model, limit=limit)
 
 
 # -- over time, what is different, cold starts -------------------------------------------------
@@ -339,7 +312,6 @@ def timeseries(
     _group_by(group_by)
     r = time_range(since, until)
     return _windowed(
-        Timeseries,
         agg.timeseries,
         store,
         r,
@@ -347,7 +319,7 @@ def timeseries(
         service=service,
         model=model,
         group_by=group_by,
-        limit_groups=max(1, min(int(limit_groups), 50)),
+        limit_groups=limit_groups,
     )
 
 
@@ -365,7 +337,6 @@ def heatmap(
     """Requests per time step and log-scaled latency bin."""
     r = time_range(since, until)
     return _windowed(
-        Heatmap,
         agg.heatmap,
         store,
         r,
@@ -424,7 +395,6 @@ def why(
         return [value] if isinstance(value, str) else list(value or ())
 
     return _windowed(
-        Why,
         agg.why,
         store,
         r,
@@ -433,8 +403,8 @@ def why(
         model=model,
         resources=keys(resource),
         attributes=keys(attribute),
-        limit_values=max(1, min(int(limit_values), 50)),
-        examples=max(0, min(int(examples), 100)),
+        limit_values=limit_values,
+        examples=examples,
     )
 
 
@@ -455,7 +425,6 @@ def coldstart(
         warmup_requests=int(warmup_requests), warmup_s=float(warmup_s), lookback_s=lookback_s
     )
     return _windowed(
-        ColdStart,
         agg.coldstart,
         store,
         r,

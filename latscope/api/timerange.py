@@ -81,11 +81,6 @@ def _from_ns(ns: int) -> datetime:
     return _EPOCH + timedelta(microseconds=int(ns) // 1000)
 
 
-def format_ns(ns: int) -> str:
-    """An instant in ns since the epoch as RFC 3339 (to the microsecond), as answers write it."""
-    return _iso(_from_ns(ns))
-
-
 def _to_ns(t: datetime) -> int:
     delta = t - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000

@@ -1,0 +1,131 @@
+"""What the ``/v1`` routes share: their parameters (documented in the OpenAPI document, with
+their patterns), the error responses they declare, and how an answer is served."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Path, Query
+from fastapi.responses import Response
+
+from latscope.api import trace
+from latscope.api.errors import error_responses
+from latscope.api.schemas import (
+    REQUEST_ID_EXAMPLE,
+    TRACE_ID_EXAMPLE,
+    Answer,
+)
+from latscope.api.timerange import TIME_PATTERN
+
+# The patterns are published in the OpenAPI document (json_schema_extra) and checked by the
+# server itself, which answers a mismatch with its own 400 and error code.
+# The trace and request id patterns live in latscope.api.trace, next to their parser.
+OBJECTIVE_PATTERN = r"^\s*(e2e|ttft|tpot):[0-9]+(\.[0-9]+)?:0?\.[0-9]+(:[0-9]+(\.[0-9]+)?)?\s*$"
+
+TraceId = Annotated[
+    str,
+    Path(
+        description="32 hexadecimal characters (W3C trace id)",
+        examples=[TRACE_ID_EXAMPLE],
+        max_length=64,
+        json_schema_extra={"pattern": trace.TRACE_ID_PATTERN},
+    ),
+]
+# The patterns are documented, and checked by the answering function with a 400 that says what
+# to write (a framework 422 would say only that the pattern failed).
+RequestId = Annotated[
+    str,
+    Path(
+        description="a request id: the trace id (32 hexadecimal characters), '-', and the "
+        "call's client span id (16 hexadecimal characters; its server span's when no client "
+        "span was seen), as every answer's request_id gives it; or a bare trace id when the "
+        "trace holds one call (409 several_requests when it holds several)",
+        examples=[REQUEST_ID_EXAMPLE, TRACE_ID_EXAMPLE],
+        max_length=64,
+        json_schema_extra={"pattern": trace.REQUEST_ID_PATTERN},
+    ),
+]
+StallMs = Annotated[
+    float | None,
+    Query(
+        description="a gap between tokens longer than this (ms) is a stall; "
+        "default: the server's --stall-threshold-ms",
+        gt=0,
+        le=3_600_000,
+        examples=[100.0],
+    ),
+]
+
+_TIME_HELP = "RFC 3339 (2026-01-02T15:04:05Z) or a span before now (15m, 2h, 7d)"
+
+
+def time_query(description: str, example: str) -> Any:
+    return Query(
+        description=f"{description}: {_TIME_HELP}",
+        max_length=64,
+        examples=[example],
+        json_schema_extra={"pattern": TIME_PATTERN},
+    )
+
+
+Since = Annotated[
+    str | None, time_query("start of the window (default: 1 hour before until)", "2h")
+]
+Until = Annotated[str | None, time_query("end of the window (default: now)", "5m")]
+Service = Annotated[
+    str | None,
+    Query(description="only this service (service.name)", max_length=256, examples=["llm-server"]),
+]
+Model = Annotated[
+    str | None,
+    Query(description="only this model (gen_ai.request.model)", max_length=256,
+          examples=["llama-3-8b"]),
+]  # fmt: skip
+Exact = Annotated[
+    bool,
+    Query(
+        description="exact percentiles (interpolated order statistics); by default they come "
+        "from compact histograms, within 0.5 %, much faster over millions of requests",
+        examples=[False],
+    ),
+]
+Percentile = Annotated[
+    float,
+    Query(description="the tail starts at this percentile of e2e", gt=0, lt=100, examples=[99]),
+]
+
+Step = Annotated[
+    str | None,
+    Query(
+        description="time step: 30s, 5m, 1h, 1d (default: from the window, about 120 points; "
+        "whole hours from a day on, read from the hourly rollup)",
+        max_length=16,
+        pattern=r"^\s*\d{1,7}\s*[smhd]\s*$",
+        examples=["5m"],
+    ),
+]
+Metric = Annotated[
+    str,
+    Query(
+        description="e2e, a bucket (network, queue, preprocess, prefill, decode, postprocess, "
+        "other), ttft or tpot",
+        pattern="^(e2e|network|queue|preprocess|prefill|decode|postprocess|other|ttft|tpot)$",
+        examples=["e2e"],
+    ),
+]
+KEYS_PATTERN = r"^[A-Za-z0-9_.\-/]{1,128}$"
+
+
+def served(answer: Answer) -> Response:
+    """The answer's JSON. The answering function built and checked the model; ``response_model``
+    documents it (returning the model itself would have FastAPI validate it a second time).
+    Written by pydantic's serializer straight to bytes: a wide trace's answer is tens of
+    thousands of rows, and a dict of them dumped again by ``json`` costs as much once more."""
+    return Response(answer.model_dump_json(), media_type="application/json")
+
+
+ONE = error_responses(400, 401, 404, 422, 503)
+REQUEST = error_responses(400, 401, 404, 409, 422, 503)
+MANY = error_responses(400, 401, 422, 503)
+#: Parquet's media type (registered with IANA in 2024).
+PARQUET = "application/vnd.apache.parquet"
