@@ -692,7 +692,10 @@ class JournalWriter(_StoreWriter):
                         continue
                     left = self._segment_since + cfg.batch_timeout_s - time.monotonic()
                     if left <= 0:
-                        break
+                        if not self._inserts_waiting():
+                            break
+                        self._cond.wait()  # until an insert is done, or Exports arrive
+                        continue
                     self._cond.wait(left)
                 # Everything that arrived while the last fsync ran shares the next one.
                 batch, self._pending = self._pending, []
@@ -729,7 +732,10 @@ class JournalWriter(_StoreWriter):
                     stopping
                     or segment.rows >= cfg.batch_rows
                     or self._segment_bytes >= cfg.batch_bytes
-                    or time.monotonic() - self._segment_since >= cfg.batch_timeout_s
+                    or (
+                        time.monotonic() - self._segment_since >= cfg.batch_timeout_s
+                        and not self._inserts_waiting()
+                    )
                 ):
                     self._close_segment()
             with self._cond:
@@ -738,6 +744,14 @@ class JournalWriter(_StoreWriter):
                     self._journal_done = True
                     self._cond.notify_all()
                     return
+
+    def _inserts_waiting(self) -> bool:
+        """Whether closed segments still wait for the insert thread. The open segment then
+        stays open past ``batch_timeout_s`` (up to ``batch_rows`` or ``batch_bytes``): closed
+        now, it would only wait behind them, while open it grows into one larger insert, so
+        ClickHouse makes fewer parts and merges less when inserts are what is behind. What is
+        acknowledged is journaled either way."""
+        return bool(len(self.spool))
 
     def _journal(self, batch: list[tuple[bytes, pa.Table, Ticket]], rows: int) -> bool:
         """Append and fsync; True when stored (the tickets are the caller's to resolve)."""
@@ -839,6 +853,7 @@ class JournalWriter(_StoreWriter):
                 self._failed(tables)
             with self._cond:
                 waiting = self._waiting.pop(entry.seq, ())
+                self._cond.notify_all()  # the journal thread may close the open segment now
             for ticket in waiting:
                 ticket.resolve()  # inserted, or left in the spool: durable either way
             self._sync_inserted(force=False)
