@@ -6,7 +6,8 @@ durable, and only then is the Export acknowledged. Two writers:
 * ``JournalWriter`` (spans): each Export's serialized bytes are appended to a journal segment in
   the spool and fsync'd (group commit: every Export that arrived during one fsync shares the
   next); the decoded rows wait in memory, and a segment becomes one ClickHouse insert when it
-  holds ``batch_rows`` rows or its oldest rows have waited ``batch_timeout_s``. Under load an
+  holds ``batch_rows`` rows or its oldest rows have waited ``batch_timeout_s`` (and no closed
+  segment still waits for the insert thread: meanwhile it grows into a larger insert). Under load an
   Export is acknowledged once journaled, so insert size no longer depends on how many Exports
   clients keep in flight (16 SDKs sending 448 spans each made 3,500-row parts, which ClickHouse
   then spent more CPU merging than inserting). When nothing else is arriving, the segment is
@@ -297,7 +298,7 @@ class _StoreWriter:
             tok = token if len(slices) == 1 else f"{token}-{i}"
             # One contiguous chunk per column, a slice at a time (so one slice is copied at
             # once): ClickHouse takes it several times faster than many.
-            with self._holding(2 * table_bytes(part)):  # the copy, and its Arrow stream
+            with self._holding(2 * table_bytes(part)):  # the copy, and what the insert expands
                 if not self._insert(self._prepare(combine(part)), tok, split_any=split_any):
                     return False
         return True
