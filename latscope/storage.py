@@ -409,8 +409,8 @@ class _EmbeddedInserts:
     Arrow IPC stream is written, copied into Python bytes, written to a temporary file and
     parsed back, which is what clickhouse-connect's embedded ``insert_arrow`` does (and a
     process killed during such an insert left its file in the system's temporary directory).
-    Measured with ``bench/ingest``: about a third less CPU per inserted span. The rows stored
-    are the same (tests/test_storage.py). Columns are matched by name, as in clickhouse-connect's
+    ``bench.ingest.run --compare`` measures both (variant ``via-file``); the rows stored are the
+    same (tests/test_store_inserts.py). Columns are matched by name, as in clickhouse-connect's
     insert; a dictionary column of maps, which ``Python()`` cannot read, is expanded first.
     """
 
