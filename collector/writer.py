@@ -6,7 +6,8 @@ durable, and only then is the Export acknowledged. Two writers:
 * ``JournalWriter`` (spans): each Export's serialized bytes are appended to a journal segment in
   the spool and fsync'd (group commit: every Export that arrived during one fsync shares the
   next); the decoded rows wait in memory, and a segment becomes one ClickHouse insert when it
-  holds ``batch_rows`` rows or its oldest rows have waited ``batch_timeout_s``. Under load an
+  holds ``batch_rows`` rows or its oldest rows have waited ``batch_timeout_s`` (and no closed
+  segment still waits for the insert thread: meanwhile it grows into a larger insert). Under load an
   Export is acknowledged once journaled, so insert size no longer depends on how many Exports
   clients keep in flight (16 SDKs sending 448 spans each made 3,500-row parts, which ClickHouse
   then spent more CPU merging than inserting). When nothing else is arriving, the segment is
@@ -297,7 +298,7 @@ class _StoreWriter:
             tok = token if len(slices) == 1 else f"{token}-{i}"
             # One contiguous chunk per column, a slice at a time (so one slice is copied at
             # once): ClickHouse takes it several times faster than many.
-            with self._holding(2 * table_bytes(part)):  # the copy, and its Arrow stream
+            with self._holding(2 * table_bytes(part)):  # the copy, and what the insert expands
                 if not self._insert(self._prepare(combine(part)), tok, split_any=split_any):
                     return False
         return True
@@ -692,7 +693,10 @@ class JournalWriter(_StoreWriter):
                         continue
                     left = self._segment_since + cfg.batch_timeout_s - time.monotonic()
                     if left <= 0:
-                        break
+                        if not self._inserts_waiting():
+                            break
+                        self._cond.wait()  # until an insert is done, or Exports arrive
+                        continue
                     self._cond.wait(left)
                 # Everything that arrived while the last fsync ran shares the next one.
                 batch, self._pending = self._pending, []
@@ -729,7 +733,10 @@ class JournalWriter(_StoreWriter):
                     stopping
                     or segment.rows >= cfg.batch_rows
                     or self._segment_bytes >= cfg.batch_bytes
-                    or time.monotonic() - self._segment_since >= cfg.batch_timeout_s
+                    or (
+                        time.monotonic() - self._segment_since >= cfg.batch_timeout_s
+                        and not self._inserts_waiting()
+                    )
                 ):
                     self._close_segment()
             with self._cond:
@@ -738,6 +745,14 @@ class JournalWriter(_StoreWriter):
                     self._journal_done = True
                     self._cond.notify_all()
                     return
+
+    def _inserts_waiting(self) -> bool:
+        """Whether closed segments still wait for the insert thread. The open segment then
+        stays open past ``batch_timeout_s`` (up to ``batch_rows`` or ``batch_bytes``): closed
+        now, it would only wait behind them, while open it grows into one larger insert, so
+        ClickHouse makes fewer parts and merges less when inserts are what is behind. What is
+        acknowledged is journaled either way."""
+        return bool(len(self.spool))
 
     def _journal(self, batch: list[tuple[bytes, pa.Table, Ticket]], rows: int) -> bool:
         """Append and fsync; True when stored (the tickets are the caller's to resolve)."""
@@ -839,6 +854,7 @@ class JournalWriter(_StoreWriter):
                 self._failed(tables)
             with self._cond:
                 waiting = self._waiting.pop(entry.seq, ())
+                self._cond.notify_all()  # the journal thread may close the open segment now
             for ticket in waiting:
                 ticket.resolve()  # inserted, or left in the spool: durable either way
             self._sync_inserted(force=False)

@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import clickhouse_connect
 import pyarrow as pa
+import pyarrow.compute as pc
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,9 @@ class Store:
         # (``connect`` opens one on the same engine), each with the time limit SET once (chDB
         # applies per-call settings as three extra statements around every call).
         self._connect = connect
+        # Inserts into the embedded engine: chDB's own handle, which reads an Arrow table in
+        # place (``_EmbeddedInserts``); a server's go through ``client``.
+        self._inserts = _EmbeddedInserts(_embedded_path(dsn)) if self.embedded else None
         self._idle: queue.LifoQueue[Any] = queue.LifoQueue()
         self._handles: list[Any] = []
         self._pool_lock = threading.Lock()
@@ -318,6 +322,9 @@ class Store:
 
     def insert_arrow(self, table: str, data: pa.Table, *, dedup_token: str | None = None) -> None:
         """Insert columnar rows; with ``dedup_token`` a repeat of the same insert stores nothing."""
+        if self._inserts is not None:
+            self._call(self._inserts.insert, table, data, dedup_token)
+            return
         settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
         with self._serialised():
             self._call(self.client.insert_arrow, table, data, settings=settings)
@@ -367,6 +374,8 @@ class Store:
     def close(self) -> None:
         with self._pool_lock:
             handles, self._handles = [h for h in self._handles if h is not None], []
+        if self._inserts is not None:
+            handles.append(self._inserts)
         for client in [*handles, self.client]:
             try:
                 if client is not None:
@@ -391,6 +400,71 @@ class Store:
             if _is_unavailable(exc):
                 raise StoreUnavailable(message) from exc
             raise StoreError(message) from exc
+
+
+class _EmbeddedInserts:
+    """Inserts into the embedded engine through a chDB handle of their own, one at a time.
+
+    The engine reads the Arrow table where it lies (chDB's ``Python()`` table function): no
+    Arrow IPC stream is written, copied into Python bytes, written to a temporary file and
+    parsed back, which is what clickhouse-connect's embedded ``insert_arrow`` does (and a
+    process killed during such an insert left its file in the system's temporary directory).
+    ``bench.ingest.run --compare`` measures both (variant ``via-file``); the rows stored are the
+    same (tests/test_store_inserts.py). Columns are matched by name, as in clickhouse-connect's
+    insert; a dictionary column of maps, which ``Python()`` cannot read, is expanded first.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def insert(self, table: str, data: pa.Table, dedup_token: str | None) -> None:
+        columns = ", ".join(_quote_identifier(name) for name in data.column_names)
+        settings = (
+            f" SETTINGS insert_deduplication_token = {_quote_string(dedup_token)}"
+            if dedup_token
+            else ""
+        )
+        latscope_insert_rows = _readable(data)  # noqa: F841 (read by name by Python() below)
+        sql = (
+            f"INSERT INTO {table} ({columns}){settings} SELECT * FROM Python(latscope_insert_rows)"
+        )
+        with self._lock:
+            if self._conn is None:
+                import chdb
+
+                # Another handle on the engine the store's client started (same path).
+                self._conn = chdb.connect(self._path)
+            self._conn.query(sql)
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+def _readable(data: pa.Table) -> pa.Table:
+    """``data`` with each dictionary column of non-string values expanded (``Python()`` reads
+    dictionaries of strings, not of maps)."""
+    for i, field in enumerate(data.schema):
+        if pa.types.is_dictionary(field.type) and not pa.types.is_string(field.type.value_type):
+            column = data.column(i)
+            values = pa.chunked_array(
+                [pc.take(chunk.dictionary, chunk.indices) for chunk in column.chunks],
+                field.type.value_type,
+            )
+            data = data.set_column(i, field.name, values)
+    return data
+
+
+def _quote_identifier(name: str) -> str:
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def _quote_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 #: Query parameters of a server DSN that clickhouse-connect takes as arguments of its own: left in

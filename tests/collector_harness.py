@@ -39,6 +39,8 @@ class FlakyStore:
         self.down = False
         self.fail_after: int | None = None
         self.inserts = 0
+        #: the table of each insert that succeeded, in order
+        self.tables: list[str] = []
         self.failures = 0
         #: when set, inserts wait for it: ClickHouse slower than the intake
         self.gate: threading.Event | None = None
@@ -68,6 +70,7 @@ class FlakyStore:
             raise StoreUnavailable("connection refused (test)")
         self.store.insert_arrow(table, data, dedup_token=dedup_token)
         self.inserts += 1
+        self.tables.append(table)
 
     def ping(self) -> bool:
         return not self.down

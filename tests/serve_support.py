@@ -78,10 +78,21 @@ class Server:
                 self.proc.stdout.close()
 
 
+def serve_temp_dir(store_dir: Path) -> Path:
+    """The temporary directory ``start_serve`` gives a serve of ``store_dir``."""
+    return store_dir.with_name(f"{store_dir.name}-tmp")
+
+
 def start_serve(
     store_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> Server:
-    """Start ``latscope serve`` on port 0 and wait for it to print the addresses it bound."""
+    """Start ``latscope serve`` on port 0 and wait for it to print the addresses it bound.
+
+    Its temporary directory (``TMPDIR``) is ``<store_dir>-tmp``, beside the store: whatever a
+    serve leaves there (``serve_temp_files``) stays in the test's own directory, not in /tmp.
+    """
+    temp = serve_temp_dir(store_dir)
+    temp.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", "latscope.cli", "serve",
         "--store", f"chdb://{store_dir}",
@@ -94,7 +105,7 @@ def start_serve(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, **WINDOW_OFF, **(env or {})},
+        env={**os.environ, **WINDOW_OFF, "TMPDIR": str(temp), **(env or {})},
     )
     lines: list[str] = []
     grpc_addr = http_addr = None

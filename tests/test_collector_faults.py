@@ -304,3 +304,42 @@ def test_an_inserted_segment_stays_in_the_journal_until_clickhouse_synced_it(
         flaky.sync_gate.set()
         c.stop()
     assert count_spans(store, service) == 21
+
+
+def test_while_an_insert_runs_the_open_segment_grows_into_one_insert(
+    store: Store, tmp_path: Path
+) -> None:
+    # Closed at batch_timeout_s, a segment would only wait behind the insert that runs; it stays
+    # open until that insert is done, so what arrived meanwhile goes in as one insert (fewer
+    # parts for ClickHouse to merge). Every Export is still acknowledged once journaled.
+    import threading
+
+    service = f"svc-{uuid.uuid4().hex[:12]}"
+    flaky = FlakyStore(store)
+    flaky.gate = threading.Event()
+    c = start_collector(flaky, tmp_path / "spool")
+    writer = c.collector.spans
+    try:
+        first = threading.Thread(target=_send, args=(c, service, 1))
+        first.start()  # a quiet collector inserts it at once, and the insert waits at the gate
+        deadline = time.monotonic() + 30
+        while not flaky.blocked:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for seed in range(1, 5):
+            assert _send(c, service, 1, seed=seed) == 1  # journaled, acknowledged
+            # Each arrives after the open segment's timeout has passed.
+            since = writer._segment_since
+            while time.monotonic() < since + c.settings.batch_timeout_s:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        assert len(_spooled(tmp_path / "spool" / "traces")) == 2  # the inserting one, the open
+        flaky.gate.set()
+        first.join(30)
+        _wait_drained(c)
+        # The first segment, then the other four Exports (and the resources' row before them).
+        assert flaky.tables.count("otel_traces") == 2, flaky.tables
+    finally:
+        flaky.gate.set()
+        c.stop()
+    assert count_spans(store, service) == 5 * 7

@@ -264,7 +264,7 @@ def test_repeated_kills_while_client_spans_arrive_late_leave_one_live_row_per_ca
     import signal
     import threading
 
-    from tests.serve_support import start_serve
+    from tests.serve_support import serve_temp_dir, start_serve
 
     rng = random.Random(44)
     ports = ("--otlp-grpc", f"127.0.0.1:{_free_port()}", "--http", f"127.0.0.1:{_free_port()}")
@@ -341,6 +341,8 @@ def test_repeated_kills_while_client_spans_arrive_late_leave_one_live_row_per_ca
     finally:
         server.stop()
     assert len(sent) > 200
+    # Killed mid-insert eight times, serve left no file in its temporary directory.
+    assert not list(serve_temp_dir(tmp_path / "store").iterdir())
 
 
 @pytest.mark.subprocess

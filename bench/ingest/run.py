@@ -279,6 +279,13 @@ VARIANTS = {
     # Inserted journal segments dropped at once, with no sync first (the journal without its
     # promise across a power failure): what that promise costs.
     "unsynced": {"sync": False},
+    # Synced, with the embedded store's inserts through clickhouse-connect's insert_arrow (an
+    # Arrow IPC file in the temporary directory, parsed back by INSERT ... FROM INFILE) instead
+    # of chDB reading the Arrow table in place: what the in-place insert saves.
+    "via-file": {"in_place": False},
+    # Synced, via-file, and each journal segment closed at batch_timeout_s even while inserts
+    # are behind (``JournalWriter._inserts_waiting``): the baseline both savings count against.
+    "before": {"in_place": False, "close_at_timeout": True},
 }
 
 
@@ -311,6 +318,11 @@ def collector_round(
         writer.config = dataclasses.replace(writer.config, sync_every_s=args.sync_every_s)
     if VARIANTS[variant].get("sync") is False:
         writer._sync_works = False
+    if VARIANTS[variant].get("close_at_timeout"):
+        writer._inserts_waiting = lambda: False
+    in_place = store._inserts
+    if VARIANTS[variant].get("in_place") is False:
+        store._inserts = None
     for component in parts.components:
         component.start()
     grpc_server, addr = start_grpc(settings, parts)
@@ -327,6 +339,7 @@ def collector_round(
     groups[GROUPS[2][0]] -= insert_cpu[0]
     groups[GROUPS[3][0]] += insert_cpu[0]
     del store.insert_arrow
+    store._inserts = in_place
     stored = store.query_rows(f"SELECT count() FROM {SPANS_TABLE}")[0][0]
     assert stored == run["spans"], (stored, run["spans"])
     # The merges ClickHouse still owes for this run's parts: CPU until the table settles.
@@ -425,12 +438,15 @@ def bench(args: argparse.Namespace) -> None:
               f"the merges after it; ratio to parse-only (spans/s) "
               f"{_median([r.spans / r.wall_s for r in mine]) / base_rate:.2f}")  # fmt: skip
     if args.compare:
-        pairs = [
-            (a.cpu_s / a.spans) / (b.cpu_s / b.spans)
-            for a, b in zip(rounds[0::2], rounds[1::2], strict=True)
-        ]
-        print(f"CPU per span, synced / unsynced, per pair: "
-              f"{', '.join(f'{x:.2f}' for x in pairs)}; median {_median(pairs):.2f}")  # fmt: skip
+        n = len(variants)
+        for j, variant in enumerate(variants[1:], 1):
+            pairs = [
+                (a.cpu_s / a.spans) / (b.cpu_s / b.spans)
+                for a, b in zip(rounds[0::n], rounds[j::n], strict=True)
+            ]
+            listed = ", ".join(f"{x:.2f}" for x in pairs)
+            print(f"CPU per span, {variants[0]} / {variant}, per round: {listed}; "
+                  f"median {_median(pairs):.2f}")  # fmt: skip
     print(f"bytes per span on disk: {on_disk[0] / on_disk[1]:.1f}  ({on_disk[1]} rows)")
 
 
@@ -456,7 +472,9 @@ def main() -> None:
     parser.add_argument(
         "--compare",
         action="store_true",
-        help="alternate synced and unsynced rounds over the same store; print each pair's ratio",
+        help="alternate the variants (synced, unsynced, via-file, before) over the same store; "
+        "print each "
+        "one's CPU per span against synced, round by round",
     )
     args = parser.parse_args()
     if args.loadgen:
