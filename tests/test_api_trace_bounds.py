@@ -12,7 +12,8 @@ from collections.abc import Callable
 import pytest
 
 from latscope.api.errors import QueryError
-from latscope.api.trace import _CyclesLater, _Gate, _Trace
+from latscope.api.trace import _CyclesLater, _Gate, _Trace, _Worked
+from latscope.attribution import rules
 
 
 def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -59,9 +60,10 @@ def test_a_trace_answer_waiting_past_its_deadline_stops() -> None:
 
 def test_an_answer_past_its_deadline_stops_at_its_next_step() -> None:
     now = time.monotonic()
-    _Trace("ab" * 16, [], now + 60, "trace x").check()
+    worked = _Worked(1, rules.active())
+    _Trace("ab" * 16, worked, now + 60, "trace x").check()
     with pytest.raises(QueryError) as info:
-        _Trace("ab" * 16, [], now - 1, "trace x").check()
+        _Trace("ab" * 16, worked, now - 1, "trace x").check()
     assert (info.value.status, info.value.error) == (503, "query_timeout")
 
 
