@@ -144,3 +144,18 @@ def test_askers_of_one_trace_at_once_share_one_answer(store: Store) -> None:
         thread.join(60)
     assert len(answers) == 4
     assert all(a is answers[0] for a in answers)
+
+
+def test_kept_traces_hold_at_most_the_span_cap_and_the_text_bound(store, monkeypatch) -> None:
+    one, two = uuid.uuid4().hex, uuid.uuid4().hex
+    for trace_id in (one, two):
+        store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))
+    first = trace.trace_run(store, one, max_spans=5)
+    assert trace.trace_run(store, one, max_spans=5) is first
+    # Three spans each: with a cap of 5 the second trace's state lets go of the first's.
+    trace.trace_run(store, two, max_spans=5)
+    assert trace.trace_run(store, one, max_spans=5) is not first
+    # Spans carrying more attribute text than the bound are not kept past their answer.
+    monkeypatch.setattr(trace, "KEPT_TEXT", 5)
+    again = trace.trace_run(store, one)
+    assert trace.trace_run(store, one) is not again

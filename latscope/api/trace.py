@@ -14,6 +14,12 @@ their turn (503 ``busy`` at once when ``TRACE_WAITING`` already wait), since eac
 that holds the GIL the collector's threads need; and an answer not ready within the store's
 query time limit (``--query-timeout-s``), waiting included, stops with 503 ``query_timeout``.
 Every step is linear in the trace's spans (``docs/benchmarks.md``, "Wide traces").
+
+Each answer first reads the trace's state (its spans counted and fingerprinted, ``_STATE``); what
+is worked out of a state (the spans, their calls, each call's attribution, the run, the answers
+built) is worked out once and shared by every answer about it, those asked at once included
+(``_Worked``). The states of the traces answered last are kept while they hold at most
+``max_spans`` spans together; a trace that gains a span is a new state, worked out afresh.
 """
 
 from __future__ import annotations
@@ -188,12 +194,21 @@ class _Worked:
         self.rulebook = rulebook
         self.lock = threading.RLock()
         self.pieces: dict[Hashable, Any] = {}
+        #: The characters of its spans' attribute values, once they are read.
+        self.text = 0
+
+
+#: The most characters of attribute values the kept states' spans hold together: a trace of
+#: spans carrying prompts is not kept past its answers, so what stays in memory between answers
+#: is bounded whatever the spans carry.
+KEPT_TEXT = 64 << 20
 
 
 class _Kept:
     """The states of the traces answered last, the newest first, as many as hold at most
-    ``spans`` spans together (``--max-trace-spans``: one trace at the cap), so that the routes a
-    trace's page asks one after the other, and askers of one trace at once, work it out once."""
+    ``budget`` spans (``--max-trace-spans``: one trace at the cap) and ``KEPT_TEXT`` together,
+    so that the routes a trace's page asks one after the other, and askers of one trace at once,
+    work it out once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -207,12 +222,21 @@ class _Kept:
             if worked is None:
                 worked = self._states[key] = _Worked(spans, rulebook)
             self._states.move_to_end(key, last=False)
-            kept = 0
-            for k, w in list(self._states.items()):
-                kept += w.spans
-                if kept > budget and w is not worked:
-                    del self._states[k]
+            self._trim(budget, worked)
             return worked
+
+    def trim(self, budget: int) -> None:
+        """Let go of the states past the bounds (once an answer is done, its own too)."""
+        with self._lock:
+            self._trim(budget, None)
+
+    def _trim(self, budget: int, keep: _Worked | None) -> None:
+        spans = text = 0
+        for k, w in list(self._states.items()):
+            spans, text = spans + w.spans, text + w.text
+            if (spans > budget or text > KEPT_TEXT) and w is not keep:
+                del self._states[k]
+                spans, text = spans - w.spans, text - w.text
 
     def clear(self) -> None:
         with self._lock:
@@ -250,7 +274,15 @@ class _Trace:
     def spans(self) -> list[SpanRecord]:
         assert self.store is not None
         store = self.store
-        return self.piece("spans", lambda: _load(store, self.trace_id))
+
+        def work() -> list[SpanRecord]:
+            spans = _load(store, self.trace_id)
+            self.worked.text = sum(
+                len(v) for s in spans for d in (s.attributes, s.resource) for v in d.values()
+            )
+            return spans
+
+        return self.piece("spans", work)
 
     @property
     def index(self) -> TraceIndex:
@@ -322,8 +354,11 @@ def _reading(store: Store, trace_id: str, what: str, max_spans: int) -> Iterator
             raise _not_found(trace_id)
         key = (weakref.ref(store), trace_id, counted, int(fingerprint))
         loaded = _Trace(trace_id, _KEPT.state(key, counted, max_spans), deadline, what, store)
-        loaded.check()
-        yield loaded
+        try:
+            loaded.check()
+            yield loaded
+        finally:
+            _KEPT.trim(max_spans)
 
 
 class SeveralRequests(QueryError):
