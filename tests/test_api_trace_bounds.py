@@ -9,6 +9,7 @@ import gc
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 
 import pytest
@@ -159,3 +160,19 @@ def test_kept_traces_hold_at_most_the_span_cap_and_the_text_bound(store, monkeyp
     monkeypatch.setattr(trace, "KEPT_TEXT", 5)
     again = trace.trace_run(store, one)
     assert trace.trace_run(store, one) is not again
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_answers_one_after_another_do_not_keep_the_collector_paused() -> None:
+    cycles = _CyclesLater(most_s=0.0)
+    with cycles.paused():
+        with cycles.paused():
+            ref = weakref.ref(_Cycle())
+        # An answer ended past most_s while another still runs: the cycle is collected.
+        assert ref() is None
+        assert not gc.isenabled()
+    assert gc.isenabled()

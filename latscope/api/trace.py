@@ -131,19 +131,24 @@ class _CyclesLater:
     """Python's cyclic garbage collector paused while any trace answer is worked out: an answer
     allocates an object or more per span and per field, which sets off collections of the whole
     heap again and again (a third of a wide trace's answer); what it leaves is freed by reference
-    counting, and any cycles at the next collection after the last answer ends. Answers are at
-    most ``TRACE_SLOTS`` at once and each stops at its deadline, so the pause is bounded."""
+    counting, and any cycles at the next collection after the last answer ends. Answers that
+    follow one another without a gap (clients asking for a trace over and over) would keep it
+    paused for good while the rest of the process makes cycles too: an answer ending more than
+    ``most_s`` after the pause began collects them."""
 
-    def __init__(self) -> None:
+    def __init__(self, most_s: float = 2.0) -> None:
         self._lock = threading.Lock()
         self._answers = 0
         self._was_enabled = True
+        self._most_s = most_s
+        self._since = 0.0
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         with self._lock:
             if self._answers == 0:
                 self._was_enabled = gc.isenabled()
+                self._since = time.monotonic()
                 gc.disable()
             self._answers += 1
         try:
@@ -153,6 +158,9 @@ class _CyclesLater:
                 self._answers -= 1
                 if self._answers == 0 and self._was_enabled:
                     gc.enable()
+                elif self._was_enabled and time.monotonic() - self._since > self._most_s:
+                    gc.collect()
+                    self._since = time.monotonic()
 
 
 _CYCLES = _CyclesLater()
