@@ -130,10 +130,12 @@ def explain_run(
     stall_threshold_ns: int = DEFAULT_STALL_NS,
     index: TraceIndex | None = None,
     requests: Sequence[Request] | None = None,
+    attributions: Sequence[RequestAttribution] | None = None,
 ) -> RunExplanation | None:
     """The run's critical path split into LLM buckets, tool time and app time; None for a trace
-    with no spans. ``index`` and ``requests``: the spans' ``TraceIndex`` and ``find_requests``,
-    when the caller has them already."""
+    with no spans. ``index``, ``requests`` and ``attributions``: the spans' ``TraceIndex``, their
+    ``find_requests`` and each request's ``attribute_request`` (same order, same stall
+    threshold), when the caller has them already."""
     if not spans:
         return None
     index = index or TraceIndex(spans)
@@ -142,11 +144,13 @@ def explain_run(
     # An LLM call is entered at its client span, or at its first attempt when it has none.
     entry: dict[str, tuple[CallOnPath, int, int, list[tuple[str, int, int]]]] = {}
     calls = []
-    for r in requests:
+    for i, r in enumerate(requests):
         tl, ranked = computed = ranked_pieces(r)
         pieces = named_pieces(r, ranked)
         call = CallOnPath(
             attribute_request(trace_id, r, stall_threshold_ns=stall_threshold_ns, pieces=computed)
+            if attributions is None
+            else attributions[i]
         )
         entry[r.span_id] = (call, tl.lo, tl.hi, pieces)
         calls.append(call)

@@ -1,18 +1,25 @@
 """How many trace answers run at once, how many wait, and the deadline each keeps
 (``latscope.api.trace``): past the queue a request is refused at once (503 ``busy``), and a
-request that cannot start or finish by its deadline stops (503 ``query_timeout``)."""
+request that cannot start or finish by its deadline stops (503 ``query_timeout``). What is worked
+out of a trace is shared by the answers about it while the trace stays as it is."""
 
 from __future__ import annotations
 
 import gc
 import threading
 import time
+import uuid
+import weakref
 from collections.abc import Callable
 
 import pytest
 
+from latscope.api import trace
 from latscope.api.errors import QueryError
-from latscope.api.trace import _CyclesLater, _Gate, _Trace
+from latscope.api.trace import _CyclesLater, _Gate, _Trace, _Worked
+from latscope.attribution import rules
+from latscope.storage import SPANS_TABLE, Store
+from tests.attribution_support import MS, T0, server_spans, span_rows
 
 
 def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -59,9 +66,10 @@ def test_a_trace_answer_waiting_past_its_deadline_stops() -> None:
 
 def test_an_answer_past_its_deadline_stops_at_its_next_step() -> None:
     now = time.monotonic()
-    _Trace("ab" * 16, [], now + 60, "trace x").check()
+    worked = _Worked(1, rules.active())
+    _Trace("ab" * 16, worked, now + 60, "trace x").check()
     with pytest.raises(QueryError) as info:
-        _Trace("ab" * 16, [], now - 1, "trace x").check()
+        _Trace("ab" * 16, worked, now - 1, "trace x").check()
     assert (info.value.status, info.value.error) == (503, "query_timeout")
 
 
@@ -76,4 +84,95 @@ def test_the_cyclic_collector_is_back_once_no_answer_runs() -> None:
     assert gc.isenabled()
     with pytest.raises(QueryError), cycles.paused():
         raise QueryError(503, "query_timeout", "stopped")
+    assert gc.isenabled()
+
+
+def test_an_answer_waiting_for_a_piece_past_its_deadline_stops() -> None:
+    worked = _Worked(1, rules.active())
+    held = threading.Event()
+    release = threading.Event()
+
+    def holder() -> None:
+        with worked.lock:
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(10)
+    try:
+        with pytest.raises(QueryError) as info:
+            _Trace("ab" * 16, worked, time.monotonic() + 0.05, "trace x").piece("p", lambda: 1)
+        assert (info.value.status, info.value.error) == (503, "query_timeout")
+    finally:
+        release.set()
+        thread.join(10)
+    # Once the piece is free, it is worked out once and shared.
+    t = _Trace("ab" * 16, worked, time.monotonic() + 60, "trace x")
+    assert t.piece("p", lambda: [1]) is t.piece("p", lambda: [2])
+
+
+def test_answers_follow_the_trace_as_its_spans_arrive(store: Store) -> None:
+    trace_id = uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))
+    (alone,) = trace.trace_requests(store, trace_id).requests
+    assert alone.buckets_ms.network is None
+    assert len(trace.trace_spans(store, trace_id).spans) == 3
+    # Asked again in the same state, the answer is the one worked out already.
+    assert trace.trace_requests(store, trace_id) is trace.trace_requests(store, trace_id)
+    # The client span arrives late: every answer is worked out again, with it.
+    client = {"id": "c1" * 8, "kind": "Client", "start": T0, "end": T0 + 1000 * MS}
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [client]))
+    (called,) = trace.trace_requests(store, trace_id).requests
+    assert called.buckets_ms.network is not None and called.e2e_ms == 1000
+    assert len(trace.trace_spans(store, trace_id).spans) == 4
+
+
+def test_askers_of_one_trace_at_once_share_one_answer(store: Store) -> None:
+    trace_id = uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))
+    answers: list[object] = []
+    start = threading.Barrier(4)
+
+    def ask() -> None:
+        start.wait(10)
+        answers.append(trace.trace_run(store, trace_id))
+
+    askers = [threading.Thread(target=ask) for _ in range(4)]
+    for thread in askers:
+        thread.start()
+    for thread in askers:
+        thread.join(60)
+    assert len(answers) == 4
+    assert all(a is answers[0] for a in answers)
+
+
+def test_kept_traces_hold_at_most_the_span_cap_and_the_text_bound(store, monkeypatch) -> None:
+    one, two = uuid.uuid4().hex, uuid.uuid4().hex
+    for trace_id in (one, two):
+        store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))
+    first = trace.trace_run(store, one, max_spans=5)
+    assert trace.trace_run(store, one, max_spans=5) is first
+    # Three spans each: with a cap of 5 the second trace's state lets go of the first's.
+    trace.trace_run(store, two, max_spans=5)
+    assert trace.trace_run(store, one, max_spans=5) is not first
+    # Spans carrying more attribute text than the bound are not kept past their answer.
+    monkeypatch.setattr(trace, "KEPT_TEXT", 5)
+    again = trace.trace_run(store, one)
+    assert trace.trace_run(store, one) is not again
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_answers_one_after_another_do_not_keep_the_collector_paused() -> None:
+    cycles = _CyclesLater(most_s=0.0)
+    with cycles.paused():
+        with cycles.paused():
+            ref = weakref.ref(_Cycle())
+        # An answer ended past most_s while another still runs: the cycle is collected.
+        assert ref() is None
+        assert not gc.isenabled()
     assert gc.isenabled()

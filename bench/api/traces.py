@@ -8,8 +8,13 @@ spans a call: 6,601 / 19,801 / 39,601 spans; ``bench/api/wide.py``) and a run of
 floor: what any trace costs), then times, best of ``--repeat``, each trace route over HTTP
 (keep-alive): ``/v1/traces/{id}``, ``/run``, ``/requests``, ``/spans``, a call's page
 ``/v1/requests/{id}`` and ``/attribution``, and ``latscope explain TRACE_ID`` as a command (a
-process of its own, its start included). Printed per route: ms for each trace and ms per 1,000
-spans (flat when the route is linear).
+process of its own, its start included). Served, a trace's state is worked out once and shared by
+every answer about it (``latscope.api.trace``), so these are the answers after the first. Printed
+per route: ms for each trace and ms per 1,000 spans (flat when the route is linear).
+
+Then, once serve has stopped, each route cold: in a process of its own on the same store, each
+answer worked out from the stored spans with nothing kept from the one before (CPU ms, best of
+``--repeat``): what the first answer about a trace, or about a trace that changed, costs.
 
 Then ingest beside them: a sender acknowledges Exports of 64 small spans one after the other for
 ``--ingest-s`` seconds alone (the baseline), then as long again while ``--concurrent`` clients
@@ -141,6 +146,40 @@ def _cli_explain(http: str, trace_id: str, repeat: int) -> float:
     return best
 
 
+COLD = """
+import json, sys, time
+from latscope.api import trace
+from latscope.storage import Store
+store = Store.open(sys.argv[1])
+repeat, asks = int(sys.argv[2]), json.loads(sys.argv[3])
+answers = {"trace": trace.trace_explain, "run": trace.trace_run,
+           "requests": trace.trace_requests, "spans": trace.trace_spans,
+           "a call's page": trace.explain, "a call's attribution": trace.request_attribution}
+out = {}
+for name, ids in asks.items():
+    out[name] = []
+    for i in ids:
+        best = float("inf")
+        for _ in range(repeat):
+            trace._KEPT.clear()
+            started = time.process_time()
+            answers[name](store, i).model_dump_json()
+            best = min(best, time.process_time() - started)
+        out[name].append(best)
+print(json.dumps(out))
+"""
+
+
+def _cold(store: Path, ids: list[str], first: dict[str, str], repeat: int) -> dict[str, list]:
+    """CPU seconds of each route's answer worked out from nothing, in a process of its own."""
+    asks = {name: [first[t] if "call" in name else t for t in ids] for _, name in ROUTES}
+    done = subprocess.run(
+        [sys.executable, "-c", COLD, f"chdb://{store}", str(repeat), json.dumps(asks)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -268,6 +307,17 @@ def _run(root: Path, args: argparse.Namespace) -> None:
         _ingest_beside(serve, ids[-1], args)
     finally:
         serve.stop()
+    cold = _cold(root / "store", ids, first, args.repeat)
+    print(f"\n{'cold: worked out from nothing':<34}" + "".join(f"{spans[t]:>10,} sp" for t in ids)
+          + "   CPU ms per 1,000 spans")  # fmt: skip
+    print(f"{'  (in-process CPU ms, best of ' + str(args.repeat) + ')':<34}")
+    for _, name in ROUTES:
+        cells = "".join(f"{c * 1e3:>13.0f}" for c in cold[name])
+        per = "  ".join(
+            f"{c * 1e6 / spans[t]:5.1f}" for c, t in zip(cold[name], ids, strict=True)
+            if spans[t] > 1000
+        )  # fmt: skip
+        print(f"{name:<34}{cells}   {per}")
     # Past the cap: a serve on the same store that answers traces of fewer spans than the widest.
     cap = spans[ids[-1]] - 1
     serve = Serve(root / "store", "--max-trace-spans", str(cap))

@@ -14,6 +14,12 @@ their turn (503 ``busy`` at once when ``TRACE_WAITING`` already wait), since eac
 that holds the GIL the collector's threads need; and an answer not ready within the store's
 query time limit (``--query-timeout-s``), waiting included, stops with 503 ``query_timeout``.
 Every step is linear in the trace's spans (``docs/benchmarks.md``, "Wide traces").
+
+Each answer first reads the trace's state (its spans counted and fingerprinted, ``_STATE``); what
+is worked out of a state (the spans, their calls, each call's attribution, the run, the answers
+built) is worked out once and shared by every answer about it, those asked at once included
+(``_Worked``). The states of the traces answered last are kept while they hold at most
+``max_spans`` spans together; a trace that gains a span is a new state, worked out afresh.
 """
 
 from __future__ import annotations
@@ -24,9 +30,13 @@ import itertools
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import TypeAdapter
 
 from latscope.api.errors import InvalidParameter, NotFound, QueryError
 from latscope.api.schemas import (
@@ -34,6 +44,7 @@ from latscope.api.schemas import (
     Explain,
     RequestTokens,
     Run,
+    Span,
     TraceExplain,
     TraceRequests,
     TraceSpans,
@@ -48,6 +59,7 @@ from latscope.attribution import (
     explain_run,
     find_requests,
     load_trace,
+    rules,
 )
 from latscope.attribution.engine import TraceIndex, timed_decode, timeline
 from latscope.attribution.runs import RunExplanation
@@ -70,9 +82,14 @@ TRACE_SLOTS = 2
 #: Trace answers waiting for a slot at most; past that one is refused at once (503 ``busy``), so
 #: requests for wide traces cannot take every thread of the HTTP server's pool.
 TRACE_WAITING = 16
-_COUNT_SPANS = f"""
-SELECT count() FROM (
-    SELECT 1 FROM {SPANS_TABLE} WHERE TraceId = {{trace_id:String}} LIMIT {{limit:UInt64}}
+_T = TypeVar("_T")
+#: A trace's state: its spans counted (to ``limit``) and a fingerprint of which are stored. Spans
+#: are only ever added (or dropped with their day), so an answer worked out from a state holds
+#: for as long as the trace counts and fingerprints the same.
+_STATE = f"""
+SELECT count(), sum(h) FROM (
+    SELECT cityHash64(SpanId, Timestamp, Duration) AS h FROM {SPANS_TABLE}
+    WHERE TraceId = {{trace_id:String}} LIMIT {{limit:UInt64}}
 )
 """
 
@@ -115,19 +132,24 @@ class _CyclesLater:
     """Python's cyclic garbage collector paused while any trace answer is worked out: an answer
     allocates an object or more per span and per field, which sets off collections of the whole
     heap again and again (a third of a wide trace's answer); what it leaves is freed by reference
-    counting, and any cycles at the next collection after the last answer ends. Answers are at
-    most ``TRACE_SLOTS`` at once and each stops at its deadline, so the pause is bounded."""
+    counting, and any cycles at the next collection after the last answer ends. Answers that
+    follow one another without a gap (clients asking for a trace over and over) would keep it
+    paused for good while the rest of the process makes cycles too: an answer ending more than
+    ``most_s`` after the pause began collects them."""
 
-    def __init__(self) -> None:
+    def __init__(self, most_s: float = 2.0) -> None:
         self._lock = threading.Lock()
         self._answers = 0
         self._was_enabled = True
+        self._most_s = most_s
+        self._since = 0.0
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         with self._lock:
             if self._answers == 0:
                 self._was_enabled = gc.isenabled()
+                self._since = time.monotonic()
                 gc.disable()
             self._answers += 1
         try:
@@ -137,6 +159,9 @@ class _CyclesLater:
                 self._answers -= 1
                 if self._answers == 0 and self._was_enabled:
                     gc.enable()
+                elif self._was_enabled and time.monotonic() - self._since > self._most_s:
+                    gc.collect()
+                    self._since = time.monotonic()
 
 
 _CYCLES = _CyclesLater()
@@ -166,66 +191,183 @@ class TraceTooLarge(QueryError):
         )
 
 
+class _Worked:
+    """One state of a trace (``_STATE``) and what is worked out of it, by name: its spans, their
+    index, its calls, each call's attribution, the run, the answers built. Every answer about
+    that state shares it: the first to need a piece works it out, and others needing it then
+    wait for it (each until its own deadline) instead of working it out again."""
+
+    def __init__(self, spans: int, rulebook: rules.Rulebook) -> None:
+        self.spans = spans
+        #: The rulebook the calls were found with (held, so that its id in the key stays its).
+        self.rulebook = rulebook
+        self.lock = threading.RLock()
+        self.pieces: dict[Hashable, Any] = {}
+        #: The characters of its spans' attribute values, once they are read.
+        self.text = 0
+
+
+#: The most characters of attribute values the kept states' spans hold together: a trace of
+#: spans carrying prompts is not kept past its answers, so what stays in memory between answers
+#: is bounded whatever the spans carry.
+KEPT_TEXT = 64 << 20
+
+
+class _Kept:
+    """The states of the traces answered last, the newest first, as many as hold at most
+    ``budget`` spans (``--max-trace-spans``: one trace at the cap) and ``KEPT_TEXT`` together,
+    so that the routes a trace's page asks one after the other, and askers of one trace at once,
+    work it out once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._states: OrderedDict[Hashable, _Worked] = OrderedDict()
+
+    def state(self, key: Hashable, spans: int, budget: int) -> _Worked:
+        rulebook = rules.active()
+        key = (key, id(rulebook))
+        with self._lock:
+            worked = self._states.get(key)
+            if worked is None:
+                worked = self._states[key] = _Worked(spans, rulebook)
+            self._states.move_to_end(key, last=False)
+            self._trim(budget, worked)
+            return worked
+
+    def trim(self, budget: int) -> None:
+        """Let go of the states past the bounds (once an answer is done, its own too)."""
+        with self._lock:
+            self._trim(budget, None)
+
+    def _trim(self, budget: int, keep: _Worked | None) -> None:
+        spans = text = 0
+        for k, w in list(self._states.items()):
+            spans, text = spans + w.spans, text + w.text
+            if (spans > budget or text > KEPT_TEXT) and w is not keep:
+                del self._states[k]
+                spans, text = spans - w.spans, text - w.text
+
+    def clear(self) -> None:
+        with self._lock:
+            self._states.clear()
+
+
+_KEPT = _Kept()
+
+
 @dataclass
 class _Trace:
-    """One trace read for an answer: its spans, indexed once, its calls found once, and the
-    deadline its answer keeps."""
+    """One trace as an answer reads it: the state it was counted in (its pieces worked out at
+    most once, ``_Worked``), and the deadline this answer keeps."""
 
     trace_id: str
-    spans: list[SpanRecord]
+    worked: _Worked
     deadline: float
     what: str
-    _index: TraceIndex | None = None
-    _requests: list[Request] | None = None
+    store: Store | None = None
+
+    def piece(self, name: Hashable, work: Callable[[], _T]) -> _T:
+        """The piece ``name`` of the trace's state: ``work()``'s, worked out once."""
+        worked = self.worked
+        if not worked.lock.acquire(timeout=max(0.0, self.deadline - time.monotonic())):
+            raise _timed_out(self.what)
+        try:
+            if name not in worked.pieces:
+                worked.pieces[name] = work()
+                self.check()
+            return worked.pieces[name]
+        finally:
+            worked.lock.release()
+
+    @property
+    def spans(self) -> list[SpanRecord]:
+        assert self.store is not None
+        store = self.store
+
+        def work() -> list[SpanRecord]:
+            spans = _load(store, self.trace_id)
+            self.worked.text = sum(
+                len(v) for s in spans for d in (s.attributes, s.resource) for v in d.values()
+            )
+            return spans
+
+        return self.piece("spans", work)
 
     @property
     def index(self) -> TraceIndex:
-        if self._index is None:
-            self._index = TraceIndex(self.spans)
-        return self._index
+        return self.piece("index", lambda: TraceIndex(self.spans))
 
     @property
     def requests(self) -> list[Request]:
-        if self._requests is None:
-            self._requests = find_requests(self.spans)
-            self.check()
-        return self._requests
+        return self.piece("requests", lambda: find_requests(self.spans))
 
     def check(self) -> None:
         """Stop once the deadline passed (between steps: each is bounded by the span cap)."""
         if time.monotonic() > self.deadline:
             raise _timed_out(self.what)
 
+    def attributions(self, stall_threshold_ms: float) -> list[RequestAttribution]:
+        """Each call's attribution, in ``requests``' order: the run's when it is worked out."""
+
+        def work() -> list[RequestAttribution]:
+            run = self.worked.pieces.get(("run", stall_threshold_ms))
+            if run is not None:
+                return [c.attribution for c in run.calls]
+            stall = _stall_ns(stall_threshold_ms)
+            out = []
+            for i, r in enumerate(self.requests):
+                out.append(attribute_request(self.trace_id, r, stall_threshold_ns=stall))
+                if i % 256 == 255:
+                    self.check()
+            return out
+
+        return self.piece(("attributions", stall_threshold_ms), work)
+
     def run(self, stall_threshold_ms: float) -> RunExplanation:
-        """The trace as one run (``explain_run``), over the index and calls found already."""
-        run = explain_run(
-            self.trace_id, self.spans, stall_threshold_ns=_stall_ns(stall_threshold_ms),
-            index=self.index, requests=self.requests,
-        )  # fmt: skip
-        assert run is not None  # spans is not empty
-        self.check()
-        return run
+        """The trace as one run (``explain_run``), over the index, calls and attributions worked
+        out already."""
+
+        def work() -> RunExplanation:
+            run = explain_run(
+                self.trace_id, self.spans, stall_threshold_ns=_stall_ns(stall_threshold_ms),
+                index=self.index, requests=self.requests,
+                attributions=self.worked.pieces.get(("attributions", stall_threshold_ms)),
+            )  # fmt: skip
+            assert run is not None  # spans is not empty
+            return run
+
+        return self.piece(("run", stall_threshold_ms), work)
 
     def skews(self) -> dict[str, int]:
         """Request span id -> its server clock's skew (``clock_skew_ns``: ``-timeline.offset``),
         for every request whose server runs on another clock."""
-        return {r.span_id: -tl.offset for r in self.requests if (tl := timeline(r)).offset}
+        return self.piece(
+            "skews",
+            lambda: {r.span_id: -tl.offset for r in self.requests if (tl := timeline(r)).offset},
+        )
 
 
 @contextlib.contextmanager
 def _reading(store: Store, trace_id: str, what: str, max_spans: int) -> Iterator[_Trace]:
-    """The trace's spans, within the bounds (the module's docstring); NotFound when none."""
+    """The trace in its current state, within the bounds (the module's docstring); NotFound
+    when it has no spans."""
     deadline = time.monotonic() + store.query_timeout_s
     with _GATE.slot(deadline, what), _CYCLES.paused():
-        counted = int(
-            store.query_rows(_COUNT_SPANS, {"trace_id": trace_id, "limit": max_spans + 1})[0][0]
-        )
+        counted, fingerprint = store.query_rows(
+            _STATE, {"trace_id": trace_id, "limit": max_spans + 1}
+        )[0]
+        counted = int(counted)
         if counted > max_spans:
             raise TraceTooLarge(trace_id, counted, max_spans)
-        spans = _load(store, trace_id)
-        loaded = _Trace(trace_id, spans, deadline, what)
-        loaded.check()
-        yield loaded
+        if not counted:
+            raise _not_found(trace_id)
+        key = (weakref.ref(store), trace_id, counted, int(fingerprint))
+        loaded = _Trace(trace_id, _KEPT.state(key, counted, max_spans), deadline, what, store)
+        try:
+            loaded.check()
+            yield loaded
+        finally:
+            _KEPT.trim(max_spans)
 
 
 class SeveralRequests(QueryError):
@@ -261,10 +403,14 @@ def check_request_id(request_id: str) -> tuple[str, str | None]:
     return trace_id, span_id or None
 
 
+def _not_found(trace_id: str) -> NotFound:
+    return NotFound("trace_not_found", f"no spans stored for trace {trace_id}")
+
+
 def _load(store: Store, trace_id: str) -> list[SpanRecord]:
     spans = load_trace(store, trace_id)
     if not spans:
-        raise NotFound("trace_not_found", f"no spans stored for trace {trace_id}")
+        raise _not_found(trace_id)
     return spans
 
 
@@ -338,13 +484,15 @@ def trace_requests(
     """``GET /v1/traces/{trace_id}/requests``: every inference call of a trace, by start."""
     trace_id = check_trace_id(trace_id)
     with _reading(store, trace_id, f"trace {trace_id}", max_spans) as t:
-        stall = _stall_ns(stall_threshold_ms)
-        requests = []
-        for i, r in enumerate(t.requests):
-            requests.append(attribute_request(trace_id, r, stall_threshold_ns=stall).to_json())
-            if i % 256 == 255:
-                t.check()
-        return TraceRequests.model_validate({"trace_id": trace_id, "requests": requests})
+        return t.piece(
+            ("requests answer", stall_threshold_ms),
+            lambda: TraceRequests.model_validate(
+                {
+                    "trace_id": trace_id,
+                    "requests": [a.to_json() for a in t.attributions(stall_threshold_ms)],
+                }
+            ),
+        )
 
 
 def _shifts(t: _Trace, skews: dict[str, int]) -> dict[str, int]:
@@ -430,25 +578,42 @@ def _waterfall(t: _Trace, origin: int, skews: dict[str, int]) -> list[dict[str, 
     return ordered
 
 
+_SPAN_ROWS = TypeAdapter(list[Span])
+
+
+def _rows(t: _Trace, origin: int, skews: dict[str, int]) -> list[Span]:
+    """The waterfall's rows as answer models, worked out once per origin and clock skews: the
+    trace view and ``/spans`` share them (their origin is the root's start when it starts
+    first)."""
+    return t.piece(
+        ("rows", origin, tuple(sorted(skews.items()))),
+        lambda: _SPAN_ROWS.validate_python(_waterfall(t, origin, skews)),
+    )
+
+
 def trace_spans(
     store: Store, trace_id: str, *, max_spans: int = DEFAULT_MAX_TRACE_SPANS
 ) -> TraceSpans:
     """``GET /v1/traces/{trace_id}/spans``: every span, placed on one clock, in tree order."""
     trace_id = check_trace_id(trace_id)
     with _reading(store, trace_id, f"trace {trace_id}", max_spans) as t:
-        origin = min(s.start_ns for s in t.spans)
-        skew = 0
-        if len(t.requests) == 1:
-            only = timeline(t.requests[0])
-            origin, skew = only.lo, -only.offset
-        return TraceSpans.model_validate(
-            {
-                "trace_id": trace_id,
-                "start_unix_ms": origin / 1e6,
-                "clock_skew_ms": skew / 1e6,
-                "spans": _waterfall(t, origin, t.skews()),
-            }
-        )
+
+        def answer() -> TraceSpans:
+            origin = min(s.start_ns for s in t.spans)
+            skew = 0
+            if len(t.requests) == 1:
+                only = timeline(t.requests[0])
+                origin, skew = only.lo, -only.offset
+            return TraceSpans.model_validate(
+                {
+                    "trace_id": trace_id,
+                    "start_unix_ms": origin / 1e6,
+                    "clock_skew_ms": skew / 1e6,
+                    "spans": _rows(t, origin, t.skews()),
+                }
+            )
+
+        return t.piece("spans answer", answer)
 
 
 def _timeline(request: Request, result: RequestAttribution, stall_ms: float) -> dict[str, Any]:
@@ -629,8 +794,13 @@ def trace_run(
     along its critical path, the time in each LLM call's buckets, in tool calls and in the app."""
     trace_id = check_trace_id(trace_id)
     with _reading(store, trace_id, f"trace {trace_id}", max_spans) as t:
-        run = t.run(stall_threshold_ms)
-        return run_answer(run)
+        return _run_answer(t, stall_threshold_ms)
+
+
+def _run_answer(t: _Trace, stall_threshold_ms: float) -> Run:
+    return t.piece(
+        ("run answer", stall_threshold_ms), lambda: run_answer(t.run(stall_threshold_ms))
+    )
 
 
 def trace_explain(
@@ -644,19 +814,23 @@ def trace_explain(
     with each call's spans on its caller's clock."""
     trace_id = check_trace_id(trace_id)
     with _reading(store, trace_id, f"trace {trace_id}", max_spans) as t:
-        run = t.run(stall_threshold_ms)
-        skews = {
-            c.attribution.request_span_id: c.attribution.clock_skew_ns
-            for c in run.calls
-            if c.attribution.clock_skew_ns
-        }
-        return TraceExplain.model_validate(
-            {
-                "trace_id": trace_id,
-                "run": run_answer(run),
-                "spans": _waterfall(t, run.root.start_ns, skews),
+
+        def answer() -> TraceExplain:
+            run = t.run(stall_threshold_ms)
+            skews = {
+                c.attribution.request_span_id: c.attribution.clock_skew_ns
+                for c in run.calls
+                if c.attribution.clock_skew_ns
             }
-        )
+            return TraceExplain.model_validate(
+                {
+                    "trace_id": trace_id,
+                    "run": _run_answer(t, stall_threshold_ms),
+                    "spans": _rows(t, run.root.start_ns, skews),
+                }
+            )
+
+        return t.piece(("trace answer", stall_threshold_ms), answer)
 
 
 __all__ = [
