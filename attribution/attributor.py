@@ -120,6 +120,17 @@ class _Batch(NamedTuple):
     named: bool = False
 
 
+class _Early(NamedTuple):
+    """A pass's early window ``(lo_us, hi_us]`` of ingest time: the first start and last end of
+    its spans, and whether every one has a resource id."""
+
+    lo_us: int
+    hi_us: int
+    first_ns: int
+    last_ns: int
+    named: bool
+
+
 class Attributor(Poller):
     """A ``latscope.parts.Component``: attributes settled traces until stopped.
 
@@ -428,41 +439,17 @@ class Attributor(Poller):
         )
 
     def _retry(self, after_us: int, hi: int) -> int:
-        """Attribute again the set-aside traces whose backoff is over (a few at a time), with a
-        marker of the slice ``(after_us, hi]``; those that fail again wait longer."""
-        due = self.set_aside.due()
-        if not due or hi <= after_us + 1:
+        """Attribute again the set-aside traces whose backoff is over, with a marker of the
+        slice ``(after_us, hi]``; those that fail again wait longer."""
+        if hi <= after_us + 1:
             return 0
-        lo = min(self.set_aside[t].around[0] for t in due)
-        hi_ns = max(self.set_aside[t].around[1] for t in due)
 
-        def run(part: list[str], _id_hi: str, marker: int) -> int:
-            written = self.attribute_slice(
-                after_us, hi, settled_us=after_us, around=(lo, hi_ns), marker_us=marker,
-                retry_ids=part,
-            )  # fmt: skip
-            for trace_id in part:
-                self.set_aside.pop(trace_id, None)
-            return written
+        def attribute(ids: list[str], around: tuple[int, int], marker: int) -> int:
+            return self.attribute_slice(
+                after_us, hi, settled_us=after_us, around=around, marker_us=marker, retry_ids=ids
+            )
 
-        bounds: dict[str, tuple[int, int]] = {t: self.set_aside[t].around for t in due}
-        marker = self._spare_marker(after_us, hi)
-        if marker is None:
-            return 0
-        try:
-            written = run(due, "", marker)
-        except StoreUnavailable:
-            raise
-        except StoreError as exc:
-            if len(due) == 1:
-                self.set_aside.add(due[0], exc, None)
-                written = 0
-            else:
-                written = self.set_aside.cut(
-                    [(due, "")], exc, run, bounds, lambda: self._spare_marker(after_us, hi)
-                )
-        SET_ASIDE.set(len(self.set_aside))
-        return written
+        return self.set_aside.retry(attribute, lambda: self._spare_marker(after_us, hi))
 
     def _any_left(self, sql: Statements, params: dict[str, Any]) -> bool:
         """Whether the batch has a trace left without a row that may hold a call."""
@@ -483,17 +470,17 @@ class Attributor(Poller):
         self._taken = {int(m) for (m,) in taken}
         return start
 
-    def _early_window(self, settled_us: int, complete_us: int) -> tuple[int, int, int, int] | None:
+    def _early_window(self, settled_us: int, complete_us: int) -> _Early | None:
         """The early window of this pass, ``(lo, hi]`` in ingest time: from the last pass's
         (at the soonest the settle bound: what is older is settled) to ``complete_us``; with the
-        first start and last end of its spans (ns). None when it holds no span of this shard,
-        or (a quiet pass's, early attribution off) more than ``QUIET_EARLY_SPANS`` per batch
-        trace or ``batch_spans`` in all."""
+        first start and last end of its spans (ns), and whether each has a resource id. None
+        when it holds no span of this shard, or (a quiet pass's, early attribution off) more than
+        ``QUIET_EARLY_SPANS`` per batch trace or ``batch_spans`` in all."""
         lo = max(settled_us, self._early_us or settled_us)
         if lo >= complete_us:
             return None
         params = self._params(early_lo_us=lo, early_hi_us=complete_us)
-        count, first_ns, last_ns = self.store.query_rows(self._sql.early_spans, params)[0]
+        count, first_ns, last_ns, unnamed = self.store.query_rows(self._sql.early_spans, params)[0]
         if not int(count):
             self._early_us = complete_us
             return None
@@ -503,7 +490,7 @@ class Attributor(Poller):
             # One statement takes the whole window: past this, the traces wait to settle and
             # go in bounded batches.
             return None
-        return lo, complete_us, int(first_ns), int(last_ns)
+        return _Early(lo, complete_us, int(first_ns), int(last_ns), not int(unnamed))
 
     def run_until_idle(self, *, max_batches: int = 1000) -> int:
         """Attribute every settled trace up to now (bounded batches); returns requests written."""
@@ -522,7 +509,7 @@ class Attributor(Poller):
         # The current slice's batches still to do, planned once per slice (kept across passes
         # while the watermark has not moved past it).
         batches = self._batches
-        early: tuple[int, int, int, int] | None = None
+        early: _Early | None = None
         for _ in range(max_batches):
             if self.watermark_us >= upto or (self.stopping and written):
                 break
@@ -548,8 +535,8 @@ class Attributor(Poller):
                     # a last batch takes.
                     marker = markers[1]
                     self._taken.add(marker)
-                    batches[:] = [
-                        _Batch(self.watermark_us, hi, upto, marker, "", "", 0, early[2], early[3])
+                    batches[:] = [  # (the window's first start, last end, and ids)
+                        _Batch(self.watermark_us, hi, upto, marker, "", "", 0, *early[2:])
                     ]
                 if not batches:
                     self.watermark_us = hi
@@ -565,7 +552,8 @@ class Attributor(Poller):
             with_early = early if not batches else None
             first_ns, last_ns = batch.first_ns, batch.last_ns
             if with_early is not None:  # (a batch of no traces already has the window's bounds)
-                first_ns, last_ns = min(with_early[2], first_ns), max(with_early[3], last_ns)
+                first_ns = min(with_early.first_ns, first_ns)
+                last_ns = max(with_early.last_ns, last_ns)
             try:
                 written += self.attribute_slice(
                     batch.after_us,
@@ -574,18 +562,19 @@ class Attributor(Poller):
                     # with, not those that settled since.
                     settled_us=batch.settled_us,
                     around=(first_ns - self.reach_ns, last_ns + self.reach_ns),
-                    early=None if with_early is None else with_early[:2],
+                    early=None if with_early is None else (with_early.lo_us, with_early.hi_us),
                     ids=(batch.id_lo, batch.id_hi),
                     marker_us=batch.marker_us,
                     # A batch is exactly the traces it was planned with; one with early
                     # attribution also holds the early window's.
                     traces=batch.traces if with_early is None else None,
-                    # The early window's spans were not planned: they may have no ids.
-                    resource_ids=batch.named and with_early is None,
+                    # The single-call path carries resource ids when every span of the slice,
+                    # and of the early window it takes, has one.
+                    resource_ids=batch.named and (with_early is None or with_early.named),
                 )
                 if with_early is not None:
-                    self._early_us = with_early[1]
-                    self._early_done_us = with_early[1]
+                    self._early_us = with_early.hi_us
+                    self._early_done_us = with_early.hi_us
             except StoreUnavailable:
                 batches.clear()  # the slice is planned again, and retried, on the next poll
                 raise

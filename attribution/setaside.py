@@ -113,6 +113,43 @@ class SetAsideTraces(dict[str, SetAside]):
         SET_ASIDE.set(len(self))
         return written
 
+    def retry(
+        self,
+        attribute: Callable[[list[str], tuple[int, int], int], int],
+        spare_marker: Callable[[], int | None],
+    ) -> int:
+        """Attribute again the traces whose backoff is over (``RETRY_BATCH`` at a time):
+        ``attribute(ids, around, marker)`` over the span starts ``around`` of them all, with a
+        marker ``spare_marker()`` gives; those attributed leave, those that fail again wait
+        longer. Returns the rows written."""
+        due = self.due()
+        if not due:
+            return 0
+        around = (min(self[t].around[0] for t in due), max(self[t].around[1] for t in due))
+
+        def run(part: list[str], _id_hi: str, marker: int) -> int:
+            written = attribute(part, around, marker)
+            for trace_id in part:
+                self.pop(trace_id, None)
+            return written
+
+        bounds = {t: self[t].around for t in due}
+        marker = spare_marker()
+        if marker is None:
+            return 0
+        try:
+            written = run(due, "", marker)
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
+            if len(due) == 1:
+                self.add(due[0], exc, None)
+                written = 0
+            else:
+                written = self.cut([(due, "")], exc, run, bounds, spare_marker)
+        SET_ASIDE.set(len(self))
+        return written
+
 
 def set_aside_router(traces: SetAsideTraces, token: str) -> Any:
     """``GET /v1/attribution/set-aside``: the traces an attributor has set aside (``traces``)."""

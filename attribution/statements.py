@@ -243,9 +243,11 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
             "LatscopeIngestedAt > fromUnixTimestamp64Micro({early_lo_us:Int64}) "
             "AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({early_hi_us:Int64})"
         )
-        #: How many spans of this shard the early window holds, their first start and last end.
+        #: How many spans of this shard the early window holds, their first start and last end,
+        #: and how many have no resource id.
         self.early_spans = _no_jit(f"""
-SELECT count(), toUnixTimestamp64Nano(min(Timestamp)), max({span_end})
+SELECT count(), toUnixTimestamp64Nano(min(Timestamp)), max({span_end}),
+       countIf(LatscopeResourceId = 0)
 FROM {spans}
 WHERE {early_window} {mine}""")
         if early:
