@@ -45,16 +45,8 @@ one, so a slice stopped between its batches is redone from its start (work after
 harmlessly), and the tombstones of the batch with the largest one are written if a stop left
 them out (``_mend_moved``).
 
-Cadence. A pass with work costs ClickHouse's analysis of its statements (~1 s of CPU whatever the
-slice's size) on top of the work itself, so under load the attributor waits longer between
-passes and each takes a bigger slice: after a pass that wrote rows it waits ``BUSY_PAUSE`` times
-that pass's duration (at least ``poll_s``, at most ``settle_s``, and no longer than until the
-newest stored span has settled); after an idle one, ``poll_s``. When ingest has paused (no span
-for ``poll_s``), it waits ``poll_s`` at most: the traces left settle one after another, and
-taking them as they do leaves a small last pass when the newest settles instead of all of them.
-During a long wait it looks (one small query) whether ingest has paused, and if so passes at once:
-a look that finds the newest span younger than ``poll_s`` sets the next one for when it will be
-``poll_s`` old (at most ``poll_s`` later), so a pause is seen as it reaches ``poll_s``.
+Cadence: after a pass with work it waits longer, so the next takes a bigger slice for the same
+fixed cost, and between passes it looks whether ingest has paused (``attribution/cadence.py``).
 
 Scale-out: ``shard=(i, n)`` takes only the traces with ``cityHash64(TraceId) % n = i``, so ``n``
 attributors split a store's traces with none done twice and none missed; on a cluster (spans and
@@ -68,23 +60,22 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from prometheus_client import Counter, Gauge
 
-from latscope.attribution import rules
-from latscope.attribution.engine import DEFAULT_STALL_NS, LATENCY_KEYS
+from latscope.attribution.cadence import busy_wait_s, next_look_s
+from latscope.attribution.engine import DEFAULT_STALL_NS
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
-from latscope.attribution.sql import (
-    NO_JIT,
-    STORED_STALL_NS,
-    attribution_select,
-    literal,
-    simple_select,
+from latscope.attribution.setaside import (
+    BATCH_ERRORS,
+    SET_ASIDE,
+    SetAsideTraces,
+    set_aside_router,
 )
-from latscope.attribution.sql.engines import EngineSql
-from latscope.attribution.table import ATTRIBUTION_SCHEMA
+from latscope.attribution.sql import STORED_STALL_NS
+from latscope.attribution.statements import LOCAL_SUFFIX, MAX_CUTS, Statements
 from latscope.config import (
     DEFAULT_BATCH_SPANS,
     DEFAULT_BATCH_TRACES,
@@ -96,10 +87,8 @@ from latscope.config import (
 )
 from latscope.metrics import REGISTRY
 from latscope.parts import Parts, Poller
-from latscope.semconv import SpanKind
 from latscope.storage import (
     ATTRIBUTION_TABLE,
-    RESOURCES_TABLE,
     SPANS_TABLE,
     Store,
     StoreError,
@@ -108,43 +97,9 @@ from latscope.storage import (
 
 log = logging.getLogger(__name__)
 
-#: Table names on a cluster node, for an attributor that works on its shard alone.
-LOCAL_SUFFIX = "_local"
-
-#: After a pass that wrote rows, the wait before the next one, in units of that pass's duration
-#: (capped by the settle window): under load, passes and their fixed cost come at most every
-#: 1 + BUSY_PAUSE pass durations, so most of the attributor's CPU goes to requests.
-BUSY_PAUSE = 4.0
-#: The shortest wait between passes when settled work is already waiting (traces that settled
-#: while the pass ran).
-MIN_POLL_S = 0.1
-#: Between passes, the next look whether ingest has paused comes this long after the newest
-#: span will have gone ``poll_s`` without a newer one (so the look finds it has).
-LOOK_LATE_S = 0.01
-#: The most batches a slice is cut into: the rows of each but the last record a time within
-#: this many us after the slice's start (_plan), and a restart resumes this far back.
-MAX_CUTS = 1000
 #: A quiet pass (ingest paused, early attribution off) takes its early window in one statement,
 #: beside the slice's last batch, when it holds at most this many spans per ``batch_traces``.
 QUIET_EARLY_SPANS = 16
-
-
-#: A trace set aside is retried after RETRY_FIRST_S, then twice as long each time, at most
-#: RETRY_MAX_S; RETRY_BATCH of them in one statement.
-RETRY_FIRST_S = 10.0
-RETRY_MAX_S = 3600.0
-RETRY_BATCH = 100
-
-
-class SetAside(NamedTuple):
-    """A trace the attributor failed on alone: why, how often, when it is tried again (unix
-    seconds), and where its spans start and end (ns)."""
-
-    trace_id: str
-    error: str
-    attempts: int
-    retry_at: float
-    around: tuple[int, int]
 
 
 class _Batch(NamedTuple):
@@ -163,6 +118,17 @@ class _Batch(NamedTuple):
     last_ns: int
     #: every span of the slice has a resource id (the single-call path carries the ids)
     named: bool = False
+
+
+class _Early(NamedTuple):
+    """A pass's early window ``(lo_us, hi_us]`` of ingest time: the first start and last end of
+    its spans, and whether every one has a resource id."""
+
+    lo_us: int
+    hi_us: int
+    first_ns: int
+    last_ns: int
+    named: bool
 
 
 class Attributor(Poller):
@@ -254,14 +220,14 @@ class Attributor(Poller):
         #: when they counted the stalls at this threshold (sql.STORED_STALL_NS), else it
         #: computes them from the offsets.
         self.stored_figures = stall_threshold_ns == STORED_STALL_NS
-        self._sql = _Statements(
+        self._sql = Statements(
             self.spans_table,
             self.table,
             shard,
             early=self.complete_us is not None,
             stored_figures=self.stored_figures,
         )
-        self._retry_sql = _Statements(
+        self._retry_sql = Statements(
             self.spans_table,
             self.table,
             shard,
@@ -272,12 +238,12 @@ class Attributor(Poller):
         #: Traces a pass failed on (ClickHouse refused the statement for them alone), by id:
         #: retried with a backoff while the others go on (``_isolate``, ``_retry``). In memory:
         #: after a restart, such a trace is attributed again when a span of it arrives.
-        self.set_aside: dict[str, SetAside] = {}
+        self.set_aside = SetAsideTraces()
         #: With early attribution off, the statements with it (built when first needed), by
         #: whether they take the Version check: with it for the slices that may hold traces a
         #: quiet pass attributed, without it for a quiet pass's batch whose slice cannot hold
         #: such traces (its settled traces are taken as in any pass).
-        self._early_sql: dict[bool, _Statements] = {}
+        self._early_sql: dict[bool, Statements] = {}
 
     def failed(self, exc: Exception) -> None:
         BATCH_ERRORS.labels("store").inc()
@@ -292,9 +258,7 @@ class Attributor(Poller):
         if self.clock() < self._due and self.watermark_us is not None:
             quiet_s = self._quiet_s(self._now_us())
             if quiet_s is None or quiet_s < self.idle_poll_s:
-                # Look again when the newest span will have gone idle_poll_s without a newer
-                # one (a look a poll apart would see it up to a poll late).
-                self._look = self.clock() + self.idle_poll_s - (quiet_s or 0.0) + LOOK_LATE_S
+                self._look = self.clock() + next_look_s(self.idle_poll_s, quiet_s)
                 return
         # A pass that fails is retried after the idle poll.
         self._due = self.clock() + self.idle_poll_s
@@ -328,7 +292,7 @@ class Attributor(Poller):
         quiet = self._quiet(now_us)
         return None if quiet is None else quiet[0]
 
-    def _statements(self, after_us: int, early: bool) -> _Statements:
+    def _statements(self, after_us: int, early: bool) -> Statements:
         """The statements for a batch of the slice after ``after_us``: with early attribution
         when it is on, when its slice may hold traces a quiet pass attributed early, or when the
         batch takes an early window (then without the Version check when its slice holds none)."""
@@ -340,7 +304,7 @@ class Attributor(Poller):
         if not (early or versioned):
             return self._sql
         if versioned not in self._early_sql:
-            self._early_sql[versioned] = _Statements(
+            self._early_sql[versioned] = Statements(
                 self.spans_table,
                 self.table,
                 self.shard,
@@ -442,40 +406,6 @@ class Attributor(Poller):
                 return marker
         return None
 
-    def _cut(
-        self,
-        groups: list[tuple[list[str], str]],
-        error: StoreError,
-        run: Any,
-        bounds: dict[str, tuple[int, int]],
-    ) -> int:
-        """Attribute ``groups`` of trace ids that a statement failed on, halving each group
-        that fails again, until the traces that fail alone are found: those are set aside
-        (``set_aside``). ``run(ids, id_hi, marker)`` attributes a group. Iterative: the number
-        of traces in a batch is the client's to choose."""
-        written = 0
-        while groups:
-            ids, id_hi = groups.pop()
-            if len(ids) == 1:
-                self._set_aside_trace(ids[0], error, bounds.get(ids[0]))
-                continue
-            mid = len(ids) // 2
-            for part, part_hi in ((ids[:mid], ids[mid]), (ids[mid:], id_hi)):
-                marker = self._spare_marker(*bounds["slice"])
-                if marker is None:
-                    for trace_id in part:
-                        self._set_aside_trace(trace_id, error, bounds.get(trace_id))
-                    continue
-                try:
-                    written += run(part, part_hi, marker)
-                except StoreUnavailable:
-                    raise
-                except StoreError as exc:
-                    error = exc
-                    groups.append((part, part_hi))
-        SET_ASIDE.set(len(self.set_aside))
-        return written
-
     def _isolate(self, batch: _Batch, error: StoreError) -> int:
         """A batch ClickHouse refused: cut it by trace id until the traces it fails on alone
         are found and set aside; the others are attributed. Returns the rows written."""
@@ -495,72 +425,33 @@ class Attributor(Poller):
             )  # fmt: skip
 
         bounds: dict[str, tuple[int, int]] = dict.fromkeys(ids, around)
-        bounds["slice"] = (batch.after_us, batch.hi_us)
         if len(ids) <= 1:
             for trace_id in ids:
-                self._set_aside_trace(trace_id, error, around)
+                self.set_aside.add(trace_id, error, around)
             SET_ASIDE.set(len(self.set_aside))
             return 0
-        return self._cut([(ids, batch.id_hi)], error, run, bounds)
-
-    def _set_aside_trace(
-        self, trace_id: str, error: StoreError, around: tuple[int, int] | None
-    ) -> None:
-        old = self.set_aside.get(trace_id)
-        attempts = old.attempts + 1 if old is not None else 1
-        wait_s = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempts - 1))
-        if around is None and old is not None:
-            around = old.around
-        self.set_aside[trace_id] = SetAside(
-            trace_id, str(error)[:500], attempts, time.time() + wait_s, around or (0, 2**63 - 1)
+        return self.set_aside.cut(
+            [(ids, batch.id_hi)],
+            error,
+            run,
+            bounds,
+            lambda: self._spare_marker(batch.after_us, batch.hi_us),
         )
-        if old is None:
-            BATCH_ERRORS.labels("set_aside").inc()
-            log.error("attribution fails on trace %s; set aside, retried in %.0f s: %s",
-                      trace_id, wait_s, str(error)[:500])  # fmt: skip
-
-    def _retry_due(self) -> bool:
-        now = time.time()
-        return any(s.retry_at <= now for s in self.set_aside.values())
 
     def _retry(self, after_us: int, hi: int) -> int:
-        """Attribute again the set-aside traces whose backoff is over (a few at a time), with a
-        marker of the slice ``(after_us, hi]``; those that fail again wait longer."""
-        now = time.time()
-        due = sorted(t for t, s in self.set_aside.items() if s.retry_at <= now)[:RETRY_BATCH]
-        if not due or hi <= after_us + 1:
+        """Attribute again the set-aside traces whose backoff is over, with a marker of the
+        slice ``(after_us, hi]``; those that fail again wait longer."""
+        if hi <= after_us + 1:
             return 0
-        lo = min(self.set_aside[t].around[0] for t in due)
-        hi_ns = max(self.set_aside[t].around[1] for t in due)
 
-        def run(part: list[str], _id_hi: str, marker: int) -> int:
-            written = self.attribute_slice(
-                after_us, hi, settled_us=after_us, around=(lo, hi_ns), marker_us=marker,
-                retry_ids=part,
-            )  # fmt: skip
-            for trace_id in part:
-                self.set_aside.pop(trace_id, None)
-            return written
+        def attribute(ids: list[str], around: tuple[int, int], marker: int) -> int:
+            return self.attribute_slice(
+                after_us, hi, settled_us=after_us, around=around, marker_us=marker, retry_ids=ids
+            )
 
-        bounds: dict[str, tuple[int, int]] = {t: self.set_aside[t].around for t in due}
-        bounds["slice"] = (after_us, hi)
-        marker = self._spare_marker(after_us, hi)
-        if marker is None:
-            return 0
-        try:
-            written = run(due, "", marker)
-        except StoreUnavailable:
-            raise
-        except StoreError as exc:
-            if len(due) == 1:
-                self._set_aside_trace(due[0], exc, None)
-                written = 0
-            else:
-                written = self._cut([(due, "")], exc, run, bounds)
-        SET_ASIDE.set(len(self.set_aside))
-        return written
+        return self.set_aside.retry(attribute, lambda: self._spare_marker(after_us, hi))
 
-    def _any_left(self, sql: _Statements, params: dict[str, Any]) -> bool:
+    def _any_left(self, sql: Statements, params: dict[str, Any]) -> bool:
         """Whether the batch has a trace left without a row that may hold a call."""
         superset = sql.count_left_superset
         if superset is not None and not int(self.store.query_rows(superset, params)[0][0]):
@@ -579,17 +470,17 @@ class Attributor(Poller):
         self._taken = {int(m) for (m,) in taken}
         return start
 
-    def _early_window(self, settled_us: int, complete_us: int) -> tuple[int, int, int, int] | None:
+    def _early_window(self, settled_us: int, complete_us: int) -> _Early | None:
         """The early window of this pass, ``(lo, hi]`` in ingest time: from the last pass's
         (at the soonest the settle bound: what is older is settled) to ``complete_us``; with the
-        first start and last end of its spans (ns). None when it holds no span of this shard,
-        or (a quiet pass's, early attribution off) more than ``QUIET_EARLY_SPANS`` per batch
-        trace or ``batch_spans`` in all."""
+        first start and last end of its spans (ns), and whether each has a resource id. None
+        when it holds no span of this shard, or (a quiet pass's, early attribution off) more than
+        ``QUIET_EARLY_SPANS`` per batch trace or ``batch_spans`` in all."""
         lo = max(settled_us, self._early_us or settled_us)
         if lo >= complete_us:
             return None
         params = self._params(early_lo_us=lo, early_hi_us=complete_us)
-        count, first_ns, last_ns = self.store.query_rows(self._sql.early_spans, params)[0]
+        count, first_ns, last_ns, unnamed = self.store.query_rows(self._sql.early_spans, params)[0]
         if not int(count):
             self._early_us = complete_us
             return None
@@ -599,7 +490,7 @@ class Attributor(Poller):
             # One statement takes the whole window: past this, the traces wait to settle and
             # go in bounded batches.
             return None
-        return lo, complete_us, int(first_ns), int(last_ns)
+        return _Early(lo, complete_us, int(first_ns), int(last_ns), not int(unnamed))
 
     def run_until_idle(self, *, max_batches: int = 1000) -> int:
         """Attribute every settled trace up to now (bounded batches); returns requests written."""
@@ -618,11 +509,11 @@ class Attributor(Poller):
         # The current slice's batches still to do, planned once per slice (kept across passes
         # while the watermark has not moved past it).
         batches = self._batches
-        early: tuple[int, int, int, int] | None = None
+        early: _Early | None = None
         for _ in range(max_batches):
             if self.watermark_us >= upto or (self.stopping and written):
                 break
-            if not batches and self._retry_due():
+            if not batches and self.set_aside.any_due():
                 written += self._retry(
                     self.watermark_us, min(upto, self.watermark_us + self.step_us)
                 )
@@ -644,8 +535,8 @@ class Attributor(Poller):
                     # a last batch takes.
                     marker = markers[1]
                     self._taken.add(marker)
-                    batches[:] = [
-                        _Batch(self.watermark_us, hi, upto, marker, "", "", 0, early[2], early[3])
+                    batches[:] = [  # (the window's first start, last end, and ids)
+                        _Batch(self.watermark_us, hi, upto, marker, "", "", 0, *early[2:])
                     ]
                 if not batches:
                     self.watermark_us = hi
@@ -661,7 +552,8 @@ class Attributor(Poller):
             with_early = early if not batches else None
             first_ns, last_ns = batch.first_ns, batch.last_ns
             if with_early is not None:  # (a batch of no traces already has the window's bounds)
-                first_ns, last_ns = min(with_early[2], first_ns), max(with_early[3], last_ns)
+                first_ns = min(with_early.first_ns, first_ns)
+                last_ns = max(with_early.last_ns, last_ns)
             try:
                 written += self.attribute_slice(
                     batch.after_us,
@@ -670,18 +562,19 @@ class Attributor(Poller):
                     # with, not those that settled since.
                     settled_us=batch.settled_us,
                     around=(first_ns - self.reach_ns, last_ns + self.reach_ns),
-                    early=None if with_early is None else with_early[:2],
+                    early=None if with_early is None else (with_early.lo_us, with_early.hi_us),
                     ids=(batch.id_lo, batch.id_hi),
                     marker_us=batch.marker_us,
                     # A batch is exactly the traces it was planned with; one with early
                     # attribution also holds the early window's.
                     traces=batch.traces if with_early is None else None,
-                    # The early window's spans were not planned: they may have no ids.
-                    resource_ids=batch.named and with_early is None,
+                    # The single-call path carries resource ids when every span of the slice,
+                    # and of the early window it takes, has one.
+                    resource_ids=batch.named and (with_early is None or with_early.named),
                 )
                 if with_early is not None:
-                    self._early_us = with_early[1]
-                    self._early_done_us = with_early[1]
+                    self._early_us = with_early.hi_us
+                    self._early_done_us = with_early.hi_us
             except StoreUnavailable:
                 batches.clear()  # the slice is planned again, and retried, on the next poll
                 raise
@@ -700,29 +593,17 @@ class Attributor(Poller):
         LAG.set(max(0.0, (now_us - self.watermark_us) / 1e6))
         # When the newest traces can next be taken: once complete (early), else once settled.
         ready_s = (self.settle_us if self.complete_us is None else self.complete_us) / 1e6
-        # The wait before the next pass (Poller reads poll_s after each pass): longer after a
-        # pass with work, so the next one takes a bigger slice for the same fixed cost; but no
-        # longer than until the newest span has settled (once traffic stops, waiting longer
-        # would not make the slice bigger, only the last requests later).
+        # The wait before the next pass (Poller reads poll_s after each pass, cadence.py).
         self.poll_s = self.idle_poll_s
         if written:
-            busy_s = min(
-                max(self.idle_poll_s, BUSY_PAUSE * (self.clock() - started)),
-                self.busy_poll_max_s,
+            busy_s = busy_wait_s(
+                self.clock() - started,
+                idle_poll_s=self.idle_poll_s,
+                busy_poll_max_s=self.busy_poll_max_s,
+                ready_s=ready_s,
+                quiet_s=self._quiet_s(now_us),
+                early_next=complete_us is None and self.early_when_quiet,
             )
-            quiet_s = self._quiet_s(now_us)
-            if quiet_s is not None:
-                busy_s = min(busy_s, max(MIN_POLL_S, ready_s - quiet_s))
-                if quiet_s >= self.idle_poll_s:
-                    # Ingest paused: what is left settles over the next settle window; a pass
-                    # every poll takes it as it settles (the CPU is idle meanwhile), so the
-                    # pass when the newest span settles is small.
-                    busy_s = min(busy_s, self.idle_poll_s)
-                    if complete_us is None and self.early_when_quiet:
-                        # It paused during this pass (which took no early window, early
-                        # attribution being off): the next one takes the early window up to
-                        # the newest span, and waiting would only make it later.
-                        busy_s = MIN_POLL_S
             self.poll_s = busy_s
             log.debug(
                 "attributed %d requests in %.2f s (%s); lag %.1f s; next pass in %.2f s",
@@ -795,328 +676,6 @@ class Attributor(Poller):
         return int(written)
 
 
-#: Settings of the attributor's inserts. A statement writes one row per request key (rows and
-#: tombstones alike), so ReplacingMergeTree has nothing to collapse inside one insert, and its
-#: collapsing pass over the sorted block, which would find nothing, is skipped.
-INSERT_SETTINGS = "SETTINGS optimize_on_insert = 0"
-
-
-def _no_jit(sql: str) -> str:
-    """``sql`` with JIT compilation off, as the attribution statements have it
-    (``latscope.attribution.sql.NO_JIT``): these run every pass, and what compiling them cost
-    was not won back."""
-    return f"{sql}\nSETTINGS {NO_JIT}"
-
-
-def _list(values: Iterable[str]) -> str:
-    return ", ".join(literal(v) for v in values)
-
-
-def _spellings(kind: str) -> list[str]:
-    """A span kind in every spelling the spans table may hold (older exporters' SPAN_KIND_*)."""
-    return [kind, *(k for k, v in SpanKind.LEGACY.items() if v == kind)]
-
-
-_SERVER_KINDS = _spellings(SpanKind.SERVER)
-_CLIENT_KINDS = _spellings(SpanKind.CLIENT)
-
-
-def _early_batch(
-    settled: str, window: str, spans: str, table: str, mine: str, bounds: str, *, versioned: bool
-) -> str:
-    """The batch with early attribution on: the settled traces (``settled``) that changed since
-    they were attributed (``versioned``; else all of them), and the complete traces of the early
-    window.
-
-    A trace of the early window is taken when none of its spans came after the window and its
-    span tree is complete: a root, every parent stored, every CLIENT span with a child (the
-    server it called reports no span yet otherwise). Nothing is lost when the guess is wrong: a
-    span that comes later is after the watermark, and its trace is attributed again.
-
-    A settled trace is taken unless it has a live row whose Version (the count of distinct spans
-    it was attributed from) is its count of distinct spans now: a trace attributed early and
-    unchanged since is not attributed twice, and one that got a span meanwhile is, including a
-    span whose insert was still in flight when the early pass read (stored with an ingest time
-    inside a window already passed). So the settle window stays the margin for such inserts."""
-    settled_part = (
-        f"""
-SELECT trace_id FROM (
-    SELECT TraceId AS trace_id, toUInt64(uniqExact(SpanId)) AS n FROM {spans}
-    WHERE TraceId IN ({settled}) AND {bounds}
-    GROUP BY TraceId)
-WHERE (trace_id, n) NOT IN (
-    SELECT TraceId, Version FROM {table}
-    WHERE TraceId IN ({settled}) AND {bounds} AND IsDeleted = 0)"""
-        if versioned
-        else settled
-    )
-    return f"""
-{settled_part}
-UNION ALL
-SELECT trace_id FROM (
-    SELECT TraceId AS trace_id,
-           groupArray(SpanId) AS ids,
-           groupArray(ParentSpanId) AS parents,
-           groupArrayIf(SpanId, SpanKind IN ({_list(_CLIENT_KINDS)})) AS clients
-    FROM {spans}
-    WHERE TraceId IN (
-        SELECT TraceId FROM {spans}
-        WHERE {window} {mine}
-          AND TraceId NOT IN (
-              SELECT TraceId FROM {spans}
-              WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{early_hi_us:Int64}})))
-      AND {bounds}
-    GROUP BY TraceId)
-WHERE has(parents, '')
-  AND arrayAll(p -> p = '' OR has(ids, p), parents)
-  AND arrayAll(c -> has(parents, c), clients)"""
-
-
-def _count_with_call(traces: str, spans: str, bounds: str) -> str:
-    """How many of ``traces`` (a query of trace ids) have a span within ``bounds`` that could be
-    a call's server (SERVER, a gen_ai.latency.* figure, or the request span of an engine of the
-    rulebook that needs neither: TGI's INTERNAL handler): a trace with none has no call."""
-    engines = EngineSql(rules.active())
-    kind = (
-        f"multiIf(SpanKind IN ({_list(_SERVER_KINDS)}), 'server', "
-        f"SpanKind IN ({_list(_CLIENT_KINDS)}), 'client', 'internal')"
-    )
-    others = engines.without_latency_key(set(LATENCY_KEYS))
-    engine = engines.engine_code(
-        lambda k: f"SpanAttributes[{literal(k)}]", "SpanName", kind, others
-    )
-    return f"""
-SELECT count() FROM (
-    SELECT DISTINCT TraceId FROM {spans}
-    WHERE TraceId IN ({traces}) AND {bounds}
-      AND (SpanKind IN ({_list(_SERVER_KINDS)})
-           OR hasAny(mapKeys(SpanAttributes), [{_list(LATENCY_KEYS)}])
-           OR {engine} != 0))"""
-
-
-class _Statements:
-    """The attributor's SQL for one spans table, attribution table and shard."""
-
-    def __init__(
-        self,
-        spans: str,
-        table: str,
-        shard: tuple[int, int],
-        *,
-        early: bool,
-        versioned: bool = True,
-        stored_figures: bool = True,
-        retry: bool = False,
-    ) -> None:
-        self.early = early
-        mine = (
-            "AND cityHash64(TraceId) % {shard_count:UInt64} = {shard_index:UInt64}"
-            if shard[1] > 1
-            else ""
-        )
-        slice_ = (
-            "LatscopeIngestedAt > fromUnixTimestamp64Micro({after_us:Int64}) "
-            "AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({%s:Int64})"
-        )
-        # Traces still receiving spans (any after the settled bound) wait: they come back with
-        # those spans.
-        settled = (
-            f"TraceId NOT IN (SELECT TraceId FROM {spans} "
-            "WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({settled_us:Int64}))"
-        )
-        ids = "TraceId >= {id_lo:String} AND ({id_hi:String} = '' OR TraceId < {id_hi:String})"
-        #: Where the watermark restarts after a restart (less MAX_CUTS, _resume).
-        self.resume = _no_jit(
-            f"SELECT toUnixTimestamp64Micro(max(SpansIngestedAt)) FROM {table} WHERE 1 {mine}"
-        )
-        #: The first and last start of the rows with a marker, and how many (``_mend_moved``).
-        self.marked = _no_jit(f"""
-SELECT toUnixTimestamp64Nano(min(Timestamp)), toUnixTimestamp64Nano(max(Timestamp)), count()
-FROM {table}
-WHERE SpansIngestedAt = fromUnixTimestamp64Micro({{through_us:Int64}}) {mine}""")
-        #: The SpansIngestedAt values within MAX_CUTS us after where a restart resumes.
-        self.markers = _no_jit(f"""
-SELECT DISTINCT toUnixTimestamp64Micro(SpansIngestedAt) FROM {table}
-WHERE SpansIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}})
-  AND SpansIngestedAt < fromUnixTimestamp64Micro({{after_us:Int64}} + {MAX_CUTS}) {mine}""")
-        # A span's end (ns): a pass's reach runs to the last end of its slice's spans.
-        span_end = "toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)"
-        #: The slice's settled traces: how many, their spans' first start and last end in it
-        #: (a late root's children start anywhere inside it), and where they are cut into
-        #: batches in the spans table's sort order (``_plan``): the trace ids that start each
-        #: batch but the first, and their positions among the slice's traces. Each trace weighs
-        #: max(its spans * batch_traces, batch_spans): a batch's capacity, batch_spans *
-        #: batch_traces, holds batch_traces traces of up to batch_spans / batch_traces spans, or
-        #: batch_spans spans of bigger ones. The slice goes in the fewest batches of that
-        #: capacity (at most ``max_batches``), evenly by weight: a batch is the traces whose
-        #: weight before them falls in its share. So a batch holds at most batch_traces traces
-        #: and fewer than batch_spans spans before its last trace (with more than max_batches
-        #: batches' worth, more). Last, how many of the slice's spans have no resource id
-        #: (``insert_simple_ids``).
-        self.plan = _no_jit(f"""
-SELECT n, first_ns, last_ns, arrayMap(i -> ids[i + 1], starts), starts, unnamed FROM (
-    SELECT n, first_ns, last_ns, ids, unnamed,
-        arrayFilter((i, d) -> d != 0, range(n), arrayDifference(arrayMap(
-            (through, weight) -> intDiv(through - weight, share), arrayCumSum(weights), weights)))
-            AS starts
-    FROM (
-        SELECT *,
-            least(greatest(intDiv(total + capacity - 1, capacity), 1),
-                {{max_batches:UInt64}}) AS k,
-            greatest(intDiv(total + k - 1, k), 1) AS share
-        FROM (
-            SELECT length(pairs) AS n, first_ns, last_ns, unnamed, arrayMap(p -> p.1, pairs) AS ids,
-                arrayMap(p -> greatest(p.2 * {{batch_traces:UInt64}}, {{batch_spans:UInt64}}),
-                    pairs) AS weights,
-                arraySum(weights) AS total,
-                {{batch_spans:UInt64}} * {{batch_traces:UInt64}} AS capacity
-            FROM (
-                SELECT min(first) AS first_ns, max(last) AS last_ns, sum(unnamed) AS unnamed,
-                       arraySort(p -> p.1, groupArray((TraceId, spans))) AS pairs
-                FROM (
-                    SELECT TraceId, toUnixTimestamp64Nano(min(Timestamp)) AS first,
-                           max({span_end}) AS last, count() AS spans,
-                           countIf(LatscopeResourceId = 0) AS unnamed
-                    FROM {spans}
-                    WHERE {slice_ % "upto_us"} {mine} AND {settled}
-                    GROUP BY TraceId)))))""")
-        #: The spans after the watermark: the oldest (after an empty slice, to skip idle time)
-        #: and how many.
-        self.after = _no_jit(f"""
-SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), count()
-FROM {spans}
-WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""")
-        #: When the newest span after the watermark came (us, on the store's clock), and whether
-        #: there is one: after a pass with work (when will it settle), and between passes (has
-        #: ingest paused).
-        self.quiet = _no_jit(f"""
-SELECT toUnixTimestamp64Micro(max(LatscopeIngestedAt)), count() > 0
-FROM {spans}
-WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""")
-        # A batch: the settled traces of the slice in a range of trace ids.
-        batch = (
-            f"SELECT DISTINCT TraceId AS trace_id FROM {spans} "
-            f"WHERE {slice_ % 'hi_us'} {mine} AND {ids} AND {settled}"
-        )
-        #: The batch's trace ids in order, to cut a batch that failed (``_isolate``).
-        self.batch_ids = _no_jit(f"SELECT trace_id FROM ({batch}) ORDER BY trace_id")
-        if retry:
-            # Traces set aside after a pass failed on them, by id (``_retry``).
-            batch = (
-                f"SELECT DISTINCT TraceId AS trace_id FROM {spans} "
-                f"WHERE has({{retry_ids:Array(String)}}, TraceId) {mine}"
-            )
-        bounds = (
-            "Timestamp >= fromUnixTimestamp64Nano({from_ns:Int64}) "
-            "AND Timestamp <= fromUnixTimestamp64Nano({to_ns:Int64})"
-        )
-        early_window = (
-            "LatscopeIngestedAt > fromUnixTimestamp64Micro({early_lo_us:Int64}) "
-            "AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({early_hi_us:Int64})"
-        )
-        #: How many spans of this shard the early window holds, their first start and last end.
-        self.early_spans = _no_jit(f"""
-SELECT count(), toUnixTimestamp64Nano(min(Timestamp)), max({span_end})
-FROM {spans}
-WHERE {early_window} {mine}""")
-        if early:
-            batch = _early_batch(
-                batch, early_window, spans, table, mine, bounds, versioned=versioned
-            )
-        columns = ", ".join(ATTRIBUTION_SCHEMA.names)
-        into = f"INSERT INTO {table} ({columns}) {INSERT_SETTINGS}\n"
-        # The rows this pass wrote: the only rows with its SpansIngestedAt (every pass of this
-        # shard records a later one), so they are found without evaluating the batch again.
-        written_traces = (
-            f"SELECT TraceId FROM {table} WHERE {bounds} {mine} "
-            "AND SpansIngestedAt = fromUnixTimestamp64Micro({through_us:Int64})"
-        )
-        #: The single-call path over the batch (attribution/sql/simple_*.sql): one row per trace
-        #: of the common shape, none for the others.
-        self.insert_simple = into + simple_select(batch, spans, bounds, stored_figures)
-        #: The same, for a batch whose slice has every span's resource id: the server span's
-        #: resource is carried as its id and its attributes looked up after the GROUP BY
-        #: (deploy/clickhouse/012_resource_ids.sql). A trace whose resource is not found there
-        #: is left to the general path.
-        self.insert_simple_ids = into + simple_select(
-            batch,
-            spans,
-            bounds,
-            stored_figures,
-            resource_ids=True,
-            # On a cluster node's local tables, its own copy (every node holds them all).
-            resources_table=RESOURCES_TABLE
-            + (LOCAL_SUFFIX if spans.endswith(LOCAL_SUFFIX) else ""),
-        )
-        #: The batch's traces left without a row that have a span that could be a call's server
-        #: (SERVER, or a gen_ai.latency.* figure): a trace with none has no call.
-        left = (
-            f"SELECT trace_id FROM ({batch}) WHERE trace_id NOT IN ({written_traces})"
-            if early
-            else f"{batch} AND TraceId NOT IN ({written_traces})"
-        )
-        self.count_left = _no_jit(_count_with_call(left, spans, bounds))
-        #: A quiet pass's batch without the Version check: a superset of those traces, the
-        #: slice's settled traces and the early window's, complete or not. When it has none,
-        #: count_left, which evaluates the tree check again, is skipped (a quiet pass over
-        #: 200,000 requests: 0.34-0.44 CPU s for count_left, 0.13-0.14 for this). With the
-        #: Version check it would hold every unchanged trace skipped, so count_left goes alone.
-        superset = (
-            f"SELECT TraceId FROM {spans} "
-            f"WHERE (({slice_ % 'hi_us'} AND {ids} AND {settled}) OR {early_window}) {mine} "
-            f"AND TraceId NOT IN ({written_traces})"
-        )
-        self.count_left_superset = (
-            _no_jit(_count_with_call(superset, spans, bounds)) if early and not versioned else None
-        )
-        #: Every rule (attribution/sql/0*.sql) over those traces.
-        self.insert = into + attribution_select(left, spans, bounds)
-        written_now = f"""
-SELECT TraceId, RequestSpanId, ServiceName, Model, toStartOfHour(Timestamp) AS hour, Version
-FROM {table}
-WHERE {bounds} {mine}
-  AND SpansIngestedAt = fromUnixTimestamp64Micro({{through_us:Int64}}) AND IsDeleted = 0"""
-        # Keys of this pass's traces written before this pass whose newest row is live and that
-        # this pass did not write again: they moved, and get a tombstone with the trace's new
-        # Version (the newest wins under FINAL, the tombstone deletes).
-        moved = f"""
-WITH new AS ({written_now}),
-old AS (
-    SELECT TraceId, RequestSpanId, ServiceName, Model, Timestamp
-    FROM {table}
-    WHERE TraceId IN (SELECT TraceId FROM new) AND {bounds}
-    GROUP BY TraceId, RequestSpanId, ServiceName, Model, Timestamp
-    HAVING argMax(IsDeleted, (Version, SpansIngestedAt)) = 0
-       AND max(SpansIngestedAt) != fromUnixTimestamp64Micro({{through_us:Int64}})
-)
-SELECT old.Timestamp, old.TraceId, old.RequestSpanId, old.ServiceName, old.Model, v.Version
-FROM old
-INNER JOIN (SELECT TraceId, max(Version) AS Version FROM new GROUP BY TraceId) AS v
-    ON old.TraceId = v.TraceId
-WHERE (old.TraceId, old.RequestSpanId, old.ServiceName, old.Model, toStartOfHour(old.Timestamp))
-    NOT IN (SELECT TraceId, RequestSpanId, ServiceName, Model, hour FROM new)"""
-        older = f"""
-    (SELECT count() FROM {table}
-     WHERE TraceId IN (SELECT TraceId FROM new) AND {bounds}
-       AND SpansIngestedAt != fromUnixTimestamp64Micro({{through_us:Int64}}))"""
-        #: Rows written by this pass, the traces they are of, and rows of its traces from
-        #: earlier passes (none: nothing can have moved).
-        self.count_written = _no_jit(f"""
-WITH new AS ({written_now})
-SELECT (SELECT count() FROM new), (SELECT uniqExact(TraceId) FROM new), {older}""")
-        #: count_written after the single-call path alone, which writes one row per trace: the
-        #: rows are the traces (its distinct count was a fifth of this statement's cost).
-        self.count_simple = _no_jit(f"""
-WITH new AS ({written_now})
-SELECT (SELECT count() FROM new) AS rows, rows, {older}""")
-        self.count_moved = _no_jit(f"SELECT count() FROM ({moved})")
-        self.tombstones = (
-            f"INSERT INTO {table} (Timestamp, TraceId, RequestSpanId, ServiceName, Model, "
-            f"Version, IsDeleted, SpansIngestedAt) {INSERT_SETTINGS}\n"
-            + _no_jit(f"SELECT *, 1, fromUnixTimestamp64Micro({{through_us:Int64}}) FROM ({moved})")
-        )
-
-
 ATTRIBUTED = Counter(
     "latscope_attributed_requests",
     "Requests attributed (rows written to the attribution table), re-attributions included",
@@ -1127,56 +686,11 @@ TOMBSTONES = Counter(
     "Rows retracted because re-attribution moved a request to another key",
     registry=REGISTRY,
 )
-BATCH_ERRORS = Counter(
-    "latscope_attribution_errors",
-    "Attribution passes that failed; 'store' ones are retried, 'skipped' ones are dropped",
-    ["kind"],
-    registry=REGISTRY,
-)
-SET_ASIDE = Gauge(
-    "latscope_attribution_set_aside_traces",
-    "Traces attribution failed on alone, set aside and retried with a backoff "
-    "(GET /v1/attribution/set-aside lists them)",
-    registry=REGISTRY,
-)
 LAG = Gauge(
     "latscope_attribution_lag_seconds",
     "Store time minus the attributor's watermark (includes the settle window)",
     registry=REGISTRY,
 )
-
-
-def set_aside_router(attributor: Attributor, token: str) -> Any:
-    """``GET /v1/attribution/set-aside``: the traces ``attributor`` has set aside."""
-    from fastapi import APIRouter, Header
-
-    from latscope.api.errors import ApiError, error_responses
-    from latscope.api.schemas import SetAsideTraces
-    from latscope.auth import UNAUTHORIZED, bearer_ok
-
-    router = APIRouter(tags=["attribution"])
-
-    @router.get(
-        "/v1/attribution/set-aside",
-        response_model=SetAsideTraces,
-        responses=error_responses(401),  # no parameters: nothing else to refuse
-    )
-    def set_aside(
-        # The bearer token, as on every /v1 route: not a parameter of this route's own.
-        authorization: str | None = Header(default=None, include_in_schema=False),
-    ) -> SetAsideTraces:
-        """Traces attribution failed on alone (a value ClickHouse refused, say): set aside so the
-        others go on, and retried with a backoff. Empty when attribution is healthy."""
-        if not bearer_ok(authorization, token):
-            raise ApiError(401, "unauthorized", UNAUTHORIZED)
-        now = time.time()
-        return SetAsideTraces.model_validate({"traces": [
-            {"trace_id": s.trace_id, "error": s.error, "attempts": s.attempts,
-             "retry_in_s": max(0.0, s.retry_at - now)}
-            for s in sorted(attributor.set_aside.values())
-        ]})  # fmt: skip
-
-    return router
 
 
 def attributor_parts(settings: Settings, store: Store) -> Parts:
@@ -1198,5 +712,5 @@ def attributor_parts(settings: Settings, store: Store) -> Parts:
     )
     return Parts(
         components=[attributor, Rollups(store)],
-        http_routers=[set_aside_router(attributor, settings.token)],
+        http_routers=[set_aside_router(attributor.set_aside, settings.token)],
     )

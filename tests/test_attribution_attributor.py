@@ -132,7 +132,7 @@ def test_once_ingest_pauses_a_busy_pass_waits_one_poll_not_until_the_newest_sett
 ) -> None:
     """Under load the wait after a busy pass is long (here the whole settle window); once no span
     has come for a poll interval, the traces left are taken as they settle, a poll at a time."""
-    monkeypatch.setattr("latscope.attribution.attributor.BUSY_PAUSE", 1000.0)
+    monkeypatch.setattr("latscope.attribution.cadence.BUSY_PAUSE", 1000.0)
     settle_s, idle_poll_s = 4.0, 1.0
     att, last = _one_settled_one_fresh(store, clock, settle_s, idle_poll_s)
     clock.advance(idle_poll_s + 0.2)  # ingest paused; `last` settles in 2.8 s
@@ -148,9 +148,9 @@ def test_during_a_long_wait_the_loop_passes_as_soon_as_ingest_pauses(
     looks whether ingest has paused (at most a poll apart, and when the newest span will have
     gone a poll without a newer one), and once it has it passes then instead of when the wait
     ends."""
-    from latscope.attribution.attributor import LOOK_LATE_S
+    from latscope.attribution.cadence import LOOK_LATE_S
 
-    monkeypatch.setattr("latscope.attribution.attributor.BUSY_PAUSE", 1000.0)
+    monkeypatch.setattr("latscope.attribution.cadence.BUSY_PAUSE", 1000.0)
     settle_s, idle_poll_s = 4.0, 1.0
     a, b, c = (uuid.uuid4().hex for _ in range(3))
     att = _timed(Attributor(store, settle_s=settle_s, poll_s=idle_poll_s), clock, 0.05)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from latscope.attribution.attributor import MIN_POLL_S, QUIET_EARLY_SPANS, Attributor
+from latscope.attribution.attributor import QUIET_EARLY_SPANS, Attributor
+from latscope.attribution.cadence import MIN_POLL_S
 from latscope.config import ConfigError, Settings
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
 from tests.attribution_support import MS, T0, server_spans, span_rows

@@ -543,3 +543,39 @@ def test_the_single_call_path_takes_its_shape_and_leaves_the_rest(store: Store) 
     taken = SIMPLE_ANSWERED - before
     assert len(taken) == 1  # only "common"; the stored ids are fresh, the order is the dict's
     assert sorted(taken)[0].endswith(f"{0:024x}")
+
+
+@pytest.mark.slow
+def test_the_single_call_path_takes_phases_that_name_the_operation(store: Store) -> None:
+    """Instrumentation that copies the request's gen_ai.* attributes onto every span gives the
+    phases a GenAI operation: such a phase is below the server, no link of its client chain, so
+    the single-call path takes the trace (the same rows as the general path and the reference).
+    Left to the general path: such a span that is not a phase, and a phase that the client's
+    parents run back to (a cycle), where the reference walks the chain through it."""
+    from dataclasses import replace
+
+    from tests.attribution_support import SIMPLE_ANSWERED
+
+    chat = {GenAIAttributes.OPERATION_NAME: "chat", GenAIAttributes.REQUEST_MODEL: "m"}
+
+    def build(variant: str) -> list[SpanRecord]:
+        tb = TraceBuilder()
+        c = tb.client(10, 90, attrs={**chat, ClientAttributes.LAST_BYTE_NS: T0 + 90 * MS})
+        s = tb.server(15, 85, parent=c, attrs=chat)
+        p = tb.phase(Phase.PREFILL, 20, 30, parent=s, attrs=chat)
+        tb.phase(Phase.DECODE, 30, 80, parent=s,
+                 attrs={**chat, LatscopeAttributes.TOKEN_OFFSETS_US: "[0,1000,2500]"})  # fmt: skip
+        if variant == "internal":
+            tb.add(SpanKind.INTERNAL, 40, 50, parent=s, attrs=chat)
+        spans = tb.spans
+        if variant == "cycle":
+            spans = [replace(x, parent_span_id=p) if x.span_id == c else x for x in spans]
+        return spans
+
+    variants = ["phases", "internal", "cycle"]
+    traces_ = {v: build(v) for v in variants}
+    before = set(SIMPLE_ANSWERED)
+    sql_check(store, traces_, reference={k: _as_loaded(v) for k, v in traces_.items()})
+    taken = SIMPLE_ANSWERED - before
+    assert len(taken) == 1  # only "phases"; the stored ids are fresh, the order is the dict's
+    assert sorted(taken)[0].endswith(f"{0:024x}")

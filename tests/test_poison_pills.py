@@ -601,7 +601,7 @@ def test_a_trace_attribution_fails_on_is_set_aside_and_the_others_go_on(
 
     import pyarrow as pa
 
-    from latscope.attribution import attributor as attributor_module
+    from latscope.attribution import setaside
     from latscope.attribution.attributor import Attributor
     from latscope.storage import SPANS_TABLE
     from tests.attribution_support import spans_table, stalls_call, write_resources
@@ -636,7 +636,7 @@ def test_a_trace_attribution_fails_on_is_set_aside_and_the_others_go_on(
         "SETTINGS mutations_sync = 1",
         {"t": poison},
     )
-    monkeypatch.setattr(attributor_module, "RETRY_FIRST_S", 0.0)
+    monkeypatch.setattr(setaside, "RETRY_FIRST_S", 0.0)
     att.set_aside[poison] = att.set_aside[poison]._replace(retry_at=0.0)
     time.sleep(0.01)
     att.run_until_idle()

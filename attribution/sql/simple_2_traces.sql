@@ -7,9 +7,12 @@
 -- key anywhere (so S is the only server-like span), at least one latscope phase and every one a
 -- child of S (so S owns them all and is the only inference span: one request, one attempt, one
 -- try), and S's parent a CLIENT span that is not a phase (the client), or not a stored span (no
--- client), no GenAI operation but on CLIENT spans (OpenInference's LLM span is INTERNAL) and no
--- ASGI response message (both the general path's). The CLIENT spans above the client (the client
--- chain) are found by id.
+-- client), no GenAI operation but on CLIENT spans and phases (OpenInference's LLM span is INTERNAL)
+-- and no ASGI response message (both the general path's). The CLIENT spans above the client (the
+-- client chain) are found by id. A phase that names a GenAI operation (instrumentation that copies
+-- the request's gen_ai.* attributes onto every span) is below S, so no link of S's client chain,
+-- unless the parents run in a cycle through it: a trace whose client or the client's parent has
+-- such a phase for its parent is left to the general path.
 --
 -- Span ids are counted and looked up by a 64-bit hash (SipHash of each string in uniqExact, and
 -- groupArray's generic strings, were a tenth of the statement): a collision can only make n
@@ -25,7 +28,8 @@ simple_traces AS (
         countIf(kind = $SERVER) AS n_servers,
         countIf(latency_key) AS n_latency,
         countIf(bucket != 0) AS n_phases,
-        countIf(response OR (model_call AND kind != $CLIENT)) AS n_general,
+        countIf(response OR (model_call AND kind != $CLIENT AND bucket = 0)) AS n_general,
+        groupArrayIf(cityHash64(span_id), model_call AND kind != $CLIENT) AS call_phases,
         minIf(parent_id, bucket != 0) AS phase_parent_lo,
         maxIf(parent_id, bucket != 0) AS phase_parent_hi,
         groupArrayIf((span_id, parent_id, service, start_ns, end_ns, status, resource, codes, vals),
@@ -60,4 +64,7 @@ simple_traces AS (
         AND phase_parent_lo = server.1 AND phase_parent_hi = server.1
         AND if(client != 0, clients[client].4 = 0,
             server.2 = '' OR NOT has(id_hashes, cityHash64(server.2)))
+        AND (empty(call_phases) OR client = 0
+            OR NOT (has(call_phases, cityHash64(clients[client].1))
+                OR has(call_phases, cityHash64(clients[indexOf(client_ids, clients[client].1)].1))))
 )
