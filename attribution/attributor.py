@@ -66,7 +66,6 @@ from typing import Any, NamedTuple
 from prometheus_client import Counter, Gauge
 
 from latscope.attribution.cadence import busy_wait_s, next_look_s
-from latscope.attribution.engine import DEFAULT_STALL_NS
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
 from latscope.attribution.setaside import (
     BATCH_ERRORS,
@@ -94,6 +93,7 @@ from latscope.storage import (
     StoreError,
     StoreUnavailable,
 )
+from latscope.tokens import DEFAULT_STALL_NS
 
 log = logging.getLogger(__name__)
 

@@ -87,10 +87,6 @@ from latscope.tokens import (
     token_figures,
 )
 
-# The SQL attributor and the attributor take the token figures' names from here as well.
-from latscope.tokens import FIRST_OFFSET_US as FIRST_OFFSET_US
-from latscope.tokens import TOKENS as TOKENS
-
 #: Overlapping phases: the first listed wins the overlapping time. The work nearest the GPU is
 #: what the request was waiting on (a queue span that wraps the whole request must not hide the
 #: prefill and decode inside it).

@@ -32,7 +32,6 @@ from latscope import sqltext
 from latscope.attribution import rules
 from latscope.attribution.engine import (
     CLIENT_CHAIN,
-    DEFAULT_STALL_NS,
     KV_RANK,
     MAX_ANCESTRY,
     MAX_PHASE_DEPTH,
@@ -104,6 +103,7 @@ from latscope.semconv import (
     StatusCode,
 )
 from latscope.storage import RESOURCE_REFRESH_S, RESOURCES_TABLE
+from latscope.tokens import DEFAULT_STALL_NS
 
 __all__ = [
     "CODES",

@@ -8,12 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from latscope.attribution.engine import (
-    FIRST_OFFSET_US,
     GPU_KEYS,
     GPU_PHASES,
-    ITL_MAX_NS,
-    ITL_P50_NS,
-    ITL_P99_NS,
     KV_RANK,
     MAX_ANCESTRY,
     MAX_SECONDS,
@@ -21,9 +17,6 @@ from latscope.attribution.engine import (
     NETWORK_RANK,
     OTHER_RANK,
     RANK,
-    STALLS,
-    TOKENS,
-    TPOT_NS,
 )
 from latscope.attribution.model import INTEGER, MAX_FLOAT, NUMBER
 from latscope.attribution.sql.codes import (
@@ -40,6 +33,15 @@ from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import (
     STREAM_PARAMETER,
     Phase,
+)
+from latscope.tokens import (
+    FIRST_OFFSET_US,
+    ITL_MAX_NS,
+    ITL_P50_NS,
+    ITL_P99_NS,
+    STALLS,
+    TOKENS,
+    TPOT_NS,
 )
 
 
@@ -93,7 +95,7 @@ def int_at(payload: str, code: str) -> str:
 
 
 def int_list(valid: str, expr: str) -> str:
-    """model.parse_int_list of the token offsets ``expr`` where ``valid`` (the span has the
+    """tokens.parse_int_list of the token offsets ``expr`` where ``valid`` (the span has the
     ``OFFSETS`` fact: a JSON array of integers that fit Int64), else []. Parsed as ClickHouse's
     text form of an array, the same integers as ``JSONExtract`` gives for such a value, for less
     CPU; the text is '[]' where not ``valid``, as a cast
@@ -135,7 +137,7 @@ def streamed(*chain: str) -> str:
 
 
 def quantile(sorted_values: str, n: str, q: str, scale: int = 1) -> str:
-    """engine.linear_quantile over an already sorted array of ``n`` values (n >= 1), each
+    """tokens.linear_quantile over an already sorted array of ``n`` values (n >= 1), each
     multiplied by ``scale`` first."""
     pos = f"({q} * ({n} - 1))"
     i = f"toInt64(floor({pos}))"
@@ -230,7 +232,7 @@ def gaps(offsets: str) -> str:
 
 
 def token_figures(offsets: str) -> str:
-    """engine.token_figures of the token offsets ``offsets`` (us, an Array(Int64)) at the
+    """tokens.token_figures of the token offsets ``offsets`` (us, an Array(Int64)) at the
     statement's stall threshold, an Array(Float64) of seven (all 0 where there are no offsets),
     by the same arithmetic: the figures the collector stores with each span
     (``LatscopeTokenFigures``, deploy/clickhouse/011_token_figures.sql), computed where a writer
@@ -249,7 +251,7 @@ def token_figures(offsets: str) -> str:
     return "[" + ", ".join(figures[at] for at in sorted(figures)) + "]"
 
 
-#: The figures of ``engine.token_figures`` by the names the single-call path's rows read them
+#: The figures of ``tokens.token_figures`` by the names the single-call path's rows read them
 #: (``$AT_<name>``), at the engine's positions plus one (ClickHouse indexes arrays from 1).
 FIGURE_AT: dict[str, int] = {
     name: at + 1
