@@ -273,6 +273,9 @@ class Request:
     #: The attempts under a serving system's span (Dynamo's frontend, TensorRT-LLM's
     #: disaggregated proxy): that span is their window, and each is a part of its try.
     in_system: frozenset[str] = frozenset()
+    #: Each attempt's phases ``(bucket, start, end)`` placed by its engine's parts
+    #: (``[[engine.part]]``: Triton's compute spans).
+    parts: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
 
     @property
     def span_id(self) -> str:
@@ -394,6 +397,34 @@ def system_above(index: TraceIndex, span: SpanRecord) -> SpanRecord | None:
     return None
 
 
+def engine_parts(
+    index: TraceIndex, spans: Sequence[SpanRecord]
+) -> tuple[set[str], dict[str, list[tuple[str, int, int]]]]:
+    """The spans inside the request span of an engine with parts (its nearest such ancestor,
+    within that engine's part depth; a SERVER span among them is the request's own, never an
+    inference call), and each such request span's phases from its parts."""
+    book = rules.active()
+    owners = {s.span_id: e for s in spans if (e := book.engine_of(s)) and e.part_depth}
+    inner: set[str] = set()
+    phases: dict[str, list[tuple[str, int, int]]] = {}
+    if not owners:
+        return inner, phases
+    for s in spans:
+        for depth, node in enumerate(index.ancestors(s, MAX_PHASE_DEPTH), 1):
+            engine = owners.get(node.span_id)
+            if engine is None:
+                continue
+            if depth <= engine.part_depth:
+                inner.add(s.span_id)
+                parent = index.by_id.get(s.parent_span_id)
+                part = engine.part_of(s, parent, node)
+                if part is not None:
+                    found = engine.part_phases(part, s, parent, node)
+                    phases.setdefault(node.span_id, []).extend(found)
+            break
+    return inner, phases
+
+
 def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
     """Every inference call of a trace, by start (client's, else the server's), then id."""
     index = TraceIndex(spans)
@@ -410,6 +441,7 @@ def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
     chains: dict[str, tuple[SpanRecord, ...]] = {}
 
     systems = {s.span_id: system for s in spans if (system := system_above(index, s)) is not None}
+    inner, parts = engine_parts(index, spans)
 
     def chain_of(span: SpanRecord) -> tuple[SpanRecord, ...]:
         if span.span_id not in chains:
@@ -430,6 +462,7 @@ def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
         for s in spans
         if s.kind == SpanKind.SERVER
         and s.span_id not in engines
+        and s.span_id not in inner
         and (_says_inference(s) or any(is_model_call(c) for c in chain_of(s)))
     ]
     candidates = [s for s in spans if s.span_id in engines] + said
@@ -453,9 +486,19 @@ def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
             for w in windows.values()
             if w.span_id in response_ends
         }
-        parts = frozenset(a.span_id for a in ordered if a.span_id in systems)
+        in_system = frozenset(a.span_id for a in ordered if a.span_id in systems)
+        placed = {a.span_id: tuple(parts[a.span_id]) for a in ordered if a.span_id in parts}
         requests.append(
-            Request(clients[key], ordered, phases, chain_of(ordered[-1]), windows, ends, parts)
+            Request(
+                clients[key],
+                ordered,
+                phases,
+                chain_of(ordered[-1]),
+                windows,
+                ends,
+                in_system,
+                placed,
+            )
         )
     return sorted(requests, key=lambda r: (r.start_ns, r.span_id))
 
@@ -556,6 +599,7 @@ def attempt_phases(request: Request, attempt: SpanRecord) -> list[tuple[str, int
     mine = request.phases[attempt.span_id]
     raw = [(name, p.start_ns, p.end_ns) for name, p in mine]
     raw += synthetic_phases(attempt, stages=bool(mine))
+    raw += request.parts.get(attempt.span_id, ())
     return [(n, max(s, lo), min(e, hi)) for n, s, e in raw if min(e, hi) > max(s, lo)]
 
 
@@ -657,6 +701,7 @@ def _kv_transfer(request: Request, ranked: Sequence[tuple[int, int, int]]) -> in
         for name in (
             *(n for n, _ in request.phases[a.span_id]),
             *(n for n, _, _ in synthetic_phases(a, stages=bool(request.phases[a.span_id]))),
+            *(n for n, _, _ in request.parts.get(a.span_id, ())),
         )
     )
     if not recorded:

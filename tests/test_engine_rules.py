@@ -31,14 +31,17 @@ from tests.upstream_traces import MS, SECOND, T0, Built, Host, TraceBuilder, spa
 
 CLIENT, INTERNAL = Span.SPAN_KIND_CLIENT, Span.SPAN_KIND_INTERNAL
 
-#: The shapes the rulebook reads (every shape but Triton's own request: its phases are events on
-#: three spans, which the rules do not join).
+#: The shapes the rulebook reads: every shape built.
 READ = [
     "trtllm",
     "trtllm-httpx-skew",
     "trtllm-no-client",
     "trtllm-disagg",
     "trtllm-disagg-openai-v2",
+    "triton-tensorrtllm",
+    "triton-ensemble",
+    "triton-bls",
+    "triton-vllm",
     "tgi-stream",
     "tgi-generate",
     "tgi-no-client",
@@ -65,19 +68,11 @@ def _answers(built: Built, truth: EngineTruth):
     return attribute_requests(truth.trace_id, spans)
 
 
-def _engine_truths(label: str, built: Built) -> list[EngineTruth]:
-    """The truths the rulebook answers for: Triton's own request is not read (its phases are
-    events on three spans); the vLLM engine's trace beside it is."""
-    if label == "triton-vllm-engine-trace":
-        return [t for t in built.truths if t.engine != "triton"]
-    return list(built.truths)
-
-
 @pytest.mark.parametrize("label", READ)
 @pytest.mark.parametrize("seed", range(4))
 def test_each_engine_is_attributed_by_its_own_figures(label: str, seed: int) -> None:
     built = BUILDERS[label](seed)
-    for truth in _engine_truths(label, built):
+    for truth in built.truths:
         (got,) = _answers(built, truth)
         assert got.request_id == truth.request_id, label
         assert got.buckets_ns == dict(truth.buckets), label
@@ -86,6 +81,49 @@ def test_each_engine_is_attributed_by_its_own_figures(label: str, seed: int) -> 
         assert got.kv_transfer_ns == truth.kv_transfer_ns, label
         assert got.ttft_server_ns == truth.server_ttft_ns, label
         assert got.output_tokens == truth.output_tokens, label
+
+
+def _events(span) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for name, t in span.events:
+        out.setdefault(name, []).append(t)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["tensorrtllm", "bls", "vllm"])
+@pytest.mark.parametrize("seed", range(3))
+def test_triton_buckets_are_its_own_event_figures(backend: str, seed: int) -> None:
+    """Triton's buckets read straight from its span events (src/tracer.cc's names): queue is
+    the model's QUEUE_START -> COMPUTE_START; the TensorRT-LLM model's input (COMPUTE_START ->
+    COMPUTE_INPUT_END) is preprocess, its output (COMPUTE_OUTPUT_START -> COMPUTE_END)
+    postprocess, and its inference (COMPUTE_INPUT_END -> COMPUTE_OUTPUT_START) prefill up to the
+    first INFER_RESPONSE_COMPLETE and decode after; the vLLM backend's hand-over compute is
+    preprocess and its generation runs to the last response. The server's TTFT is the first
+    response, from InferRequest's start."""
+    built = BUILDERS[f"triton-{backend}" if backend != "bls" else "triton-bls"](seed)
+    (truth,) = built.truths
+    spans = span_records(built.resource_spans)[truth.trace_id]
+    by_name = {s.name: s for s in spans}
+    root, compute = by_name["InferRequest"], by_name["compute"]
+    model = next(s for s in spans if s.span_id == compute.parent_span_id)
+    assert model.attributes["triton.model_name"] == model.name
+    c, m, r = _events(compute), _events(model), _events(root)
+    first, last = min(r["INFER_RESPONSE_COMPLETE"]), max(r["INFER_RESPONSE_COMPLETE"])
+    (got,) = attribute_requests(truth.trace_id, spans)
+    assert got.buckets_ns["queue"] == c["COMPUTE_START"][0] - m["QUEUE_START"][0]
+    assert got.ttft_server_ns == first - root.start_ns
+    if backend == "vllm":
+        assert got.buckets_ns["preprocess"] == c["COMPUTE_END"][0] - c["COMPUTE_START"][0]
+        assert got.buckets_ns["prefill"] == first - c["COMPUTE_END"][0]
+        assert got.buckets_ns["decode"] == last - first
+        assert got.buckets_ns["postprocess"] == 0
+    else:
+        assert got.buckets_ns["preprocess"] == c["COMPUTE_INPUT_END"][0] - c["COMPUTE_START"][0]
+        assert got.buckets_ns["postprocess"] == c["COMPUTE_END"][0] - c["COMPUTE_OUTPUT_START"][0]
+        inference = c["COMPUTE_OUTPUT_START"][0] - c["COMPUTE_INPUT_END"][0]
+        assert got.buckets_ns["prefill"] == first - c["COMPUTE_INPUT_END"][0]
+        assert got.buckets_ns["prefill"] + got.buckets_ns["decode"] == inference
+    assert got.attempts == 1
 
 
 @pytest.mark.slow
@@ -216,7 +254,7 @@ def test_every_engine_and_a_user_engine_through_latscope_serve(tmp_path: Path) -
             _export(server.grpc, built)
         _export(server.grpc, fastgen)
         for label, built in builds:
-            for truth in _engine_truths(label, built):
+            for truth in built.truths:
                 (got,) = _requests_over_rest(server, truth.trace_id)
                 assert got["request_id"] == truth.request_id, label
                 assert got["e2e_ms"] == pytest.approx(truth.e2e_ns / 1e6, abs=1e-6), label
@@ -224,11 +262,10 @@ def test_every_engine_and_a_user_engine_through_latscope_serve(tmp_path: Path) -
                 assert got["buckets_ms"] == pytest.approx(want, abs=1e-6), label
         stored = _stored_rows(
             server,
-            {t.trace_id for label, b in builds for t in _engine_truths(label, b)}
-            | set(fastgen.trace_ids),
+            {t.trace_id for _, b in builds for t in b.truths} | set(fastgen.trace_ids),
         )
         for label, built in builds:
-            for truth in _engine_truths(label, built):
+            for truth in built.truths:
                 row = stored[truth.trace_id]
                 want = {b: _ms(v) for b, v in truth.buckets.items()}
                 assert row["buckets_ms"] == pytest.approx(want, abs=1e-6), label

@@ -473,6 +473,14 @@ def _engine_phases_of(k: str) -> str:
     )
 
 
+def _part_phases_of(k: str) -> str:
+    """The k-th attempt's part phases (engine._engine_parts): those of the parts inside it."""
+    return (
+        f"arrayFlatten(arrayMap(j -> pphases[j], arrayFilter(j -> part_of[j] = attempts[{k}], "
+        "idx)))"
+    )
+
+
 def _up(k: int) -> str:
     """up{2k} from up{k}: each list of k ancestors extended by its k-th ancestor's list."""
     prev = f"up{k}"
@@ -853,6 +861,10 @@ _MACROS: dict[str, Callable[..., str]] = {
     "STREAMED": streamed,
     "QUANTILE": quantile,
     "ENGINE_PHASES_OF": _engine_phases_of,
+    "PART_PHASES_OF": _part_phases_of,
+    "PART_CODE": lambda name: _engine_sql().part_code(name),
+    "PART_DEPTH": lambda code: _engine_sql().part_depth(code),
+    "PART_PHASES": lambda j, p, o: _engine_sql().part_phases(j, p, o, RANK),
     "FLAG": flag,
     "SV": sv,
     "TIMED": timed,
