@@ -7,6 +7,7 @@ attributor's to the reference's on every shape of every engine in the rulebook.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import subprocess
 import sys
@@ -14,10 +15,13 @@ import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
 import pytest
+from mcp import Client as McpClient
+from mcp.client.stdio import StdioServerParameters
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
@@ -25,7 +29,7 @@ from latscope.attribution import rules
 from latscope.attribution.engine import attribute_requests
 from latscope.storage import Store
 from tests.attribution_support import sql_check
-from tests.engine_traces import ENGINE_BUILDERS, EngineTruth
+from tests.engine_traces import ENGINE_BUILDERS, EngineTruth, StartupTruth, vllm_startup
 from tests.serve_support import Server, start_serve
 from tests.upstream_traces import MS, SECOND, T0, Built, Host, TraceBuilder, span_records
 
@@ -242,6 +246,21 @@ def _ms(ns: int | None) -> float | None:
     return None if ns is None else ns / 1e6
 
 
+def _assert_startup_over_rest(server: Server, startup: StartupTruth) -> None:
+    """The cold-start answer gives the replica's load time from its startup spans."""
+    window = {"since": "2025-11-13T00:00:00Z", "until": "2025-11-15T00:00:00Z"}
+    response = httpx.get(server.url("/v1/attribution/coldstart"), params=window, timeout=30)
+    assert response.status_code == 200, response.text[:300]
+    (replica,) = [r for r in response.json()["replicas"] if r["replica"] == startup.replica]
+    assert replica["requests"] == 3
+    loaded = replica["startup"]
+    assert loaded["trace_id"] == startup.trace_id
+    assert loaded["ready_ns"] == startup.ready_ns
+    assert loaded["loading_ms"] == pytest.approx(startup.loading_ns / 1e6, abs=1e-6)
+    assert loaded["load_model_ms"] == pytest.approx(startup.load_model_ns / 1e6, abs=1e-6)
+    assert loaded["prepare_ms"] == pytest.approx(startup.prepare_ns / 1e6, abs=1e-6)
+
+
 @pytest.mark.subprocess
 def test_every_engine_and_a_user_engine_through_latscope_serve(tmp_path: Path) -> None:
     """``latscope serve --rules`` with a user's file: each engine's trace, sent over OTLP, is
@@ -250,9 +269,11 @@ def test_every_engine_and_a_user_engine_through_latscope_serve(tmp_path: Path) -
     try:
         builds = [(label, BUILDERS[label](zlib.crc32(label.encode()) % 1000)) for label in READ]
         fastgen, fastgen_truth = fastgen_request(7)
+        loading = vllm_startup(11)
         for _, built in builds:
             _export(server.grpc, built)
         _export(server.grpc, fastgen)
+        _export(server.grpc, loading.built)
         for label, built in builds:
             for truth in built.truths:
                 (got,) = _requests_over_rest(server, truth.trace_id)
@@ -262,7 +283,9 @@ def test_every_engine_and_a_user_engine_through_latscope_serve(tmp_path: Path) -
                 assert got["buckets_ms"] == pytest.approx(want, abs=1e-6), label
         stored = _stored_rows(
             server,
-            {t.trace_id for _, b in builds for t in b.truths} | set(fastgen.trace_ids),
+            {t.trace_id for _, b in builds for t in b.truths}
+            | set(fastgen.trace_ids)
+            | {t.trace_id for t in loading.built.truths},
         )
         for label, built in builds:
             for truth in built.truths:
@@ -275,6 +298,7 @@ def test_every_engine_and_a_user_engine_through_latscope_serve(tmp_path: Path) -
         assert got["ttft_server_ms"] == pytest.approx(fastgen_truth["ttft_server"] / 1e6, abs=1e-6)
         for bucket in ("network", "queue", "prefill", "decode", "other"):
             assert got["buckets_ms"][bucket] == pytest.approx(fastgen_truth[bucket] / 1e6, abs=1e-6)
+        _assert_startup_over_rest(server, loading.startup)
     finally:
         server.stop()
 
@@ -299,3 +323,47 @@ def test_a_bad_rule_file_stops_serve_naming_the_line(tmp_path: Path) -> None:
     unit, bucket = problems
     assert "unit 'msec' is not one of" in unit and "msec" in lines[int(unit.split(":")[1])]
     assert "did you mean 'prefill'" in bucket and "prefil" in lines[int(bucket.split(":")[1])]
+
+
+def _mcp_explain(store_dir: Path, request_id: str, *rules_args: str) -> tuple[bool, Any]:
+    """``explain_request`` over ``latscope mcp --store`` (stdio): (is_error, structured answer)."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "latscope.cli", "mcp", "--store", f"chdb://{store_dir}", *rules_args],
+    )
+
+    async def session() -> tuple[bool, Any]:
+        async with McpClient(params) as client:
+            result = await client.call_tool("explain_request", {"request_id": request_id})
+            return bool(result.is_error), result.structured_content
+
+    return asyncio.run(session())
+
+
+@pytest.mark.subprocess
+def test_mcp_takes_rules_like_serve(tmp_path: Path) -> None:
+    """``latscope mcp --rules``: a bad file stops it naming the line; over a store, a request of
+    an engine only a user's file names is explained by that file, as serve attributed it."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text(FASTGEN_RULES.read_text().replace('bucket = "prefill"', 'bucket = "prefil"'))
+    done = subprocess.run(
+        [sys.executable, "-m", "latscope.cli", "mcp", "--store", f"chdb://{tmp_path / 'none'}",
+         "--rules", str(bad)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"{bad}:" in done.stderr and "did you mean 'prefill'" in done.stderr
+    store = tmp_path / "store"
+    server = start_serve(store, "--rules", str(FASTGEN_RULES))
+    try:
+        built, truth = fastgen_request(3)
+        _export(server.grpc, built)
+        (served,) = _requests_over_rest(server, built.trace_ids[0])
+    finally:
+        server.stop()
+    failed, answer = _mcp_explain(store, served["request_id"], "--rules", str(FASTGEN_RULES))
+    assert not failed, answer
+    assert answer["attribution"]["buckets_ms"] == pytest.approx(served["buckets_ms"])
+    assert answer["attribution"]["ttft_server_ms"] == pytest.approx(truth["ttft_server"] / 1e6)
+    failed, _ = _mcp_explain(store, served["request_id"])
+    assert failed, "without the file the trace holds no inference call"

@@ -97,6 +97,9 @@ class Engine:
     #: every SERVER span that deep is the request's own, never an inference call of its own.
     parts: tuple[Part, ...] = ()
     part_depth: int = 0
+    #: A replica's startup spans (``[engine.startup]``): ``root`` (the whole load, its end the
+    #: replica ready), ``load`` (the weights), ``prepare`` (KV cache, warm-up) -> span name.
+    startup: tuple[tuple[str, str], ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # -- matching and evaluating one span (the reference engine) --------------------------------
@@ -261,6 +264,10 @@ class Rulebook:
                     names.setdefault(name)
         return list(names)
 
+    def startups(self) -> list[dict[str, str]]:
+        """Each engine's startup span names (``root``, ``load``, ``prepare``), in order."""
+        return [dict(e.startup) for e in self.engines if e.startup]
+
     def part_depth(self) -> int:
         return max((e.part_depth for e in self.engines), default=0)
 
@@ -312,7 +319,7 @@ def _key(key: str) -> str:
 #: Tables printed as sections of their own even when they hold only scalars.
 _SECTIONS = (
     "request", "figures", "derive", "stages", "names", "first", "first_token", "tpot", "roles",
-    "system", "parts",
+    "system", "parts", "startup",
 )  # fmt: skip
 
 

@@ -44,6 +44,7 @@ _ENGINE_KEYS = {
     "system",
     "parts",
     "part",
+    "startup",
 }
 _REQUEST_KEYS = {
     "name",
@@ -56,6 +57,7 @@ _REQUEST_KEYS = {
 }
 _SYSTEM_KEYS = {"depth"}
 _PART_KEYS = {"name", "parent", "when", "phases", "doc"}
+_STARTUP_KEYS = ("root", "load", "prepare")
 _FIGURE_KEYS = {"attribute", "unit", "doc"}
 _PHASE_KEYS = {"bucket", "from", "to", "with_stages", "doc"}
 _STAGES_KEYS = {"depth", "names", "first"}
@@ -375,6 +377,16 @@ class _Checker:
                     self.problem("roles", role, f"role {role!r}: prefill or decode = a name prefix")
             kw["roles"] = tuple((r, p) for r, p in roles.items() if r in _ROLE_NAMES and p)
         self._parts(raw, kw)
+        startup = raw.get("startup")
+        if isinstance(startup, dict):
+            self._known(startup, set(_STARTUP_KEYS), "startup")
+            pairs = [(k, v) for k, v in startup.items() if k in _STARTUP_KEYS]
+            for key, value in pairs:
+                if not isinstance(value, str) or not value:
+                    self.problem("startup", key, f"startup {key} must be a span name")
+            if "root" not in startup:
+                self.problem("startup", "", "[engine.startup] needs root (the whole load's span)")
+            kw["startup"] = tuple((k, v) for k, v in pairs if isinstance(v, str) and v)
         system = raw.get("system")
         places = raw.get("phase") or raw.get("stages") or raw.get("part")
         if isinstance(system, dict):
