@@ -85,6 +85,7 @@ def test_each_engine_is_attributed_by_its_own_figures(label: str, seed: int) -> 
         assert got.kv_transfer_ns == truth.kv_transfer_ns, label
         assert got.ttft_server_ns == truth.server_ttft_ns, label
         assert got.output_tokens == truth.output_tokens, label
+        assert got.input_tokens == truth.input_tokens, label
 
 
 def _events(span) -> dict[str, list[int]]:

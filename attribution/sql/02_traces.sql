@@ -83,7 +83,7 @@ relations AS (
             [arrayFirst(x -> systems[x] != 0, arraySlice(a, 1, $MAX_PHASE_DEPTH))])[1], ancestors)
             AS sys_of,
         -- The request span of an engine with parts this span is inside, within the engine's part
-        -- depth (engine._engine_parts; 0: none).
+        -- depth (finding.engine_parts; 0: none).
         arrayMap(a -> arrayMap(x -> if(x != 0 AND indexOf(a, x) <= $PART_DEPTH(engines[x]), x, 0),
             [arrayFirst(x -> $PART_DEPTH(engines[x]) != 0, arraySlice(a, 1, $MAX_PHASE_DEPTH))])[1],
             ancestors) AS part_of

@@ -474,7 +474,7 @@ def _engine_phases_of(k: str) -> str:
 
 
 def _part_phases_of(k: str) -> str:
-    """The k-th attempt's part phases (engine._engine_parts): those of the parts inside it."""
+    """The k-th attempt's part phases (finding.engine_parts): those of the parts inside it."""
     return (
         f"arrayFlatten(arrayMap(j -> pphases[j], arrayFilter(j -> part_of[j] = attempts[{k}], "
         "idx)))"
