@@ -226,3 +226,33 @@ def test_every_attribute_the_shipped_rulebook_reads_is_stored_by_code() -> None:
     from latscope.attribution.sql.engines import EngineSql
 
     assert set(EngineSql(load()).attributes()) <= set(KEYS.values())
+
+
+def test_a_bad_part_is_refused_naming_its_lines(tmp_path: Path) -> None:
+    path = tmp_path / "parts.toml"
+    path.write_text(
+        "rulebook = 1\n"
+        "[[engine]]\n"
+        'name = "srv"\n'
+        "[engine.request]\n"
+        'name = "Root"\n'
+        "[[engine.phase]]\n"
+        'bucket = "queue"\n'
+        'from = "parent.start"\n'
+        'to = "end"\n'
+        "[engine.parts]\n"
+        "depth = 2\n"
+        "[[engine.part]]\n"
+        'name = "step"\n'
+        'when = "end"\n'
+        "phases = [\n"
+        '  { bucket = "decode", from = "sibling.event(X)", to = "request.event(X, last)" },\n'
+        "]\n"
+    )
+    with pytest.raises(RulebookError) as caught:
+        read_file(path)
+    problems = {int(p.split(":")[1]): p for p in caught.value.problems}
+    assert len(problems) == len(caught.value.problems) == 3
+    assert "parent. and request. only in a part" in problems[8]
+    assert "a comparison" in problems[14]
+    assert "'sibling' is not one of parent, request" in problems[15]

@@ -450,7 +450,7 @@ class _Checker:
                 hi = self._expr(q.get("to"), {}, INSTANT, ("part", "phases", n))
                 if bucket is not None and lo is not None and hi is not None:
                     phases.append(PhaseRule(bucket, lo, hi))
-            if not phases:
+            if not raw_phases:
                 self.problem("part", "phases", "a part needs phases", n)
             out.append(Part(names, parents, tuple(when), tuple(phases)))
         kw["parts"] = tuple(out)
