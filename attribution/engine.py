@@ -53,28 +53,51 @@ tested against it. The rules are documented in docs/attribution.md; in short:
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 from latscope.attribution import rules
+from latscope.attribution.finding import (
+    CLIENT_CHAIN,
+    MAX_ANCESTRY,
+    MAX_PHASE_DEPTH,
+    Request,
+    TraceIndex,
+    _disaggregated,
+    _samples,
+    attempt_groups,
+    critical_attempts,
+    disaggregated_role,
+    find_requests,
+)
 from latscope.attribution.model import RequestAttribution, SpanRecord, parse_int
+from latscope.attribution.timeline import (
+    KV_RANK,
+    NETWORK_RANK,
+    OTHER_RANK,
+    PHASE_PRIORITY,
+    RANK,
+    Timeline,
+    attempt_phases,
+    named_pieces,
+    rank_name,
+    ranked_pieces,
+    ranked_segments,
+    sweep,
+    synthetic_phases,
+    timeline,
+)
 from latscope.semconv import (
     BUCKETS,
-    INFERENCE_ROUTES,
     KV_TRANSFER,
     STREAM_PARAMETER,
-    ClientAttributes,
     GenAIAttributes,
     GenAIEvents,
-    GenAIOperation,
     HttpAttributes,
     LatscopeAttributes,
     OpenInferenceAttributes,
     Phase,
-    SpanKind,
     VllmAttributes,
 )
 from latscope.tokens import (
@@ -87,32 +110,45 @@ from latscope.tokens import (
     token_figures,
 )
 
-#: Overlapping phases: the first listed wins the overlapping time. The work nearest the GPU is
-#: what the request was waiting on (a queue span that wraps the whole request must not hide the
-#: prefill and decode inside it).
-PHASE_PRIORITY: tuple[str, ...] = (
-    Phase.DECODE,
-    Phase.PREFILL,
-    Phase.PREPROCESS,
-    Phase.POSTPROCESS,
-    Phase.QUEUE,
-)
-#: Rank of a KV-cache transfer stage (counted in ``other``, and on its own), of attempt windows
-#: ("other") and of uncovered client time ("network"), after the phases.
-KV_RANK = len(PHASE_PRIORITY)
-OTHER_RANK = KV_RANK + 1
-NETWORK_RANK = OTHER_RANK + 1
-RANK: dict[str, int] = {**{p: i for i, p in enumerate(PHASE_PRIORITY)}, KV_TRANSFER: KV_RANK}
+#: What the reference engine gives, with the names of the request finding
+#: (``latscope.attribution.finding``) and the sweep (``latscope.attribution.timeline``) that its
+#: callers import from here.
+__all__ = [
+    "CLIENT_CHAIN",
+    "DEFAULT_STALL_NS",
+    "GPU_KEYS",
+    "GPU_PHASES",
+    "KV_RANK",
+    "LATENCY_KEYS",
+    "MAX_ANCESTRY",
+    "MAX_PHASE_DEPTH",
+    "MAX_SECONDS",
+    "MAX_TOKENS",
+    "NETWORK_RANK",
+    "OTHER_RANK",
+    "PHASE_PRIORITY",
+    "RANK",
+    "Request",
+    "Timeline",
+    "TraceIndex",
+    "attempt_phases",
+    "attribute_request",
+    "attribute_requests",
+    "find_requests",
+    "first_chunk_event",
+    "named_pieces",
+    "rank_name",
+    "ranked_pieces",
+    "ranked_segments",
+    "seconds_to_ns",
+    "streamed",
+    "sweep",
+    "synthetic_phases",
+    "timed_decode",
+    "timeline",
+    "token_figures",
+]
 
-#: How far below its server span a phase span may sit.
-MAX_PHASE_DEPTH = 8
-#: How far up a span's ancestry the rules look (the client of an inference span, the tool call
-#: around a server span, ...): deeper than any real call chain, a bound against cycles.
-MAX_ANCESTRY = 32
-#: The transport (a CLIENT span) and the spans of the same call directly above it, at most this
-#: many in all, form the client chain (LangChain's LLM span over OpenInference's over an httpx
-#: span; openai-v2's ``chat`` span over latscope's client span).
-CLIENT_CHAIN = 3
 
 GPU_KEYS: dict[str, str] = {
     LatscopeAttributes.GPU_UTIL_MEAN: "utilization_mean",
@@ -148,502 +184,6 @@ def seconds_to_ns(value: float) -> int:
     return math.floor(min(max(value, -MAX_SECONDS), MAX_SECONDS) * 1e9 + 0.5)
 
 
-def sweep(window: tuple[int, int], phases: Sequence[tuple[str, int, int]]) -> dict[str, int]:
-    """Split ``window`` among ``(phase, start, end)`` intervals by priority; the rest is other.
-
-    >>> sweep((0, 100), [("queue", 0, 50), ("prefill", 40, 70)])
-    {'queue': 40, 'preprocess': 0, 'prefill': 30, 'decode': 0, 'postprocess': 0, 'other': 30}
-    """
-    ranked = [(RANK[n], s, e) for n, s, e in phases if n in RANK]
-    ranked.append((OTHER_RANK, *window))
-    out = dict.fromkeys(BUCKETS[1:], 0)
-    for r, a, b in ranked_segments(window, ranked):
-        out[rank_name(r, client=False)] += b - a
-    return out
-
-
-def rank_name(rank: int, *, client: bool) -> str:
-    """The bucket a sweep rank counts in (a KV-cache transfer stage is ``other``)."""
-    if rank < KV_RANK:
-        return PHASE_PRIORITY[rank]
-    return "network" if rank == NETWORK_RANK and client else "other"
-
-
-def ranked_segments(
-    window: tuple[int, int], intervals: Sequence[tuple[int, int, int]]
-) -> list[tuple[int, int, int]]:
-    """Elementary-segment sweep: ``window`` cut at every interval end, each piece ``(rank, a, b)``
-    labelled with the lowest rank covering it (``NETWORK_RANK`` where none does)."""
-    lo, hi = window
-    if hi <= lo:
-        return []
-    clipped = [(r, max(s, lo), min(e, hi)) for r, s, e in intervals]
-    clipped = [c for c in clipped if c[2] > c[1]]
-    cuts = sorted({lo, hi, *(c[1] for c in clipped), *(c[2] for c in clipped)})
-    out = []
-    for a, b in itertools.pairwise(cuts):
-        ranks = [r for r, s, e in clipped if s <= a and e >= b]
-        out.append((min(ranks) if ranks else NETWORK_RANK, a, b))
-    return out
-
-
-# -- which spans make each request ---------------------------------------------------------------
-
-
-def has_latency(span: SpanRecord) -> bool:
-    """The span is an engine's request span by the rulebook in force (``attribution/rules``):
-    vLLM's and SGLang's ``gen_ai.latency.*`` figures, TGI's handler, ... whatever its kind."""
-    return rules.active().engine_of(span) is not None
-
-
-def _server_like(span: SpanRecord) -> bool:
-    return span.kind == SpanKind.SERVER or has_latency(span)
-
-
-def is_model_call(span: SpanRecord) -> bool:
-    """A client-side GenAI operation: a span (not a server's) whose ``gen_ai.operation.name`` is a
-    call to a model (openai-v2's ``chat``, traceloop's ``openai.chat``, latscope's client span
-    of an OpenAI-style endpoint), or an OpenInference LLM span (INTERNAL)."""
-    if _server_like(span):
-        return False
-    attrs = span.attributes
-    return (
-        attrs.get(GenAIAttributes.OPERATION_NAME) in GenAIOperation.MODEL_CALLS
-        or attrs.get(OpenInferenceAttributes.SPAN_KIND) == OpenInferenceAttributes.LLM
-    )
-
-
-def _call_link(span: SpanRecord) -> bool:
-    """A span of a client chain: a CLIENT span or a client-side GenAI operation."""
-    return (span.kind == SpanKind.CLIENT and not has_latency(span)) or is_model_call(span)
-
-
-def inference_route(route: str | None) -> bool:
-    """An ``http.route`` of a model-serving API (``INFERENCE_ROUTES``, matched at its end)."""
-    return bool(route) and any(route.endswith(r) for r in INFERENCE_ROUTES)  # type: ignore[union-attr]
-
-
-def _says_inference(span: SpanRecord) -> bool:
-    """A SERVER span's own word that it serves a model call: the model it was asked for, a model
-    operation, or an inference route."""
-    attrs = span.attributes
-    return bool(
-        attrs.get(GenAIAttributes.REQUEST_MODEL)
-        or attrs.get(GenAIAttributes.OPERATION_NAME) in GenAIOperation.MODEL_CALLS
-        or inference_route(attrs.get(HttpAttributes.ROUTE))
-    )
-
-
-def _is_response_body(span: SpanRecord) -> bool:
-    """An ASGI ``http send`` span of a response body message (either spelling of its type)."""
-    body = HttpAttributes.ASGI_RESPONSE_BODY
-    attrs = span.attributes
-    return (
-        attrs.get(HttpAttributes.ASGI_EVENT_TYPE) == body
-        or attrs.get(HttpAttributes.ASGI_EVENT_TYPE_OLD) == body
-    )
-
-
-def disaggregated_role(span: SpanRecord) -> str | None:
-    """ "prefill" or "decode" for an engine's request span under prefill/decode disaggregation,
-    by its engine's ``roles`` (SGLang's root names)."""
-    engine = rules.active().engine_of(span)
-    return None if engine is None else engine.role(span)
-
-
-@dataclass(frozen=True)
-class Request:
-    """The spans of one inference call: its client (if seen), its attempts oldest first (start,
-    then span id), each attempt's phases as ``(bucket, span)``, its window (``windows``: the
-    model service's outermost SERVER span around it, itself when none) and, where recorded, when
-    that window's response ended (``response_ends``, on the server's clock)."""
-
-    client: SpanRecord | None
-    attempts: tuple[SpanRecord, ...]
-    phases: dict[str, tuple[tuple[str, SpanRecord], ...]]
-    #: The last attempt's transport and the spans of the call above it, up to the client,
-    #: nearest first.
-    client_chain: tuple[SpanRecord, ...] = ()
-    windows: dict[str, SpanRecord] = field(default_factory=dict)
-    response_ends: dict[str, int] = field(default_factory=dict)
-    #: The attempts under a serving system's span (Dynamo's frontend, TensorRT-LLM's
-    #: disaggregated proxy): that span is their window, and each is a part of its try.
-    in_system: frozenset[str] = frozenset()
-
-    @property
-    def span_id(self) -> str:
-        return self.client.span_id if self.client is not None else self.attempts[0].span_id
-
-    @property
-    def start_ns(self) -> int:
-        return self.client.start_ns if self.client is not None else self.attempts[0].start_ns
-
-    def window(self, attempt: SpanRecord) -> SpanRecord:
-        return self.windows.get(attempt.span_id, attempt)
-
-    def bounds(self, attempt: SpanRecord) -> tuple[int, int]:
-        """The attempt's window on the server's clock, cut at the end of its response."""
-        w = self.window(attempt)
-        end = self.response_ends.get(w.span_id)
-        return w.start_ns, (w.end_ns if end is None else min(w.end_ns, max(end, w.start_ns)))
-
-
-class TraceIndex:
-    """Parent and child lookups over one trace's spans (span ids unique)."""
-
-    def __init__(self, spans: Sequence[SpanRecord]) -> None:
-        self.spans = spans
-        self.by_id = {s.span_id: s for s in spans}
-        self.children: dict[str, list[SpanRecord]] = {}
-        for s in spans:
-            self.children.setdefault(s.parent_span_id, []).append(s)
-
-    def ancestors(self, span: SpanRecord, limit: int = MAX_ANCESTRY) -> Iterator[SpanRecord]:
-        """Parent, grandparent, ... at most ``limit`` of them, while they are stored."""
-        parent = span.parent_span_id
-        for _ in range(limit):
-            node = self.by_id.get(parent)
-            if node is None:
-                return
-            yield node
-            parent = node.parent_span_id
-
-
-def _phase_owner(index: TraceIndex, span: SpanRecord) -> tuple[str, str] | None:
-    """(bucket, owning span id) when ``span`` is a phase of some inference span: a
-    ``latscope.phase`` span under its nearest server-like ancestor, or an engine's stage span
-    (by name, ``[engine.stages]``) within that engine's depth below its request span."""
-    phase = span.attributes.get(LatscopeAttributes.PHASE)
-    book = rules.active()
-    stage = None if phase in Phase.ALL else book.stage_bucket(span.name)
-    if phase not in Phase.ALL and stage is None:
-        return None
-    for depth, node in enumerate(index.ancestors(span, MAX_PHASE_DEPTH), 1):
-        if _server_like(node):
-            if stage is None:
-                return phase, node.span_id  # type: ignore[return-value]
-            engine = book.engine_of(node)
-            if engine is None or engine.stage_bucket(span.name) is None:
-                return None  # named like a stage of another engine, or outside any engine
-            if depth > engine.stage_depth:
-                return None
-            return stage, node.span_id
-    return None
-
-
-def _response_owner(index: TraceIndex, span: SpanRecord) -> str | None:
-    """The SERVER span a response-body ``http send`` span belongs to (its nearest server-like
-    ancestor, at most ``MAX_PHASE_DEPTH`` up)."""
-    if not _is_response_body(span):
-        return None
-    for node in index.ancestors(span, MAX_PHASE_DEPTH):
-        if _server_like(node):
-            return node.span_id
-    return None
-
-
-def _transport_of(index: TraceIndex, span: SpanRecord) -> SpanRecord | None:
-    """The nearest CLIENT ancestor, reached without crossing a server of another service: a
-    client above a RAG front end called that front end, not the model server behind it, but an
-    HTTP framework's SERVER span around the inference span in the same service is crossed."""
-    for node in index.ancestors(span):
-        if node.kind == SpanKind.CLIENT:
-            return node
-        if _server_like(node) and node.service != span.service:
-            return None
-    return None
-
-
-def client_chain(index: TraceIndex, transport: SpanRecord) -> tuple[SpanRecord, ...]:
-    """The transport and the spans of the same call above it (CLIENT spans, client-side GenAI
-    operations; at most ``CLIENT_CHAIN`` in all), nearest first, up to the outermost GenAI
-    operation among them: that one is the request's client. Without one, the transport alone."""
-    links = [transport]
-    for node in index.ancestors(transport, CLIENT_CHAIN - 1):
-        if not _call_link(node):
-            break
-        links.append(node)
-    outer = max((i for i, s in enumerate(links) if is_model_call(s)), default=0)
-    return tuple(links[: outer + 1])
-
-
-def _window_of(index: TraceIndex, span: SpanRecord) -> SpanRecord:
-    """The model service's outermost SERVER span around ``span`` (itself when none): its
-    ancestors in its own service, up to a CLIENT span or another service."""
-    outer = span
-    for node in index.ancestors(span):
-        if node.kind == SpanKind.CLIENT or node.service != span.service:
-            break
-        if node.kind == SpanKind.SERVER:
-            outer = node
-    return outer
-
-
-def system_above(index: TraceIndex, span: SpanRecord) -> SpanRecord | None:
-    """The nearest serving system's request span above ``span``, within that system's depth
-    (``[engine.system]``): Dynamo's ``http-request``, TensorRT-LLM's disaggregated proxy."""
-    book = rules.active()
-    for depth, node in enumerate(index.ancestors(span, MAX_PHASE_DEPTH), 1):
-        system = book.system_of(node)
-        if system is not None:
-            return node if depth <= system.system_depth else None
-    return None
-
-
-def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
-    """Every inference call of a trace, by start (client's, else the server's), then id."""
-    index = TraceIndex(spans)
-    owned: dict[str, list[tuple[str, SpanRecord]]] = {}
-    response_ends: dict[str, int] = {}
-    for s in spans:
-        found = _phase_owner(index, s)
-        if found is not None:
-            owned.setdefault(found[1], []).append((found[0], s))
-        owner = _response_owner(index, s)
-        if owner is not None:
-            response_ends[owner] = max(response_ends.get(owner, s.end_ns), s.end_ns)
-    _first_stages(owned, index)
-    chains: dict[str, tuple[SpanRecord, ...]] = {}
-
-    systems = {s.span_id: system for s in spans if (system := system_above(index, s)) is not None}
-
-    def chain_of(span: SpanRecord) -> tuple[SpanRecord, ...]:
-        if span.span_id not in chains:
-            # Under a serving system the call is the system's: its client is above the system's
-            # span, and the CLIENT spans inside (Dynamo's router) are its own hops.
-            transport = _transport_of(index, systems.get(span.span_id, span))
-            chains[span.span_id] = () if transport is None else client_chain(index, transport)
-        return chains[span.span_id]
-
-    engines = {
-        s.span_id for s in spans if has_latency(s) or (s.span_id in owned and _server_like(s))
-    }
-    # A SERVER span without phases is an inference call on its own word or its caller's (a GenAI
-    # operation above it); one that holds another inference span is a gateway or the framework
-    # around an engine, not a call of its own.
-    said = [
-        s
-        for s in spans
-        if s.kind == SpanKind.SERVER
-        and s.span_id not in engines
-        and (_says_inference(s) or any(is_model_call(c) for c in chain_of(s)))
-    ]
-    candidates = [s for s in spans if s.span_id in engines] + said
-    above = {a.span_id for s in candidates for a in index.ancestors(s)}
-    inference = [s for s in candidates if s.span_id in engines or s.span_id not in above]
-    groups: dict[str, list[SpanRecord]] = {}
-    clients: dict[str, SpanRecord | None] = {}
-    for s in inference:
-        chain = chain_of(s)
-        client = chain[-1] if chain else None
-        key = client.span_id if client is not None else s.span_id
-        groups.setdefault(key, []).append(s)
-        clients[key] = client
-    requests = []
-    for key, attempts in groups.items():
-        ordered = tuple(sorted(attempts, key=lambda a: (a.start_ns, a.span_id)))
-        phases = {a.span_id: tuple(owned.get(a.span_id, ())) for a in ordered}
-        windows = {a.span_id: _window_of(index, systems.get(a.span_id, a)) for a in ordered}
-        ends = {
-            w.span_id: response_ends[w.span_id]
-            for w in windows.values()
-            if w.span_id in response_ends
-        }
-        parts = frozenset(a.span_id for a in ordered if a.span_id in systems)
-        requests.append(
-            Request(clients[key], ordered, phases, chain_of(ordered[-1]), windows, ends, parts)
-        )
-    return sorted(requests, key=lambda r: (r.start_ns, r.span_id))
-
-
-def _first_stages(owned: dict[str, list[tuple[str, SpanRecord]]], index: TraceIndex) -> None:
-    """The earliest stage span (by start, then id) of a name its engine lists in
-    ``[engine.stages.first]`` stands for that bucket (TGI: the first ``infer`` step is the
-    prefill, the later ones decode)."""
-    book = rules.active()
-    for owner_id, parts in owned.items():
-        engine = book.engine_of(index.by_id[owner_id])
-        if engine is None:
-            continue
-        for name, bucket in engine.first_stages:
-            mine = [
-                p
-                for _, p in parts
-                if p.name == name and p.attributes.get(LatscopeAttributes.PHASE) not in Phase.ALL
-            ]
-            if mine:
-                first = min(mine, key=lambda p: (p.start_ns, p.span_id))
-                parts[:] = [(bucket if p is first else b, p) for b, p in parts]
-
-
-def attempt_groups(
-    attempts: Sequence[SpanRecord], request: Request | None = None
-) -> list[list[SpanRecord]]:
-    """Attempts (oldest first) in groups whose windows overlap in time: each group is one try,
-    the parallel samples of vLLM's ``n > 1`` (and the two workers of a disaggregated request) in
-    one group, a retry starts a new group."""
-    groups: list[list[SpanRecord]] = []
-    end = 0
-    for a in attempts:
-        lo, hi = request.bounds(a) if request is not None else (a.start_ns, a.end_ns)
-        if groups and lo < end:
-            groups[-1].append(a)
-            end = max(end, hi)
-        else:
-            groups.append([a])
-            end = hi
-    return groups
-
-
-def _disaggregated(group: Sequence[SpanRecord], request: Request | None = None) -> bool:
-    """A try in parts: an engine's prefill and decode roles, or several engine spans under one
-    serving system (Dynamo's prefill and decode workers, TensorRT-LLM's context and generation
-    servers)."""
-    if any(disaggregated_role(a) is not None for a in group):
-        return True
-    return (
-        request is not None
-        and len(group) > 1
-        and any(a.span_id in request.in_system for a in group)
-    )
-
-
-def critical_attempts(
-    attempts: Sequence[SpanRecord], request: Request | None = None
-) -> list[SpanRecord]:
-    """The attempts the response waited for: of each try, the one that ended last (then started
-    last, then by span id). vLLM's ``n > 1`` samples run side by side and the response is
-    complete when the last one is; the others' queue and decode are not on its critical path.
-    A try served by a prefill worker and a decode worker (disaggregated) is one request in two
-    parts: both are on its critical path."""
-    out: list[SpanRecord] = []
-    for group in attempt_groups(attempts, request):
-        if _disaggregated(group, request):
-            out.extend(group)
-        else:
-            out.append(max(group, key=lambda a: (a.end_ns, a.start_ns, a.span_id)))
-    return out
-
-
-def _samples(request: Request) -> list[SpanRecord]:
-    """The last try's attempts that answered the client: all of them (vLLM's samples), or the
-    decode worker's when disaggregated (the prefill worker's first token went to it)."""
-    last = attempt_groups(request.attempts, request)[-1]
-    if any(disaggregated_role(a) is not None for a in last):
-        return [a for a in last if disaggregated_role(a) == "decode"]
-    return last
-
-
-# -- attributing one request ---------------------------------------------------------------------
-
-
-def synthetic_phases(server: SpanRecord, *, stages: bool = False) -> list[tuple[str, int, int]]:
-    """An engine span's phases from its own figures, by its engine's ``[[engine.phase]]`` rules
-    (vLLM's and SGLang's anchored at the first token: every figure there ends or starts at it);
-    with ``stages`` (its stage spans own parts of it) only those kept beside them."""
-    engine = rules.active().engine_of(server)
-    return [] if engine is None else engine.phase_list(server, stages=stages)
-
-
-def attempt_phases(request: Request, attempt: SpanRecord) -> list[tuple[str, int, int]]:
-    """The attempt's phases ``(bucket, start, end)`` on the server's clock, clipped to its window
-    (empty ones left out): its phase spans, else the synthetic phases of its latency figures."""
-    lo, hi = request.bounds(attempt)
-    mine = request.phases[attempt.span_id]
-    raw = [(name, p.start_ns, p.end_ns) for name, p in mine]
-    raw += synthetic_phases(attempt, stages=bool(mine))
-    return [(n, max(s, lo), min(e, hi)) for n, s, e in raw if min(e, hi) > max(s, lo)]
-
-
-def _says_whole_response(request: Request) -> bool:
-    """The client span covers the whole response: latscope's client records when it read the
-    last byte, and a GenAI operation ends when the call has its answer (openai-v2, OpenInference
-    and traceloop end a stream's span at its last chunk)."""
-    return request.client is not None and (
-        is_model_call(request.client)
-        or any(s.attr_int(ClientAttributes.LAST_BYTE_NS) is not None for s in request.client_chain)
-    )
-
-
-def _reach(request: Request) -> int | None:
-    """The latest instant (server clock) the server's own record says the response was still
-    going: the end of its last phase, or of its last response-body message; None without."""
-    ends = [e for a in request.attempts for _, _, e in attempt_phases(request, a)]
-    ends += [
-        request.bounds(a)[1]
-        for a in request.attempts
-        if request.window(a).span_id in request.response_ends
-    ]
-    return max(ends, default=None)
-
-
-@dataclass(frozen=True)
-class Timeline:
-    """A request on the client's clock: its window, the offset that moves the server's clock
-    onto the client's, whether the client span ended at the response headers, and the clock skew
-    reported (how far the server's clock runs ahead; 0 where the spans fit within what the
-    network legs allow)."""
-
-    lo: int
-    hi: int
-    offset: int
-    headers_only: bool
-    skew: int = 0
-
-
-def timeline(request: Request) -> Timeline:
-    client = request.client
-    bounds = [request.bounds(a) for a in request.attempts]
-    hull_lo = min(lo for lo, _ in bounds)
-    hull_hi = max(hi for _, hi in bounds)
-    if client is None:
-        return Timeline(hull_lo, hull_hi, 0, False)
-    lo, dur, hi = client.start_ns, client.duration_ns, client.end_ns
-    hull = hull_hi - hull_lo
-    if hull_lo >= lo and hull_hi <= hi:
-        return Timeline(lo, hi, 0, False)
-    if hull <= dur:
-        misfit = max(lo - hull_lo, hull_hi - hi)
-        if misfit <= dur - hull:
-            # Within the room the network legs leave: a server span that ends a little after the
-            # client's (teardown) or legs of unequal length, not a clock skew to report.
-            return Timeline(lo, hi, lo - hull_lo if hull_lo < lo else hi - hull_hi, False)
-        offset = lo + (dur - hull) // 2 - hull_lo
-        return Timeline(lo, hi, offset, False, -offset)
-    reach = _reach(request)
-    if not _says_whole_response(request) and reach is not None and reach - hull_lo > dur:
-        # Headers-only: the server sent the headers as it started, half-way through the client
-        # span; the response then came back over the same leg.
-        offset = lo + dur // 2 - hull_lo
-        return Timeline(lo, hull_hi + offset + (dur - dur // 2), offset, True, -offset)
-    # The excess is work after the response: moved only if the server started first.
-    offset = max(0, lo - hull_lo)
-    return Timeline(lo, hi, offset, False, -offset)
-
-
-def ranked_pieces(request: Request) -> tuple[Timeline, list[tuple[int, int, int]]]:
-    """The request's timeline cut into ``(rank, start, end)`` pieces on the client's clock."""
-    tl = timeline(request)
-    intervals: list[tuple[int, int, int]] = []
-    for attempt in critical_attempts(request.attempts, request):
-        lo, hi = request.bounds(attempt)
-        a_lo = max(lo + tl.offset, tl.lo)
-        a_hi = min(hi + tl.offset, tl.hi)
-        intervals.append((OTHER_RANK, a_lo, a_hi))
-        for name, s, e in attempt_phases(request, attempt):
-            intervals.append((RANK[name], max(s + tl.offset, a_lo), min(e + tl.offset, a_hi)))
-    return tl, ranked_segments((tl.lo, tl.hi), intervals)
-
-
-def named_pieces(
-    request: Request, ranked: Sequence[tuple[int, int, int]]
-) -> list[tuple[str, int, int]]:
-    """``ranked_pieces``' pieces as ``(bucket, start, end)`` (``other`` for server time and
-    ``network`` for the rest when the request has no client span)."""
-    has_client = request.client is not None
-    return [(rank_name(r, client=has_client), a, b) for r, a, b in ranked]
-
-
 def _kv_transfer(request: Request, ranked: Sequence[tuple[int, int, int]]) -> int | None:
     """The request's time in a KV-cache transfer stage no phase covers; None when none of its
     swept attempts records a transfer."""
@@ -653,6 +193,7 @@ def _kv_transfer(request: Request, ranked: Sequence[tuple[int, int, int]]) -> in
         for name in (
             *(n for n, _ in request.phases[a.span_id]),
             *(n for n, _, _ in synthetic_phases(a, stages=bool(request.phases[a.span_id]))),
+            *(n for n, _, _ in request.parts.get(a.span_id, ())),
         )
     )
     if not recorded:
@@ -692,6 +233,23 @@ OUTPUT_TOKEN_KEYS = (
     GenAIAttributes.USAGE_COMPLETION_TOKENS,
     OpenInferenceAttributes.TOKEN_COUNT_COMPLETION,
 )
+
+
+def _input_tokens(request: Request, attrs: dict[str, str]) -> int | None:
+    """The prompt's tokens: of a try in parts, its prefill part's (its prefill role, else the
+    part that started first), which read the prompt; else the merged attributes' (a decode
+    worker's own count is of the prompt it was handed)."""
+    last = attempt_groups(request.attempts, request)[-1]
+    if _disaggregated(last, request):
+        roles = [a for a in last if disaggregated_role(a) is not None]
+        prefill = (
+            [a for a in roles if disaggregated_role(a) == "prefill"][:1] if roles else last[:1]
+        )
+        for part in prefill:
+            own = _tokens(part.attributes, *INPUT_TOKEN_KEYS)
+            if own is not None:
+                return own
+    return _tokens(attrs, *INPUT_TOKEN_KEYS)
 
 
 def _output_tokens(request: Request) -> int | None:
@@ -775,7 +333,7 @@ def attribute_request(
         headers_only=tl.headers_only,
         kv_transfer_ns=_kv_transfer(request, ranked),
     )
-    result.input_tokens = _tokens(attrs, *INPUT_TOKEN_KEYS)
+    result.input_tokens = _input_tokens(request, attrs)
     result.output_tokens = _output_tokens(request)
     _streaming(result, request, stall_threshold_ns)
     if streamed(request) is False:

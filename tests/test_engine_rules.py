@@ -7,6 +7,7 @@ attributor's to the reference's on every shape of every engine in the rulebook.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import subprocess
 import sys
@@ -14,10 +15,13 @@ import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
 import pytest
+from mcp import Client as McpClient
+from mcp.client.stdio import StdioServerParameters
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
@@ -25,20 +29,23 @@ from latscope.attribution import rules
 from latscope.attribution.engine import attribute_requests
 from latscope.storage import Store
 from tests.attribution_support import sql_check
-from tests.engine_traces import ENGINE_BUILDERS, EngineTruth
+from tests.engine_traces import ENGINE_BUILDERS, EngineTruth, StartupTruth, vllm_startup
 from tests.serve_support import Server, start_serve
 from tests.upstream_traces import MS, SECOND, T0, Built, Host, TraceBuilder, span_records
 
 CLIENT, INTERNAL = Span.SPAN_KIND_CLIENT, Span.SPAN_KIND_INTERNAL
 
-#: The shapes the rulebook reads (every shape but Triton's own request: its phases are events on
-#: three spans, which the rules do not join).
+#: The shapes the rulebook reads: every shape built.
 READ = [
     "trtllm",
     "trtllm-httpx-skew",
     "trtllm-no-client",
     "trtllm-disagg",
     "trtllm-disagg-openai-v2",
+    "triton-tensorrtllm",
+    "triton-ensemble",
+    "triton-bls",
+    "triton-vllm",
     "tgi-stream",
     "tgi-generate",
     "tgi-no-client",
@@ -65,19 +72,11 @@ def _answers(built: Built, truth: EngineTruth):
     return attribute_requests(truth.trace_id, spans)
 
 
-def _engine_truths(label: str, built: Built) -> list[EngineTruth]:
-    """The truths the rulebook answers for: Triton's own request is not read (its phases are
-    events on three spans); the vLLM engine's trace beside it is."""
-    if label == "triton-vllm-engine-trace":
-        return [t for t in built.truths if t.engine != "triton"]
-    return list(built.truths)
-
-
 @pytest.mark.parametrize("label", READ)
 @pytest.mark.parametrize("seed", range(4))
 def test_each_engine_is_attributed_by_its_own_figures(label: str, seed: int) -> None:
     built = BUILDERS[label](seed)
-    for truth in _engine_truths(label, built):
+    for truth in built.truths:
         (got,) = _answers(built, truth)
         assert got.request_id == truth.request_id, label
         assert got.buckets_ns == dict(truth.buckets), label
@@ -86,6 +85,50 @@ def test_each_engine_is_attributed_by_its_own_figures(label: str, seed: int) -> 
         assert got.kv_transfer_ns == truth.kv_transfer_ns, label
         assert got.ttft_server_ns == truth.server_ttft_ns, label
         assert got.output_tokens == truth.output_tokens, label
+        assert got.input_tokens == truth.input_tokens, label
+
+
+def _events(span) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for name, t in span.events:
+        out.setdefault(name, []).append(t)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["tensorrtllm", "bls", "vllm"])
+@pytest.mark.parametrize("seed", range(3))
+def test_triton_buckets_are_its_own_event_figures(backend: str, seed: int) -> None:
+    """Triton's buckets read straight from its span events (src/tracer.cc's names): queue is
+    the model's QUEUE_START -> COMPUTE_START; the TensorRT-LLM model's input (COMPUTE_START ->
+    COMPUTE_INPUT_END) is preprocess, its output (COMPUTE_OUTPUT_START -> COMPUTE_END)
+    postprocess, and its inference (COMPUTE_INPUT_END -> COMPUTE_OUTPUT_START) prefill up to the
+    first INFER_RESPONSE_COMPLETE and decode after; the vLLM backend's hand-over compute is
+    preprocess and its generation runs to the last response. The server's TTFT is the first
+    response, from InferRequest's start."""
+    built = BUILDERS[f"triton-{backend}" if backend != "bls" else "triton-bls"](seed)
+    (truth,) = built.truths
+    spans = span_records(built.resource_spans)[truth.trace_id]
+    by_name = {s.name: s for s in spans}
+    root, compute = by_name["InferRequest"], by_name["compute"]
+    model = next(s for s in spans if s.span_id == compute.parent_span_id)
+    assert model.attributes["triton.model_name"] == model.name
+    c, m, r = _events(compute), _events(model), _events(root)
+    first, last = min(r["INFER_RESPONSE_COMPLETE"]), max(r["INFER_RESPONSE_COMPLETE"])
+    (got,) = attribute_requests(truth.trace_id, spans)
+    assert got.buckets_ns["queue"] == c["COMPUTE_START"][0] - m["QUEUE_START"][0]
+    assert got.ttft_server_ns == first - root.start_ns
+    if backend == "vllm":
+        assert got.buckets_ns["preprocess"] == c["COMPUTE_END"][0] - c["COMPUTE_START"][0]
+        assert got.buckets_ns["prefill"] == first - c["COMPUTE_END"][0]
+        assert got.buckets_ns["decode"] == last - first
+        assert got.buckets_ns["postprocess"] == 0
+    else:
+        assert got.buckets_ns["preprocess"] == c["COMPUTE_INPUT_END"][0] - c["COMPUTE_START"][0]
+        assert got.buckets_ns["postprocess"] == c["COMPUTE_END"][0] - c["COMPUTE_OUTPUT_START"][0]
+        inference = c["COMPUTE_OUTPUT_START"][0] - c["COMPUTE_INPUT_END"][0]
+        assert got.buckets_ns["prefill"] == first - c["COMPUTE_INPUT_END"][0]
+        assert got.buckets_ns["prefill"] + got.buckets_ns["decode"] == inference
+    assert got.attempts == 1
 
 
 @pytest.mark.slow
@@ -204,6 +247,21 @@ def _ms(ns: int | None) -> float | None:
     return None if ns is None else ns / 1e6
 
 
+def _assert_startup_over_rest(server: Server, startup: StartupTruth) -> None:
+    """The cold-start answer gives the replica's load time from its startup spans."""
+    window = {"since": "2025-11-13T00:00:00Z", "until": "2025-11-15T00:00:00Z"}
+    response = httpx.get(server.url("/v1/attribution/coldstart"), params=window, timeout=30)
+    assert response.status_code == 200, response.text[:300]
+    (replica,) = [r for r in response.json()["replicas"] if r["replica"] == startup.replica]
+    assert replica["requests"] == 3
+    loaded = replica["startup"]
+    assert loaded["trace_id"] == startup.trace_id
+    assert loaded["ready_ns"] == startup.ready_ns
+    assert loaded["loading_ms"] == pytest.approx(startup.loading_ns / 1e6, abs=1e-6)
+    assert loaded["load_model_ms"] == pytest.approx(startup.load_model_ns / 1e6, abs=1e-6)
+    assert loaded["prepare_ms"] == pytest.approx(startup.prepare_ns / 1e6, abs=1e-6)
+
+
 @pytest.mark.subprocess
 def test_every_engine_and_a_user_engine_through_latscope_serve(tmp_path: Path) -> None:
     """``latscope serve --rules`` with a user's file: each engine's trace, sent over OTLP, is
@@ -212,11 +270,13 @@ def test_every_engine_and_a_user_engine_through_latscope_serve(tmp_path: Path) -
     try:
         builds = [(label, BUILDERS[label](zlib.crc32(label.encode()) % 1000)) for label in READ]
         fastgen, fastgen_truth = fastgen_request(7)
+        loading = vllm_startup(11)
         for _, built in builds:
             _export(server.grpc, built)
         _export(server.grpc, fastgen)
+        _export(server.grpc, loading.built)
         for label, built in builds:
-            for truth in _engine_truths(label, built):
+            for truth in built.truths:
                 (got,) = _requests_over_rest(server, truth.trace_id)
                 assert got["request_id"] == truth.request_id, label
                 assert got["e2e_ms"] == pytest.approx(truth.e2e_ns / 1e6, abs=1e-6), label
@@ -224,11 +284,12 @@ def test_every_engine_and_a_user_engine_through_latscope_serve(tmp_path: Path) -
                 assert got["buckets_ms"] == pytest.approx(want, abs=1e-6), label
         stored = _stored_rows(
             server,
-            {t.trace_id for label, b in builds for t in _engine_truths(label, b)}
-            | set(fastgen.trace_ids),
+            {t.trace_id for _, b in builds for t in b.truths}
+            | set(fastgen.trace_ids)
+            | {t.trace_id for t in loading.built.truths},
         )
         for label, built in builds:
-            for truth in _engine_truths(label, built):
+            for truth in built.truths:
                 row = stored[truth.trace_id]
                 want = {b: _ms(v) for b, v in truth.buckets.items()}
                 assert row["buckets_ms"] == pytest.approx(want, abs=1e-6), label
@@ -238,6 +299,7 @@ def test_every_engine_and_a_user_engine_through_latscope_serve(tmp_path: Path) -
         assert got["ttft_server_ms"] == pytest.approx(fastgen_truth["ttft_server"] / 1e6, abs=1e-6)
         for bucket in ("network", "queue", "prefill", "decode", "other"):
             assert got["buckets_ms"][bucket] == pytest.approx(fastgen_truth[bucket] / 1e6, abs=1e-6)
+        _assert_startup_over_rest(server, loading.startup)
     finally:
         server.stop()
 
@@ -262,3 +324,47 @@ def test_a_bad_rule_file_stops_serve_naming_the_line(tmp_path: Path) -> None:
     unit, bucket = problems
     assert "unit 'msec' is not one of" in unit and "msec" in lines[int(unit.split(":")[1])]
     assert "did you mean 'prefill'" in bucket and "prefil" in lines[int(bucket.split(":")[1])]
+
+
+def _mcp_explain(store_dir: Path, request_id: str, *rules_args: str) -> tuple[bool, Any]:
+    """``explain_request`` over ``latscope mcp --store`` (stdio): (is_error, structured answer)."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "latscope.cli", "mcp", "--store", f"chdb://{store_dir}", *rules_args],
+    )
+
+    async def session() -> tuple[bool, Any]:
+        async with McpClient(params) as client:
+            result = await client.call_tool("explain_request", {"request_id": request_id})
+            return bool(result.is_error), result.structured_content
+
+    return asyncio.run(session())
+
+
+@pytest.mark.subprocess
+def test_mcp_takes_rules_like_serve(tmp_path: Path) -> None:
+    """``latscope mcp --rules``: a bad file stops it naming the line; over a store, a request of
+    an engine only a user's file names is explained by that file, as serve attributed it."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text(FASTGEN_RULES.read_text().replace('bucket = "prefill"', 'bucket = "prefil"'))
+    done = subprocess.run(
+        [sys.executable, "-m", "latscope.cli", "mcp", "--store", f"chdb://{tmp_path / 'none'}",
+         "--rules", str(bad)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"{bad}:" in done.stderr and "did you mean 'prefill'" in done.stderr
+    store = tmp_path / "store"
+    server = start_serve(store, "--rules", str(FASTGEN_RULES))
+    try:
+        built, truth = fastgen_request(3)
+        _export(server.grpc, built)
+        (served,) = _requests_over_rest(server, built.trace_ids[0])
+    finally:
+        server.stop()
+    failed, answer = _mcp_explain(store, served["request_id"], "--rules", str(FASTGEN_RULES))
+    assert not failed, answer
+    assert answer["attribution"]["buckets_ms"] == pytest.approx(served["buckets_ms"])
+    assert answer["attribution"]["ttft_server_ms"] == pytest.approx(truth["ttft_server"] / 1e6)
+    failed, _ = _mcp_explain(store, served["request_id"])
+    assert failed, "without the file the trace holds no inference call"

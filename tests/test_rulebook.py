@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from latscope.attribution import rules
 from latscope.attribution.rules import RulebookError, figure_ns, load, parse_expr, read_file
+from latscope.attribution.rules.expr import evaluate, events, expr_type, holds, parse_cond
 from latscope.cli import main
 from latscope.storage import Store
-from tests.attribution_support import TraceBuilder, sql_check
+from tests.attribution_support import MS, T0, TraceBuilder, sql_check
 from tests.engine_traces import parse_rust_duration, rust_duration
 from tests.hypothesis_support import examples
 
@@ -32,7 +33,7 @@ def test_the_shipped_rulebook_reads_and_prints_back_as_itself(
 ) -> None:
     book = load()
     assert [e.name for e in book.engines] == [
-        "dynamo", "trtllm", "trtllm-disagg", "tgi", "sglang", "vllm"
+        "dynamo", "trtllm", "trtllm-disagg", "triton", "tgi", "sglang", "vllm"
     ]  # fmt: skip
     assert main(["rules"]) == 0
     printed = tmp_path / "book.toml"
@@ -51,7 +52,9 @@ def test_a_user_file_adds_before_and_replaces_in_place(tmp_path: Path) -> None:
     )
     book = load([FASTGEN, tgi])
     names = [e.name for e in book.engines]
-    assert names == ["fastgen", "dynamo", "trtllm", "trtllm-disagg", "tgi", "sglang", "vllm"]
+    assert names == [
+        "fastgen", "dynamo", "trtllm", "trtllm-disagg", "triton", "tgi", "sglang", "vllm"
+    ]  # fmt: skip
     assert book.engines[names.index("tgi")].names == ("my_handler",)
     assert book.engines[0].origin == str(FASTGEN)
 
@@ -119,10 +122,39 @@ def test_a_bad_rules_flag_stops_the_command_with_the_problems(
 def test_expressions_parse_and_refuse_what_they_cannot_read() -> None:
     e = parse_expr("max0(event(first token) - (start + queue)) + 5")
     assert e.kind == "add" and e.args[0].kind == "max0"
-    assert rules.events(e) == {"first token"}
-    for bad in ("start +", "start ++ end", "max0(start", "start $"):
+    assert events(e) == {("first token", "first")}
+    for bad in ("start +", "start ++ end", "max0(start", "start $", "event(X, middle)"):
         with pytest.raises(ValueError):
             parse_expr(bad)
+    for bad in ("grandparent.event(X)", "sibling.start"):
+        with pytest.raises(ValueError):
+            expr_type(parse_expr(bad), {})
+
+
+def test_points_on_the_parent_and_the_request_span_evaluate_and_compare() -> None:
+    """A part reads its own, its parent's and its request span's points; an event's first or
+    last time; a point of a span that is not there is absent, and so is a condition on it."""
+    tb = TraceBuilder()
+    ms = MS
+    root = tb.server(
+        0,
+        100,
+        name="InferRequest",
+        events=(("R", T0 + 40 * ms), ("R", T0 + 70 * ms), ("R", T0 + 90 * ms)),
+    )
+    model = tb.server(10, 95, parent=root, name="m", events=(("QUEUE_START", T0 + 12 * ms),))
+    compute = tb.server(20, 80, parent=model, name="compute")
+    spans = {s.span_id: s for s in tb.spans}
+    on, near = spans[compute], {"parent": spans[model], "request": spans[root]}
+    assert evaluate(parse_expr("parent.event(QUEUE_START)"), on, {}, near) == T0 + 12 * ms
+    assert (
+        evaluate(parse_expr("request.event(R, last) - request.event(R)"), on, {}, near) == 50 * ms
+    )
+    assert evaluate(parse_expr("request.end - parent.start"), on, {}, near) == 90 * ms
+    assert evaluate(parse_expr("parent.start"), on, {}, {"request": spans[root]}) is None
+    assert holds(parse_cond("end < request.event(R, last)"), on, {}, near)
+    assert not holds(parse_cond("end < request.event(R)"), on, {}, near)
+    assert not holds(parse_cond("end < parent.event(NONE)"), on, {}, near)
 
 
 @given(st.integers(min_value=0, max_value=10**13))
@@ -194,3 +226,33 @@ def test_every_attribute_the_shipped_rulebook_reads_is_stored_by_code() -> None:
     from latscope.attribution.sql.engines import EngineSql
 
     assert set(EngineSql(load()).attributes()) <= set(KEYS.values())
+
+
+def test_a_bad_part_is_refused_naming_its_lines(tmp_path: Path) -> None:
+    path = tmp_path / "parts.toml"
+    path.write_text(
+        "rulebook = 1\n"
+        "[[engine]]\n"
+        'name = "srv"\n'
+        "[engine.request]\n"
+        'name = "Root"\n'
+        "[[engine.phase]]\n"
+        'bucket = "queue"\n'
+        'from = "parent.start"\n'
+        'to = "end"\n'
+        "[engine.parts]\n"
+        "depth = 2\n"
+        "[[engine.part]]\n"
+        'name = "step"\n'
+        'when = "end"\n'
+        "phases = [\n"
+        '  { bucket = "decode", from = "sibling.event(X)", to = "request.event(X, last)" },\n'
+        "]\n"
+    )
+    with pytest.raises(RulebookError) as caught:
+        read_file(path)
+    problems = {int(p.split(":")[1]): p for p in caught.value.problems}
+    assert len(problems) == len(caught.value.problems) == 3
+    assert "parent. and request. only in a part" in problems[8]
+    assert "a comparison" in problems[14]
+    assert "'sibling' is not one of parent, request" in problems[15]

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from latscope.attribution import rules
 from latscope.attribution.answers import window
 from latscope.attribution.answers.common import FILTERS, ms
 from latscope.attribution.answers.errors import ColdStartError
@@ -37,7 +38,7 @@ from latscope.attribution.answers.models import ColdStart, Window
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
 from latscope.sqltext import render
-from latscope.storage import Store
+from latscope.storage import SPANS_TABLE, Store
 
 __all__ = [
     "COLD_START_CAUSE",
@@ -50,6 +51,7 @@ __all__ = [
     "ColdStartError",
     "WarmupRule",
     "coldstart",
+    "startups",
     "verdict",
 ]
 
@@ -73,6 +75,8 @@ SCALE_UP_GAP_S = 300
 MAX_REPLICAS = 200
 #: At most this many first requests per replica are tracked (the largest ``warmup_requests``).
 MAX_WARMUP_REQUESTS = 10_000
+#: Startup spans read at most (a replica's startup trace holds a handful).
+MAX_STARTUP_SPANS = 100_000
 #: The longest ``warmup_s`` (a day) and ``lookback_s`` (a week) a rule may set.
 MAX_WARMUP_S = 86_400
 MAX_LOOKBACK_S = 7 * 86_400
@@ -154,6 +158,69 @@ GROUP BY service, replica, warming{_SETTINGS}
 """
 
 
+#: Each engine's startup spans in the lookback and the window (the rulebook's
+#: ``[engine.startup]`` names), with the replica of the process that wrote each.
+STARTUP_SQL = f"""
+SELECT ServiceName AS service, {_REPLICA} AS replica, TraceId AS trace_id, SpanName AS name,
+       toUnixTimestamp64Nano(Timestamp) AS start_ns, toInt64(Duration) AS duration_ns
+FROM {SPANS_TABLE}
+WHERE Timestamp >= fromUnixTimestamp64Nano({{lookback_ns:Int64}})
+  AND Timestamp < fromUnixTimestamp64Nano({{until_ns:Int64}})
+  AND SpanName IN {{startup_names:Array(String)}}
+  AND ({{service:String}} = '' OR ServiceName = {{service:String}})
+ORDER BY start_ns
+LIMIT {MAX_STARTUP_SPANS}
+"""
+
+
+def startups(
+    store: Store, *, lookback_ns: int, until_ns: int, service: str = ""
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Each replica's latest startup before ``until_ns`` (its root span started after
+    ``lookback_ns``), by its engine's startup spans: when it started and was ready (the root's
+    end), the whole load, the weights (the longest load span of the trace: one per worker) and
+    the preparation after them (KV cache, warm-up), in ms. Keyed by (service, replica) of the
+    root span's process."""
+    entries = rules.active().startups()
+    names = sorted({n for e in entries for n in e.values()})
+    if not names:
+        return {}
+    params = {
+        "lookback_ns": int(lookback_ns),
+        "until_ns": int(until_ns),
+        "service": service,
+        "startup_names": names,
+    }
+    traces: dict[str, list[dict[str, Any]]] = {}
+    for row in store.query_arrow(STARTUP_SQL, params).to_pylist():
+        traces.setdefault(row["trace_id"], []).append(row)
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for trace_id, rows in traces.items():
+        for entry in entries:
+            roots = [r for r in rows if r["name"] == entry["root"] and r["replica"]]
+            if not roots:
+                continue
+            root = min(roots, key=lambda r: r["start_ns"])
+            key = (root["service"], root["replica"])
+            if key not in out or out[key]["started_ns"] < root["start_ns"]:
+                out[key] = {
+                    "trace_id": trace_id,
+                    "started_ns": int(root["start_ns"]),
+                    "ready_ns": int(root["start_ns"] + root["duration_ns"]),
+                    "loading_ms": ms(float(root["duration_ns"])),
+                    "load_model_ms": _longest(rows, entry.get("load")),
+                    "prepare_ms": _longest(rows, entry.get("prepare")),
+                }
+            break
+    return out
+
+
+def _longest(rows: list[dict[str, Any]], name: str | None) -> float | None:
+    """The longest span of ``name`` among a trace's ``rows`` in ms (None: none or no name)."""
+    found = [r["duration_ns"] for r in rows if name is not None and r["name"] == name]
+    return ms(float(max(found))) if found else None
+
+
 def coldstart(
     store: Store,
     *,
@@ -192,8 +259,10 @@ def coldstart(
     looked = window.raw_ranges(store, [(lookback_ns, int(until_ns))])
     rows = window.raw_rows(looked, params, _COLUMNS, FILTERS, prefix="l")
     found = store.query_arrow(render(REPLICAS_SQL, {"ROWS": rows}), params).to_pylist()
+    loaded = startups(store, lookback_ns=lookback_ns, until_ns=int(until_ns), service=service or "")
     initial = _initial_fleet(found)
     for row in found:
+        key = (row["service"], row["replica"])
         first = int(row["first_ns"])
         appeared = first >= grace_ns and (row["service"], row["replica"]) not in initial
         cut = 0
@@ -208,7 +277,6 @@ def coldstart(
                     else until_ns
                 )
             cut = max(by_count, first + warmup_ns if warmup_ns else 0)
-        key = (row["service"], row["replica"])
         replicas[key] = {
             "service": row["service"],
             "replica": row["replica"],
@@ -219,6 +287,7 @@ def coldstart(
             "warmup_requests": 0,
             "warmup_e2e_mean_ms": None,
             "warm_e2e_mean_ms": None,
+            "startup": loaded.get(key),
         }
         if appeared and cut > since_ns:
             cuts.append((row["service"], row["replica"], cut))

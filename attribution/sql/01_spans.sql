@@ -19,6 +19,8 @@ span_facts AS (
         $SYSTEM AS system,
         $RULE_FIGURES,
         $STAGE_CODE(name) AS stage_code,
+        -- Its name's code among the names the engines' parts read ([[engine.part]]; 0: none).
+        $PART_CODE(name) AS part_code,
         -- The bucket this span stands for, if it is a phase (its rank + 1; 0: none):
         -- latscope.phase, else an engine's stage span by name (which only counts under that
         -- engine's request span, within its depth: stage 2 checks).
@@ -63,7 +65,9 @@ spans AS (
         if(server_like, resource, map()) AS resource,
         -- An engine span's phases from its figures (rank, start, end, kept beside its stage
         -- spans), its first token from its start, and the decode time its TPOT divides.
-        engine, system, stage_code,
+        engine, system, stage_code, part_code,
+        -- The rules' event times, where the span has any (a part's, its parent's, ...).
+        if(arrayExists(t -> t IS NOT NULL, rule_events), rule_events, []) AS rule_events,
         $ENGINE_PHASES AS ephases,
         ($ENGINE_FIRST, $ENGINE_TPOT) AS efigures
     FROM span_facts

@@ -21,6 +21,8 @@ trace_arrays AS (
         groupArray(engine) AS engines,
         groupArray(system) AS systems,
         groupArray(stage_code) AS stage_codes,
+        groupArray(part_code) AS part_codes,
+        groupArray(rule_events) AS revents,
         groupArray(ephases) AS ephases,
         -- A tuple: groupArray skips a NULL value, not a tuple holding one.
         groupArray(efigures) AS efigures
@@ -35,7 +37,7 @@ trace_arrays AS (
 parents AS (
     SELECT
         trace_id, ids, services, starts, ends, payloads, resources, engines, systems, stage_codes,
-        ephases, efigures,
+        ephases, efigures, part_codes, revents,
         arrayEnumerate(ids) AS idx,
         arraySort((i, s, id) -> (s, id), idx, starts, ids) AS by_start,
         arrayMap(p -> toUInt32(indexOf(ids, p)), parents) AS parent_idx,
@@ -79,7 +81,12 @@ relations AS (
         -- The nearest serving system's request span above, within its depth (engine.system_above).
         arrayMap(a -> arrayMap(x -> if(x != 0 AND indexOf(a, x) <= $SYSTEM_DEPTH(systems[x]), x, 0),
             [arrayFirst(x -> systems[x] != 0, arraySlice(a, 1, $MAX_PHASE_DEPTH))])[1], ancestors)
-            AS sys_of
+            AS sys_of,
+        -- The request span of an engine with parts this span is inside, within the engine's part
+        -- depth (finding.engine_parts; 0: none).
+        arrayMap(a -> arrayMap(x -> if(x != 0 AND indexOf(a, x) <= $PART_DEPTH(engines[x]), x, 0),
+            [arrayFirst(x -> $PART_DEPTH(engines[x]) != 0, arraySlice(a, 1, $MAX_PHASE_DEPTH))])[1],
+            ancestors) AS part_of
     FROM $LAST_ANCESTRY
 ),
 -- The transport of each span, and the client of the call it belongs to: the outermost GenAI
@@ -104,9 +111,14 @@ candidates AS (
         arrayMap(t -> multiIf(model_calls[call_up[call_up[t]]], call_up[call_up[t]],
             model_calls[call_up[t]], call_up[t], t), client_of) AS request_client,
         arrayMap((l, i) -> l OR has(owner, i), latency, idx) AS engine,
-        arrayMap((s, e, t, c, y) -> s AND NOT e AND (y OR (c != 0 AND (model_calls[t]
+        -- A SERVER span inside an engine's request span with parts is that request's own.
+        arrayMap((s, e, t, c, y, p) -> s AND NOT e AND p = 0 AND (y OR (c != 0 AND (model_calls[t]
             OR model_calls[call_up[t]] OR model_calls[call_up[call_up[t]]]))),
-            servers, engine, client_of, request_client, says) AS said
+            servers, engine, client_of, request_client, says, part_of) AS said,
+        -- Each part's phases (rank, start, end) by its engine's [[engine.part]] rules.
+        arrayMap((j, o) -> if(o = 0 OR part_codes[j] = 0,
+            CAST([], 'Array(Tuple(UInt8, Int64, Int64))'), $PART_PHASES(j, parent_idx[j], o)),
+            idx, part_of) AS pphases
     FROM relations
 ),
 -- Inference spans: every engine, and each SERVER span said to serve a model that holds no other

@@ -88,6 +88,11 @@ requests AS (
             AND arrayExists(k -> sys_of[attempts[k]] != 0, samples),
             [arraySort(k -> (a_ends[k], a_starts[k], k), samples)[-1]], samples) AS token_samples,
         arrayMin(arrayMap(k -> if(sys_of[attempts[k]] != 0, w_lo[k], a_starts[k]), samples))
-            AS try_lo
+            AS try_lo,
+        -- The attempt whose prompt count is the request's (engine._input_tokens): a try in
+        -- parts' prefill part (its prefill role, else its first part); 0: the merged one's.
+        if(split_try[tries], arrayFirst(k -> try_of[k] = tries AND (NOT role_try[tries]
+            OR (disaggregated[attempts[k]] AND NOT decode_roots[attempts[k]])),
+            range(1, n_attempts + 1)), 0) AS input_at
     FROM request_clients
 )

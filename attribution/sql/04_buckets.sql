@@ -26,7 +26,7 @@ attempt_phases AS (
             arrayConcat(
                 arrayMap(j -> (toUInt8(buckets[j] - 1), starts[j], ends[j]),
                     arrayFilter(j -> owner[j] = attempts[k], idx)),
-                $ENGINE_PHASES_OF(k)))),
+                $ENGINE_PHASES_OF(k), $PART_PHASES_OF(k)))),
             range(1, n_attempts + 1)) AS a_phases,
         arrayConcat(arrayFlatten(arrayMap(ps -> arrayMap(p -> p.3, ps), a_phases)),
             arrayFilter((h, r) -> r, w_hi, w_responds)) AS reach_ends
@@ -52,7 +52,8 @@ intervals AS (
             critical))) AS ivs,
         -- A KV-cache transfer recorded among the swept attempts' stages (engine._kv_transfer).
         arrayExists(k -> arrayExists(j -> owner[j] = attempts[k] AND buckets[j] = $KV_BUCKET,
-            idx) OR arrayExists(p -> p.1 = $KV_RANK, $ENGINE_PHASES_OF(k)), critical)
+            idx) OR arrayExists(p -> p.1 = $KV_RANK, arrayConcat($ENGINE_PHASES_OF(k),
+            $PART_PHASES_OF(k))), critical)
             AS kv_recorded
     FROM timelines
 ),

@@ -12,6 +12,7 @@ picked AS (
         $BUCKET_SUMS,
         if(kv_recorded, $KV_SUM, NULL) AS kv_transfer,
         a_payloads[-1] AS pl_last,
+        a_payloads[input_at] AS pl_input,
         -- Phases of this request, and its last try's samples.
         arrayFilter(j -> owner[j] != 0 AND has(attempts, owner[j]), idx) AS my_phases,
         arrayMap(k -> a_payloads[k], token_samples) AS try_payloads,
@@ -56,6 +57,8 @@ parsed AS (
         if(m_model != '', m_model, m_response_model) AS model,
         if(m_provider != '', m_provider, m_system) AS provider,
         ($INT(m_input), $INT(m_prompt), $INT(m_oi_prompt)) AS input_counts,
+        ($INT_AT(pl_input, $K_INPUT), $INT_AT(pl_input, $K_PROMPT),
+            $INT_AT(pl_input, $K_OI_PROMPT)) AS part_input_counts,
         ($INT(c_output), $INT(c_completion), $INT(c_oi_completion)) AS client_counts,
         arrayMap(c -> $TOKENS(c.1, c.2, c.3), try_counts) AS try_outputs,
         $TOKENS(last_counts.1, last_counts.2) AS last_output,
@@ -86,11 +89,12 @@ parsed AS (
 ),
 streaming AS (
     SELECT
-        * EXCEPT (payloads, starts, ends, input_counts, client_counts, try_outputs, gpu_prefill,
-                  gpu_decode, client0, client1, client2, pl_client, pl_client1, pl_client2,
-                  pl_last, pl_window, m_input, m_prompt, m_oi_prompt, c_output, c_completion,
+        * EXCEPT (payloads, starts, ends, input_counts, part_input_counts, client_counts,
+                  try_outputs, gpu_prefill, gpu_decode, client0, client1, client2, pl_client,
+                  pl_client1, pl_client2, pl_last, pl_input, input_at, pl_window, m_input, m_prompt, m_oi_prompt, c_output, c_completion,
                   c_oi_completion),
-        $TOKENS(input_counts.1, input_counts.2, input_counts.3) AS input_tokens,
+        ifNull($TOKENS(part_input_counts.1, part_input_counts.2, part_input_counts.3),
+            $TOKENS(input_counts.1, input_counts.2, input_counts.3)) AS input_tokens,
         if(arrayExists(x -> x IS NOT NULL, try_outputs),
             least(arraySum(arrayMap(x -> ifNull(x, 0), try_outputs)), $MAX_TOKENS),
             $TOKENS(client_counts.1, client_counts.2, client_counts.3)) AS output0,

@@ -71,8 +71,11 @@ class EngineSql:
         self.figures: list[tuple[str, str]] = list(
             dict.fromkeys((f.attribute, f.unit) for e in book.engines for f in e.figures)
         )
-        self.events: list[str] = sorted({n for e in book.engines for n in e.event_names()})
+        self.events: list[tuple[str, str]] = sorted(
+            {n for e in book.engines for n in e.event_names()}
+        )
         self.stage_names = book.stage_names()
+        self.part_names = book.part_names()
 
     def attributes(self) -> list[str]:
         keys = [k for e in self.book.engines for k in e.attributes()]
@@ -81,15 +84,20 @@ class EngineSql:
     # -- stage 0: the raw values -----------------------------------------------------------------
 
     def rule_events(self) -> str:
-        """Each event name the rules read: its earliest time (ns), else NULL."""
+        """Each (event name, ordinal) the rules read: its first or last time (ns), else NULL."""
         if not self.events:
             return "CAST([], 'Array(Nullable(Int64))')"
+        pick = {"first": "arrayMin", "last": "arrayMax"}
         items = [
-            f"if(has(Events.Name, {_lit(n)}), toUnixTimestamp64Nano(arrayMin(arrayFilter("
+            f"if(has(Events.Name, {_lit(n)}), toUnixTimestamp64Nano({pick[o]}(arrayFilter("
             f"(t, n) -> n = {_lit(n)}, Events.Timestamp, Events.Name))), NULL)"
-            for n in self.events
+            for n, o in self.events
         ]
         return f"CAST([{', '.join(items)}], 'Array(Nullable(Int64))')"
+
+    def _event(self, name: str, ordinal: str = "first") -> int:
+        """An event's place (1-based) in ``rule_events``."""
+        return self.events.index((name, ordinal)) + 1
 
     # -- stage 1: which engine, its figures ------------------------------------------------------
 
@@ -113,7 +121,7 @@ class EngineSql:
         if engine.any_attribute:
             conds.append("(" + " OR ".join(present(k) for k in engine.any_attribute) + ")")
         if engine.any_event:
-            at = [f"rule_events[{self.events.index(n) + 1}] IS NOT NULL" for n in engine.any_event]
+            at = [f"rule_events[{self._event(n)}] IS NOT NULL" for n in engine.any_event]
             conds.append("(" + " OR ".join(at) + ")")
         return "(" + " AND ".join(conds or ["1"]) + ")"
 
@@ -191,7 +199,7 @@ class EngineSql:
         if e.kind == "end":
             return "end_ns"
         if e.kind == "event":
-            return f"rule_events[{self.events.index(e.value) + 1}]"
+            return f"rule_events[{self._event(*e.value)}]"
         if e.kind == "ref":
             return self._ref(e.value, engine, own)
         args = [self._expr(a, engine, own) for a in e.args]
@@ -309,3 +317,62 @@ class EngineSql:
         table = self._table(lambda e, n: buckets[dict(e.first_stages)[n]] if n in dict(
             e.first_stages) else 0)  # fmt: skip
         return f"{table}[{engine}][{code}]"
+
+    # -- parts (stage 2: a span's, its parent's and its request span's points) -------------------
+
+    def part_code(self, name: str) -> str:
+        """A span's name code among the names parts read (index + 1; 0: none)."""
+        if not self.part_names:
+            return "toUInt16(0)"
+        return f"toUInt16(indexOf({_array(self.part_names)}, {name}))"
+
+    def part_depth(self, code: str) -> str:
+        """How far below an engine's request span its parts may sit (0: no parts)."""
+        depths = [e.part_depth for e in self.book.engines]
+        return f"if({code} = 0, 0, {depths}[{code}])" if any(depths) else "0"
+
+    def _point(self, e: Expr, spans: dict[str, str]) -> str:
+        """A part's expression over stage 2's arrays; ``spans``: the index of the part's own span
+        (""), its parent's and its request span's."""
+        if e.kind == "num":
+            return f"toInt64({int(e.value)})"
+        if e.kind in ("start", "end"):
+            column = f"{'starts' if e.kind == 'start' else 'ends'}[{spans[e.at]}]"
+            return column if not e.at else f"if({spans[e.at]} = 0, NULL, {column})"
+        if e.kind == "event":
+            return f"revents[{spans[e.at]}][{self._event(*e.value)}]"
+        args = [self._point(a, spans) for a in e.args]
+        if e.kind == "max0":
+            return f"if({args[0]} < 0, toInt64(0), {args[0]})"
+        return f"({args[0]} {'+' if e.kind == 'add' else '-'} {args[1]})"
+
+    def part_phases(self, j: str, parent: str, request: str, ranks: dict[str, int]) -> str:
+        """Engine.part_of and part_phases for span ``j`` under request span ``request``:
+        Array((rank, start, end)), those with an absent end left out."""
+        spans = {"": j, "parent": parent, "request": request}
+        codes = {n: i for i, n in enumerate(self.part_names, 1)}
+        branches = []
+        for i, engine in enumerate(self.book.engines, 1):
+            for part in engine.parts:
+                conds = [f"engines[{request}] = {i}"]
+                conds.append(f"part_codes[{j}] IN ({', '.join(str(codes[n]) for n in part.names)})")
+                if part.parents:
+                    listed = ", ".join(str(codes[n]) for n in part.parents)
+                    conds.append(f"{parent} != 0 AND part_codes[{parent}] IN ({listed})")
+                for c in part.when:
+                    left, right = self._point(c.left, spans), self._point(c.right, spans)
+                    conds.append(f"coalesce({left} {c.op} {right}, 0)")
+                items = [
+                    f"(toUInt8({ranks[p.bucket]}), {self._point(p.start, spans)}, "
+                    f"{self._point(p.end, spans)})"
+                    for p in part.phases
+                ]
+                branches += [" AND ".join(conds), f"[{', '.join(items)}]"]
+        if not branches:
+            return "CAST([], 'Array(Tuple(UInt8, Int64, Int64))')"
+        typed = "Array(Tuple(UInt8, Nullable(Int64), Nullable(Int64)))"
+        return (
+            "arrayMap(p -> (p.1, assumeNotNull(p.2), assumeNotNull(p.3)), arrayFilter("
+            f"p -> p.2 IS NOT NULL AND p.3 IS NOT NULL, CAST(multiIf({', '.join(branches)}, "
+            f"[]), '{typed}')))"
+        )

@@ -296,6 +296,14 @@ def _engine_phases_of(k: str) -> str:
     )
 
 
+def _part_phases_of(k: str) -> str:
+    """The k-th attempt's part phases (finding.engine_parts): those of the parts inside it."""
+    return (
+        f"arrayFlatten(arrayMap(j -> pphases[j], arrayFilter(j -> part_of[j] = attempts[{k}], "
+        "idx)))"
+    )
+
+
 def _up(k: int) -> str:
     """up{2k} from up{k}: each list of k ancestors extended by its k-th ancestor's list."""
     prev = f"up{k}"

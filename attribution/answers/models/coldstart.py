@@ -21,6 +21,18 @@ class WarmupRuleModel(Answer):
     replica_keys: list[str]
 
 
+class ReplicaStartup(Answer):
+    """A replica's latest startup, from its engine's startup spans (the rulebook's
+    ``[engine.startup]``: vLLM's ``Overall Loading``, ``Load model``, ``Prepare model``)."""
+
+    trace_id: str
+    started_ns: int
+    ready_ns: int = Field(description="when the whole load ended: the replica could serve")
+    loading_ms: float | None = Field(description="the whole load")
+    load_model_ms: float | None = Field(description="the weights (the longest worker's)")
+    prepare_ms: float | None = Field(description="KV cache, profiling and warm-up after them")
+
+
 class Replica(Answer):
     service: str
     replica: str
@@ -31,6 +43,9 @@ class Replica(Answer):
     warmup_requests: int
     warmup_e2e_mean_ms: float | None
     warm_e2e_mean_ms: float | None
+    startup: ReplicaStartup | None = Field(
+        None, description="its latest startup, where its engine traces one"
+    )
 
 
 class ScaleUp(Answer):
