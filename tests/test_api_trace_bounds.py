@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import pytest
 
-from latscope.api import trace
+from latscope.api import trace, trace_state
 from latscope.api.errors import QueryError
-from latscope.api.trace import _CyclesLater, _Gate, _Trace, _Worked
+from latscope.api.trace_state import _CyclesLater, _Gate, _Trace, _Worked
 from latscope.attribution import rules
 from latscope.storage import SPANS_TABLE, Store
 from tests.attribution_support import MS, T0, server_spans, span_rows
@@ -157,7 +157,7 @@ def test_kept_traces_hold_at_most_the_span_cap_and_the_text_bound(store, monkeyp
     trace.trace_run(store, two, max_spans=5)
     assert trace.trace_run(store, one, max_spans=5) is not first
     # Spans carrying more attribute text than the bound are not kept past their answer.
-    monkeypatch.setattr(trace, "KEPT_TEXT", 5)
+    monkeypatch.setattr(trace_state, "KEPT_TEXT", 5)
     again = trace.trace_run(store, one)
     assert trace.trace_run(store, one) is not again
 

@@ -148,7 +148,7 @@ def _cli_explain(http: str, trace_id: str, repeat: int) -> float:
 
 COLD = """
 import json, sys, time
-from latscope.api import trace
+from latscope.api import trace, trace_state
 from latscope.storage import Store
 store = Store.open(sys.argv[1])
 repeat, asks = int(sys.argv[2]), json.loads(sys.argv[3])
@@ -161,7 +161,7 @@ for name, ids in asks.items():
     for i in ids:
         best = float("inf")
         for _ in range(repeat):
-            trace._KEPT.clear()
+            trace_state._KEPT.clear()
             started = time.process_time()
             answers[name](store, i).model_dump_json()
             best = min(best, time.process_time() - started)

@@ -24,17 +24,10 @@ built) is worked out once and shared by every answer about it, those asked at on
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import itertools
 import re
-import threading
-import time
-import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from pydantic import TypeAdapter
 
@@ -50,22 +43,25 @@ from latscope.api.schemas import (
     TraceSpans,
 )
 from latscope.api.timerange import TimeRange
+from latscope.api.trace_state import (
+    TraceTooLarge,
+    _reading,
+    _stall_ns,
+    _Trace,
+)
 from latscope.attribution import (
     Request,
     RequestAttribution,
     SpanRecord,
     aggregates,
     attribute_request,
-    explain_run,
     find_requests,
-    load_trace,
-    rules,
 )
-from latscope.attribution.engine import TraceIndex, timed_decode, timeline
+from latscope.attribution.engine import timed_decode, timeline
 from latscope.attribution.runs import RunExplanation
 from latscope.config import DEFAULT_MAX_TRACE_SPANS
 from latscope.semconv import LatscopeAttributes
-from latscope.storage import SPANS_TABLE, Store
+from latscope.storage import Store
 from latscope.tokens import DEFAULT_STALL_NS
 
 TRACE_ID_PATTERN = r"^[0-9a-fA-F]{32}$"
@@ -77,297 +73,6 @@ _REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 DEFAULT_STALL_MS = DEFAULT_STALL_NS / 1e6
 #: The token timeline lists at most this many tokens (the SDK caps what it records anyway).
 MAX_TOKENS = 100_000
-#: Trace answers worked out at once in this process; more wait for a slot.
-TRACE_SLOTS = 2
-#: Trace answers waiting for a slot at most; past that one is refused at once (503 ``busy``), so
-#: requests for wide traces cannot take every thread of the HTTP server's pool.
-TRACE_WAITING = 16
-_T = TypeVar("_T")
-#: A trace's state: its spans counted (to ``limit``) and a fingerprint of which are stored. Spans
-#: are only ever added (or dropped with their day), so an answer worked out from a state holds
-#: for as long as the trace counts and fingerprints the same.
-_STATE = f"""
-SELECT count(), sum(h) FROM (
-    SELECT cityHash64(SpanId, Timestamp, Duration) AS h FROM {SPANS_TABLE}
-    WHERE TraceId = {{trace_id:String}} LIMIT {{limit:UInt64}}
-)
-"""
-
-
-class _Gate:
-    """``TRACE_SLOTS`` answers at once, at most ``TRACE_WAITING`` waiting."""
-
-    def __init__(self, slots: int, waiting: int) -> None:
-        self._slots = threading.BoundedSemaphore(slots)
-        self._waiting = waiting
-        self._queued = 0
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def slot(self, deadline: float, what: str) -> Iterator[None]:
-        with self._lock:
-            if self._queued >= self._waiting:
-                raise QueryError(
-                    503, "busy",
-                    f"{self._queued} trace answers are waiting already; retry {what} later",
-                )  # fmt: skip
-            self._queued += 1
-        try:
-            got = self._slots.acquire(timeout=max(0.0, deadline - time.monotonic()))
-        finally:
-            with self._lock:
-                self._queued -= 1
-        if not got:
-            raise _timed_out(what)
-        try:
-            yield
-        finally:
-            self._slots.release()
-
-
-_GATE = _Gate(TRACE_SLOTS, TRACE_WAITING)
-
-
-class _CyclesLater:
-    """Python's cyclic garbage collector paused while any trace answer is worked out: an answer
-    allocates an object or more per span and per field, which sets off collections of the whole
-    heap again and again (a third of a wide trace's answer); what it leaves is freed by reference
-    counting, and any cycles at the next collection after the last answer ends. Answers that
-    follow one another without a gap (clients asking for a trace over and over) would keep it
-    paused for good while the rest of the process makes cycles too: an answer ending more than
-    ``most_s`` after the pause began collects them."""
-
-    def __init__(self, most_s: float = 2.0) -> None:
-        self._lock = threading.Lock()
-        self._answers = 0
-        self._was_enabled = True
-        self._most_s = most_s
-        self._since = 0.0
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        with self._lock:
-            if self._answers == 0:
-                self._was_enabled = gc.isenabled()
-                self._since = time.monotonic()
-                gc.disable()
-            self._answers += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._answers -= 1
-                if self._answers == 0 and self._was_enabled:
-                    gc.enable()
-                elif self._was_enabled and time.monotonic() - self._since > self._most_s:
-                    gc.collect()
-                    self._since = time.monotonic()
-
-
-_CYCLES = _CyclesLater()
-
-
-def _timed_out(what: str) -> QueryError:
-    return QueryError(
-        503, "query_timeout",
-        f"answering {what} took longer than the query time limit (--query-timeout-s); retry "
-        "when the server is less busy",
-    )  # fmt: skip
-
-
-class TraceTooLarge(QueryError):
-    """A trace holds more spans than this process answers a trace with."""
-
-    def __init__(self, trace_id: str, spans: int, max_spans: int) -> None:
-        super().__init__(
-            422,
-            "trace_too_large",
-            f"trace {trace_id} holds more than {max_spans:,} spans, the most latscope answers a "
-            f"trace with (--max-trace-spans; {spans:,} counted so far). Its inference calls are "
-            "attributed all the same: /v1/requests?since=...&service=... lists the slowest, and "
-            "/v1/export/requests their rows. To see this trace, raise --max-trace-spans (an "
-            "answer takes 0.04-0.15 CPU s more per 1,000 spans) or read its spans from "
-            f"ClickHouse ({SPANS_TABLE} WHERE TraceId = '{trace_id}').",
-        )
-
-
-class _Worked:
-    """One state of a trace (``_STATE``) and what is worked out of it, by name: its spans, their
-    index, its calls, each call's attribution, the run, the answers built. Every answer about
-    that state shares it: the first to need a piece works it out, and others needing it then
-    wait for it (each until its own deadline) instead of working it out again."""
-
-    def __init__(self, spans: int, rulebook: rules.Rulebook) -> None:
-        self.spans = spans
-        #: The rulebook the calls were found with (held, so that its id in the key stays its).
-        self.rulebook = rulebook
-        self.lock = threading.RLock()
-        self.pieces: dict[Hashable, Any] = {}
-        #: The characters of its spans' attribute values, once they are read.
-        self.text = 0
-
-
-#: The most characters of attribute values the kept states' spans hold together: a trace of
-#: spans carrying prompts is not kept past its answers, so what stays in memory between answers
-#: is bounded whatever the spans carry.
-KEPT_TEXT = 64 << 20
-
-
-class _Kept:
-    """The states of the traces answered last, the newest first, as many as hold at most
-    ``budget`` spans (``--max-trace-spans``: one trace at the cap) and ``KEPT_TEXT`` together,
-    so that the routes a trace's page asks one after the other, and askers of one trace at once,
-    work it out once."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._states: OrderedDict[Hashable, _Worked] = OrderedDict()
-
-    def state(self, key: Hashable, spans: int, budget: int) -> _Worked:
-        rulebook = rules.active()
-        key = (key, id(rulebook))
-        with self._lock:
-            worked = self._states.get(key)
-            if worked is None:
-                worked = self._states[key] = _Worked(spans, rulebook)
-            self._states.move_to_end(key, last=False)
-            self._trim(budget, worked)
-            return worked
-
-    def trim(self, budget: int) -> None:
-        """Let go of the states past the bounds (once an answer is done, its own too)."""
-        with self._lock:
-            self._trim(budget, None)
-
-    def _trim(self, budget: int, keep: _Worked | None) -> None:
-        spans = text = 0
-        for k, w in list(self._states.items()):
-            spans, text = spans + w.spans, text + w.text
-            if (spans > budget or text > KEPT_TEXT) and w is not keep:
-                del self._states[k]
-                spans, text = spans - w.spans, text - w.text
-
-    def clear(self) -> None:
-        with self._lock:
-            self._states.clear()
-
-
-_KEPT = _Kept()
-
-
-@dataclass
-class _Trace:
-    """One trace as an answer reads it: the state it was counted in (its pieces worked out at
-    most once, ``_Worked``), and the deadline this answer keeps."""
-
-    trace_id: str
-    worked: _Worked
-    deadline: float
-    what: str
-    store: Store | None = None
-
-    def piece(self, name: Hashable, work: Callable[[], _T]) -> _T:
-        """The piece ``name`` of the trace's state: ``work()``'s, worked out once."""
-        worked = self.worked
-        if not worked.lock.acquire(timeout=max(0.0, self.deadline - time.monotonic())):
-            raise _timed_out(self.what)
-        try:
-            if name not in worked.pieces:
-                worked.pieces[name] = work()
-                self.check()
-            return worked.pieces[name]
-        finally:
-            worked.lock.release()
-
-    @property
-    def spans(self) -> list[SpanRecord]:
-        assert self.store is not None
-        store = self.store
-
-        def work() -> list[SpanRecord]:
-            spans = _load(store, self.trace_id)
-            self.worked.text = sum(
-                len(v) for s in spans for d in (s.attributes, s.resource) for v in d.values()
-            )
-            return spans
-
-        return self.piece("spans", work)
-
-    @property
-    def index(self) -> TraceIndex:
-        return self.piece("index", lambda: TraceIndex(self.spans))
-
-    @property
-    def requests(self) -> list[Request]:
-        return self.piece("requests", lambda: find_requests(self.spans))
-
-    def check(self) -> None:
-        """Stop once the deadline passed (between steps: each is bounded by the span cap)."""
-        if time.monotonic() > self.deadline:
-            raise _timed_out(self.what)
-
-    def attributions(self, stall_threshold_ms: float) -> list[RequestAttribution]:
-        """Each call's attribution, in ``requests``' order: the run's when it is worked out."""
-
-        def work() -> list[RequestAttribution]:
-            run = self.worked.pieces.get(("run", stall_threshold_ms))
-            if run is not None:
-                return [c.attribution for c in run.calls]
-            stall = _stall_ns(stall_threshold_ms)
-            out = []
-            for i, r in enumerate(self.requests):
-                out.append(attribute_request(self.trace_id, r, stall_threshold_ns=stall))
-                if i % 256 == 255:
-                    self.check()
-            return out
-
-        return self.piece(("attributions", stall_threshold_ms), work)
-
-    def run(self, stall_threshold_ms: float) -> RunExplanation:
-        """The trace as one run (``explain_run``), over the index, calls and attributions worked
-        out already."""
-
-        def work() -> RunExplanation:
-            run = explain_run(
-                self.trace_id, self.spans, stall_threshold_ns=_stall_ns(stall_threshold_ms),
-                index=self.index, requests=self.requests,
-                attributions=self.worked.pieces.get(("attributions", stall_threshold_ms)),
-            )  # fmt: skip
-            assert run is not None  # spans is not empty
-            return run
-
-        return self.piece(("run", stall_threshold_ms), work)
-
-    def skews(self) -> dict[str, int]:
-        """Request span id -> its server clock's skew (``clock_skew_ns``: ``-timeline.offset``),
-        for every request whose server runs on another clock."""
-        return self.piece(
-            "skews",
-            lambda: {r.span_id: -tl.offset for r in self.requests if (tl := timeline(r)).offset},
-        )
-
-
-@contextlib.contextmanager
-def _reading(store: Store, trace_id: str, what: str, max_spans: int) -> Iterator[_Trace]:
-    """The trace in its current state, within the bounds (the module's docstring); NotFound
-    when it has no spans."""
-    deadline = time.monotonic() + store.query_timeout_s
-    with _GATE.slot(deadline, what), _CYCLES.paused():
-        counted, fingerprint = store.query_rows(
-            _STATE, {"trace_id": trace_id, "limit": max_spans + 1}
-        )[0]
-        counted = int(counted)
-        if counted > max_spans:
-            raise TraceTooLarge(trace_id, counted, max_spans)
-        if not counted:
-            raise _not_found(trace_id)
-        key = (weakref.ref(store), trace_id, counted, int(fingerprint))
-        loaded = _Trace(trace_id, _KEPT.state(key, counted, max_spans), deadline, what, store)
-        try:
-            loaded.check()
-            yield loaded
-        finally:
-            _KEPT.trim(max_spans)
 
 
 class SeveralRequests(QueryError):
@@ -403,17 +108,6 @@ def check_request_id(request_id: str) -> tuple[str, str | None]:
     return trace_id, span_id or None
 
 
-def _not_found(trace_id: str) -> NotFound:
-    return NotFound("trace_not_found", f"no spans stored for trace {trace_id}")
-
-
-def _load(store: Store, trace_id: str) -> list[SpanRecord]:
-    spans = load_trace(store, trace_id)
-    if not spans:
-        raise _not_found(trace_id)
-    return spans
-
-
 def _no_calls(trace_id: str, spans: Sequence[SpanRecord]) -> NotFound:
     return NotFound(
         "no_inference_call",
@@ -446,10 +140,6 @@ def _select(
         f"trace {trace_id} has no inference call with span id {span_id}; its calls are "
         + ", ".join(f"{trace_id}-{r.span_id}" for r in requests),
     )
-
-
-def _stall_ns(stall_threshold_ms: float) -> int:
-    return round(stall_threshold_ms * 1e6)
 
 
 def request_attribution(
