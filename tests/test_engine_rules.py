@@ -305,7 +305,10 @@ def test_every_engine_and_a_user_engine_through_latscope_serve(tmp_path: Path) -
 
 
 @pytest.mark.subprocess
-def test_a_bad_rule_file_stops_serve_naming_the_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["serve", "collector"])
+def test_a_bad_rule_file_stops_serve_naming_the_line(tmp_path: Path, command: str) -> None:
+    """Every command that attributes (serve, and the collector beside a ClickHouse server) puts
+    the ``--rules`` files in force, so a bad one stops it before it binds a port."""
     bad = tmp_path / "bad.toml"
     bad.write_text(
         FASTGEN_RULES.read_text()
@@ -313,7 +316,7 @@ def test_a_bad_rule_file_stops_serve_naming_the_line(tmp_path: Path) -> None:
         .replace('unit = "ms" }\ncompute', 'unit = "msec" }\ncompute')
     )
     done = subprocess.run(
-        [sys.executable, "-m", "latscope.cli", "serve", "--rules", str(bad), "--store",
+        [sys.executable, "-m", "latscope.cli", command, "--rules", str(bad), "--store",
          f"chdb://{tmp_path / 'store'}"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -79,10 +79,9 @@ def process_main(
     run: Callable[[Settings], int],
     *,
     prefix: str = "latscope",
-    rulebook: bool = True,
 ) -> int:
     """A process command's ``main``: the settings the flags give (their log level set), the
-    ``--rules`` rulebook put in force (with ``rulebook``), then ``run(settings)`` until it
+    ``--rules`` rulebook put in force, then ``run(settings)`` until it
     stops; a port or a store that fails becomes one line on stderr, after ``prefix``, and exit
     code 1."""
     from latscope.serve import install_rulebook
@@ -90,8 +89,7 @@ def process_main(
 
     settings = settings_from_args(args)
     logging.getLogger().setLevel(settings.log_level.upper())
-    if rulebook:
-        install_rulebook(settings)
+    install_rulebook(settings)
     try:
         return run(settings)
     except (OSError, StoreError) as exc:

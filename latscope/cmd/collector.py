@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    return process_main(args, run, rulebook=False)
+    return process_main(args, run)
 
 
 def run(settings: Settings) -> int:
