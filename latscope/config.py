@@ -44,8 +44,9 @@ MAX_BATCH_SPANS = 1_000_000_000
 #: What ``latscope serve`` holds beside what ``--memory-limit-bytes`` governs: Python and its
 #: modules, the embedded ClickHouse's code (0.37 GiB of its library mapped in), the insert's
 #: copies past the limit (a slice and a segment read back from the spool) and the allocators'
-#: slack (freed memory they hold for a few seconds). ``memory_bound_bytes`` adds the rest.
-PROCESS_MEMORY_BYTES = 768 * 1024**2
+#: slack (freed memory they hold for a few seconds, largest while senders press serve past its
+#: limit and it refuses Exports). ``memory_bound_bytes`` adds the rest.
+PROCESS_MEMORY_BYTES = 896 * 1024**2
 
 
 def memory_bound_bytes(memory_limit_bytes: int) -> int:
@@ -55,7 +56,7 @@ def memory_bound_bytes(memory_limit_bytes: int) -> int:
     ``tests/test_serve_memory.py`` hold it.
 
     >>> memory_bound_bytes(256 * 1024**2) / 1024**3
-    1.75
+    1.875
     """
     return PROCESS_MEMORY_BYTES + (1 + ENGINE_MEMORY_SHARE) * memory_limit_bytes
 
