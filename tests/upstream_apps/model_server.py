@@ -93,10 +93,16 @@ class Truth:
             if last and outer:
                 record["outer_end_ns"] = time.time_ns()
                 if "case" in record:
-                    with _LOCK, self.path.open("a") as out:  # type: ignore[union-attr]
-                        out.write(json.dumps(record) + "\n")
+                    # Written once this coroutine yields: the instrumentation's own send span
+                    # (which this send runs inside) has ended by then, so the write's time
+                    # never lands between the server span's end and ``outer_end_ns``.
+                    asyncio.get_running_loop().call_soon(self._write, record)
 
         await self.app(scope, receive, timed_send)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        with _LOCK, self.path.open("a") as out:  # type: ignore[union-attr]
+            out.write(json.dumps(record) + "\n")
 
 
 def providers(endpoint: str, service: str) -> dict[str, TracerProvider]:
