@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 DEFAULT_REACH_S = 2 * 3600.0
 #: A batch's bounds: at most this many traces, and fewer than this many spans before its last
 #: trace (the attributor's ``plan``). A statement's memory follows its spans, about 1 KB each
-#: (the benchmark's 7-span requests, docs/benchmarks.md): 100,000 such requests are 700,000
+#: on the attribution benchmark's 7-span requests: 100,000 such requests are 700,000
 #: spans, a statement of ~0.65 GB, and no batch passes ~1 GB whatever its traces' sizes (a
 #: backlog of 200-span agent traces goes 5,000 traces a batch, where a bound on traces alone
 #: would let 50,000 of them, 10 M spans, into one statement). Bigger batches spread the fixed

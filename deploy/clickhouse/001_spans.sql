@@ -8,7 +8,7 @@
 -- bloom filter when no time is given) and ids, timestamps and attributes repeated within a
 -- trace compress well.
 --
--- Codecs and indexes are chosen for ingest cost at <= 40 bytes per span (docs/benchmarks.md,
+-- Codecs and indexes are chosen for ingest cost at about 43 bytes per span (docs/benchmarks.md,
 -- "Collector"): every insert compresses each column once and every merge decompresses and
 -- compresses it again, and ZSTD costs about twice LZ4 there. ZSTD(1) is kept where it buys
 -- the bytes (random ids, timestamps, durations, span attributes); the rest, low-cardinality or
