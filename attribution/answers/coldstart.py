@@ -25,7 +25,6 @@ within ``SCALE_UP_GAP_S`` of each other make one scale-up.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,7 +33,15 @@ from latscope.attribution.answers import window
 from latscope.attribution.answers.common import FILTERS, ms
 from latscope.attribution.answers.errors import ColdStartError
 from latscope.attribution.answers.figures import side_means
-from latscope.attribution.answers.models import ColdStart, Window
+from latscope.attribution.answers.models import (
+    BucketMeans,
+    ColdStart,
+    Replica,
+    ScaleUp,
+    WarmupRuleModel,
+    WhySide,
+    Window,
+)
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
 from latscope.sqltext import render
@@ -316,7 +323,6 @@ def coldstart(
             entry["warmup_e2e_mean_ms"] = mean
         else:
             entry["warm_e2e_mean_ms"] = mean
-    warmup, warm = side_means(counts[True], sides[True]), side_means(counts[False], sides[False])
     extra_buckets: dict[str, float | None] = dict.fromkeys(BUCKETS)
     extra = None
     if counts[True] and counts[False]:
@@ -329,27 +335,25 @@ def coldstart(
     dominant = max(known, key=lambda b: known[b]) if known else None
     if dominant is not None and known[dominant] <= 0:
         dominant = None
-    seen = [r for r in replicas.values() if r["requests"] or r["appeared"]]
+    seen = [Replica(**r) for r in replicas.values() if r["requests"] or r["appeared"]]
     new_replicas = sorted(
-        (r for r in seen if r["appeared"] and r["first_seen_ns"] < until_ns),
-        key=lambda r: r["first_seen_ns"],
+        (r for r in seen if r.appeared and r.first_seen_ns < until_ns),
+        key=lambda r: r.first_seen_ns,
     )
-    listed = sorted(seen, key=lambda r: (-r["first_seen_ns"], r["service"], r["replica"]))
-    return ColdStart.model_validate(
-        {
-            "window": Window.of(since_ns, until_ns),
-            "rule": asdict(rule) | {"replica_keys": list(REPLICA_KEYS)},
-            "replicas": listed[:MAX_REPLICAS],
-            "replica_count": len(seen),
-            "appeared": len([r for r in new_replicas if r["first_seen_ns"] >= since_ns]),
-            "warmup": warmup,
-            "warm": warm,
-            "unidentified": unidentified,
-            "extra_e2e_ms": extra,
-            "extra_buckets_ms": extra_buckets,
-            "dominant": dominant,
-            "scale_ups": _scale_ups(new_replicas, since_ns),
-        }
+    listed = sorted(seen, key=lambda r: (-r.first_seen_ns, r.service, r.replica))
+    return ColdStart(
+        window=Window.of(since_ns, until_ns),
+        rule=WarmupRuleModel(**asdict(rule), replica_keys=list(REPLICA_KEYS)),
+        replicas=listed[:MAX_REPLICAS],
+        replica_count=len(seen),
+        appeared=len([r for r in new_replicas if r.first_seen_ns >= since_ns]),
+        warmup=side_means(counts[True], sides[True], WhySide),
+        warm=side_means(counts[False], sides[False], WhySide),
+        unidentified=unidentified,
+        extra_e2e_ms=extra,
+        extra_buckets_ms=BucketMeans(**extra_buckets),
+        dominant=dominant,
+        scale_ups=_scale_ups(new_replicas, since_ns),
     )
 
 
@@ -372,31 +376,27 @@ def _initial_fleet(found: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return initial
 
 
-def _scale_ups(appeared: list[dict[str, Any]], since_ns: int) -> list[dict[str, Any]]:
+def _scale_ups(appeared: list[Replica], since_ns: int) -> list[ScaleUp]:
     """Replicas that appeared close together (SCALE_UP_GAP_S), oldest first."""
-    events: list[dict[str, Any]] = []
+    events: list[list[Replica]] = []
     for r in appeared:
-        if events and r["first_seen_ns"] - events[-1]["last_ns"] <= SCALE_UP_GAP_S * 10**9:
-            event = events[-1]
-        else:
-            event = {"at_ns": r["first_seen_ns"], "last_ns": r["first_seen_ns"], "replicas": []}
-            events.append(event)
-        event["last_ns"] = r["first_seen_ns"]
-        event["replicas"].append(f"{r['service']}/{r['replica']}")
-        warm = r["warm_from_ns"] or r["first_seen_ns"]
-        event["warm_by_ns"] = max(event.get("warm_by_ns", 0), warm)
+        if not events or r.first_seen_ns - events[-1][-1].first_seen_ns > SCALE_UP_GAP_S * 10**9:
+            events.append([])
+        events[-1].append(r)
     out = []
-    for e in events:
-        if e["warm_by_ns"] <= since_ns:
+    for event in events:
+        at_ns = event[0].first_seen_ns
+        warm_by_ns = max(r.warm_from_ns or r.first_seen_ns for r in event)
+        if warm_by_ns <= since_ns:
             continue  # wholly before the window
         out.append(
-            {
-                "at_ns": e["at_ns"],
-                "replicas": e["replicas"],
-                "count": len(e["replicas"]),
-                "warm_by_ns": e["warm_by_ns"],
-                "warmup_s": (e["warm_by_ns"] - e["at_ns"]) / 1e9,
-            }
+            ScaleUp(
+                at_ns=at_ns,
+                replicas=[f"{r.service}/{r.replica}" for r in event],
+                count=len(event),
+                warm_by_ns=warm_by_ns,
+                warmup_s=(warm_by_ns - at_ns) / 1e9,
+            )
         )
     return out
 
@@ -422,35 +422,37 @@ COLD_START_CAUSE: dict[str, Any] = {
 }
 
 
-def verdict(found: Mapping[str, Any]) -> tuple[float, dict[str, Any]] | None:
+def verdict(found: ColdStart) -> tuple[float, dict[str, Any]] | None:
     """(score, evidence) of the cold-start verdict for a ``coldstart`` answer, or None.
 
     The score is the share of a warm-up request's time that warming up adds:
     ``extra / warm-up mean``, in [0, 1).
     """
-    warmup, warm = found["warmup"], found["warm"]
+    warmup, warm = found.warmup, found.warm
+    warmup_mean = warmup.e2e_mean_ms or 0.0
     if (
-        found["appeared"] == 0
-        or warmup["count"] < VERDICT_MIN_REQUESTS
-        or not warm["count"]
-        or not warm["e2e_mean_ms"]
-        or (warmup["e2e_mean_ms"] or 0) < VERDICT_MIN_FACTOR * warm["e2e_mean_ms"]
+        found.appeared == 0
+        or warmup.count < VERDICT_MIN_REQUESTS
+        or not warm.count
+        or not warm.e2e_mean_ms
+        or warmup_mean < VERDICT_MIN_FACTOR * warm.e2e_mean_ms
     ):
         return None
-    extra = found["extra_e2e_ms"] or 0.0
-    replicas = [r for r in found["replicas"] if r["appeared"] and r["warmup_requests"]]
-    first = min((r["first_seen_ns"] for r in replicas), default=None)
+    extra = found.extra_e2e_ms or 0.0
+    replicas = [r for r in found.replicas if r.appeared and r.warmup_requests]
+    first = min((r.first_seen_ns for r in replicas), default=None)
     evidence = {
-        "replicas_appeared": found["appeared"],
-        "replicas": [f"{r['service']}/{r['replica']}" for r in replicas][:10],
+        "replicas_appeared": found.appeared,
+        "replicas": [f"{r.service}/{r.replica}" for r in replicas][:10],
         "since_ns": first,
-        "warmup_requests": warmup["count"],
-        "warmup_e2e_mean_ms": warmup["e2e_mean_ms"],
-        "warm_e2e_mean_ms": warm["e2e_mean_ms"],
+        "warmup_requests": warmup.count,
+        "warmup_e2e_mean_ms": warmup.e2e_mean_ms,
+        "warm_e2e_mean_ms": warm.e2e_mean_ms,
         "warmup_extra_ms": extra,
-        "warmup_extra_bucket": found["dominant"],
-        "warmup_extra_by_bucket_ms": found["extra_buckets_ms"],
-        "rule_warmup_requests": found["rule"]["warmup_requests"],
-        "rule_warmup_s": found["rule"]["warmup_s"],
+        "warmup_extra_bucket": found.dominant,
+        # Evidence is a free-form mapping of the verdict's numbers (``Verdict.evidence``).
+        "warmup_extra_by_bucket_ms": found.extra_buckets_ms.model_dump(),
+        "rule_warmup_requests": found.rule.warmup_requests,
+        "rule_warmup_s": found.rule.warmup_s,
     }
-    return extra / warmup["e2e_mean_ms"], evidence
+    return extra / warmup_mean, evidence

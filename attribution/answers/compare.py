@@ -8,12 +8,10 @@ bucket that moved most.
 
 from __future__ import annotations
 
-from typing import Any
-
 from latscope.attribution import rollups
 from latscope.attribution.answers.common import filters, window_params
 from latscope.attribution.answers.figures import stats_or_empty
-from latscope.attribution.answers.models import Compare, Window
+from latscope.attribution.answers.models import Answer, Compare, CompareWindow, Delta, Stats, Window
 from latscope.attribution.answers.summary import approx_summary, summary
 from latscope.attribution.answers.window import plan_windows
 from latscope.semconv import BUCKETS
@@ -37,11 +35,11 @@ def compare(
     ``mover`` names the bucket whose mean changed most (means add up to the e2e mean, so the
     movers explain the e2e change); ``e2e_ms`` carries the same figures for the whole request.
     """
+    a: Stats
+    b: Stats
     if exact:
         a, b = (
-            summary(
-                store, since_ns=s, until_ns=u, service=service, model=model, exact=True
-            ).model_dump()
+            summary(store, since_ns=s, until_ns=u, service=service, model=model, exact=True)
             for s, u in (before, after)
         )
     else:
@@ -57,43 +55,34 @@ def compare(
     return _compare(a, b, before, after)
 
 
-def _compare(
-    a: dict[str, Any], b: dict[str, Any], before: tuple[int, int], after: tuple[int, int]
-) -> Compare:
+def _compare(a: Stats, b: Stats, before: tuple[int, int], after: tuple[int, int]) -> Compare:
     """The comparison of the figures ``a`` (of the window ``before``) and ``b`` (``after``)."""
 
-    def delta(x: float | None, y: float | None) -> float | None:
-        return None if x is None or y is None else y - x
+    def delta(x: Answer, y: Answer, key: str) -> Delta:
+        was, now = getattr(x, key), getattr(y, key)
+        return Delta(before=was, after=now, delta=None if was is None or now is None else now - was)
 
-    buckets = {}
-    for bucket in BUCKETS:
-        fa, fb = a["buckets_ms"][bucket], b["buckets_ms"][bucket]
-        buckets[bucket] = {
-            key: {"before": fa[key], "after": fb[key], "delta": delta(fa[key], fb[key])}
+    buckets = {
+        bucket: {
+            key: delta(a.buckets_ms[bucket], b.buckets_ms[bucket], key)
             for key in ("p50", "p99", "mean", "share")
         }
-    e2e = {
-        key: {
-            "before": a["e2e_ms"][key],
-            "after": b["e2e_ms"][key],
-            "delta": delta(a["e2e_ms"][key], b["e2e_ms"][key]),
-        }
-        for key in ("p50", "p99", "mean")
+        for bucket in BUCKETS
     }
-    movers = [b for b in BUCKETS if buckets[b]["mean"]["delta"] is not None]
-    mover = max(movers, key=lambda k: abs(buckets[k]["mean"]["delta"]), default=None)
-    return Compare.model_validate(
-        {
-            "before": Window.of(*before).json_dict() | {"count": a["count"]},
-            "after": Window.of(*after).json_dict() | {"count": b["count"]},
-            "e2e_ms": e2e,
-            "buckets_ms": buckets,
-            "mover": mover,
-            "mover_delta_ms": buckets[mover]["mean"]["delta"] if mover else None,
-            "p99_mover": max(
-                (k for k in BUCKETS if buckets[k]["p99"]["delta"] is not None),
-                key=lambda k: abs(buckets[k]["p99"]["delta"]),
-                default=None,
-            ),
-        }
+    e2e = {key: delta(a.e2e_ms, b.e2e_ms, key) for key in ("p50", "p99", "mean")}
+
+    def mover(key: str) -> str | None:
+        moved = {k: buckets[k][key].delta for k in BUCKETS}
+        known = [k for k in BUCKETS if moved[k] is not None]
+        return max(known, key=lambda k: abs(moved[k] or 0.0), default=None)
+
+    by_mean = mover("mean")
+    return Compare(
+        before=CompareWindow(**dict(Window.of(*before)), count=a.count),
+        after=CompareWindow(**dict(Window.of(*after)), count=b.count),
+        e2e_ms=e2e,
+        buckets_ms=buckets,
+        mover=by_mean,
+        mover_delta_ms=buckets[by_mean]["mean"].delta if by_mean else None,
+        p99_mover=mover("p99"),
     )

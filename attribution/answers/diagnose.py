@@ -31,7 +31,7 @@ from latscope.attribution.answers.common import (
     window_params,
 )
 from latscope.attribution.answers.figures import SHARE_SUMS, bucket_shares
-from latscope.attribution.answers.models import Diagnosis, Window
+from latscope.attribution.answers.models import Diagnosis, Verdict, Window
 from latscope.attribution.answers.tail import tail
 from latscope.attribution.table import BUCKET_COLUMN_LIST
 from latscope.sqltext import render
@@ -216,8 +216,7 @@ def diagnose(
     """
     # Every read below is of this window: its hours are looked up once.
     with rollups.one_view():
-        out = _diagnose(store, since_ns, until_ns, service, model, percentile, stall_share, warmup)
-    return Diagnosis.model_validate(out | {"window": Window.of(since_ns, until_ns)})
+        return _diagnose(store, since_ns, until_ns, service, model, percentile, stall_share, warmup)
 
 
 def _diagnose(
@@ -229,7 +228,7 @@ def _diagnose(
     percentile: float,
     stall_share: float,
     warmup: coldstart.WarmupRule | None,
-) -> dict[str, Any]:
+) -> Diagnosis:
     params = window_params(since_ns, until_ns, service, model)
     params["tiny"] = TINY_PROMPT_TOKENS
     # Hours known clean are read as stored, the others with FINAL (``window``).
@@ -253,15 +252,17 @@ def _diagnose(
     )
     f = figures[0]
     n = int(f["n"] or 0)
-    out: dict[str, Any] = {"count": n, "dominant": None, "tail_dominant": None, "verdicts": []}
     if n == 0:
-        return out
+        return Diagnosis(
+            count=n,
+            dominant=None,
+            tail_dominant=None,
+            verdicts=[],
+            window=Window.of(since_ns, until_ns),
+        )
     # Each bucket's share of the window's time, as ``summary`` gives it (the same exact sums),
     # from the rules' own read rather than a summary's two more.
     shares = {b: share or 0.0 for b, share in bucket_shares(f).items()}
-    out["dominant"] = max(shares, key=lambda b: shares[b])
-    out["shares"] = shares
-    out["tail_dominant"] = t.dominant
     verdicts: list[tuple[float, str, dict[str, Any]]] = []
 
     if t.dominant == "queue" and t.tail_count:
@@ -358,7 +359,7 @@ def _diagnose(
                 },
             )
         )
-    cold = coldstart.verdict(cold_answer.model_dump())
+    cold = coldstart.verdict(cold_answer)
     if cold is not None:
         verdicts.append((cold[0], "cold_start", cold[1]))
     shown = []
@@ -373,14 +374,20 @@ def _diagnose(
         buckets=[cause["bucket"] for key, cause, _, _ in shown if key != "cold_start"],
     )  # fmt: skip
     located: set[str] = set()  # a cold start shows where only after a verdict of its bucket
+    found = []
     for key, cause, score, evidence in shown:
         if key != "cold_start":
             located.add(cause["bucket"])
         where = places.get(cause["bucket"]) if cause["bucket"] in located else None
-        out["verdicts"].append(
-            {"id": key, **cause, "score": score, "evidence": evidence, "where": where}
-        )
-    return out
+        found.append(Verdict(id=key, **cause, score=score, evidence=evidence, where=where))
+    return Diagnosis(
+        count=n,
+        dominant=max(shares, key=lambda b: shares[b]),
+        tail_dominant=t.dominant,
+        shares=shares,
+        verdicts=found,
+        window=Window.of(since_ns, until_ns),
+    )
 
 
 def _side_by_side(*reads: Callable[[], Any]) -> list[Any]:

@@ -38,7 +38,19 @@ from latscope.attribution.answers.common import FILTERS, SETTINGS, bounded, ms
 from latscope.attribution.answers.errors import DimensionError
 from latscope.attribution.answers.figures import side_means
 from latscope.attribution.answers.groups import ATTRIBUTE_KEY
-from latscope.attribution.answers.models import Why, Window
+from latscope.attribution.answers.models import (
+    BucketMeans,
+    BudgetSplit,
+    VerdictWhere,
+    Why,
+    WhyBaseline,
+    WhyDimension,
+    WhyExample,
+    WhySelection,
+    WhyTop,
+    WhyValue,
+    Window,
+)
 from latscope.attribution.answers.selection import (
     BASE_COLUMNS,
     DEFAULT_RESOURCE_KEYS,
@@ -273,7 +285,7 @@ def why(
         limit_values=bounded(limit_values, 1, MAX_VALUES),
         examples=bounded(examples, 0, MAX_EXAMPLES), use_rollups=use_rollups,
     )  # fmt: skip
-    return Why.model_validate(found)
+    return found
 
 
 def _why_many(
@@ -290,7 +302,7 @@ def _why_many(
     limit_values: int,
     examples: int,
     use_rollups: bool,
-) -> list[dict[str, Any]]:
+) -> list[Why]:
     """``why`` for several selections of one window, their dimensions counted in one read."""
     for selection in selections:
         selection.validate()
@@ -300,7 +312,8 @@ def _why_many(
         selection_query(store, since_ns, until_ns, service, model, s, use_rollups, f"s{j}_")
         for j, s in enumerate(selections)
     ]
-    outs = [_empty(since_ns, until_ns, s, q) for s, q in zip(selections, qs, strict=True)]
+    answer_window = Window.of(since_ns, until_ns)
+    outs = [_empty(answer_window, s, q) for s, q in zip(selections, qs, strict=True)]
     live = [j for j, q in enumerate(qs) if q is not None]
     if not live:
         return outs
@@ -352,47 +365,61 @@ def _why_many(
                 row["since_steps"] = r[f"since_steps_{n}"]
                 row["since_counts"] = r[f"since_counts_{n}"]
             mine.append(row)
-        _answer(store, outs[j], q, mine, step, folded[n], limit_values, examples)
+        outs[j] = _answer(
+            store, answer_window, selections[j], q, mine, step, folded[n], limit_values, examples
+        )
     return outs
 
 
-def _empty(
-    since_ns: int, until_ns: int, selection: Selection, q: SelectionQuery | None
-) -> dict[str, Any]:
+def _sides(
+    selection: Selection,
+    q: SelectionQuery | None,
+    inside: tuple[int, Mapping[str, float]],
+    outside: tuple[int, Mapping[str, float]],
+) -> tuple[WhySelection, WhyBaseline]:
+    """The selection's side and its baseline's: what each is, its count and its means."""
+    return (
+        side_means(
+            *inside,
+            WhySelection,
+            kind=selection.kind,
+            metric=selection.metric,
+            description=q.description if q else "no requests in the window",
+            threshold_ms=q.threshold_ms if q else None,
+        ),
+        side_means(*outside, WhyBaseline, description=q.baseline if q else ""),
+    )
+
+
+def _empty(window: Window, selection: Selection, q: SelectionQuery | None) -> Why:
     """The answer before anything is counted (and for a selection empty by construction)."""
-    return {
-        "window": Window.of(since_ns, until_ns),
-        "selection": {
-            "kind": selection.kind,
-            "metric": selection.metric,
-            "description": q.description if q else "no requests in the window",
-            "threshold_ms": q.threshold_ms if q else None,
-            **side_means(0, dict.fromkeys(_FIGURES, 0.0)),
-        },
-        "baseline": {
-            "description": q.baseline if q else "",
-            **side_means(0, dict.fromkeys(_FIGURES, 0.0)),
-        },
-        "extra_e2e_ms": None,
-        "extra_buckets_ms": dict.fromkeys(BUCKETS),
-        "dominant": None,
-        "dimensions": [],
-        "top": None,
-        "examples": [],
-    }
+    none = (0, dict.fromkeys(_FIGURES, 0.0))
+    chosen, baseline = _sides(selection, q, none, none)
+    return Why(
+        window=window,
+        selection=chosen,
+        baseline=baseline,
+        extra_e2e_ms=None,
+        extra_buckets_ms=BucketMeans(**dict.fromkeys(BUCKETS)),
+        dominant=None,
+        dimensions=[],
+        top=None,
+        examples=[],
+    )
 
 
 def _answer(
     store: Store,
-    out: dict[str, Any],
+    window: Window,
+    selection: Selection,
     q: SelectionQuery,
     rows: list[dict[str, Any]],
     step: int,
     folded: bool,
     limit_values: int,
     examples: int,
-) -> None:
-    """Fill ``out`` from the selection's (dimension, value) rows."""
+) -> Why:
+    """The answer from the selection's (dimension, value) rows."""
     per_dim: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         per_dim.setdefault(int(row["d"]), []).append(row)
@@ -401,55 +428,78 @@ def _answer(
     n_out = sum(int(r["n_out"]) for r in first)
     in_sums = {f: float(sum(r[f"{f}_in"] for r in first)) for f in _FIGURES}
     out_sums = {f: float(sum(r[f"{f}_out"] for r in first)) for f in _FIGURES}
-    out["selection"].update(side_means(n_in, in_sums))
-    out["baseline"].update(side_means(n_out, out_sums))
+    chosen, baseline = _sides(selection, q, (n_in, in_sums), (n_out, out_sums))
     extra, extra_buckets = _extra(n_in, in_sums, n_out, out_sums)
-    out["extra_e2e_ms"] = extra
-    out["extra_buckets_ms"] = extra_buckets
-    out["dominant"] = _dominant(extra_buckets)
-    if not n_in or not n_out:
-        return
-    ranked = []
-    for i, (name, _, _) in enumerate(q.dims):
-        values = per_dim.get(i, [])
-        if len(values) < 2:
-            continue  # one value everywhere: nothing to tell apart
-        ranked.append(_rank(name, values, n_in, n_out, out_sums, extra, limit_values))
-    ranked.sort(key=lambda d: (-d["score"], -(d["values"][0]["extra_share"] or 0), d["dimension"]))
-    out["dimensions"] = ranked
-    if ranked and ranked[0]["values"]:
-        head = ranked[0]
-        top = head["values"][0]
-        index = next(i for i, d in enumerate(q.dims) if d[0] == head["dimension"])
-        if folded:
-            row = next(r for r in per_dim[index] if str(r["v"]) == top["value"])
-            steps, counts = row["since_steps"], row["since_counts"]
-        else:
-            dim = q.dims[index]
-            steps, counts = _steps(store, q, _label(dim[2], dim[1]), top["value"], step)
-        out["top"] = {
-            "dimension": head["dimension"],
-            "value": top["value"],
-            "score": head["score"],
-            "in_share": top["in_share"],
-            "out_share": top["out_share"],
-            "extra_ms": top["extra_ms"],
-            "dominant": top["dominant"],
-            "since_ns": _since(q, steps, counts, step),
-        }
-    if examples > 0:
-        sql = render(EXAMPLES_SQL, {"ROWS": q.rows(store, ", TraceId"), "SEL": q.sel})
-        params = q.params | {"examples": int(examples)}  # with the ranges rows() bound
-        out["examples"] = [
-            {
-                "trace_id": r["trace_id"],
-                "start_ns": int(r["start_ns"]),
-                "service": r["service"],
-                "model": r["model"],
-                "e2e_ms": ms(r["e2e"]),
-            }
-            for r in store.query_arrow(sql, params).to_pylist()
-        ]
+    ranked: list[WhyDimension] = []
+    top = None
+    found: list[WhyExample] = []
+    if n_in and n_out:
+        for i, (name, _, _) in enumerate(q.dims):
+            values = per_dim.get(i, [])
+            if len(values) < 2:
+                continue  # one value everywhere: nothing to tell apart
+            ranked.append(_rank(name, values, n_in, n_out, out_sums, extra, limit_values))
+        ranked.sort(key=lambda d: (-d.score, -(d.values[0].extra_share or 0), d.dimension))
+        if ranked and ranked[0].values:
+            top = _top(store, q, ranked[0], per_dim, step, folded)
+        if examples > 0:
+            found = _examples(store, q, examples)
+    return Why(
+        window=window,
+        selection=chosen,
+        baseline=baseline,
+        extra_e2e_ms=extra,
+        extra_buckets_ms=BucketMeans(**extra_buckets),
+        dominant=_dominant(extra_buckets),
+        dimensions=ranked,
+        top=top,
+        examples=found,
+    )
+
+
+def _top(
+    store: Store,
+    q: SelectionQuery,
+    head: WhyDimension,
+    per_dim: Mapping[int, list[dict[str, Any]]],
+    step: int,
+    folded: bool,
+) -> WhyTop:
+    """The top value of the first-ranked dimension ``head``, and since when it shows."""
+    top = head.values[0]
+    index = next(i for i, d in enumerate(q.dims) if d[0] == head.dimension)
+    if folded:
+        row = next(r for r in per_dim[index] if str(r["v"]) == top.value)
+        steps, counts = row["since_steps"], row["since_counts"]
+    else:
+        dim = q.dims[index]
+        steps, counts = _steps(store, q, _label(dim[2], dim[1]), top.value, step)
+    return WhyTop(
+        dimension=head.dimension,
+        value=top.value,
+        score=head.score,
+        in_share=top.in_share,
+        out_share=top.out_share,
+        extra_ms=top.extra_ms,
+        dominant=top.dominant,
+        since_ns=_since(q, steps, counts, step),
+    )
+
+
+def _examples(store: Store, q: SelectionQuery, examples: int) -> list[WhyExample]:
+    """The slowest ``examples`` selected requests."""
+    sql = render(EXAMPLES_SQL, {"ROWS": q.rows(store, ", TraceId"), "SEL": q.sel})
+    params = q.params | {"examples": int(examples)}  # with the ranges rows() bound
+    return [
+        WhyExample(
+            trace_id=r["trace_id"],
+            start_ns=int(r["start_ns"]),
+            service=r["service"],
+            model=r["model"],
+            e2e_ms=ms(r["e2e"]),
+        )
+        for r in store.query_arrow(sql, params).to_pylist()
+    ]
 
 
 def _dominant(buckets: Mapping[str, float | None]) -> str | None:
@@ -468,7 +518,7 @@ def _rank(
     out_sums: Mapping[str, float],
     extra: float | None,
     limit: int,
-) -> dict[str, Any]:
+) -> WhyDimension:
     """One dimension: its values by over-representation, each with its extra time by bucket."""
     shaped = []
     for r in values:
@@ -489,22 +539,22 @@ def _rank(
             else None
         )
         listed.append(
-            {
-                "value": str(r["v"]),
-                "in_count": vin,
-                "out_count": vout,
-                "in_share": in_share,
-                "out_share": out_share,
-                "difference": diff,
-                "in_e2e_mean_ms": ms(r["e2e_in"] / vin) if vin else None,
-                "out_e2e_mean_ms": ms(r["e2e_out"] / vout) if vout else None,
-                "extra_ms": value_extra,
-                "buckets_ms": buckets,
-                "dominant": _dominant(buckets),
-                "extra_share": carried,
-            }
+            WhyValue(
+                value=str(r["v"]),
+                in_count=vin,
+                out_count=vout,
+                in_share=in_share,
+                out_share=out_share,
+                difference=diff,
+                in_e2e_mean_ms=ms(r["e2e_in"] / vin) if vin else None,
+                out_e2e_mean_ms=ms(r["e2e_out"] / vout) if vout else None,
+                extra_ms=value_extra,
+                buckets_ms=BucketMeans(**buckets),
+                dominant=_dominant(buckets),
+                extra_share=carried,
+            )
         )
-    return {"dimension": name, "score": score, "values_seen": len(values), "values": listed}
+    return WhyDimension(dimension=name, score=score, values_seen=len(values), values=listed)
 
 
 def _steps(
@@ -569,7 +619,7 @@ def slo_buckets(
     until_ns: int,
     service: str | None = None,
     model: str | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, BudgetSplit]:
     """Where an objective's budget went, per window (name -> start ns, all ending at
     ``until_ns``): the requests that missed it against those that met it, each bucket's mean
     extra time (ms; they add up to ``extra_e2e_ms``), and the ``dominant`` bucket."""
@@ -599,13 +649,13 @@ def slo_buckets(
         bad = {f: float(sum(int(r[f"{f}_bad"]) for r in inside)) for f in _FIGURES}
         good = {f: float(sum(int(r[f"{f}_good"]) for r in inside)) for f in _FIGURES}
         extra, buckets = _extra(n_bad, bad, n_good, good)
-        out[name] = {
-            "bad": n_bad,
-            "good": n_good,
-            "extra_e2e_ms": extra,
-            "extra_buckets_ms": buckets,
-            "dominant": _dominant(buckets),
-        }
+        out[name] = BudgetSplit(
+            bad=n_bad,
+            good=n_good,
+            extra_e2e_ms=extra,
+            extra_buckets_ms=BucketMeans(**buckets),
+            dominant=_dominant(buckets),
+        )
     return out
 
 
@@ -628,13 +678,13 @@ def concentration(
     bucket: str,
     service: str | None = None,
     model: str | None = None,
-) -> dict[str, Any] | None:
+) -> VerdictWhere | None:
     """Where a bucket's problem sits: the dimension value most over-represented among the
     requests with the most time in ``bucket`` (at or above its p95), if it stands out by
     CONCENTRATION_MIN; with ``since_ns``, when those requests began (None otherwise).
 
     >>> concentration(store, since_ns=t0, until_ns=t1, bucket="queue")  # doctest: +SKIP
-    {"dimension": "resource.k8s.pod.name", "value": "llm-7", "in_share": 0.81, ...}
+    VerdictWhere(dimension='resource.k8s.pod.name', value='llm-7', ..., in_share=0.81, ...)
     """
     found = concentrations(
         store, since_ns=since_ns, until_ns=until_ns, buckets=[bucket], service=service, model=model
@@ -650,11 +700,11 @@ def concentrations(
     buckets: Sequence[str],
     service: str | None = None,
     model: str | None = None,
-) -> dict[str, dict[str, Any] | None]:
+) -> dict[str, VerdictWhere | None]:
     """``concentration`` of several buckets (bucket -> answer; None for a name that is not a
     bucket), their selections counted in one read of the window."""
     wanted = [b for b in dict.fromkeys(buckets) if b in BUCKETS]
-    out: dict[str, dict[str, Any] | None] = dict.fromkeys(buckets)
+    out: dict[str, VerdictWhere | None] = dict.fromkeys(buckets)
     if not wanted:
         return out
     selections = [
@@ -665,16 +715,16 @@ def concentrations(
         attributes=(), dimensions=None, limit_values=1, examples=0, use_rollups=True,
     )  # fmt: skip
     for bucket, answer in zip(wanted, found, strict=True):
-        top = answer["top"]
-        if top is None or top["score"] < CONCENTRATION_MIN:
+        top = answer.top
+        if top is None or top.score < CONCENTRATION_MIN:
             continue
-        out[bucket] = {
-            "dimension": top["dimension"],
-            "value": top["value"],
-            "selection": answer["selection"]["description"],
-            "in_share": top["in_share"],
-            "out_share": top["out_share"],
-            "extra_ms": top["extra_ms"],
-            "since_ns": top["since_ns"],
-        }
+        out[bucket] = VerdictWhere(
+            dimension=top.dimension,
+            value=top.value,
+            selection=answer.selection.description,
+            in_share=top.in_share,
+            out_share=top.out_share,
+            extra_ms=top.extra_ms,
+            since_ns=top.since_ns,
+        )
     return out

@@ -8,9 +8,19 @@ Times are milliseconds (floats; ``None`` where there is no data).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from latscope.attribution.answers.common import ms
+from latscope.attribution.answers.models import (
+    BucketMeans,
+    BucketStats,
+    Percentiles,
+    Stats,
+    Streaming,
+    StreamPercentiles,
+    StreamStats,
+    WhySide,
+)
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.semconv import BUCKETS
 
@@ -106,38 +116,39 @@ def levels_json(
     return {name: ms(v) for (name, _), v in zip(levels, values, strict=True)}
 
 
-def stats_json(row: Mapping[str, Any]) -> dict[str, Any]:
-    """One stats row (the columns of ``stat_columns``) -> the REST shape."""
+def stats_json(row: Mapping[str, Any]) -> Stats:
+    """One stats row (the columns of ``stat_columns``) -> its figures."""
     n = int(row["n"] or 0)
-    e2e: dict[str, Any] = levels_json(row["e2e_q"], E2E_LEVELS, n)
-    e2e["mean"] = ms(row["e2e_mean"]) if n else None
     shares = bucket_shares(row)
-    buckets = {}
-    for bucket in BUCKETS:
-        figures: dict[str, Any] = levels_json(row[f"{bucket}_q"], BUCKET_LEVELS, n)
-        figures["mean"] = ms(row[f"{bucket}_mean"]) if n else None
-        figures["share"] = shares[bucket]
-        buckets[bucket] = figures
-    ttft: dict[str, Any] = levels_json(row["ttft_q"], STREAM_LEVELS, n)
-    ttft["mean"] = ms(row["ttft_mean"])
-    tpot: dict[str, Any] = levels_json(row["tpot_q"], STREAM_LEVELS, n)
-    tpot["mean"] = ms(row["tpot_mean"])
-    return {
-        "count": n,
-        "with_client": int(row["with_client"] or 0),
-        "e2e_ms": e2e,
-        "buckets_ms": buckets,
-        "streaming": {
-            "ttft_ms": ttft,
-            "ttft_server_ms": levels_json(row["ttft_server_q"], STREAM_LEVELS, n),
-            "tpot_ms": tpot,
-            "itl_p50_ms": levels_json(row["itl_p50_q"], STREAM_LEVELS, n),
-            "itl_p99_ms": levels_json(row["itl_p99_q"], STREAM_LEVELS, n),
-            "itl_max_ms": ms(row["itl_max"]),
-            "stalls": int(row["stalls"] or 0),
-            "stalled_requests": int(row["stalled_requests"] or 0),
+    return Stats(
+        count=n,
+        with_client=int(row["with_client"] or 0),
+        e2e_ms=Percentiles(
+            **levels_json(row["e2e_q"], E2E_LEVELS, n), mean=ms(row["e2e_mean"]) if n else None
+        ),
+        buckets_ms={
+            bucket: BucketStats(
+                **levels_json(row[f"{bucket}_q"], BUCKET_LEVELS, n),
+                mean=ms(row[f"{bucket}_mean"]) if n else None,
+                share=shares[bucket],
+            )
+            for bucket in BUCKETS
         },
-    }
+        streaming=Streaming(
+            ttft_ms=StreamStats(
+                **levels_json(row["ttft_q"], STREAM_LEVELS, n), mean=ms(row["ttft_mean"])
+            ),
+            ttft_server_ms=StreamPercentiles(**levels_json(row["ttft_server_q"], STREAM_LEVELS, n)),
+            tpot_ms=StreamStats(
+                **levels_json(row["tpot_q"], STREAM_LEVELS, n), mean=ms(row["tpot_mean"])
+            ),
+            itl_p50_ms=StreamPercentiles(**levels_json(row["itl_p50_q"], STREAM_LEVELS, n)),
+            itl_p99_ms=StreamPercentiles(**levels_json(row["itl_p99_q"], STREAM_LEVELS, n)),
+            itl_max_ms=ms(row["itl_max"]),
+            stalls=int(row["stalls"] or 0),
+            stalled_requests=int(row["stalled_requests"] or 0),
+        ),
+    )
 
 
 #: A stats row of no requests.
@@ -162,16 +173,24 @@ _EMPTY_ROW: dict[str, Any] = {
 } | {f"{b}_{s}": None for b in BUCKETS for s in ("q", "mean", "sum")}
 
 
-def stats_or_empty(row: dict[str, Any] | None) -> dict[str, Any]:
+def stats_or_empty(row: Mapping[str, Any] | None) -> Stats:
     """``stats_json`` of ``row``, or of no requests when it is None."""
     return stats_json(row) if row else stats_json({"n": 0} | _EMPTY_ROW)
 
 
-def side_means(n: int, sums: Mapping[str, float]) -> dict[str, Any]:
+S = TypeVar("S", bound=WhySide)
+
+
+def side_means(n: int, sums: Mapping[str, float], side: type[S], **fields: Any) -> S:
     """Count and means (ms) of one side of a comparison (a selection and its baseline, warm-up
-    and warm requests): e2e and each bucket, None when the side is empty."""
-    return {
-        "count": n,
-        "e2e_mean_ms": ms(sums["e2e"] / n) if n else None,
-        "buckets_ms": {b: (ms(sums[b] / n) if n else None) for b in BUCKETS},
-    }
+    and warm requests): e2e and each bucket, None when the side is empty; as ``side`` (a
+    ``WhySide`` or a model extending it, whose other ``fields`` are given).
+
+    >>> side_means(2, {"e2e": 3e6} | dict.fromkeys(BUCKETS, 1e6), WhySide).e2e_mean_ms
+    1.5"""
+    return side(
+        count=n,
+        e2e_mean_ms=ms(sums["e2e"] / n) if n else None,
+        buckets_ms=BucketMeans(**{b: (ms(sums[b] / n) if n else None) for b in BUCKETS}),
+        **fields,
+    )

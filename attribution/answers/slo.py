@@ -17,7 +17,7 @@ from typing import Any
 from latscope.attribution.answers import dimensions, window
 from latscope.attribution.answers.common import FILTERS, SETTINGS, query_dicts
 from latscope.attribution.answers.errors import AggregateError
-from latscope.attribution.answers.models import Slo
+from latscope.attribution.answers.models import ObjectiveStatus, Slo
 from latscope.attribution.answers.models.base import format_ns
 from latscope.sqltext import render
 from latscope.storage import Store
@@ -147,11 +147,10 @@ def slo(
                 store, value_sql=SLO_METRICS[obj.metric], threshold_ms=obj.threshold_ms,
                 windows=starts, until_ns=int(now_ns), service=service, model=model,
             )  # fmt: skip
-            row = {"total": spent["window"]["bad"] + spent["window"]["good"]}
-            row["bad"] = spent["window"]["bad"]
+            row = {"total": spent["window"].bad + spent["window"].good, "bad": spent["window"].bad}
             for w in BURN_WINDOWS_S:
-                row[f"bad_{w}"] = spent[w]["bad"]
-                row[f"total_{w}"] = spent[w]["bad"] + spent[w]["good"]
+                row[f"bad_{w}"] = spent[w].bad
+                row[f"total_{w}"] = spent[w].bad + spent[w].good
         else:
             # Hours known clean are read as stored, the others with FINAL (``window``).
             split = window.raw_ranges(store, [(int(now_ns) - window_ns, int(now_ns))])
@@ -167,30 +166,27 @@ def slo(
         compliance = (1 - bad / total) if total else None
         budget_left = (1 - (bad / total) / budget) if total else None
         results.append(
-            {
-                "name": obj.name or f"{obj.metric} p{obj.target * 100:g} < {obj.threshold_ms:g} ms",
-                "metric": obj.metric,
-                "threshold_ms": obj.threshold_ms,
-                "target": obj.target,
-                "window_days": obj.window_days,
-                "total": total,
-                "bad": bad,
-                "compliance": compliance,
-                "met": None if compliance is None else compliance >= obj.target,
-                "error_budget": budget,
-                "budget_left": budget_left,
-                "burn_rates": rates,
-                "alerts": {
+            ObjectiveStatus(
+                name=obj.name or f"{obj.metric} p{obj.target * 100:g} < {obj.threshold_ms:g} ms",
+                metric=obj.metric,
+                threshold_ms=obj.threshold_ms,
+                target=obj.target,
+                window_days=obj.window_days,
+                total=total,
+                bad=bad,
+                compliance=compliance,
+                met=None if compliance is None else compliance >= obj.target,
+                error_budget=budget,
+                budget_left=budget_left,
+                burn_rates=rates,
+                alerts={
                     name: _above(rates[long], rates[short], limit)
                     for name, (long, short, limit) in ALERTS.items()
                 },
-            }
+                budget_by_bucket=spent,
+            )
         )
-        if spent is not None:
-            results[-1]["budget_by_bucket"] = spent
-    return Slo.model_validate(
-        {"at": format_ns(now_ns), "now_ns": int(now_ns), "objectives": results}
-    )
+    return Slo(at=format_ns(now_ns), now_ns=int(now_ns), objectives=results)
 
 
 def burn_rate(bad: int, total: int, target: float) -> float | None:

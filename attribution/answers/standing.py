@@ -6,7 +6,7 @@ e2e whose queue sits at the 50th was slow for another reason than waiting.
 
 >>> standing(store, service="llm", model="llama", start_ns=t, values={"e2e": 2.1e9, ...},
 ...          request=("4bf9...", "00f0..."))  # doctest: +SKIP
-{"since_ns": ..., "until_ns": t, "peers": 812, "percentiles": {"e2e": 97.4, "queue": 51.0, ...}}
+Standing(since=..., until=..., peers=812, percentiles=FigurePercentiles(e2e=97.4, ...))
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from latscope.attribution.answers.common import FROM, SETTINGS, query_dicts
+from latscope.attribution.answers.models import FigurePercentiles, Standing, format_ns
 from latscope.attribution.answers.slo import SLO_METRICS
 from latscope.attribution.table import BUCKET_COLUMNS
 from latscope.sqltext import render
@@ -67,7 +68,7 @@ def standing(
     values: Mapping[str, float | None],
     request: tuple[str, str] = ("", ""),
     window_ns: int = STANDING_WINDOW_NS,
-) -> dict[str, Any]:
+) -> Standing:
     """The percentile rank (0-100) of each of ``values`` (figure -> ns; None: the request has
     none) among the requests of ``service`` and ``model`` that started in the ``window_ns``
     before ``start_ns``, ``request`` (trace id, span id) left out. Rank = the peers below plus
@@ -93,9 +94,9 @@ def standing(
             continue
         rank = int(row[f"below_{name}"]) + int(row[f"equal_{name}"]) / 2
         percentiles[name] = 100.0 * rank / n
-    return {
-        "since_ns": params["since_ns"],
-        "until_ns": params["until_ns"],
-        "peers": int(row["peers"]),
-        "percentiles": percentiles,
-    }
+    return Standing(
+        since=format_ns(params["since_ns"]),
+        until=format_ns(params["until_ns"]),
+        peers=int(row["peers"]),
+        percentiles=FigurePercentiles(**percentiles),
+    )

@@ -33,7 +33,7 @@ from latscope.attribution.answers.figures import (
     stats_or_empty,
 )
 from latscope.attribution.answers.groups import group_expr
-from latscope.attribution.answers.models import Summary, Window
+from latscope.attribution.answers.models import Summary, SummaryGroup, Window
 from latscope.attribution.answers.window import PlannedWindow, plan_windows, planned_sources
 from latscope.attribution.rollups import ROLLUP_TABLE
 from latscope.attribution.table import BUCKET_COLUMNS
@@ -233,11 +233,9 @@ def summary(
                     store, window, params, group=expr, dims=None, limit=limit_groups, total=False
                 )
         total = totals[0]
-    return Summary.model_validate(
-        stats_or_empty(total)
-        | {
-            "group_by": group_by,
-            "groups": [{"key": row["grp"], **stats_json(row)} for row in rows],
-            "window": Window.of(since_ns, until_ns),
-        }
+    return Summary(
+        **dict(stats_or_empty(total)),
+        group_by=group_by,
+        groups=[SummaryGroup(key=row["grp"], **dict(stats_json(row))) for row in rows],
+        window=Window.of(since_ns, until_ns),
     )

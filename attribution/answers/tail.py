@@ -25,7 +25,7 @@ from latscope.attribution.answers.common import (
 )
 from latscope.attribution.answers.errors import AggregateError
 from latscope.attribution.answers.figures import EXACT_QUANTILES
-from latscope.attribution.answers.models import Tail, Window
+from latscope.attribution.answers.models import Tail, TailBucket, Window
 from latscope.attribution.answers.window import PlannedWindow, plan_windows, planned_sources
 from latscope.attribution.rollups import ROLLUP_TABLE
 from latscope.attribution.table import BUCKET_COLUMNS
@@ -145,8 +145,7 @@ def tail(
     if not 0 < percentile < 100:
         raise AggregateError(f"percentile must be between 0 and 100, got {percentile}")
     params = window_params(since_ns, until_ns, service, model)
-    figures = _tail(store, params, percentile, service, model, exact, use_rollups)
-    return Tail.model_validate(figures | {"window": Window.of(since_ns, until_ns)})
+    return _tail(store, params, percentile, service, model, exact, use_rollups)
 
 
 def _tail(
@@ -157,24 +156,14 @@ def _tail(
     model: str | None,
     exact: bool,
     use_rollups: bool,
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "percentile": percentile,
-        "count": 0,
-        "threshold_ms": None,
-        "tail_count": 0,
-        "tail_e2e_ms": None,
-        "median_e2e_ms": None,
-        "extra_e2e_ms": None,
-        "buckets_ms": {},
-        "dominant": None,
-    }
+) -> Tail:
+    window = Window.of(params["since_ns"], params["until_ns"])
     if exact:
         params["q"] = percentile / 100
         first = query_dicts(store, TAIL_THRESHOLDS_SQL, params)[0]
-        out["count"] = int(first["n"] or 0)
-        if out["count"] == 0:
-            return out
+        count = int(first["n"] or 0)
+        if count == 0:
+            return _no_tail(percentile, count, window)
         threshold, mid_lo, mid_hi = first["t"]
         params.update(threshold=float(threshold), mid_lo=float(mid_lo), mid_hi=float(mid_hi))
         row = query_dicts(store, TAIL_SQL, params)[0]
@@ -183,24 +172,44 @@ def _tail(
         level = rollups.level_for(filters(service, model), tail=True)
         found = _approx_tail(store, w, params, percentile / 100, level)
         if found is None:
-            return out
+            return _no_tail(percentile, 0, window)
         threshold, row = found
-        out["count"] = int(row["n"])
-    out.update(
+        count = int(row["n"])
+    extra_total = (row["e2e_tail"] or 0) - (row["e2e_mid"] or 0)
+    buckets = {}
+    for bucket in BUCKETS:
+        t, m = row[f"{bucket}_tail"] or 0.0, row[f"{bucket}_mid"] or 0.0
+        buckets[bucket] = TailBucket(
+            tail_mean=ms(t),
+            median_mean=ms(m),
+            extra=ms(t - m),
+            extra_share=((t - m) / extra_total) if extra_total > 0 else None,
+        )
+    return Tail(
+        percentile=percentile,
+        count=count,
         threshold_ms=ms(threshold),
         tail_count=int(row["n_tail"]),
         tail_e2e_ms=ms(row["e2e_tail"]),
         median_e2e_ms=ms(row["e2e_mid"]),
+        extra_e2e_ms=ms(extra_total),
+        buckets_ms=buckets,
+        dominant=max(BUCKETS, key=lambda b: buckets[b].extra or 0.0),
+        window=window,
     )
-    extra_total = (row["e2e_tail"] or 0) - (row["e2e_mid"] or 0)
-    out["extra_e2e_ms"] = ms(extra_total)
-    for bucket in BUCKETS:
-        t, m = row[f"{bucket}_tail"] or 0.0, row[f"{bucket}_mid"] or 0.0
-        out["buckets_ms"][bucket] = {
-            "tail_mean": ms(t),
-            "median_mean": ms(m),
-            "extra": ms(t - m),
-            "extra_share": ((t - m) / extra_total) if extra_total > 0 else None,
-        }
-    out["dominant"] = max(BUCKETS, key=lambda b: out["buckets_ms"][b]["extra"] or 0.0)
-    return out
+
+
+def _no_tail(percentile: float, count: int, window: Window) -> Tail:
+    """The answer over a window without requests (or, exact, without a tail to read)."""
+    return Tail(
+        percentile=percentile,
+        count=count,
+        threshold_ms=None,
+        tail_count=0,
+        tail_e2e_ms=None,
+        median_e2e_ms=None,
+        extra_e2e_ms=None,
+        buckets_ms={},
+        dominant=None,
+        window=window,
+    )

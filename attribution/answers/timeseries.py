@@ -31,7 +31,17 @@ from latscope.attribution.answers.common import FILTERS, bounded, ms
 from latscope.attribution.answers.errors import TimeseriesError
 from latscope.attribution.answers.figures import BUCKET_LEVELS, E2E_LEVELS, STREAM_LEVELS
 from latscope.attribution.answers.groups import group_expr
-from latscope.attribution.answers.models import Heatmap, Timeseries, Window
+from latscope.attribution.answers.models import (
+    HeatBin,
+    Heatmap,
+    ReadSource,
+    Series,
+    StepBucket,
+    StepPercentiles,
+    StepPoint,
+    Timeseries,
+    Window,
+)
 from latscope.attribution.answers.window import WindowRead
 from latscope.attribution.rollups import BUCKET_SUMS, KEY_STRIDE, METRICS, ROLLUP_TABLE
 from latscope.attribution.table import BUCKET_COLUMN_LIST
@@ -262,10 +272,9 @@ def timeseries(
     # The groups' read and the whole window's (``_binned_quantiles``) plan the same hours.
     limit = bounded(limit_groups, 1, MAX_SERIES)
     with rollups.one_view():
-        out = _timeseries(
+        return _timeseries(
             store, since_ns, until_ns, step, service, model, group_by, limit, use_rollups
         )
-    return Timeseries.model_validate(out | {"window": Window.of(since_ns, until_ns)})
 
 
 def _timeseries(
@@ -278,7 +287,7 @@ def _timeseries(
     group_by: str | None,
     limit_groups: int,
     use_rollups: bool,
-) -> dict[str, Any]:
+) -> Timeseries:
     read = _prepare(store, since_ns, until_ns, step, service, model, group_by, use_rollups)
     grouped = bool(group_by)
     flag = "grouping(grp)" if grouped else "1"
@@ -290,7 +299,7 @@ def _timeseries(
     for row in figures:
         if not row["total"]:
             counts[row["grp"]] = counts.get(row["grp"], 0) + int(row["n"])
-    keys = sorted(counts, key=lambda k: (-counts[k], k))[: max(0, int(limit_groups))]
+    keys = sorted(counts, key=lambda k: (-counts[k], k))[:limit_groups]
     total_n = sum(int(row["n"]) for row in figures if row["total"])
     if not read.plan.hours and total_n <= EXACT_MAX_REQUESTS:
         sql = _exact_quantiles(read, flag, sets)
@@ -330,14 +339,14 @@ def _timeseries(
             _point(s, step, since_ns, until_ns, rows.get(s), quantiles, total, key)
             for s in range(first, last + 1)
         ]
-        series.append({"key": key, "count": sum(p["count"] for p in points), "points": points})
-    return {
-        "window": {"since_ns": int(since_ns), "until_ns": int(until_ns)},
-        "step_s": step,
-        "group_by": group_by,
-        "series": series,
-        "source": _source(read),
-    }
+        series.append(Series(key=key, count=sum(p.count for p in points), points=points))
+    return Timeseries(
+        window=Window.of(since_ns, until_ns),
+        step_s=step,
+        group_by=group_by,
+        series=series,
+        source=_source(read),
+    )
 
 
 def _binned_quantiles(
@@ -418,13 +427,13 @@ def _exact_quantiles(read: WindowRead, flag: str, sets: str) -> str:
     )
 
 
-def _source(read: WindowRead) -> dict[str, Any]:
+def _source(read: WindowRead) -> ReadSource:
     """How the answer was read: rollup hours and raw ranges (for the curious and the tests)."""
-    return {
-        "rollup_hours": len(read.plan.hours) if read.dims is not None else 0,
-        "raw_ranges": len(read.raw.clean) + len(read.raw.final),
-        "raw_final_ranges": len(read.raw.final),
-    }
+    return ReadSource(
+        rollup_hours=len(read.plan.hours) if read.dims is not None else 0,
+        raw_ranges=len(read.raw.clean) + len(read.raw.final),
+        raw_final_ranges=len(read.raw.final),
+    )
 
 
 def _levels(
@@ -445,9 +454,7 @@ def _point(
     quantiles: Mapping[tuple[bool, str, int, int], tuple[int, list[float]]],
     total: bool,
     key: str,
-) -> dict[str, Any]:
-    start = max(since_ns, s * step * 10**9)
-    end = min(until_ns, (s + 1) * step * 10**9)
+) -> StepPoint:
     n = int(row["n"]) if row else 0
 
     def q(metric: str) -> dict[str, float | None]:
@@ -457,34 +464,29 @@ def _point(
             quantiles.get((total, key, s, _METRIC_INDEX[metric])), _SERIES_METRICS[metric]
         )
 
+    def mean(name: str, counted: str | None = None) -> float | None:
+        """The mean of ``name`` over the step's requests, or over those ``counted`` has."""
+        count = (int(row[counted] or 0) if counted else n) if row else 0
+        return ms(float(row[f"{name}_sum"] or 0) / count) if row and count else None
+
     e2e_sum = float(row["e2e_sum"] or 0) if row else 0.0
-    e2e = q("e2e")
-    e2e["mean"] = ms(e2e_sum / n) if n else None
     buckets = {}
     for bucket in BUCKETS:
-        figures = q(bucket)
         total_b = float(row[f"{bucket}_sum"] or 0) if row else 0.0
-        if bucket == "network":
-            known = int(row["network_n"] or 0) if row else 0
-            figures["mean"] = ms(total_b / known) if known else None
-        else:
-            figures["mean"] = ms(total_b / n) if n else None
-        figures["share"] = (total_b / e2e_sum) if e2e_sum else None
-        buckets[bucket] = figures
-    ttft, tpot = q("ttft"), q("tpot")
-    ttft_n = int(row["ttft_n"] or 0) if row else 0
-    tpot_n = int(row["tpot_n"] or 0) if row else 0
-    ttft["mean"] = ms(float(row["ttft_sum"]) / ttft_n) if row and ttft_n else None
-    tpot["mean"] = ms(float(row["tpot_sum"]) / tpot_n) if row and tpot_n else None
-    return {
-        "start_ns": start,
-        "end_ns": end,
-        "count": n,
-        "e2e_ms": e2e,
-        "buckets_ms": buckets,
-        "ttft_ms": ttft,
-        "tpot_ms": tpot,
-    }
+        buckets[bucket] = StepBucket(
+            **q(bucket),
+            mean=mean(bucket, "network_n" if bucket == "network" else None),
+            share=(total_b / e2e_sum) if e2e_sum else None,
+        )
+    return StepPoint(
+        start_ns=max(since_ns, s * step * 10**9),
+        end_ns=min(until_ns, (s + 1) * step * 10**9),
+        count=n,
+        e2e_ms=StepPercentiles(**q("e2e"), mean=mean("e2e")),
+        buckets_ms=buckets,
+        ttft_ms=StepPercentiles(**q("ttft"), mean=mean("ttft", "ttft_n")),
+        tpot_ms=StepPercentiles(**q("tpot"), mean=mean("tpot", "tpot_n")),
+    )
 
 
 # -- heatmap -------------------------------------------------------------------------------------
@@ -557,17 +559,28 @@ def heatmap(
         if int(row) < 0:
             zeros[int(s) - first] += int(n)
     rows = [r for r in rows if int(r[1]) >= 0]
-    if not rows:
-        out = _heat_answer(metric, step, bins_per_decade, times, [], [], zeros, read)
-        return Heatmap.model_validate(out | {"window": Window.of(since_ns, until_ns)})
-    lo_row = min(int(r[1]) for r in rows)
-    hi_row = max(int(r[1]) for r in rows)
-    counts = [[0] * (hi_row - lo_row + 1) for _ in times]
-    for s, row, n in rows:
-        counts[int(s) - first][int(row) - lo_row] += int(n)
-    bins = [_heat_bin(r, width) for r in range(lo_row, hi_row + 1)]
-    out = _heat_answer(metric, step, bins_per_decade, times, bins, counts, zeros, read)
-    return Heatmap.model_validate(out | {"window": Window.of(since_ns, until_ns)})
+    bins: list[HeatBin] = []
+    counts: list[list[int]] = []
+    if rows:
+        lo_row = min(int(r[1]) for r in rows)
+        hi_row = max(int(r[1]) for r in rows)
+        counts = [[0] * (hi_row - lo_row + 1) for _ in times]
+        for s, row, n in rows:
+            counts[int(s) - first][int(row) - lo_row] += int(n)
+        bins = [_heat_bin(r, width) for r in range(lo_row, hi_row + 1)]
+    return Heatmap(
+        window=Window.of(since_ns, until_ns),
+        metric=metric,
+        step_s=step,
+        bins_per_decade=bins_per_decade,
+        times_ns=times,
+        bins=bins,
+        counts=counts,
+        zero_counts=zeros,
+        count=sum(map(sum, counts)) + sum(zeros),
+        max_count=max((max(row) for row in counts if row), default=0),
+        source=_source(read),
+    )
 
 
 def heat_edge_ns(row: int, width: int) -> float:
@@ -576,33 +589,9 @@ def heat_edge_ns(row: int, width: int) -> float:
     return rollups.bin_floor(row * width + 1)
 
 
-def _heat_bin(row: int, width: int) -> dict[str, Any]:
-    return {
-        "row": row,
-        "lo_ms": heat_edge_ns(row, width) / 1e6,
-        "hi_ms": heat_edge_ns(row + 1, width) / 1e6,
-    }
-
-
-def _heat_answer(
-    metric: str,
-    step: int,
-    bins_per_decade: int,
-    times: list[int],
-    bins: list[dict[str, Any]],
-    counts: list[list[int]],
-    zeros: list[int],
-    read: WindowRead,
-) -> dict[str, Any]:
-    return {
-        "metric": metric,
-        "step_s": step,
-        "bins_per_decade": bins_per_decade,
-        "times_ns": times,
-        "bins": bins,
-        "counts": counts,
-        "zero_counts": zeros,
-        "count": sum(map(sum, counts)) + sum(zeros),
-        "max_count": max((max(row) for row in counts if row), default=0),
-        "source": _source(read),
-    }
+def _heat_bin(row: int, width: int) -> HeatBin:
+    return HeatBin(
+        row=row,
+        lo_ms=heat_edge_ns(row, width) / 1e6,
+        hi_ms=heat_edge_ns(row + 1, width) / 1e6,
+    )

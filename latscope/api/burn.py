@@ -29,7 +29,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -176,7 +175,7 @@ class BurnRates(Poller, Collector):
         extra: GaugeMetricFamily,
     ) -> None:
         o = scoped.objective
-        spent: dict[str, dict[str, Any]] = aggregates.slo_buckets(
+        spent = aggregates.slo_buckets(
             self.store,
             value_sql=SLO_METRICS[o.metric],
             threshold_ms=o.threshold_ms,
@@ -187,13 +186,13 @@ class BurnRates(Poller, Collector):
         )
         for window, figures in spent.items():
             labels = [*scoped.labels, window]
-            bad, good = int(figures["bad"]), int(figures["good"])
+            bad, good = figures.bad, figures.good
             count.add_metric([*labels, "bad"], bad)
             count.add_metric([*labels, "good"], good)
             burn = burn_rate(bad, bad + good, o.target)
             if burn is not None:
                 rate.add_metric(labels, burn)
             for bucket in BUCKETS:
-                ms = figures["extra_buckets_ms"].get(bucket)
+                ms = getattr(figures.extra_buckets_ms, bucket)
                 if ms is not None:
                     extra.add_metric([*labels, bucket], ms / 1e3)

@@ -38,11 +38,11 @@ from latscope.api.schemas import (
     RequestTokens,
     Run,
     Span,
+    Standing,
     TraceExplain,
     TraceRequests,
     TraceSpans,
 )
-from latscope.api.timerange import TimeRange
 from latscope.api.trace_state import (
     TraceTooLarge,
     _reading,
@@ -392,12 +392,12 @@ def explain(
     )
 
 
-def standing(store: Store, result: RequestAttribution) -> dict[str, Any]:
+def standing(store: Store, result: RequestAttribution) -> Standing:
     """Where ``result`` stands among the requests of its service and model that started in the
-    hour before it (``aggregates.standing``), as ``Standing``'s JSON."""
+    hour before it (``aggregates.standing``)."""
     ttft = result.ttft_client_ns if result.ttft_client_ns is not None else result.ttft_server_ns
     values = {"e2e": result.e2e_ns, **result.buckets_ns, "ttft": ttft, "tpot": result.tpot_ns}
-    found = aggregates.standing(
+    return aggregates.standing(
         store,
         service=result.service,
         model=result.model,
@@ -405,11 +405,6 @@ def standing(store: Store, result: RequestAttribution) -> dict[str, Any]:
         values=values,
         request=(result.trace_id, result.request_span_id),
     )
-    return {
-        **TimeRange.from_ns(found["since_ns"], found["until_ns"]).to_json(),
-        "peers": found["peers"],
-        "percentiles": found["percentiles"],
-    }
 
 
 def run_answer(run: RunExplanation) -> Run:

@@ -13,6 +13,7 @@ Times are milliseconds as floats. Every model is closed (``base.Answer``).
 ``timeseries``  ``Timeseries``, ``Heatmap``
 ``why``         ``Why``
 ``coldstart``   ``ColdStart``
+``standing``    ``Standing``
 ==============  ================================================================================
 """
 
@@ -33,11 +34,13 @@ from latscope.attribution.answers.models.base import (
     StreamPercentiles,
     StreamStats,
     Window,
+    format_ns,
 )
 from latscope.attribution.answers.models.budget import (
     Compare,
     CompareWindow,
     Delta,
+    Stats,
     Summary,
     SummaryGroup,
     Tail,
@@ -60,6 +63,11 @@ from latscope.attribution.answers.models.listings import (
     SlowRequest,
 )
 from latscope.attribution.answers.models.slo import BudgetSplit, ObjectiveStatus, Slo
+from latscope.attribution.answers.models.standing import (
+    STANDING_EXAMPLE,
+    FigurePercentiles,
+    Standing,
+)
 from latscope.attribution.answers.models.timeseries import (
     HeatBin,
     Heatmap,
@@ -84,6 +92,7 @@ from latscope.attribution.answers.models.why import (
 __all__ = [
     "ATTRIBUTION_EXAMPLE",
     "REQUEST_ID_EXAMPLE",
+    "STANDING_EXAMPLE",
     "TRACE_ID_EXAMPLE",
     "WINDOW_EXAMPLE",
     "Answer",
@@ -96,6 +105,7 @@ __all__ = [
     "CompareWindow",
     "Delta",
     "Diagnosis",
+    "FigurePercentiles",
     "Gpu",
     "GpuFigure",
     "HeatBin",
@@ -113,6 +123,8 @@ __all__ = [
     "Slo",
     "SlowRequest",
     "Slowest",
+    "Standing",
+    "Stats",
     "StepBucket",
     "StepPercentiles",
     "StepPoint",
@@ -136,4 +148,5 @@ __all__ = [
     "WhyTop",
     "WhyValue",
     "Window",
+    "format_ns",
 ]

@@ -18,6 +18,17 @@ from latscope.attribution.answers.models.base import (
 )
 
 
+class Stats(Answer):
+    """The figures of a set of requests (``figures.stats_json``): what ``summary`` says of its
+    window and of each group, and what ``compare`` sets side by side."""
+
+    count: int
+    with_client: int = Field(description="requests with a client span (network known)")
+    e2e_ms: Percentiles
+    buckets_ms: dict[str, BucketStats]
+    streaming: Streaming
+
+
 class SummaryGroup(Answer):
     key: str
     count: int
@@ -27,7 +38,7 @@ class SummaryGroup(Answer):
     streaming: Streaming
 
 
-class Summary(Answer):
+class Summary(Stats):
     """Percentiles of e2e and of each bucket over the window, and each bucket's share."""
 
     model_config = ConfigDict(
@@ -56,11 +67,6 @@ class Summary(Answer):
         },
     )
 
-    count: int
-    with_client: int = Field(description="requests with a client span (network known)")
-    e2e_ms: Percentiles
-    buckets_ms: dict[str, BucketStats]
-    streaming: Streaming
     group_by: str | None
     groups: list[SummaryGroup]
     window: Window

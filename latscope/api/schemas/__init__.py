@@ -6,7 +6,7 @@ re-exported here), built by the functions that compute their figures; the rest a
 family below.
 
 =================  =============================================================================
-``trace``          one request and one trace: attribution, spans, tokens, standing, run, live
+``trace``          one request and one trace: attribution, spans, tokens, run, live
 ``service``        health and the attributor's set-aside traces
 ``conversations``  conversations across traces
 ``tables``         the heatmap as a table (the MCP server's heatmap tool)
@@ -29,11 +29,9 @@ from latscope.api.schemas.tables import HeatmapRow, HeatmapTable
 from latscope.api.schemas.trace import (
     RUN_EXAMPLE,
     SPAN_EXAMPLE,
-    STANDING_EXAMPLE,
     TOKENS_EXAMPLE,
     Attribution,
     Explain,
-    FigurePercentiles,
     Live,
     LiveRequest,
     PathBuckets,
@@ -47,7 +45,6 @@ from latscope.api.schemas.trace import (
     Span,
     SpanEvent,
     Stall,
-    Standing,
     TokenTimeline,
     TraceExplain,
     TraceRequests,
@@ -67,7 +64,6 @@ __all__ = [
     "ConversationTurn",
     "Conversations",
     "Explain",
-    "FigurePercentiles",
     "Health",
     "HeatmapRow",
     "HeatmapTable",
@@ -83,13 +79,11 @@ __all__ = [
     "RunRoot",
     "RunTool",
     "SPAN_EXAMPLE",
-    "STANDING_EXAMPLE",
     "SetAsideTrace",
     "SetAsideTraces",
     "Span",
     "SpanEvent",
     "Stall",
-    "Standing",
     "TOKENS_EXAMPLE",
     "TokenTimeline",
     "TraceExplain",
