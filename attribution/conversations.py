@@ -19,8 +19,9 @@ shows, not the traffic stored.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from latscope.attribution.answers.common import bounded
+from latscope.attribution.answers.models import Conversations, ConversationSeen, Window, format_ns
 from latscope.attribution.runs import RunExplanation, explain_run
 from latscope.attribution.spans import load_trace
 from latscope.storage import SPANS_TABLE, Store
@@ -28,8 +29,10 @@ from latscope.tokens import DEFAULT_STALL_NS
 
 __all__ = [
     "DEFAULT_TURNS",
+    "MAX_CONVERSATIONS",
     "MAX_TURNS",
     "ConversationExplanation",
+    "ConversationTrace",
     "conversation_traces",
     "conversations",
     "explain_conversation",
@@ -38,6 +41,8 @@ __all__ = [
 #: Turns explained by default, and at most (each is one trace read and walked in Python).
 DEFAULT_TURNS = 50
 MAX_TURNS = 500
+#: Conversations one listing answers with at most.
+MAX_CONVERSATIONS = 500
 
 #: The traces of one conversation, by their first span carrying its id.
 CONVERSATION_TRACES = f"""
@@ -70,33 +75,54 @@ LIMIT {{limit:UInt32}}
 @dataclass
 class ConversationExplanation:
     """A conversation's latest ``max_turns`` turns, each a trace explained as a run, in the
-    order they started; ``turn_count`` counts every trace of the conversation."""
+    order they started; ``turn_count`` counts every trace of the conversation, ``truncated``
+    says that only the latest ``max_turns`` of them were explained."""
 
     conversation_id: str
     turn_count: int
     turns: list[RunExplanation]
+    truncated: bool
 
 
-def conversation_traces(store: Store, conversation_id: str) -> list[dict[str, Any]]:
-    """Every trace of the conversation: ``{"trace_id", "first_ns"}``, by ``first_ns`` (its
-    first span carrying the id)."""
-    table = store.query_arrow(CONVERSATION_TRACES, {"conversation_id": conversation_id})
-    return table.to_pylist()
+@dataclass(frozen=True)
+class ConversationTrace:
+    """A trace of a conversation and when its first span carrying the id started."""
+
+    trace_id: str
+    first_ns: int
+
+
+def conversation_traces(store: Store, conversation_id: str) -> list[ConversationTrace]:
+    """Every trace of the conversation, by ``first_ns`` (its first span carrying the id)."""
+    rows = store.query_rows(CONVERSATION_TRACES, {"conversation_id": conversation_id})
+    return [ConversationTrace(trace_id, int(first_ns)) for trace_id, first_ns in rows]
 
 
 def conversations(
     store: Store, *, since_ns: int, until_ns: int, service: str | None = None, limit: int = 50
-) -> list[dict[str, Any]]:
+) -> Conversations:
     """The conversations with spans in ``[since_ns, until_ns)`` (``service``: those with a span
-    of it), the latest first: ``{"conversation_id", "traces", "first_ns", "last_ns",
-    "services"}`` (the window's spans only)."""
+    of it), the latest first, at most ``limit`` (up to ``MAX_CONVERSATIONS``); ``first`` and
+    ``last`` span the window's spans only."""
     params = {
         "since_ns": int(since_ns),
         "until_ns": int(until_ns),
         "service": service or "",
-        "limit": int(limit),
+        "limit": bounded(limit, 1, MAX_CONVERSATIONS),
     }
-    return store.query_arrow(CONVERSATIONS, params).to_pylist()
+    return Conversations(
+        window=Window.of(since_ns, until_ns),
+        conversations=[
+            ConversationSeen(
+                conversation_id=row["conversation_id"],
+                traces=row["traces"],
+                first=format_ns(row["first_ns"]),
+                last=format_ns(row["last_ns"]),
+                services=row["services"],
+            )
+            for row in store.query_arrow(CONVERSATIONS, params).to_pylist()
+        ],
+    )
 
 
 def explain_conversation(
@@ -106,16 +132,17 @@ def explain_conversation(
     max_turns: int = DEFAULT_TURNS,
     stall_threshold_ns: int = DEFAULT_STALL_NS,
 ) -> ConversationExplanation | None:
-    """The conversation's latest ``max_turns`` turns explained as runs, ordered by their roots'
-    starts; None when no span carries ``conversation_id``."""
+    """The conversation's latest ``max_turns`` turns (up to ``MAX_TURNS``) explained as runs,
+    ordered by their roots' starts; None when no span carries ``conversation_id``."""
     traces = conversation_traces(store, conversation_id)
     if not traces:
         return None
+    shown = bounded(max_turns, 1, MAX_TURNS)
     turns = []
-    for row in traces[-max_turns:]:
-        run = explain_run(row["trace_id"], load_trace(store, row["trace_id"]),
+    for seen in traces[-shown:]:
+        run = explain_run(seen.trace_id, load_trace(store, seen.trace_id),
                           stall_threshold_ns=stall_threshold_ns)  # fmt: skip
         if run is not None:
             turns.append(run)
     turns.sort(key=lambda r: (r.root.start_ns, r.trace_id))
-    return ConversationExplanation(conversation_id, len(traces), turns)
+    return ConversationExplanation(conversation_id, len(traces), turns, len(traces) > shown)

@@ -11,7 +11,7 @@ from typing import Any
 
 from latscope.api.errors import InvalidParameter, NotFound
 from latscope.api.queries import time_range
-from latscope.api.schemas import Conversation, Conversations, Window
+from latscope.api.schemas import Conversation, Conversations
 from latscope.api.trace import DEFAULT_STALL_MS, run_answer
 from latscope.attribution import conversations as found
 from latscope.attribution.answers.models.base import format_ns
@@ -21,9 +21,8 @@ from latscope.storage import Store
 __all__ = ["DEFAULT_TURNS", "MAX_CONVERSATIONS", "MAX_TURNS", "conversation", "conversations"]
 
 DEFAULT_TURNS, MAX_TURNS = found.DEFAULT_TURNS, found.MAX_TURNS
+MAX_CONVERSATIONS = found.MAX_CONVERSATIONS
 
-#: Conversations one listing answers with at most.
-MAX_CONVERSATIONS = 500
 #: A conversation id is an attribute value: any text, bounded.
 MAX_ID_CHARS = 256
 
@@ -41,9 +40,11 @@ def conversation(
         raise InvalidParameter(
             "invalid_conversation_id", f"a conversation id has 1 to {MAX_ID_CHARS} characters"
         )
-    limit = max(1, min(int(limit_turns), MAX_TURNS))
     explained = found.explain_conversation(
-        store, conversation_id, max_turns=limit, stall_threshold_ns=round(stall_threshold_ms * 1e6)
+        store,
+        conversation_id,
+        max_turns=limit_turns,
+        stall_threshold_ns=round(stall_threshold_ms * 1e6),
     )
     if explained is None or not explained.turns:
         raise NotFound(
@@ -86,7 +87,7 @@ def conversation(
         {
             "conversation_id": conversation_id,
             "turn_count": explained.turn_count,
-            "truncated": explained.turn_count > limit,
+            "truncated": explained.truncated,
             "start": format_ns(first),
             "end": format_ns(max(ends)),
             "duration_ms": (max(ends) - first) / 1e6,
@@ -115,25 +116,6 @@ def conversations(
     """``GET /v1/conversations``: the conversations with spans in the window, the latest
     first."""
     r = time_range(since, until)
-    rows = found.conversations(
-        store,
-        since_ns=r.since_ns,
-        until_ns=r.until_ns,
-        service=service,
-        limit=max(1, min(int(limit), MAX_CONVERSATIONS)),
-    )
-    return Conversations.model_validate(
-        {
-            "window": Window.of(r.since_ns, r.until_ns),
-            "conversations": [
-                {
-                    "conversation_id": row["conversation_id"],
-                    "traces": row["traces"],
-                    "first": format_ns(row["first_ns"]),
-                    "last": format_ns(row["last_ns"]),
-                    "services": row["services"],
-                }
-                for row in rows
-            ],
-        }
+    return found.conversations(
+        store, since_ns=r.since_ns, until_ns=r.until_ns, service=service, limit=limit
     )

@@ -4,17 +4,18 @@ schemas, with examples, are the OpenAPI document's), gRPC converts them and the 
 
 Times are milliseconds as floats. Every model is closed (``base.Answer``).
 
-==============  ================================================================================
-``base``        the closed base, the buckets, the window, percentile figures, examples
-``budget``      ``Summary``, ``Tail``, ``Compare``
-``diagnosis``   ``Diagnosis``
-``slo``         ``Slo``
-``listings``    ``Gpu``, ``Services``, ``Slowest``
-``timeseries``  ``Timeseries``, ``Heatmap``
-``why``         ``Why``
-``coldstart``   ``ColdStart``
-``standing``    ``Standing``
-==============  ================================================================================
+=================  ===============================================================================
+``base``           the closed base, the buckets, the window, percentile figures, examples
+``budget``         ``Stats``, ``Summary``, ``Tail``, ``Compare``
+``diagnosis``      ``Diagnosis``
+``slo``            ``Slo``
+``listings``       ``Gpu``, ``Services``, ``Slowest``
+``timeseries``     ``Timeseries``, ``Heatmap``
+``why``            ``Why``
+``coldstart``      ``ColdStart``
+``standing``       ``Standing`` (a part of one request's ``Explain``)
+``conversations``  ``Conversations``
+=================  ===============================================================================
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ from latscope.attribution.answers.models.coldstart import (
     Replica,
     ScaleUp,
     WarmupRuleModel,
+)
+from latscope.attribution.answers.models.conversations import (
+    CONVERSATION_ID_EXAMPLE,
+    Conversations,
+    ConversationSeen,
 )
 from latscope.attribution.answers.models.diagnosis import Diagnosis, Verdict, VerdictWhere
 from latscope.attribution.answers.models.listings import (
@@ -91,6 +97,7 @@ from latscope.attribution.answers.models.why import (
 
 __all__ = [
     "ATTRIBUTION_EXAMPLE",
+    "CONVERSATION_ID_EXAMPLE",
     "REQUEST_ID_EXAMPLE",
     "STANDING_EXAMPLE",
     "TRACE_ID_EXAMPLE",
@@ -103,6 +110,8 @@ __all__ = [
     "ColdStart",
     "Compare",
     "CompareWindow",
+    "ConversationSeen",
+    "Conversations",
     "Delta",
     "Diagnosis",
     "FigurePercentiles",

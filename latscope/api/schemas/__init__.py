@@ -17,10 +17,7 @@ from __future__ import annotations
 
 from latscope.api.schemas.conversations import (
     CONVERSATION_EXAMPLE,
-    CONVERSATION_ID_EXAMPLE,
     Conversation,
-    Conversations,
-    ConversationSeen,
     ConversationTool,
     ConversationTurn,
 )
@@ -57,12 +54,9 @@ __all__ = [
     *_answers,
     "Attribution",
     "CONVERSATION_EXAMPLE",
-    "CONVERSATION_ID_EXAMPLE",
     "Conversation",
-    "ConversationSeen",
     "ConversationTool",
     "ConversationTurn",
-    "Conversations",
     "Explain",
     "Health",
     "HeatmapRow",

@@ -5,16 +5,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from latscope.api.schemas.trace import RUN_EXAMPLE, PathStep, RunBudget, RunRoot
-from latscope.attribution.answers.models.base import (
-    TRACE_ID_EXAMPLE,
-    WINDOW_EXAMPLE,
-    Answer,
-    Window,
-    _example,
-    _means,
+from latscope.attribution.answers.models.base import TRACE_ID_EXAMPLE, Answer, _example, _means
+from latscope.attribution.answers.models.conversations import (
+    CONVERSATION_ID_EXAMPLE,
 )
-
-CONVERSATION_ID_EXAMPLE = "conv-5f1d7a"
 
 
 class ConversationTurn(Answer):
@@ -89,33 +83,3 @@ class Conversation(Answer):
     )
     tools: list[ConversationTool] = Field(description="per tool, most time on the path first")
     turns: list[ConversationTurn]
-
-
-class ConversationSeen(Answer):
-    conversation_id: str
-    traces: int = Field(description="traces with spans of the conversation in the window")
-    first: str
-    last: str
-    services: list[str]
-
-
-class Conversations(Answer):
-    """The conversations with spans in the window, the latest first."""
-
-    model_config = _example(
-        {
-            "window": WINDOW_EXAMPLE,
-            "conversations": [
-                {
-                    "conversation_id": CONVERSATION_ID_EXAMPLE,
-                    "traces": 2,
-                    "first": "2026-01-02T15:00:00Z",
-                    "last": "2026-01-02T15:01:03.6Z",
-                    "services": ["agent", "llm-server"],
-                }
-            ],
-        }
-    )
-
-    window: Window
-    conversations: list[ConversationSeen]
