@@ -37,6 +37,7 @@ from latscope.attribution.answers.models import (
     BucketMeans,
     ColdStart,
     Replica,
+    ReplicaStartup,
     ScaleUp,
     WarmupRuleModel,
     WhySide,
@@ -182,7 +183,7 @@ LIMIT {MAX_STARTUP_SPANS}
 
 def startups(
     store: Store, *, lookback_ns: int, until_ns: int, service: str = ""
-) -> dict[tuple[str, str], dict[str, Any]]:
+) -> dict[tuple[str, str], ReplicaStartup]:
     """Each replica's latest startup before ``until_ns`` (its root span started after
     ``lookback_ns``), by its engine's startup spans: when it started and was ready (the root's
     end), the whole load, the weights (the longest load span of the trace: one per worker) and
@@ -201,7 +202,7 @@ def startups(
     traces: dict[str, list[dict[str, Any]]] = {}
     for row in store.query_arrow(STARTUP_SQL, params).to_pylist():
         traces.setdefault(row["trace_id"], []).append(row)
-    out: dict[tuple[str, str], dict[str, Any]] = {}
+    out: dict[tuple[str, str], ReplicaStartup] = {}
     for trace_id, rows in traces.items():
         for entry in entries:
             roots = [r for r in rows if r["name"] == entry["root"] and r["replica"]]
@@ -209,15 +210,15 @@ def startups(
                 continue
             root = min(roots, key=lambda r: r["start_ns"])
             key = (root["service"], root["replica"])
-            if key not in out or out[key]["started_ns"] < root["start_ns"]:
-                out[key] = {
-                    "trace_id": trace_id,
-                    "started_ns": int(root["start_ns"]),
-                    "ready_ns": int(root["start_ns"] + root["duration_ns"]),
-                    "loading_ms": ms(float(root["duration_ns"])),
-                    "load_model_ms": _longest(rows, entry.get("load")),
-                    "prepare_ms": _longest(rows, entry.get("prepare")),
-                }
+            if key not in out or out[key].started_ns < root["start_ns"]:
+                out[key] = ReplicaStartup(
+                    trace_id=trace_id,
+                    started_ns=int(root["start_ns"]),
+                    ready_ns=int(root["start_ns"] + root["duration_ns"]),
+                    loading_ms=ms(float(root["duration_ns"])),
+                    load_model_ms=_longest(rows, entry.get("load")),
+                    prepare_ms=_longest(rows, entry.get("prepare")),
+                )
             break
     return out
 

@@ -19,7 +19,17 @@ from latscope.attribution.answers.common import (
     query_dicts,
     window_params,
 )
-from latscope.attribution.answers.models import Gpu, Services, Slowest, Window
+from latscope.attribution.answers.models import (
+    Buckets,
+    Gpu,
+    GpuFigure,
+    ModelCount,
+    Services,
+    ServiceSeen,
+    Slowest,
+    SlowRequest,
+    Window,
+)
 from latscope.attribution.model import request_id
 from latscope.attribution.table import BUCKET_COLUMN_LIST, BUCKET_COLUMNS
 from latscope.storage import Store
@@ -58,28 +68,29 @@ def slowest(
     buckets (ms)."""
     params = window_params(since_ns, until_ns, service, model)
     params["limit"] = bounded(limit, 1, MAX_SLOWEST)
-    out = []
-    for row in query_dicts(store, SLOWEST_SQL, params):
-        out.append(
-            {
-                "trace_id": row["trace_id"],
-                "request_id": request_id(row["trace_id"], row["request_span_id"]),
-                "start_ns": int(row["start_ns"]),
-                "service": row["service"],
-                "model": row["model"],
-                "route": row["route"],
-                "status": row["status"],
-                "e2e_ms": ms(row["E2eNs"]),
-                "buckets_ms": {b: ms(row[c]) for b, c in BUCKET_COLUMNS.items()},
-                "ttft_ms": ms(row["ttft"]),
-                "tpot_ms": ms(row["tpot"]),
-                "input_tokens": row["input_tokens"],
-                "output_tokens": row["output_tokens"],
-                "stalls": row["stalls"],
-                "attempts": row["attempts"],
-            }
-        )
-    return Slowest.model_validate({"window": Window.of(since_ns, until_ns), "requests": out})
+    return Slowest(
+        window=Window.of(since_ns, until_ns),
+        requests=[
+            SlowRequest(
+                trace_id=row["trace_id"],
+                request_id=request_id(row["trace_id"], row["request_span_id"]),
+                start_ns=int(row["start_ns"]),
+                service=row["service"],
+                model=row["model"],
+                route=row["route"],
+                status=row["status"],
+                e2e_ms=ms(row["E2eNs"]),
+                buckets_ms=Buckets(**{b: ms(row[c]) for b, c in BUCKET_COLUMNS.items()}),
+                ttft_ms=ms(row["ttft"]),
+                tpot_ms=ms(row["tpot"]),
+                input_tokens=row["input_tokens"],
+                output_tokens=row["output_tokens"],
+                stalls=row["stalls"],
+                attempts=row["attempts"],
+            )
+            for row in query_dicts(store, SLOWEST_SQL, params)
+        ],
+    )
 
 
 SERVICES_SQL = f"""
@@ -95,16 +106,20 @@ ORDER BY service, n DESC, model{SETTINGS}
 def services(store: Store, *, since_ns: int, until_ns: int) -> Services:
     """Services seen in the window, each with its models and request counts."""
     params = window_params(since_ns, until_ns, None, None)
-    by_service: dict[str, dict[str, Any]] = {}
-    for row in query_dicts(store, SERVICES_SQL, params):
-        entry = by_service.setdefault(
-            row["service"], {"service": row["service"], "count": 0, "last_ns": 0, "models": []}
-        )
-        entry["count"] += int(row["n"])
-        entry["last_ns"] = max(entry["last_ns"], int(row["last_ns"]))
-        entry["models"].append({"model": row["model"], "count": int(row["n"])})
-    return Services.model_validate(
-        {"window": Window.of(since_ns, until_ns), "services": list(by_service.values())}
+    by_service: dict[str, list[dict[str, Any]]] = {}
+    for row in query_dicts(store, SERVICES_SQL, params):  # by service, then most requests
+        by_service.setdefault(row["service"], []).append(row)
+    return Services(
+        window=Window.of(since_ns, until_ns),
+        services=[
+            ServiceSeen(
+                service=service,
+                count=sum(int(row["n"]) for row in rows),
+                last_ns=max(int(row["last_ns"]) for row in rows),
+                models=[ModelCount(model=row["model"], count=int(row["n"])) for row in rows],
+            )
+            for service, rows in by_service.items()
+        ],
     )
 
 
@@ -134,12 +149,9 @@ def gpu_by_phase(
     sm_clock (MHz), energy_mj (mJ; ``total`` is the window's energy in that phase).
     """
     params = window_params(since_ns, until_ns, service, model)
-    phases: dict[str, dict[str, Any]] = {}
+    phases: dict[str, dict[str, GpuFigure]] = {}
     for row in query_dicts(store, GPU_SQL, params):
-        phases.setdefault(row["phase"], {})[row["figure"]] = {
-            "mean": row["mean"],
-            "max": row["max"],
-            "total": row["total"],
-            "n": int(row["n"]),
-        }
-    return Gpu.model_validate({"phases": phases, "window": Window.of(since_ns, until_ns)})
+        phases.setdefault(row["phase"], {})[row["figure"]] = GpuFigure(
+            mean=row["mean"], max=row["max"], total=row["total"], n=int(row["n"])
+        )
+    return Gpu(phases=phases, window=Window.of(since_ns, until_ns))

@@ -50,6 +50,7 @@ from latscope.attribution.answers.models.budget import (
 from latscope.attribution.answers.models.coldstart import (
     ColdStart,
     Replica,
+    ReplicaStartup,
     ScaleUp,
     WarmupRuleModel,
 )
@@ -125,6 +126,7 @@ __all__ = [
     "Percentiles",
     "ReadSource",
     "Replica",
+    "ReplicaStartup",
     "ScaleUp",
     "Series",
     "ServiceSeen",
