@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from rich.table import Table
 
+from latscope.api.schemas import Why, Window
 from latscope.cli import main
 from latscope.cmd import _render as r
 from latscope.cmd import diagnose, top, why
@@ -160,18 +161,20 @@ def test_diagnose_evidence_reads_as_the_rest_of_the_output() -> None:
     assert "{" not in text and "[" not in text
 
 
-def _why_body(selected: int, others: int, dimensions: list[dict[str, Any]]) -> dict[str, Any]:
-    side = {"count": selected, "e2e_mean_ms": 500.0, "description": "e2e at or above p99"}
-    return {
-        "selection": side,
-        "baseline": {**side, "count": others, "description": "the others"},
+def _why_body(selected: int, others: int, dimensions: list[dict[str, Any]]) -> Why:
+    means = {"e2e_mean_ms": 500.0, "buckets_ms": dict.fromkeys(BUCKETS, 50.0)}
+    selection = {"kind": "percentile", "metric": "e2e", "threshold_ms": None}
+    return Why.model_validate({
+        "window": Window.of(0, 3600 * 10**9),
+        "selection": {**means, **selection, "count": selected, "description": "e2e above p99"},
+        "baseline": {**means, "count": others, "description": "the others"},
         "extra_e2e_ms": 100.0,
         "dominant": "queue",
         "extra_buckets_ms": dict.fromkeys(BUCKETS, 10.0),
         "top": None,
         "dimensions": dimensions,
         "examples": [],
-    }
+    })  # fmt: skip
 
 
 def test_why_says_when_there_are_too_few_requests(capsys) -> None:
@@ -179,8 +182,13 @@ def test_why_says_when_there_are_too_few_requests(capsys) -> None:
     out = capsys.readouterr().out
     assert "no dimension sets these 2 requests apart from the other 1" in out
     assert "too few" in out and "dimension  " not in out  # no empty table header
-    value = {"value": "a", "in_share": 1.0, "out_share": 0.0, "extra_ms": 50.0, "dominant": "queue"}
-    why.render(_why_body(3, 40, [{"dimension": "model", "values": [value]}]))
+    value = {
+        "value": "a", "in_count": 3, "out_count": 0, "in_share": 1.0, "out_share": 0.0,
+        "difference": 1.0, "in_e2e_mean_ms": 550.0, "out_e2e_mean_ms": None, "extra_ms": 50.0,
+        "buckets_ms": dict.fromkeys(BUCKETS, 5.0), "dominant": "queue", "extra_share": 1.0,
+    }  # fmt: skip
+    dimension = {"dimension": "model", "score": 1.0, "values_seen": 1, "values": [value]}
+    why.render(_why_body(3, 40, [dimension]))
     out = capsys.readouterr().out
     assert "only 3 against 40 requests: too few" in out and "model" in out
 

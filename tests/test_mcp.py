@@ -22,6 +22,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from latscope.api.schemas import Heatmap
 from latscope.mcp.server import TOOLS, heatmap_table, input_schema, output_schema
 from tests.agent_surfaces import export, recent_run, wait_stored
 from tests.serve_support import Server, start_serve
@@ -110,7 +111,7 @@ async def _every_tool(client: Client, data: dict[str, Any]) -> None:
             continue
         rest = _rest(data["server"], path, **params)
         if tool.name == "heatmap":
-            assert answer == heatmap_table(rest)
+            assert answer == heatmap_table(Heatmap.model_validate(rest))
             assert text.splitlines()[1].split()[:2] == ["time", "(UTC)"]
         else:
             assert result.structured_content == rest, tool.name

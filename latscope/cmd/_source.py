@@ -1,9 +1,9 @@
 """Where a query command gets its answers: a running API (``--url``) or the store itself.
 
-Both return the same JSON: direct mode calls the functions the API serves, and both modes pass
-the answer through its model (``latscope.api.schemas``, named in ``ANSWERS``), so a command
-renders the same keys either way. Errors become :class:`SourceError` with a sentence the user
-can act on.
+Both return the same answer, as its model (``latscope.api.schemas``, named in ``ANSWERS``):
+direct mode calls the functions the API serves, which build it; over the API its JSON is
+validated into it. A command renders the model (``--json`` prints the JSON the API serves).
+Errors become :class:`SourceError` with a sentence the user can act on.
 """
 
 from __future__ import annotations
@@ -15,13 +15,18 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import httpx
 
 from latscope.auth import TokenFileError, read_token_file
 from latscope.storage import Store, StoreError
+
+if TYPE_CHECKING:
+    from latscope.api.schemas import Answer
+
+A = TypeVar("A", bound="Answer")
 
 #: query name -> (REST path, "module:function" answering it over a store).
 QUERIES: dict[str, tuple[str, str]] = {
@@ -136,18 +141,17 @@ def _token(args: argparse.Namespace) -> str:
     return os.environ.get("LATSCOPE_TOKEN", "")
 
 
-def _answer(name: str, body: Any) -> dict[str, Any]:
-    """``body`` (an answer's model, or its JSON from the API) through the model of query
-    ``name``, as the JSON the API serves."""
+def _answer(name: str, body: Any) -> Answer:
+    """``body`` (an answer's model, or its JSON from the API) as the model of query ``name``."""
     from pydantic import ValidationError
 
     from latscope.api import schemas
 
     model = getattr(schemas, ANSWERS[name])
     if isinstance(body, model):
-        return body.json_dict()
+        return body
     try:
-        return model.model_validate(body).json_dict()
+        return model.model_validate(body)
     except ValidationError as exc:
         raise SourceError(
             f"the API answered {name} in a shape this latscope does not know (another "
@@ -164,8 +168,21 @@ class Source:
 
     description = ""
 
-    def query(self, name: str, **params: Any) -> dict[str, Any]:
+    def query(self, name: str, **params: Any) -> Answer:
+        """The answer to query ``name``, as its model (``ANSWERS``)."""
         raise NotImplementedError
+
+    def ask(self, model: type[A], name: str, /, **params: Any) -> A:
+        """``query``, typed as the model of its answer (which ``ANSWERS[name]`` names); the
+        query's parameters may have any name (``model`` is a filter).
+
+        >>> source.ask(Tail, "tail", since="1h").dominant  # doctest: +SKIP
+        'queue'
+        """
+        answer = self.query(name, **params)
+        if not isinstance(answer, model):
+            raise TypeError(f"query {name} answers {type(answer).__name__}, not {model.__name__}")
+        return answer
 
     def close(self) -> None:
         return None
@@ -178,7 +195,7 @@ class HttpSource(Source):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
-    def query(self, name: str, **params: Any) -> dict[str, Any]:
+    def query(self, name: str, **params: Any) -> Answer:
         template, _ = QUERIES[name]
         path_keys = {k for k in params if "{" + k + "}" in template}
         path = template.format(**{k: quote(str(params[k]), safe="") for k in path_keys})
@@ -241,7 +258,7 @@ class StoreSource(Source):
         self.store = store
         self.description = store.dsn
 
-    def query(self, name: str, **params: Any) -> dict[str, Any]:
+    def query(self, name: str, **params: Any) -> Answer:
         from latscope.api.errors import QueryError
 
         _, target = QUERIES[name]
@@ -302,15 +319,15 @@ def run_command(args: argparse.Namespace, body: Callable[[Source], int]) -> int:
 def run_query(
     args: argparse.Namespace,
     doing: str,
-    ask: Callable[[Source], dict[str, Any]],
-    render: Callable[[dict[str, Any]], None],
+    ask: Callable[[Source], A],
+    render: Callable[[A], None],
 ) -> int:
     """A query command's whole ``main``: open the source the flags name (``--store`` or the API),
     ``ask`` it under a spinner saying ``doing``, print the answer as JSON (``--json``) or
     ``render`` it; a SourceError becomes one line on stderr and its exit code (1, or 2 for a
     request the API refused as unusable).
 
-    >>> run_query(args, "diagnosing", lambda s: s.query("diagnose", **filters(args)), render)
+    >>> run_query(args, "diagnosing", lambda s: s.ask(Diagnosis, "diagnose"), render)
     ... # doctest: +SKIP
     """
     from latscope.cmd import _render as r
@@ -319,7 +336,7 @@ def run_query(
         with r.progress(doing):
             answer = ask(source)
         if args.json:
-            r.print_json(answer)
+            r.print_json(answer.json_dict())
         else:
             render(answer)
         return 0

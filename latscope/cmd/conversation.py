@@ -6,7 +6,7 @@ conversations of the window, the latest first."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
@@ -22,6 +22,9 @@ from latscope.cmd.explain import (
     run_bar,
     run_parts,
 )
+
+if TYPE_CHECKING:
+    from latscope.api.schemas import Conversations
 
 HELP = "a conversation across traces (turns, critical paths, time by bucket, tool, app)"
 
@@ -101,39 +104,40 @@ def render(body: dict[str, Any]) -> None:
                       "on the critical path")  # fmt: skip
 
 
-def render_list(body: dict[str, Any]) -> None:
+def render_list(body: Conversations) -> None:
     out = r.console()
-    window = body["window"]
-    found = body["conversations"]
+    window = body.window
+    found = body.conversations
     if not found:
-        out.print(f"no conversation in {window['since']} → {window['until']} (no span carries "
+        out.print(f"no conversation in {window.since} → {window.until} (no span carries "
                   "gen_ai.conversation.id, session.id or a traceloop session_id)")  # fmt: skip
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("conversation", "traces", "first", "last", "services"):
         table.add_column(col, justify="right" if col == "traces" else "left")
     for c in found:
-        table.add_row(
-            c["conversation_id"], str(c["traces"]), c["first"], c["last"], ", ".join(c["services"])
-        )
-    out.print(Text(f"conversations {window['since']} → {window['until']}", style="bold"))
+        table.add_row(c.conversation_id, str(c.traces), c.first, c.last, ", ".join(c.services))
+    out.print(Text(f"conversations {window.since} → {window.until}", style="bold"))
     out.print(table)
 
 
 def main(args: argparse.Namespace) -> int:
+    from latscope.api.schemas import Conversation, Conversations
+
     if args.id is None:
         params = {k: v for k, v in filters(args).items() if k != "model"}
         return run_query(
             args,
             "listing conversations",
-            lambda source: source.query("conversations", limit=args.limit, **params),
+            lambda source: source.ask(Conversations, "conversations", limit=args.limit, **params),
             render_list,
         )
+    # A conversation's answer is rendered from its JSON.
     return run_query(
         args,
         "explaining the conversation",
-        lambda source: source.query(
-            "conversation", conversation_id=args.id, limit_turns=args.turns
+        lambda source: source.ask(
+            Conversation, "conversation", conversation_id=args.id, limit_turns=args.turns
         ),
-        render,
+        lambda answer: render(answer.json_dict()),
     )

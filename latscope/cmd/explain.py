@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
@@ -14,6 +14,9 @@ from rich.text import Text
 from latscope.cmd import _render as r
 from latscope.cmd._source import Source, SourceError, add_source_arguments, run_query
 from latscope.semconv import BUCKETS
+
+if TYPE_CHECKING:
+    from latscope.api.schemas import Answer
 
 HELP = "one request (buckets, waterfall, tokens), or a multi-call trace's run (critical path)"
 
@@ -279,7 +282,7 @@ def render_run(body: dict[str, Any]) -> None:
 def main(args: argparse.Namespace) -> int:
     show = render
 
-    def ask(source: Source) -> dict[str, Any]:
+    def ask(source: Source) -> Answer:
         nonlocal show
         try:
             return source.query("explain", request_id=args.id, stall_ms=args.stall_ms)
@@ -290,4 +293,5 @@ def main(args: argparse.Namespace) -> int:
         show = render_run
         return source.query("trace", trace_id=args.id)
 
-    return run_query(args, f"explaining {args.id}", ask, lambda answer: show(answer))
+    # A request's and a trace's answers are rendered from their JSON.
+    return run_query(args, f"explaining {args.id}", ask, lambda answer: show(answer.json_dict()))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -12,6 +12,9 @@ from latscope.cmd import _render as r
 from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
 from latscope.cmd.timeline import step_for, step_label
 from latscope.windows import HEATMAP_METRICS
+
+if TYPE_CHECKING:
+    from latscope.api.schemas import Heatmap
 
 HELP = "a latency heatmap: requests per time step and latency bin (e2e, a bucket, ttft, tpot)"
 #: Darker is more requests: a cell's share of the busiest cell, in eighths.
@@ -37,27 +40,27 @@ def _range(lo: float, hi: float) -> str:
     return f"{r.ms(lo, 0 if lo >= 10 else 1)} – {r.ms(hi, 0 if hi >= 10 else 1)}"
 
 
-def render(body: dict[str, Any]) -> None:
+def render(body: Heatmap) -> None:
     out = r.console()
-    window = body["window"]
+    window = body.window
     out.print(
-        Text(f"{body['metric']} heatmap", style="bold").append(
-            f"  {body['count']} requests, {len(body['times_ns'])} steps of {body['step_s']} s",
+        Text(f"{body.metric} heatmap", style="bold").append(
+            f"  {body.count} requests, {len(body.times_ns)} steps of {body.step_s} s",
             style="",
         )
     )
-    out.print(f"{window['since']} → {window['until']}", style="dim")
-    if not body["count"]:
+    out.print(f"{window.since} → {window.until}", style="dim")
+    if not body.count:
         out.print("no attributed requests in this window (widen it with --since)")
         return
-    counts, bins = body["counts"], body["bins"]
+    counts, bins = body.counts, body.bins
     used = [j for j in range(len(bins)) if any(step[j] for step in counts)]
     # The rows that hold requests, at most MAX_ROWS of them around the busiest.
     lo, hi = used[0], used[-1]
     while hi - lo + 1 > MAX_ROWS:
         weight = [sum(step[j] for step in counts) for j in (lo, hi)]
         lo, hi = (lo + 1, hi) if weight[0] <= weight[1] else (lo, hi - 1)
-    peak = body["max_count"] or 1
+    peak = body.max_count or 1
     table = Table(box=None, pad_edge=False, padding=0, show_header=False)
     table.add_column("bin", justify="right", no_wrap=True)
     table.add_column("cells", no_wrap=True)
@@ -68,28 +71,31 @@ def render(body: dict[str, Any]) -> None:
             n = step[j]
             cells.append(SHADES[min(8, -(-n * 8 // peak))] if n else " ", style="magenta")
         total = sum(step[j] for step in counts)
-        table.add_row(f"{_range(bins[j]['lo_ms'], bins[j]['hi_ms'])} │", cells, f" {total}")
+        table.add_row(f"{_range(bins[j].lo_ms, bins[j].hi_ms)} │", cells, f" {total}")
     out.print(table)
-    times = body["times_ns"]
-    first, last = step_label(times[0], body["step_s"]), step_label(times[-1], body["step_s"])
+    times = body.times_ns
+    first, last = step_label(times[0], body.step_s), step_label(times[-1], body.step_s)
     width = len(times)
     axis = first + " " * max(1, width - len(first) - len(last)) + last if width > 24 else first
-    label = max(len(_range(bins[j]["lo_ms"], bins[j]["hi_ms"])) for j in range(lo, hi + 1))
+    label = max(len(_range(bins[j].lo_ms, bins[j].hi_ms)) for j in range(lo, hi + 1))
     out.print(" " * (label + 2) + axis, style="dim")
     hidden = sum(sum(step[j] for j in range(len(bins)) if not lo <= j <= hi) for step in counts)
     note = f"darker: more requests (busiest cell {peak}); UTC"
     if hidden:
         note += f"; {hidden} requests in rows not shown"
-    if any(body["zero_counts"]):
-        note += f"; {sum(body['zero_counts'])} at 0 ms"
+    if any(body.zero_counts):
+        note += f"; {sum(body.zero_counts)} at 0 ms"
     out.print(note, style="dim")
 
 
 def main(args: argparse.Namespace) -> int:
+    from latscope.api.schemas import Heatmap
+
     return run_query(
         args,
         "binning the window",
-        lambda source: source.query(
+        lambda source: source.ask(
+            Heatmap,
             "heatmap",
             **filters(args),
             metric=args.metric,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -11,6 +11,9 @@ from rich.text import Text
 from latscope.cmd import _render as r
 from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
 from latscope.windows import ALERTS, BURN_WINDOWS_S
+
+if TYPE_CHECKING:
+    from latscope.api.schemas import ObjectiveStatus, Slo
 
 HELP = "SLOs on TTFT / TPOT / e2e: error budget left and 5m/30m/1h/6h/3d burn rates"
 #: A window's burn rate shows red above the highest limit of the alerts it takes part in.
@@ -39,46 +42,46 @@ def _rate(value: float | None, limit: float) -> Text:
     return Text(f"{value:.1f}x", style="bold red" if value > limit else "")
 
 
-def spent_on(objective: dict[str, Any]) -> Text | None:
+def spent_on(objective: ObjectiveStatus) -> Text | None:
     """Where each burn window's budget went: the bucket of the bad requests' extra time."""
-    spent = objective.get("budget_by_bucket") or {}
+    spent = objective.budget_by_bucket or {}
     parts = [
-        (window, figures["dominant"], figures["extra_e2e_ms"])
+        (window, figures.dominant, figures.extra_e2e_ms)
         for window in BURN_WINDOWS_S
-        if (figures := spent.get(window)) and figures["bad"] and figures["dominant"]
+        if (figures := spent.get(window)) and figures.bad and figures.dominant
     ]
     if not parts:
         return None
-    text = Text(f"{objective['name']}: the budget went to ")
+    text = Text(f"{objective.name}: the budget went to ")
     for i, (window, bucket, extra) in enumerate(parts):
         text.append(", " if i else "").append(bucket, style="bold " + r.COLOURS.get(bucket, ""))
         text.append(f" ({window}, +{r.ms(extra)} a bad request)")
     return text
 
 
-def render(body: dict[str, Any]) -> None:
+def render(body: Slo) -> None:
     out = r.console()
     table = Table(header_style="bold", box=None, pad_edge=False)
     for col in ("objective", "n", "met", "budget", *BURN_WINDOWS_S, "alert"):
         text = col in ("objective", "alert")  # these wrap; the figures never do
         table.add_column(col, justify="left" if text else "right", no_wrap=not text)
-    for o in body["objectives"]:
-        rates = o["burn_rates"]
-        alerts = [name for name, on in o["alerts"].items() if on]
-        met = "—" if o["met"] is None else ("yes" if o["met"] else "NO")
+    for o in body.objectives:
+        rates = o.burn_rates
+        alerts = [name for name, on in o.alerts.items() if on]
+        met = "—" if o.met is None else ("yes" if o.met else "NO")
         table.add_row(
-            o["name"],
-            str(o["total"]),
-            Text(met, style="" if o["met"] is not False else "bold red"),
-            r.pct(o["budget_left"]),
+            o.name,
+            str(o.total),
+            Text(met, style="" if o.met is not False else "bold red"),
+            r.pct(o.budget_left),
             *(_rate(rates.get(w), _LIMITS[w]) for w in BURN_WINDOWS_S),
             Text(", ".join(alerts) or "ok", style="bold red" if alerts else "green"),
         )
-    out.print(Text(f"SLOs as of {body['at']}", style="bold"))
+    out.print(Text(f"SLOs as of {body.at}", style="bold"))
     # Narrow terminals keep the fast-burn pair (1h, 5m) longest: what pages first; the
     # ticket's 3d goes first.
     out.print(r.fit(table, drop=("3d", "30m", "6h", "n", "5m")))
-    for o in body["objectives"]:
+    for o in body.objectives:
         if (line := spent_on(o)) is not None:
             out.print(line)
     out.print(
@@ -94,9 +97,13 @@ def render(body: dict[str, Any]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from latscope.api.schemas import Slo
+
     return run_query(
         args,
         "computing burn rates",
-        lambda source: source.query("slo", objective=args.objective, at=args.at, **filters(args)),
+        lambda source: source.ask(
+            Slo, "slo", objective=args.objective, at=args.at, **filters(args)
+        ),
         render,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
@@ -16,6 +16,9 @@ from latscope.cmd import _render as r
 from latscope.cmd._source import add_filter_arguments, add_source_arguments, filters, run_query
 from latscope.semconv import BUCKETS
 from latscope.windows import STEPS_S, choose_step
+
+if TYPE_CHECKING:
+    from latscope.api.schemas import StepPoint, Timeseries
 
 HELP = "over time: e2e, each bucket's share, TTFT and TPOT per step, as sparklines"
 
@@ -75,45 +78,45 @@ def _peak(values: list[float | None]) -> str:
     return r.ms(max(known)) if known else "—"
 
 
-def render(body: dict[str, Any], *, table: bool = False) -> None:
+def render(body: Timeseries, *, table: bool = False) -> None:
     out = r.console()
-    total, *groups = body["series"]
-    points = total["points"]
-    window = body["window"]
+    total, *groups = body.series
+    points = total.points
+    window = body.window
     out.print(
         Text("over time", style="bold").append(
-            f"  {total['count']} requests, {len(points)} steps of {body['step_s']} s", style=""
+            f"  {total.count} requests, {len(points)} steps of {body.step_s} s", style=""
         )
     )
-    out.print(f"{window['since']} → {window['until']}", style="dim")
-    if not total["count"]:
+    out.print(f"{window.since} → {window.until}", style="dim")
+    if not total.count:
         out.print("no attributed requests in this window (widen it with --since)")
         return
     if table:
-        _table(out, points, body["step_s"])
+        _table(out, points, body.step_s)
         return
     rows = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     rows.add_column("figure", no_wrap=True)
-    rows.add_column(f"{_clock(points[0]['start_ns'])} → {_clock(points[-1]['end_ns'])}")
+    rows.add_column(f"{_clock(points[0].start_ns)} → {_clock(points[-1].end_ns)}")
     rows.add_column("peak", justify="right", no_wrap=True)
 
     def line(label: str, values: list[float | None], peak: str, style: str = "") -> None:
         rows.add_row(Text(label, style=style), r.sparkline(values), peak)
 
-    line("requests", [p["count"] for p in points], str(max(p["count"] for p in points)))
+    line("requests", [p.count for p in points], str(max(p.count for p in points)))
     for name in ("p50", "p99"):
-        values = [p["e2e_ms"][name] for p in points]
+        values = [getattr(p.e2e_ms, name) for p in points]
         line(f"e2e {name}", values, _peak(values), "bold")
     for b in BUCKETS:
-        shares = [p["buckets_ms"][b]["share"] for p in points]
+        shares = [p.buckets_ms[b].share for p in points]
         known = [s for s in shares if s is not None]
         line(f"{b} share", shares, r.pct(max(known)) if known else "—", r.COLOURS[b])
     for figure in ("ttft_ms", "tpot_ms"):
-        values = [p[figure]["p99"] for p in points]
+        values = [getattr(p, figure).p99 for p in points]
         line(f"{figure[:4]} p99", values, _peak(values))
     for group in groups:
-        values = [p["e2e_ms"]["p99"] for p in group["points"]]
-        line(f"{group['key'] or '(none)'} p99", values, _peak(values))
+        values = [p.e2e_ms.p99 for p in group.points]
+        line(f"{group.key or '(none)'} p99", values, _peak(values))
     out.print(rows)
 
 
@@ -121,21 +124,21 @@ def _num(value: float | None, digits: int = 0) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def _table(out: Any, points: list[dict[str, Any]], step_s: float) -> None:
+def _table(out: Any, points: list[StepPoint], step_s: float) -> None:
     grid = Table(header_style="bold", box=None, pad_edge=False)
     for col in ("step (UTC)", "n", "e2e p50", "e2e p99", "where the time went", "ttft p99",
                 "tpot p99"):  # fmt: skip
         grid.add_column(col, justify="left" if col[0] in "sw" else "right", no_wrap=True)
     for p in points:
-        shares = {b: p["buckets_ms"][b]["share"] for b in BUCKETS}
+        shares = {b: p.buckets_ms[b].share for b in BUCKETS}
         grid.add_row(
-            step_label(p["start_ns"], step_s),
-            str(p["count"]),
-            _num(p["e2e_ms"]["p50"]),
-            _num(p["e2e_ms"]["p99"]),
+            step_label(p.start_ns, step_s),
+            str(p.count),
+            _num(p.e2e_ms.p50),
+            _num(p.e2e_ms.p99),
             r.stacked_bar(shares, 20),
-            _num(p["ttft_ms"]["p99"]),
-            _num(p["tpot_ms"]["p99"], 1),
+            _num(p.ttft_ms.p99),
+            _num(p.tpot_ms.p99, 1),
         )
     out.print(r.fit(grid, drop=("e2e p50", "tpot p99")))
     out.print("times in ms", style="dim")
@@ -143,10 +146,13 @@ def _table(out: Any, points: list[dict[str, Any]], step_s: float) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from latscope.api.schemas import Timeseries
+
     return run_query(
         args,
         "reading the window step by step",
-        lambda source: source.query(
+        lambda source: source.ask(
+            Timeseries,
             "timeseries",
             **filters(args),
             step=step_for(args, r.console().width) if not args.table else args.step,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
@@ -18,6 +18,9 @@ from latscope.cmd._source import (
     filters,
     run_query,
 )
+
+if TYPE_CHECKING:
+    from latscope.api.schemas import Why
 
 HELP = "what is different about the slowest requests: dimensions ranked, extra time by bucket"
 
@@ -111,45 +114,44 @@ def _selection(args: argparse.Namespace) -> dict[str, Any]:
     return {"selection": "percentile", "metric": args.metric, "percentile": args.percentile}
 
 
-def render(body: dict[str, Any]) -> None:
+def render(body: Why) -> None:
     out = r.console()
-    sel, base = body["selection"], body["baseline"]
+    sel, base = body.selection, body.baseline
     out.print(
         Text("what is different", style="bold").append(
-            f"  {sel['count']} requests: {sel['description']}; against {base['count']}: "
-            f"{base['description']}",
+            f"  {sel.count} requests: {sel.description}; against {base.count}: {base.description}",
             style="",
         )
     )
-    if not sel["count"] or not base["count"]:
+    if not sel.count or not base.count:
         out.print("nothing to compare in this window (widen it with --since)")
         return
     out.print(
-        f"mean e2e {r.ms(sel['e2e_mean_ms'])} against {r.ms(base['e2e_mean_ms'])} "
-        f"(+{r.ms(body['extra_e2e_ms'])}), most of it {body['dominant'] or '—'}"
+        f"mean e2e {r.ms(sel.e2e_mean_ms)} against {r.ms(base.e2e_mean_ms)} "
+        f"(+{r.ms(body.extra_e2e_ms)}), most of it {body.dominant or '—'}"
     )
-    out.print(r.stacked_bar({b: v for b, v in body["extra_buckets_ms"].items() if v and v > 0}))
-    top = body.get("top")
+    out.print(r.stacked_bar({b: v for b, v in dict(body.extra_buckets_ms).items() if v and v > 0}))
+    top = body.top
     if top:
         out.print(
             Text("→ ", style="bold")
-            .append(f"{top['dimension']} = {top['value']}", style="bold")
+            .append(f"{top.dimension} = {top.value}", style="bold")
             .append(
-                f": {top['in_share'] * 100:.0f}% of these requests against "
-                f"{top['out_share'] * 100:.0f}% of the others; +{r.ms(top['extra_ms'])} each, "
-                f"mostly {top['dominant'] or '—'}; since {_when(top['since_ns'])}"
+                f": {top.in_share * 100:.0f}% of these requests against "
+                f"{top.out_share * 100:.0f}% of the others; +{r.ms(top.extra_ms)} each, "
+                f"mostly {top.dominant or '—'}; since {_when(top.since_ns)}"
             )
         )
-    few = min(sel["count"], base["count"]) < FEW
-    if not body["dimensions"]:
+    few = min(sel.count, base.count) < FEW
+    if not body.dimensions:
         out.print(
-            f"no dimension sets these {sel['count']} requests apart from the other "
-            f"{base['count']}" + ("; too few to compare (widen it with --since)" if few else "")
+            f"no dimension sets these {sel.count} requests apart from the other "
+            f"{base.count}" + ("; too few to compare (widen it with --since)" if few else "")
         )
         return
     if few:
         out.print(
-            f"only {sel['count']} against {base['count']} requests: too few to tell a pattern "
+            f"only {sel.count} against {base.count} requests: too few to tell a pattern "
             "from chance (widen the window with --since)",
             style="yellow",
         )
@@ -164,30 +166,33 @@ def render(body: dict[str, Any]) -> None:
     ):
         # The names wrap; the figures never do.
         table.add_column(col, justify=justify, no_wrap=col not in ("dimension", "value"))  # type: ignore[arg-type]
-    for dim in body["dimensions"][:SHOW_DIMENSIONS]:
-        for i, v in enumerate(dim["values"]):
+    for dim in body.dimensions[:SHOW_DIMENSIONS]:
+        for i, v in enumerate(dim.values):
             table.add_row(
-                Text(dim["dimension"] if i == 0 else "", style="bold" if i == 0 else ""),
-                v["value"] or "(none)",
-                f"{v['in_share'] * 100:.0f}%",
-                f"{v['out_share'] * 100:.0f}%",
-                r.ms(v["extra_ms"]),
-                Text(v["dominant"] or "—", style=r.COLOURS.get(v["dominant"] or "", "")),
+                Text(dim.dimension if i == 0 else "", style="bold" if i == 0 else ""),
+                v.value or "(none)",
+                f"{v.in_share * 100:.0f}%",
+                f"{v.out_share * 100:.0f}%",
+                r.ms(v.extra_ms),
+                Text(v.dominant or "—", style=r.COLOURS.get(v.dominant or "", "")),
             )
     out.print(r.fit(table, drop=("mostly",)))
-    if body["examples"]:
+    if body.examples:
         out.print(
             "slowest of them: "
-            + ", ".join(f"{e['trace_id']} ({r.ms(e['e2e_ms'])})" for e in body["examples"][:3]),
+            + ", ".join(f"{e.trace_id} ({r.ms(e.e2e_ms)})" for e in body.examples[:3]),
             style="dim",
         )
 
 
 def main(args: argparse.Namespace) -> int:
+    from latscope.api.schemas import Why
+
     return run_query(
         args,
         "comparing the requests",
-        lambda source: source.query(
+        lambda source: source.ask(
+            Why,
             "why",
             **filters(args),
             attribute=args.attribute,

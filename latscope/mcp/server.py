@@ -55,7 +55,7 @@ class McpTool:
     query: str
     title: str
     #: Turns the answer into the tool's result (default: the answer itself).
-    shape: Callable[[dict[str, Any]], Answer] | None = None
+    shape: Callable[[Any], Answer] | None = None
     #: The model of the result when ``shape`` changes it.
     result: type[Answer] | None = None
 
@@ -64,10 +64,9 @@ class McpTool:
         return self.result or cast(type[Answer], getattr(schemas, ANSWERS[self.query]))
 
 
-def heatmap_table(body: dict[str, Any]) -> HeatmapTable:
+def heatmap_table(heat: schemas.Heatmap) -> HeatmapTable:
     """A heatmap as a table: a row per time step with requests, a column per latency bin with
     requests (latency rows become columns: a table is read across), counts in the cells."""
-    heat = schemas.Heatmap.model_validate(body)
     used = [j for j, _ in enumerate(heat.bins) if any(row[j] for row in heat.counts)]
     zero = any(heat.zero_counts)
     columns = (["0 ms"] if zero else []) + [
@@ -204,7 +203,7 @@ def call(source: Source, name: str, arguments: dict[str, Any]) -> types.CallTool
         return _error(str(exc))
     except TypeError as exc:  # a direct (--store) query given an argument it does not take
         return _error(f"{name}: {exc}")
-    answer = tool.shape(body) if tool.shape else tool.model.model_validate(body)
+    answer = tool.shape(body) if tool.shape else body
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=_text(answer, tool))],
         structured_content=answer.model_dump(mode="json"),
