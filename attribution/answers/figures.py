@@ -1,6 +1,6 @@
 """The figures of a set of requests, as the summary and compare report them: percentiles, means
 and shares of e2e and of each bucket, and the streaming figures; the SQL that computes them
-from raw rows and the JSON shape of one row of them.
+from raw rows, and one row of them as its model (``row_stats``).
 
 Times are milliseconds (floats; ``None`` where there is no data).
 """
@@ -33,8 +33,8 @@ __all__ = [
     "STREAM_LEVELS",
     "bucket_shares",
     "levels_json",
+    "row_stats",
     "stat_columns",
-    "stats_json",
     "stats_or_empty",
 ]
 
@@ -77,7 +77,7 @@ def bucket_shares(row: Mapping[str, Any]) -> dict[str, float | None]:
 
 
 def stat_columns() -> str:
-    """The columns of one stats row over raw requests (``exact=True``), as ``stats_json`` reads
+    """The columns of one stats row over raw requests (``exact=True``), as ``row_stats`` reads
     them."""
     fn = EXACT_QUANTILES
     parts = [
@@ -116,7 +116,7 @@ def levels_json(
     return {name: ms(v) for (name, _), v in zip(levels, values, strict=True)}
 
 
-def stats_json(row: Mapping[str, Any]) -> Stats:
+def row_stats(row: Mapping[str, Any]) -> Stats:
     """One stats row (the columns of ``stat_columns``) -> its figures."""
     n = int(row["n"] or 0)
     shares = bucket_shares(row)
@@ -174,8 +174,8 @@ _EMPTY_ROW: dict[str, Any] = {
 
 
 def stats_or_empty(row: Mapping[str, Any] | None) -> Stats:
-    """``stats_json`` of ``row``, or of no requests when it is None."""
-    return stats_json(row) if row else stats_json({"n": 0} | _EMPTY_ROW)
+    """``row_stats`` of ``row``, or of no requests when it is None."""
+    return row_stats(row) if row else row_stats({"n": 0} | _EMPTY_ROW)
 
 
 S = TypeVar("S", bound=WhySide)

@@ -28,8 +28,8 @@ from latscope.attribution.answers.common import (
 )
 from latscope.attribution.answers.figures import (
     METRIC_LEVELS,
+    row_stats,
     stat_columns,
-    stats_json,
     stats_or_empty,
 )
 from latscope.attribution.answers.groups import group_expr
@@ -131,7 +131,7 @@ def approx_summary(
     total: bool = True,
 ) -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
     """(each window's total row, None if it has no requests; rows of the top ``limit`` groups) with
-    ``figures.stats_json``'s columns. Groups by ``group`` (an SQL expression; one window only),
+    ``figures.row_stats``'s columns. Groups by ``group`` (an SQL expression; one window only),
     from the windows' rollup hours at level ``dims`` and raw reads of the rest. Two queries
     whatever the number of windows: figures, then histograms; a window's total is a grouping set
     of the same pass as its groups."""
@@ -236,6 +236,6 @@ def summary(
     return Summary(
         **dict(stats_or_empty(total)),
         group_by=group_by,
-        groups=[SummaryGroup(key=row["grp"], **dict(stats_json(row))) for row in rows],
+        groups=[SummaryGroup(key=row["grp"], **dict(row_stats(row))) for row in rows],
         window=Window.of(since_ns, until_ns),
     )

@@ -19,7 +19,7 @@ from latscope.attribution.answers.models.base import (
 
 
 class Stats(Answer):
-    """The figures of a set of requests (``figures.stats_json``): what ``summary`` says of its
+    """The figures of a set of requests (``figures.row_stats``): what ``summary`` says of its
     window and of each group, and what ``compare`` sets side by side."""
 
     count: int
