@@ -55,7 +55,6 @@ METRIC_LEVELS = {
 #: millions of rows, always read raw). ``exact=False`` (the default): the same interpolation over
 #: histograms with bins 1 % wide (``rollups.quantiles``), within 0.5 % of the exact value; the
 #: histograms of settled hours come from the rollup. Counts, means and shares are exact either way.
-#: docs/benchmarks.md has the figures.
 EXACT_QUANTILES = "quantilesExactInclusive"
 
 
