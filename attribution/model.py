@@ -66,6 +66,12 @@ class SpanRecord:
     events: tuple[tuple[str, int], ...] = ()
     status: str = "Unset"
     resource: dict[str, str] = field(default_factory=dict)
+    #: What the rulebook matched the span as, once it was asked (``Rulebook.engine_of``): the
+    #: rulebook, the engine, the serving system. A span's rules are a function of the span, asked
+    #: again and again while a trace's calls are found and attributed.
+    matched: tuple[Any, Any, Any] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def end_ns(self) -> int:

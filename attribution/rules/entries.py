@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from latscope.attribution.model import SpanRecord
@@ -180,7 +181,11 @@ class Engine:
         return None
 
     def stage_bucket(self, name: str) -> str | None:
-        return dict(self.stages).get(name)
+        return self._stage_buckets.get(name)
+
+    @cached_property
+    def _stage_buckets(self) -> dict[str, str]:
+        return dict(self.stages)
 
     def part_of(
         self, span: SpanRecord, parent: SpanRecord | None, request: SpanRecord
@@ -242,17 +247,31 @@ class Rulebook:
 
     def engine_of(self, span: SpanRecord) -> Engine | None:
         """The first engine whose request rule ``span`` matches."""
-        for engine in self.engines:
-            if not engine.system_depth and engine.matches(span):
-                return engine
-        return None
+        matched = span.matched
+        if matched is None or matched[0] is not self:
+            matched = self._match(span)
+        return matched[1]  # type: ignore[no-any-return]
 
     def system_of(self, span: SpanRecord) -> Engine | None:
         """The first serving system whose request rule ``span`` matches."""
-        for engine in self.engines:
-            if engine.system_depth and engine.matches(span):
-                return engine
-        return None
+        matched = span.matched
+        if matched is None or matched[0] is not self:
+            matched = self._match(span)
+        return matched[2]  # type: ignore[no-any-return]
+
+    def _match(self, span: SpanRecord) -> tuple[Rulebook, Engine | None, Engine | None]:
+        """The span's engine and serving system, kept on the span (``SpanRecord.matched``)."""
+        engine = system = None
+        for e in self.engines:
+            if e.system_depth:
+                if system is None and e.matches(span):
+                    system = e
+            elif engine is None and e.matches(span):
+                engine = e
+        matched = (self, engine, system)
+        # The span is frozen for its fields; ``matched`` is a cache, not one of them.
+        object.__setattr__(span, "matched", matched)
+        return matched
 
     def part_names(self) -> list[str]:
         """Every span name a part names (as its own or its parent's), in a fixed order (their
@@ -281,11 +300,15 @@ class Rulebook:
 
     def stage_bucket(self, name: str) -> str | None:
         """The bucket a stage name stands for (the same in every engine that names it)."""
+        return self._stage_buckets.get(name)
+
+    @cached_property
+    def _stage_buckets(self) -> dict[str, str]:
+        buckets: dict[str, str] = {}
         for engine in self.engines:
-            bucket = engine.stage_bucket(name)
-            if bucket is not None:
-                return bucket
-        return None
+            for name, bucket in engine.stages:
+                buckets.setdefault(name, bucket)
+        return buckets
 
     def to_toml(self) -> str:
         """The rulebook in force as one TOML document, each entry with its origin."""
