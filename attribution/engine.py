@@ -66,8 +66,6 @@ from latscope.attribution.finding import (
     TraceIndex,
     _disaggregated,
     _samples,
-    attempt_groups,
-    critical_attempts,
     disaggregated_role,
     find_requests,
 )
@@ -189,7 +187,7 @@ def _kv_transfer(request: Request, ranked: Sequence[tuple[int, int, int]]) -> in
     swept attempts records a transfer."""
     recorded = any(
         name == KV_TRANSFER
-        for a in critical_attempts(request.attempts, request)
+        for a in request.critical
         for name in (
             *(n for n, _ in request.phases[a.span_id]),
             *(n for n, _, _ in synthetic_phases(a, stages=bool(request.phases[a.span_id]))),
@@ -239,7 +237,7 @@ def _input_tokens(request: Request, attrs: dict[str, str]) -> int | None:
     """The prompt's tokens: of a try in parts, its prefill part's (its prefill role, else the
     part that started first), which read the prompt; else the merged attributes' (a decode
     worker's own count is of the prompt it was handed)."""
-    last = attempt_groups(request.attempts, request)[-1]
+    last = request.tries[-1]
     if _disaggregated(last, request):
         roles = [a for a in last if disaggregated_role(a) is not None]
         prefill = (
@@ -323,7 +321,7 @@ def attribute_request(
         e2e_ns=tl.hi - tl.lo,
         buckets_ns=buckets,
         has_client=has_client,
-        attempts=len(attempt_groups(request.attempts, request)),
+        attempts=len(request.tries),
         status=request.window(last).status,
         clock_skew_ns=tl.skew,
         resource_attributes=dict(last.resource),
@@ -365,11 +363,18 @@ def timed_decode(request: Request) -> tuple[SpanRecord, SpanRecord] | None:
     """(decode span, its attempt): the request's last decode phase span with token offsets.
     The one rule for which decode span's tokens are the request's (attribution, the token
     timeline and the SQL attributor all use it)."""
+    found = _timed_offsets(request)
+    return None if found is None else (found[0], found[1])
+
+
+def _timed_offsets(request: Request) -> tuple[SpanRecord, SpanRecord, list[int]] | None:
+    """``timed_decode``'s (decode span, its attempt) and the decode span's token offsets."""
     candidates = [
-        (p, a)
+        (p, a, offsets)
         for a in request.attempts
         for name, p in request.phases[a.span_id]
-        if name == Phase.DECODE and p.attr_int_list(LatscopeAttributes.TOKEN_OFFSETS_US)
+        if name == Phase.DECODE
+        and (offsets := p.attr_int_list(LatscopeAttributes.TOKEN_OFFSETS_US))
     ]
     if not candidates:
         return None
@@ -378,11 +383,10 @@ def timed_decode(request: Request) -> tuple[SpanRecord, SpanRecord] | None:
 
 def _streaming(result: RequestAttribution, request: Request, stall_threshold_ns: int) -> None:
     """TTFT (client and server), TPOT, inter-token latency and stalls."""
-    found = timed_decode(request)
+    found = _timed_offsets(request)
     last = request.attempts[-1]
     if found is not None:
-        decode, attempt = found
-        offsets = decode.attr_int_list(LatscopeAttributes.TOKEN_OFFSETS_US)
+        decode, attempt, offsets = found
         figures = token_figures(offsets, stall_threshold_ns)
         result.ttft_server_ns = decode.start_ns + offsets[0] * 1000 - attempt.start_ns
         if result.output_tokens is None:
@@ -462,7 +466,13 @@ def _client_ttft(request: Request, client: SpanRecord) -> int | None:
 
 def _gpu(result: RequestAttribution, request: Request) -> None:
     """GPU figures of the (last) prefill and decode phase spans."""
-    phases = [(name, p) for a in request.attempts for name, p in request.phases[a.span_id]]
+    # Only phase spans that hold a GPU key at all are read (most carry none).
+    phases = [
+        (name, p)
+        for a in request.attempts
+        for name, p in request.phases[a.span_id]
+        if not GPU_KEYS.keys().isdisjoint(p.attributes)
+    ]
     for phase in GPU_PHASES:
         span = _last_by_start(
             [

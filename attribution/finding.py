@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from latscope.attribution import rules
 from latscope.attribution.model import SpanRecord
@@ -122,6 +123,16 @@ class Request:
     @property
     def start_ns(self) -> int:
         return self.client.start_ns if self.client is not None else self.attempts[0].start_ns
+
+    @cached_property
+    def tries(self) -> list[list[SpanRecord]]:
+        """Its attempts grouped into tries (``attempt_groups``), worked out once."""
+        return attempt_groups(self.attempts, self)
+
+    @cached_property
+    def critical(self) -> list[SpanRecord]:
+        """The attempts its response waited for (``critical_attempts``), worked out once."""
+        return _critical(self.tries, self)
 
     def window(self, attempt: SpanRecord) -> SpanRecord:
         return self.windows.get(attempt.span_id, attempt)
@@ -263,9 +274,10 @@ def engine_parts(
     return inner, phases
 
 
-def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
-    """Every inference call of a trace, by start (client's, else the server's), then id."""
-    index = TraceIndex(spans)
+def find_requests(spans: Sequence[SpanRecord], index: TraceIndex | None = None) -> list[Request]:
+    """Every inference call of a trace, by start (client's, else the server's), then id;
+    ``index``: the spans' ``TraceIndex``, when the caller has it already."""
+    index = index or TraceIndex(spans)
     owned: dict[str, list[tuple[str, SpanRecord]]] = {}
     response_ends: dict[str, int] = {}
     for s in spans:
@@ -278,7 +290,12 @@ def find_requests(spans: Sequence[SpanRecord]) -> list[Request]:
     _first_stages(owned, index)
     chains: dict[str, tuple[SpanRecord, ...]] = {}
 
-    systems = {s.span_id: system for s in spans if (system := system_above(index, s)) is not None}
+    book = rules.active()
+    systems = (
+        {s.span_id: system for s in spans if (system := system_above(index, s)) is not None}
+        if any(book.system_of(s) is not None for s in spans)
+        else {}
+    )
     inner, parts = engine_parts(index, spans)
 
     def chain_of(span: SpanRecord) -> tuple[SpanRecord, ...]:
@@ -401,8 +418,12 @@ def critical_attempts(
     complete when the last one is; the others' queue and decode are not on its critical path.
     A try served by a prefill worker and a decode worker (disaggregated) is one request in two
     parts: both are on its critical path."""
+    return _critical(attempt_groups(attempts, request), request)
+
+
+def _critical(groups: list[list[SpanRecord]], request: Request | None) -> list[SpanRecord]:
     out: list[SpanRecord] = []
-    for group in attempt_groups(attempts, request):
+    for group in groups:
         if _disaggregated(group, request):
             out.extend(group)
         else:
@@ -413,7 +434,7 @@ def critical_attempts(
 def _samples(request: Request) -> list[SpanRecord]:
     """The last try's attempts that answered the client: all of them (vLLM's samples), or the
     decode worker's when disaggregated (the prefill worker's first token went to it)."""
-    last = attempt_groups(request.attempts, request)[-1]
+    last = request.tries[-1]
     if any(disaggregated_role(a) is not None for a in last):
         return [a for a in last if disaggregated_role(a) == "decode"]
     return last

@@ -193,6 +193,7 @@ def explain_run(
         hit = entry.get(span.span_id)
         if hit is not None:
             call, _, _, pieces = hit
+            request_id = call.attribution.request_id
             for name, a, b in pieces:
                 a, b = max(a + offset, lo), min(b + offset, hi)
                 if b > a:
@@ -200,9 +201,7 @@ def explain_run(
                     call.on_path_ns += b - a
                     call.on_path_buckets_ns[name] += b - a
                     path.append(
-                        PathStep(
-                            span.span_id, span.name, LLM, a, b, call.attribution.request_id, name
-                        )
+                        PathStep(span.span_id, span.name, LLM, a, b, request_id, name)
                     )
             return
         is_tool = _is_tool(span)

@@ -41,10 +41,11 @@ def load_trace(store: Store, trace_id: str) -> list[SpanRecord]:
                 service=service,
                 start_ns=int(start),
                 duration_ns=int(dur),
-                attributes=dict(attrs),
-                events=tuple(zip(ev_names, (int(t) for t in ev_times), strict=False)),
+                # The driver reads each Map into a dict of its own: kept, not copied.
+                attributes=attrs if type(attrs) is dict else dict(attrs),
+                events=tuple(zip(ev_names, map(int, ev_times), strict=False)) if ev_names else (),
                 status=StatusCode.normalize(status),
-                resource=dict(resource),
+                resource=resource if type(resource) is dict else dict(resource),
             )
         )
     return spans

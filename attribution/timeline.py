@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from latscope.attribution import rules
-from latscope.attribution.finding import Request, critical_attempts, is_model_call
+from latscope.attribution.finding import Request, is_model_call
 from latscope.attribution.model import SpanRecord
 from latscope.semconv import BUCKETS, KV_TRANSFER, ClientAttributes, Phase
 
@@ -161,7 +161,7 @@ def ranked_pieces(request: Request) -> tuple[Timeline, list[tuple[int, int, int]
     """The request's timeline cut into ``(rank, start, end)`` pieces on the client's clock."""
     tl = timeline(request)
     intervals: list[tuple[int, int, int]] = []
-    for attempt in critical_attempts(request.attempts, request):
+    for attempt in request.critical:
         lo, hi = request.bounds(attempt)
         a_lo = max(lo + tl.offset, tl.lo)
         a_hi = min(hi + tl.offset, tl.hi)

@@ -258,7 +258,7 @@ class _Trace:
 
     @property
     def requests(self) -> list[Request]:
-        return self.piece("requests", lambda: find_requests(self.spans))
+        return self.piece("requests", lambda: find_requests(self.spans, self.index))
 
     def check(self) -> None:
         """Stop once the deadline passed (between steps: each is bounded by the span cap)."""
