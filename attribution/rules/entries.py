@@ -109,6 +109,11 @@ class Engine:
         """``span`` is this engine's request span."""
         if self.names and span.name not in self.names:
             return False
+        # What the attribute rules need at the least, by key alone (most spans have none).
+        if self.any_attribute and self._any_keys.isdisjoint(span.attributes):
+            return False
+        if self.all_attributes and not self._all_keys.issubset(span.attributes):
+            return False
         if self.name_regex and not re.search(self.name_regex, span.name):
             return False
         if self.kinds and kind_name(span.kind) not in self.kinds:
@@ -118,6 +123,14 @@ class Engine:
         if self.any_event and not any(n in self.any_event for n, _ in span.events):
             return False
         return not self.any_attribute or any(self._present(span, k) for k in self.any_attribute)
+
+    @cached_property
+    def _any_keys(self) -> frozenset[str]:
+        return frozenset(self.any_attribute)
+
+    @cached_property
+    def _all_keys(self) -> frozenset[str]:
+        return frozenset(self.all_attributes)
 
     def _present(self, span: SpanRecord, key: str) -> bool:
         if self.numeric:
