@@ -200,9 +200,7 @@ def explain_run(
                     llm[name] += b - a
                     call.on_path_ns += b - a
                     call.on_path_buckets_ns[name] += b - a
-                    path.append(
-                        PathStep(span.span_id, span.name, LLM, a, b, request_id, name)
-                    )
+                    path.append(PathStep(span.span_id, span.name, LLM, a, b, request_id, name))
             return
         is_tool = _is_tool(span)
         if is_tool:

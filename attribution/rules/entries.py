@@ -263,14 +263,14 @@ class Rulebook:
         matched = span.matched
         if matched is None or matched[0] is not self:
             matched = self._match(span)
-        return matched[1]  # type: ignore[no-any-return]
+        return matched[1]
 
     def system_of(self, span: SpanRecord) -> Engine | None:
         """The first serving system whose request rule ``span`` matches."""
         matched = span.matched
         if matched is None or matched[0] is not self:
             matched = self._match(span)
-        return matched[2]  # type: ignore[no-any-return]
+        return matched[2]
 
     def _match(self, span: SpanRecord) -> tuple[Rulebook, Engine | None, Engine | None]:
         """The span's engine and serving system, kept on the span (``SpanRecord.matched``)."""

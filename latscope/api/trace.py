@@ -410,10 +410,6 @@ def standing(store: Store, result: RequestAttribution) -> Standing:
 def run_answer(run: RunExplanation) -> Run:
     """A run explanation as its answer (ms from the root's start)."""
     origin = run.root.start_ns
-
-    def ms(ns: float) -> float:
-        return ns / 1e6
-
     llm_total = sum(run.llm_ns.values())
     return Run.model_validate({
         "trace_id": run.trace_id,
@@ -423,20 +419,22 @@ def run_answer(run: RunExplanation) -> Run:
             "service": run.root.service,
             "kind": run.root.kind,
         },
-        "e2e_ms": ms(run.e2e_ns),
+        "e2e_ms": run.e2e_ns / 1e6,
         "critical_path_ms": {
-            "llm": ms(llm_total),
-            "llm_buckets": {b: ms(v) for b, v in run.llm_ns.items()},
-            "tool": ms(run.tool_ns),
-            "app": ms(run.app_ns),
+            "llm": llm_total / 1e6,
+            "llm_buckets": {b: v / 1e6 for b, v in run.llm_ns.items()},
+            "tool": run.tool_ns / 1e6,
+            "app": run.app_ns / 1e6,
         },
         "calls": [
             {
                 "request_id": c.attribution.request_id,
-                "start_ms": ms(c.attribution.start_ns - origin),
-                "e2e_ms": ms(c.attribution.e2e_ns),
-                "on_critical_path_ms": ms(c.on_path_ns),
-                "on_critical_path_buckets_ms": {b: ms(v) for b, v in c.on_path_buckets_ns.items()},
+                "start_ms": (c.attribution.start_ns - origin) / 1e6,
+                "e2e_ms": c.attribution.e2e_ns / 1e6,
+                "on_critical_path_ms": c.on_path_ns / 1e6,
+                "on_critical_path_buckets_ms": {
+                    b: v / 1e6 for b, v in c.on_path_buckets_ns.items()
+                },
                 "attribution": c.attribution.to_json(),
             }
             for c in run.calls
@@ -446,9 +444,9 @@ def run_answer(run: RunExplanation) -> Run:
                 "span_id": t.span.span_id,
                 "name": t.span.name,
                 "tool": t.span.attributes.get("gen_ai.tool.name", ""),
-                "start_ms": ms(t.span.start_ns - origin),
-                "duration_ms": ms(t.span.duration_ns),
-                "on_critical_path_ms": ms(t.on_path_ns),
+                "start_ms": (t.span.start_ns - origin) / 1e6,
+                "duration_ms": t.span.duration_ns / 1e6,
+                "on_critical_path_ms": t.on_path_ns / 1e6,
             }
             for t in run.tools
         ],
@@ -459,8 +457,8 @@ def run_answer(run: RunExplanation) -> Run:
                 "category": p.category,
                 "bucket": p.bucket,
                 "request_id": p.request_id,
-                "start_ms": ms(p.start_ns - origin),
-                "end_ms": ms(p.end_ns - origin),
+                "start_ms": (p.start_ns - origin) / 1e6,
+                "end_ms": (p.end_ns - origin) / 1e6,
             }
             for p in run.path
         ],
