@@ -112,6 +112,15 @@ def test_an_answer_waiting_for_a_piece_past_its_deadline_stops() -> None:
     assert t.piece("p", lambda: [1]) is t.piece("p", lambda: [2])
 
 
+def test_what_each_call_has_its_own_of_is_kept_for_the_latest_call_only() -> None:
+    t = _Trace("ab" * 16, _Worked(1, rules.active()), time.monotonic() + 60, "trace x")
+    first = t.latest("rows", "call 1", lambda: [1])
+    assert t.latest("rows", "call 1", lambda: [2]) is first
+    assert t.latest("rows", "call 2", lambda: [3]) == [3]
+    assert list(t.worked.pieces) == ["rows"]  # one call's, not one per call asked
+    assert t.latest("rows", "call 1", lambda: [4]) == [4]
+
+
 def test_answers_follow_the_trace_as_its_spans_arrive(store: Store) -> None:
     trace_id = uuid.uuid4().hex
     store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))

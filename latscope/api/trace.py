@@ -379,7 +379,12 @@ def explain(
         result = attribute_request(
             trace_id, request, stall_threshold_ns=_stall_ns(stall_threshold_ms)
         )
-        spans = _waterfall(t, result.start_ns, t.skews())
+        skews = t.skews()
+        spans = t.latest(
+            "call rows",
+            (result.start_ns, tuple(sorted(skews.items()))),
+            lambda: _SPAN_ROWS.validate_python(_waterfall(t, result.start_ns, skews)),
+        )
         tokens = _timeline(request, result, stall_ms or stall_threshold_ms)
     # A query over the attribution table, not the trace: outside the trace answers' slots.
     return Explain.model_validate(

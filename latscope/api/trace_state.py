@@ -238,6 +238,23 @@ class _Trace:
         finally:
             worked.lock.release()
 
+    def latest(self, name: Hashable, key: Hashable, work: Callable[[], _T]) -> _T:
+        """The piece ``name`` as worked out for ``key``, only the latest ``key`` kept: for what
+        each call of a trace has its own of (a call's waterfall), so that asking for every call
+        in turn keeps one, not one per call."""
+
+        worked = self.worked
+        if not worked.lock.acquire(timeout=max(0.0, self.deadline - time.monotonic())):
+            raise _timed_out(self.what)
+        try:
+            kept = worked.pieces.get(name)
+            if kept is None or kept[0] != key:
+                worked.pieces.pop(name, None)
+                kept = self.piece(name, lambda: (key, work()))
+            return kept[1]
+        finally:
+            worked.lock.release()
+
     @property
     def spans(self) -> list[SpanRecord]:
         assert self.store is not None
