@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latscope.attribution import rules
+from latscope.attribution.model import SpanRecord
 from latscope.attribution.rules import RulebookError, figure_ns, load, parse_expr, read_file
 from latscope.attribution.rules.expr import evaluate, events, expr_type, holds, parse_cond
 from latscope.cli import main
@@ -57,6 +58,22 @@ def test_a_user_file_adds_before_and_replaces_in_place(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert book.engines[names.index("tgi")].names == ("my_handler",)
     assert book.engines[0].origin == str(FASTGEN)
+
+
+def test_a_span_is_matched_by_the_rulebook_that_asks(tmp_path: Path) -> None:
+    mine = tmp_path / "tgi.toml"
+    mine.write_text(
+        'rulebook = 1\n[[engine]]\nname = "tgi"\n[engine.request]\nname = "my_handler"\n'
+        '[engine.stages.names]\ninfer = "decode"\n'
+    )
+    shipped, replaced = load(), load([mine])
+    handler = SpanRecord("a1" * 8, "", "my_handler", "Server", "llm", T0, MS)
+    # Each book's answer is kept on the span: asked again, and by turns, each gives its own.
+    for _ in range(2):
+        assert shipped.engine_of(handler) is None
+        engine = replaced.engine_of(handler)
+        assert engine is not None and engine.name == "tgi"
+        assert shipped.system_of(handler) is None and replaced.system_of(handler) is None
 
 
 def test_every_problem_of_a_file_is_named_by_its_line() -> None:
