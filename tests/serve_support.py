@@ -67,7 +67,7 @@ class Server:
     def url(self, path: str) -> str:
         return f"{self.http}{path}"
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 120) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:

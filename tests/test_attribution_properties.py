@@ -275,7 +275,7 @@ def test_buckets_are_non_negative_and_sum_to_e2e(spans: list[SpanRecord]) -> Non
 
 
 @pytest.mark.slow
-@settings(max_examples=examples(15))
+@settings(max_examples=examples(8))
 @given(st.lists(traces(), min_size=1, max_size=12))
 def test_sql_attributor_agrees_with_the_reference(store: Store, batch: list) -> None:
     """Each example is one statement over several traces (the attributor's batches)."""
@@ -431,7 +431,7 @@ def test_the_single_call_path_agrees_with_the_general_one_and_the_reference(stor
 
     # The same examples every run: that they reach both paths is then a fact about the
     # strategy, not a draw.
-    @settings(max_examples=examples(25), derandomize=True, database=None)
+    @settings(max_examples=examples(12), derandomize=True, database=None)
     @given(st.lists(single_calls(), min_size=1, max_size=12), st.booleans())
     def check(batch: list, figures: bool) -> None:
         before = len(SIMPLE_ANSWERED)

@@ -317,9 +317,10 @@ def test_repeated_kills_while_client_spans_arrive_late_leave_one_live_row_per_ca
     thread = threading.Thread(target=sender)
     thread.start()
     try:
-        # Eight kills at least, and on until 200 calls were sent (a loaded machine sends slower).
+        # Eight kills at least, and on until 100 calls were sent (a loaded machine sends slower:
+        # each restart holds the sender's Exports back until serve answers again).
         kills, until = 0, time.monotonic() + 240
-        while kills < 8 or (len(sent) <= 200 and time.monotonic() < until):
+        while kills < 8 or (len(sent) <= 100 and time.monotonic() < until):
             time.sleep(rng.uniform(2.0, 4.0))
             server.stop(signal.SIGKILL)
             server = start_serve(tmp_path / "store", *args)
@@ -340,7 +341,7 @@ def test_repeated_kills_while_client_spans_arrive_late_leave_one_live_row_per_ca
             time.sleep(1)
     finally:
         server.stop()
-    assert len(sent) > 200
+    assert len(sent) > 100
     # Killed mid-insert eight times, serve left no file in its temporary directory.
     assert not list(serve_temp_dir(tmp_path / "store").iterdir())
 
