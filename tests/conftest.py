@@ -68,20 +68,47 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         server.stop()
 
 
+class _Serving:
+    """The serve of ``served`` and the dataset build it serves a copy of, kept across modules."""
+
+    def __init__(self) -> None:
+        self.built: Path | None = None
+        self.server: Server | None = None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
 @pytest.fixture(scope="session")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[RequestSpec]]]:
+def _serving() -> Iterator[_Serving]:
+    serving = _Serving()
+    try:
+        yield serving
+    finally:
+        serving.stop()
+
+
+@pytest.fixture(scope="module")
+def served(
+    _serving: _Serving, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Server, list[RequestSpec]]:
     """``latscope serve`` over a copy of ``surfaces.dataset()``, shared by the modules that only
-    read it; the built store stays free for tests that open it themselves (``dataset_store``)."""
+    read it; the built store stays free for tests that open it themselves (``dataset_store``).
+
+    The tests ask windows relative to now of requests placed relative to the build: when
+    ``dataset_store`` builds again (its build passed ``DATASET_MAX_AGE_S``: a long run on a
+    loaded machine), the next module gets a serve of the new build."""
     from tests.surfaces import dataset_store
 
     built, specs = dataset_store()
-    copy = tmp_path_factory.mktemp("served") / "store"
-    shutil.copytree(built, copy, symlinks=True)  # chDB's table links are relative
-    server = start_serve(copy)
-    try:
-        yield server, specs
-    finally:
-        server.stop()
+    if _serving.server is None or _serving.built != built:
+        _serving.stop()
+        copy = tmp_path_factory.mktemp("served") / "store"
+        shutil.copytree(built, copy, symlinks=True)  # chDB's table links are relative
+        _serving.built, _serving.server = built, start_serve(copy)
+    return _serving.server, specs
 
 
 @pytest.fixture(scope="module")
