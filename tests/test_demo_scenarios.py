@@ -81,8 +81,11 @@ def test_scenario_gets_its_diagnosis_and_matches_the_truth(tmp_path: Path, name:
     assert report["summary"]["count"] == check["compared"]
     for bucket in check["buckets"]:
         assert bucket["within_tolerance"] == bucket["compared"], bucket
-    # The skew is found (symmetric-network estimate), and the buckets did not care about it.
-    assert check["skew_estimate_ms"] == pytest.approx(skew * 1000, abs=500)
+    # The skew is found (symmetric-network estimate), and the buckets did not care about it. A
+    # symmetric estimate is off by half the difference of a request's two network legs, so by
+    # half its network time at most: a starved load generator makes the legs uneven.
+    off_by_at_most = 500 + truth.get("network", 0.0) / 2
+    assert check["skew_estimate_ms"] == pytest.approx(skew * 1000, abs=off_by_at_most)
     if name == "slow-network":
         assert check["proxy_added_ms"] >= 2 * scenarios.get(name).network_delay_ms
     if name == "scale-up":
