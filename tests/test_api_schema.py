@@ -47,7 +47,7 @@ def test_generated_requests_get_no_server_error_and_conform(served: tuple[Server
             )
         )
         @settings(
-            max_examples=examples(25),
+            max_examples=examples(15),
             derandomize=True,
             database=None,
             suppress_health_check=list(HealthCheck),

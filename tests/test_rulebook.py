@@ -213,7 +213,7 @@ UNIT_VALUES = st.one_of(
 
 
 @pytest.mark.slow
-@settings(max_examples=examples(6), deadline=None)
+@settings(max_examples=examples(4), deadline=None)
 @given(st.lists(st.tuples(UNIT_VALUES, UNIT_VALUES), min_size=1, max_size=8))
 def test_figures_read_the_same_in_sql_and_the_reference(store: Store, values: list) -> None:
     """A user engine with a figure in every unit: the SQL attributor reads each value as the
