@@ -132,7 +132,7 @@ class Request:
     @cached_property
     def critical(self) -> list[SpanRecord]:
         """The attempts its response waited for (``critical_attempts``), worked out once."""
-        return _critical(self.tries, self)
+        return critical_attempts(self.tries, self)
 
     def window(self, attempt: SpanRecord) -> SpanRecord:
         return self.windows.get(attempt.span_id, attempt)
@@ -410,20 +410,14 @@ def _disaggregated(group: Sequence[SpanRecord], request: Request | None = None) 
     )
 
 
-def critical_attempts(
-    attempts: Sequence[SpanRecord], request: Request | None = None
-) -> list[SpanRecord]:
-    """The attempts the response waited for: of each try, the one that ended last (then started
-    last, then by span id). vLLM's ``n > 1`` samples run side by side and the response is
-    complete when the last one is; the others' queue and decode are not on its critical path.
-    A try served by a prefill worker and a decode worker (disaggregated) is one request in two
-    parts: both are on its critical path."""
-    return _critical(attempt_groups(attempts, request), request)
-
-
-def _critical(groups: list[list[SpanRecord]], request: Request | None) -> list[SpanRecord]:
+def critical_attempts(tries: list[list[SpanRecord]], request: Request) -> list[SpanRecord]:
+    """The attempts the response waited for: of each try (``attempt_groups``), the one that
+    ended last (then started last, then by span id). vLLM's ``n > 1`` samples run side by side
+    and the response is complete when the last one is; the others' queue and decode are not on
+    its critical path. A try served by a prefill worker and a decode worker (disaggregated) is
+    one request in two parts: both are on its critical path."""
     out: list[SpanRecord] = []
-    for group in groups:
+    for group in tries:
         if _disaggregated(group, request):
             out.extend(group)
         else:

@@ -66,7 +66,7 @@ requests AS (
         toUInt16(arrayCount(x -> x, new_try)) AS tries,
         arrayCumSum(arrayMap(x -> toUInt32(x), new_try)) AS try_of,
         arrayLastIndex(x -> x, new_try) AS last_try_at,
-        -- Of each try, the attempts the response waited for (engine.critical_attempts): the one
+        -- Of each try, the attempts the response waited for (finding.critical_attempts): the one
         -- that ended last, then started last; every part of a disaggregated try (an engine's
         -- prefill and decode roles, or several engine spans under one serving system). And the
         -- last try's samples (engine._samples): the decode role's when it has roles; their
