@@ -431,7 +431,7 @@ def test_the_single_call_path_agrees_with_the_general_one_and_the_reference(stor
 
     # The same examples every run: that they reach both paths is then a fact about the
     # strategy, not a draw.
-    @settings(max_examples=examples(12), derandomize=True, database=None)
+    @settings(max_examples=examples(8), derandomize=True, database=None)
     @given(st.lists(single_calls(), min_size=1, max_size=12), st.booleans())
     def check(batch: list, figures: bool) -> None:
         before = len(SIMPLE_ANSWERED)

@@ -317,10 +317,10 @@ def test_repeated_kills_while_client_spans_arrive_late_leave_one_live_row_per_ca
     thread = threading.Thread(target=sender)
     thread.start()
     try:
-        # Eight kills at least, and on until 100 calls were sent (a loaded machine sends slower:
+        # Five kills at least, and on until 60 calls were sent (a loaded machine sends slower:
         # each restart holds the sender's Exports back until serve answers again).
         kills, until = 0, time.monotonic() + 240
-        while kills < 8 or (len(sent) <= 100 and time.monotonic() < until):
+        while kills < 5 or (len(sent) <= 60 and time.monotonic() < until):
             time.sleep(rng.uniform(2.0, 4.0))
             server.stop(signal.SIGKILL)
             server = start_serve(tmp_path / "store", *args)
@@ -341,8 +341,8 @@ def test_repeated_kills_while_client_spans_arrive_late_leave_one_live_row_per_ca
             time.sleep(1)
     finally:
         server.stop()
-    assert len(sent) > 100
-    # Killed mid-insert eight times, serve left no file in its temporary directory.
+    assert len(sent) > 60
+    # Killed mid-insert five times and more, serve left no file in its temporary directory.
     assert not list(serve_temp_dir(tmp_path / "store").iterdir())
 
 
