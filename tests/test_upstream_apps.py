@@ -15,14 +15,11 @@ latscope for every case and instrumentation.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import subprocess
 import sys
 import time
-import tomllib
-import venv
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +29,7 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
+from tests import upstream_env
 from tests.serve_support import Server, start_serve
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
@@ -39,39 +37,12 @@ pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 APPS = ROOT / "tests" / "upstream_apps"
 INSTRUMENTATIONS = ("openai-v2", "openinference", "traceloop")
-#: The old FastAPI instrumentation cannot share an environment with the current OpenTelemetry:
-#: it runs in a virtual environment of its own, made once from pyproject.toml's pins and kept
-#: (rebuilt when they change).
-OLD_ENV = ROOT / ".venv-fastapi-0.41"
 MS = 1_000_000
 
 
 def tolerance(truth_ns: int) -> float:
     """max(2 ms, 2 %): what a figure may differ by from the apps' own measurement."""
     return max(2 * MS, 0.02 * abs(truth_ns))
-
-
-def _old_pins() -> list[str]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return list(project["project"]["optional-dependencies"]["upstream-fastapi-0-41"])
-
-
-def _old_python() -> Path:
-    pins = _old_pins()
-    stamp = hashlib.sha256("\n".join(pins).encode()).hexdigest()
-    python = OLD_ENV / "bin" / "python"
-    marker = OLD_ENV / "pins.sha256"
-    if not (python.exists() and marker.exists() and marker.read_text() == stamp):
-        venv.create(OLD_ENV, with_pip=True, clear=True)
-        done = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", *pins],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert done.returncode == 0, f"installing {pins} failed:\n{done.stderr[-3000:]}"
-        marker.write_text(stamp)
-    return python
 
 
 @dataclass
@@ -159,7 +130,7 @@ def _stored(serve: Server, want: dict[str, int]) -> dict[str, list[dict]]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     work = tmp_path_factory.mktemp("upstream-apps")
-    old_python = _old_python()
+    old_python = upstream_env.old_python()
     serve = start_serve(
         work / "store", "--attribution-settle-s", "1", "--attribution-poll-s", "0.2"
     )
