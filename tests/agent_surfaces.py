@@ -60,6 +60,18 @@ def send_runs(server: Server, seeds: tuple[int, ...]) -> list[AgentRun]:
     return runs
 
 
+def wait_runs_attributed(server: Server, runs: list[AgentRun], timeout_s: float = 60.0) -> None:
+    """Until every request of ``runs`` can be read back by its id (``send_runs`` waits for the
+    spans only: the attributor writes the rows a settle window later)."""
+    deadline = time.monotonic() + timeout_s
+    for rid in (t.request_id for run in runs for t in run.requests):
+        while (
+            httpx.get(server.url(f"/v1/requests/{rid}/attribution"), timeout=10).status_code != 200
+        ):
+            assert time.monotonic() < deadline, f"{rid} never attributed"
+            time.sleep(0.1)
+
+
 def wait_live_caught_up(server: Server, quiet_s: float = 1.5, timeout: float = 60.0) -> None:
     """Until the live feed has shown every request attributed so far: no new request for
     ``quiet_s`` (its poller reads the attribution table a moment after the attributor writes,

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from tests.agent_surfaces import (
     recent_run,
     send_runs,
     wait_live_caught_up,
+    wait_runs_attributed,
 )
 from tests.agent_traces import AgentRun
 from tests.serve_support import Server, start_serve
@@ -39,23 +39,12 @@ pytestmark = pytest.mark.subprocess
 ATTRIBUTION = ("--attribution-settle-s", "3", "--attribution-poll-s", "0.1")
 
 
-def wait_attributed(server: Server, runs: list[AgentRun], timeout_s: float = 60.0) -> None:
-    """Until every request of ``runs`` can be read back by its id."""
-    deadline = time.monotonic() + timeout_s
-    for rid in (t.request_id for run in runs for t in run.requests):
-        while (
-            httpx.get(server.url(f"/v1/requests/{rid}/attribution"), timeout=10).status_code != 200
-        ):
-            assert time.monotonic() < deadline, f"{rid} never attributed"
-            time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[AgentRun]]]:
     server = start_serve(Path(tmp_path_factory.mktemp("cli-traces")) / "store", *ATTRIBUTION)
     try:
         runs = send_runs(server, (PARALLEL_SEEDS[1], SINGLE_CALL_SEED))
-        wait_attributed(server, runs)
+        wait_runs_attributed(server, runs)
         yield server, runs
     finally:
         server.stop()

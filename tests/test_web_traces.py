@@ -12,7 +12,12 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page
 
-from tests.agent_surfaces import PARALLEL_SEEDS, SINGLE_CALL_SEED, send_runs
+from tests.agent_surfaces import (
+    PARALLEL_SEEDS,
+    SINGLE_CALL_SEED,
+    send_runs,
+    wait_runs_attributed,
+)
 from tests.agent_traces import AgentRun
 from tests.serve_support import Server, start_serve
 from tests.surfaces import FAST_ATTRIBUTION
@@ -28,7 +33,11 @@ RUN_PARTS = ("network", "queue", "preprocess", "prefill", "decode", "postprocess
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[AgentRun]]]:
     server = start_serve(Path(tmp_path_factory.mktemp("web-traces")) / "store", *FAST_ATTRIBUTION)
     try:
-        yield server, send_runs(server, (PARALLEL_SEEDS[1], SINGLE_CALL_SEED))
+        runs = send_runs(server, (PARALLEL_SEEDS[1], SINGLE_CALL_SEED))
+        # Every call attributed before a page opens: the page's counts and the API's asked a
+        # moment later would differ by a row written in between.
+        wait_runs_attributed(server, runs)
+        yield server, runs
     finally:
         server.stop()
 

@@ -30,6 +30,7 @@ from latscope.demo.load import LoadGenerator, RequestResult
 from latscope.demo.proxy import DelayProxy
 from latscope.demo.scenarios import Scenario
 from latscope.demo.truth import truth_buckets
+from latscope.tokens import DEFAULT_STALL_NS
 
 #: Service names of the two sides, as they appear in latscope.
 SERVER_SERVICE = "llm-server"
@@ -83,6 +84,17 @@ class DemoRun:
             and not any(v in ids for v in expect.absent)
         )
 
+    def truth_stalls(self) -> dict[str, int]:
+        """Streams the simulator itself saw stall (a gap between two tokens above serve's
+        default stall threshold) out of those it served: a busy machine can stall a scenario
+        designed not to."""
+        gaps = [t.get("max_token_gap_ns", 0) for t in self.truth.values()]
+        return {
+            "requests": len(gaps),
+            "stalled": sum(1 for gap in gaps if gap > DEFAULT_STALL_NS),
+            "threshold_ms": DEFAULT_STALL_NS // 1_000_000,
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {
             "scenario": self.scenario.to_json(),
@@ -96,6 +108,7 @@ class DemoRun:
             "diagnosis": self.diagnosis,
             "report_error": self.report_error,
             "expectation_met": self.expectation_met(),
+            "truth_stalls": self.truth_stalls(),
             "check": None if self.check is None else self.check.to_json(),
             "coldstart": self.coldstart,
             "cold_check": None if self.cold_check is None else self.cold_check.to_json(),

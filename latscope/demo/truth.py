@@ -42,6 +42,9 @@ class RequestTruth:
     status: int = 200
     #: The replica was still in its cold period when the request arrived.
     cold: bool = False
+    #: The longest time between two tokens of its stream (read next to the SDK's record_token):
+    #: whether the stream really stalled, on a machine too busy to keep the designed pace.
+    max_token_gap_ns: int = 0
 
     def add(self, phase: str, low: int, high: int) -> None:
         bracket = self.phases_ns.setdefault(phase, [0, 0])
@@ -67,6 +70,7 @@ class RequestTruth:
             "output_tokens": self.output_tokens,
             "status": self.status,
             "cold": self.cold,
+            "max_token_gap_ns": self.max_token_gap_ns,
         }
 
 
