@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 
@@ -148,3 +149,14 @@ def test_proxy_stop_with_open_connections_reports_no_error() -> None:
         return errors
 
     assert asyncio.run(main()) == []
+
+
+def test_the_longest_gap_between_two_tokens_is_kept() -> None:
+    record = RequestTruth("r")
+    record.token()
+    assert record.max_token_gap_ns == 0  # one token: no gap yet
+    time.sleep(0.02)
+    record.token()
+    record.token()
+    assert record.max_token_gap_ns >= 20_000_000  # the sleep, not the last, shorter gap
+    assert record.to_json()["max_token_gap_ns"] == record.max_token_gap_ns

@@ -181,13 +181,10 @@ def create_app(
                 token = await seq.tokens.get()
             text: list[str] = []
             with measured(truth, "decode"):
-                last_ns = None
                 while token is not END:
                     sdk.record_token()
-                    now_ns = time.monotonic_ns()
-                    if truth is not None and last_ns is not None:
-                        truth.max_token_gap_ns = max(truth.max_token_gap_ns, now_ns - last_ns)
-                    last_ns = now_ns
+                    if truth is not None:
+                        truth.token()
                     text.append(token)
                     yield chunk(cid, created, {"content": token + " "}, None)
                     token = await seq.tokens.get()
@@ -235,13 +232,10 @@ def create_app(
                 token = await seq.tokens.get()
             text: list[str] = []
             with measured(truth, "decode"):
-                last_ns = None
                 while token is not END:
                     sdk.record_token()
-                    now_ns = time.monotonic_ns()
-                    if truth is not None and last_ns is not None:
-                        truth.max_token_gap_ns = max(truth.max_token_gap_ns, now_ns - last_ns)
-                    last_ns = now_ns
+                    if truth is not None:
+                        truth.token()
                     text.append(token)
                     token = await seq.tokens.get()
             with measured(truth, "postprocess"):

@@ -45,6 +45,14 @@ class RequestTruth:
     #: The longest time between two tokens of its stream (read next to the SDK's record_token):
     #: whether the stream really stalled, on a machine too busy to keep the designed pace.
     max_token_gap_ns: int = 0
+    last_token_ns: int | None = None
+
+    def token(self) -> None:
+        """A token of its stream, now: its gap since the one before counts to the longest."""
+        now = time.monotonic_ns()
+        if self.last_token_ns is not None:
+            self.max_token_gap_ns = max(self.max_token_gap_ns, now - self.last_token_ns)
+        self.last_token_ns = now
 
     def add(self, phase: str, low: int, high: int) -> None:
         bracket = self.phases_ns.setdefault(phase, [0, 0])
