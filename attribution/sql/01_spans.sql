@@ -7,20 +7,27 @@
 -- kind can contribute (merged attributes and latency figures of a server-like span, client-side
 -- figures of a span of a client chain, token offsets of a decode span, GPU figures of a prefill
 -- or decode span), non-empty ones only: empty counts as absent, as in the reference engine.
-span_facts AS (
+span_engines AS (
     SELECT
-        trace_id, span_id, parent_id, service, start_ns, end_ns, kind, status, resource, codes,
-        vals, first_token_event, rule_events,
-        phase_code != 0 AS latscope_phase,
-        -- The engine whose request span this is (the rulebook's entry, index + 1; 0: none), its
-        -- figures in ns (rf_*), and its stage name's code (an engine's stage spans by name).
+        *,
+        -- The engine whose request span this is (the rulebook's entry, index + 1; 0: none), and
+        -- its stage name's code (an engine's stage spans by name): columns before the many
+        -- expressions that read them (attribution/sql/__init__.py, "Layers").
         $ENGINE AS engine,
         -- The serving system whose request span this is (Dynamo's frontend, ...; 0: none).
         $SYSTEM AS system,
-        $RULE_FIGURES,
         $STAGE_CODE(name) AS stage_code,
         -- Its name's code among the names the engines' parts read ([[engine.part]]; 0: none).
-        $PART_CODE(name) AS part_code,
+        $PART_CODE(name) AS part_code
+    FROM span_rows
+),
+span_facts AS (
+    SELECT
+        trace_id, span_id, parent_id, service, start_ns, end_ns, kind, status, resource, codes,
+        vals, first_token_event, rule_events, engine, system, stage_code, part_code,
+        phase_code != 0 AS latscope_phase,
+        -- The engine's figures in ns (rf, in the order of the rulebook's figures).
+        $RULE_FIGURES,
         -- The bucket this span stands for, if it is a phase (its rank + 1; 0: none):
         -- latscope.phase, else an engine's stage span by name (which only counts under that
         -- engine's request span, within its depth: stage 2 checks).
@@ -43,7 +50,11 @@ span_facts AS (
         -- or decode span with GPU figures.
         $TIMED(bucket) AS timed,
         $HAS_GPU(bucket) AS has_gpu
-    FROM span_rows
+    FROM span_engines
+),
+-- The values an engine's rules derive from its figures ([engine.derive]), a column each.
+span_derived AS (
+    SELECT *, $RULE_DERIVED FROM span_facts
 ),
 spans AS (
     SELECT
@@ -70,7 +81,7 @@ spans AS (
         if(arrayExists(t -> t IS NOT NULL, rule_events), rule_events, []) AS rule_events,
         $ENGINE_PHASES AS ephases,
         ($ENGINE_FIRST, $ENGINE_TPOT) AS efigures
-    FROM span_facts
+    FROM span_derived
     -- A span stored twice (an exporter that retried an Export that had arrived) counts once.
     LIMIT 1 BY trace_id, span_id
 )

@@ -50,40 +50,62 @@ request_clients AS (
         arrayMap(w -> has(response_owner, w), windows) AS w_responds,
         -- The client covers the whole response: a GenAI operation, or latscope's client, which
         -- records when it read the last byte.
-        client != 0 AND (model_calls[client]
-            OR $INT(payloads[client0][$K_LAST_BYTE]) IS NOT NULL
-            OR $INT(payloads[client1][$K_LAST_BYTE]) IS NOT NULL
-            OR $INT(payloads[client2][$K_LAST_BYTE]) IS NOT NULL) AS whole_response
+        client != 0 AND (model_calls[client] OR arrayExists(x -> x IS NOT NULL,
+            arrayMap(raw -> $PARSE_INT(raw), [payloads[client0][$K_LAST_BYTE],
+                payloads[client1][$K_LAST_BYTE], payloads[client2][$K_LAST_BYTE]])))
+            AS whole_response
     FROM request_fields
 ),
-requests AS (
+-- The request's tries, built up one column a layer: each reads the columns before it as
+-- columns (see attribution/sql/__init__.py, "Layers").
+request_tries AS (
     SELECT
         *,
         -- Tries: attempts whose windows overlap in time are one (vLLM's n > 1 samples, the two
         -- workers of a disaggregated request); a retry starts when every earlier one has ended.
         arrayMap(k -> k = 1 OR w_lo[k] >= arrayMax(arraySlice(w_hi, 1, k - 1)),
-            range(1, n_attempts + 1)) AS new_try,
+            range(1, n_attempts + 1)) AS new_try
+    FROM request_clients
+),
+try_numbers AS (
+    SELECT
+        *,
         toUInt16(arrayCount(x -> x, new_try)) AS tries,
         arrayCumSum(arrayMap(x -> toUInt32(x), new_try)) AS try_of,
-        arrayLastIndex(x -> x, new_try) AS last_try_at,
-        -- Of each try, the attempts the response waited for (finding.critical_attempts): the one
-        -- that ended last, then started last; every part of a disaggregated try (an engine's
-        -- prefill and decode roles, or several engine spans under one serving system). And the
-        -- last try's samples (engine._samples): the decode role's when it has roles; their
-        -- output tokens (engine._output_tokens): a serving system's last part's; their first
-        -- token from the try's start (the serving system's window's under one).
+        arrayLastIndex(x -> x, new_try) AS last_try_at
+    FROM request_tries
+),
+-- Of each try, the attempts the response waited for (finding.critical_attempts): the one that
+-- ended last, then started last; every part of a disaggregated try (an engine's prefill and
+-- decode roles, or several engine spans under one serving system). And the last try's samples
+-- (engine._samples): the decode role's when it has roles; their output tokens
+-- (engine._output_tokens): a serving system's last part's; their first token from the try's
+-- start (the serving system's window's under one).
+try_roles AS (
+    SELECT
+        *,
         arrayMap(t -> arrayExists(k -> try_of[k] = t AND disaggregated[attempts[k]],
-            range(1, n_attempts + 1)), range(1, tries + 1)) AS role_try,
+            range(1, n_attempts + 1)), range(1, tries + 1)) AS role_try
+    FROM try_numbers
+),
+try_parts AS (
+    SELECT
+        *,
         arrayMap(t -> role_try[t] OR (arrayCount(k -> try_of[k] = t, range(1, n_attempts + 1)) > 1
             AND arrayExists(k -> try_of[k] = t AND sys_of[attempts[k]] != 0,
                 range(1, n_attempts + 1))), range(1, tries + 1)) AS split_try,
+        arrayFilter(k -> try_of[k] = tries AND (NOT role_try[tries]
+            OR decode_roots[attempts[k]]), range(1, n_attempts + 1)) AS samples
+    FROM try_roles
+),
+requests AS (
+    SELECT
+        *,
         arrayFlatten(arrayMap(t -> if(split_try[t],
             arrayFilter(k -> try_of[k] = t, range(1, n_attempts + 1)),
             [arraySort(k -> (a_ends[k], a_starts[k], k),
                 arrayFilter(k -> try_of[k] = t, range(1, n_attempts + 1)))[-1]]),
             range(1, tries + 1))) AS critical,
-        arrayFilter(k -> try_of[k] = tries AND (NOT role_try[tries]
-            OR decode_roots[attempts[k]]), range(1, n_attempts + 1)) AS samples,
         if(NOT role_try[tries] AND length(samples) > 1
             AND arrayExists(k -> sys_of[attempts[k]] != 0, samples),
             [arraySort(k -> (a_ends[k], a_starts[k], k), samples)[-1]], samples) AS token_samples,
@@ -94,5 +116,5 @@ requests AS (
         if(split_try[tries], arrayFirst(k -> try_of[k] = tries AND (NOT role_try[tries]
             OR (disaggregated[attempts[k]] AND NOT decode_roots[attempts[k]])),
             range(1, n_attempts + 1)), 0) AS input_at
-    FROM request_clients
+    FROM try_parts
 )

@@ -17,6 +17,15 @@ engine_figures AS (
         arrayMap(a -> efigures[a].2, attempts) AS decode_ns
     FROM requests
 ),
+-- Each attempt's synthetic phases (rank, start, end): its engine's from its figures, and its
+-- parts' (engine.synthetic_phases, finding.engine_parts), unclipped.
+attempt_synthetic AS (
+    SELECT
+        *,
+        arrayMap(k -> arrayConcat($ENGINE_PHASES_OF(k), $PART_PHASES_OF(k)),
+            range(1, n_attempts + 1)) AS a_synthetic
+    FROM engine_figures
+),
 -- Each attempt's phases (rank, start, end) on the server's clock, clipped to its window.
 attempt_phases AS (
     SELECT
@@ -26,21 +35,34 @@ attempt_phases AS (
             arrayConcat(
                 arrayMap(j -> (toUInt8(buckets[j] - 1), starts[j], ends[j]),
                     arrayFilter(j -> owner[j] = attempts[k], idx)),
-                $ENGINE_PHASES_OF(k), $PART_PHASES_OF(k)))),
-            range(1, n_attempts + 1)) AS a_phases,
-        arrayConcat(arrayFlatten(arrayMap(ps -> arrayMap(p -> p.3, ps), a_phases)),
-            arrayFilter((h, r) -> r, w_hi, w_responds)) AS reach_ends
-    FROM engine_figures
+                a_synthetic[k]))),
+            range(1, n_attempts + 1)) AS a_phases
+    FROM attempt_synthetic
 ),
-timelines AS (
+hulls AS (
     SELECT
-        * EXCEPT (reach_ends, w_responds),
+        * EXCEPT (w_responds),
         arrayMin(w_lo) AS hull_lo,
         arrayMax(w_hi) AS hull_hi,
-        if(empty(reach_ends), NULL, arrayMax(reach_ends)) AS reach,
-        -- offset, headers_only, skew, lo, hi (without a client the request is its one attempt).
-        $TIMELINE(client, c_lo, c_dur, hull_lo, hull_hi, whole_response, reach)
+        -- How far the phases and the response run on the server's clock (NULL: no record).
+        arrayConcat(arrayFlatten(arrayMap(ps -> arrayMap(p -> p.3, ps), a_phases)),
+            arrayFilter((h, r) -> r, w_hi, w_responds)) AS reach_ends,
+        if(empty(reach_ends), NULL, arrayMax(reach_ends)) AS reach
     FROM attempt_phases
+),
+-- The timeline (without a client the request is its one attempt): offset and headers_only,
+-- then skew and the window (lo, hi) from them.
+timelines AS (
+    SELECT
+        * EXCEPT (reach_ends),
+        $TIMELINE(client, c_lo, c_dur, hull_lo, hull_hi, whole_response, reach)
+    FROM hulls
+),
+clocked AS (
+    SELECT
+        *,
+        $TIMELINE_WINDOW(client, c_lo, c_dur, hull_lo, hull_hi)
+    FROM timelines
 ),
 intervals AS (
     SELECT
@@ -52,14 +74,13 @@ intervals AS (
             critical))) AS ivs,
         -- A KV-cache transfer recorded among the swept attempts' stages (engine._kv_transfer).
         arrayExists(k -> arrayExists(j -> owner[j] = attempts[k] AND buckets[j] = $KV_BUCKET,
-            idx) OR arrayExists(p -> p.1 = $KV_RANK, arrayConcat($ENGINE_PHASES_OF(k),
-            $PART_PHASES_OF(k))), critical)
+            idx) OR arrayExists(p -> p.1 = $KV_RANK, a_synthetic[k]), critical)
             AS kv_recorded
-    FROM timelines
+    FROM clocked
 ),
 cut AS (
     SELECT
-        * EXCEPT (latency, critical, a_phases, w_lo, w_hi, ephases, efigures),
+        * EXCEPT (latency, critical, a_phases, a_synthetic, w_lo, w_hi, ephases, efigures),
         $CUTS(lo, hi, ivs) AS cuts
     FROM intervals
 ),

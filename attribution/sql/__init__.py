@@ -20,6 +20,13 @@ repeated expressions; both are rendered here from named constants and nothing el
 name is an error, and no value from a request or a span is ever rendered into the text (those
 are ClickHouse parameters, ``{name:Type}``, bound at run time). The codes and flags the stages
 share with the spans table are in ``codes.py``, the small expressions in ``expressions.py``.
+
+Layers: ClickHouse's analyzer copies an alias's expression into every expression of the same
+SELECT that reads it, and analysing and planning the statement is a fixed cost of every pass
+(for a small batch, most of it). So an expression that several others read is computed in one
+SELECT and read as a column by the next, and every number a row parses goes through one lambda
+over an array of the raw values (one copy of each parse in the statement, whatever the number
+of values).
 """
 
 from __future__ import annotations
@@ -65,9 +72,9 @@ from latscope.attribution.sql.expressions import (
     _flat_sums,
     _gpu_map,
     _gpu_spans,
+    _gpu_values,
     _merged_values,
     _part_phases_of,
-    _simple_gpu_map,
     _simple_merged,
     _simple_nums,
     _simple_streamed,
@@ -76,12 +83,9 @@ from latscope.attribution.sql.expressions import (
     flag,
     gaps,
     has_gpu,
-    int_at,
     int_list,
-    integer,
     itl_columns,
     num,
-    num_at,
     parse_int,
     quantile,
     s2ns,
@@ -90,6 +94,7 @@ from latscope.attribution.sql.expressions import (
     sv,
     timed,
     timeline,
+    timeline_window,
     token_figures,
     tokens,
 )
@@ -209,7 +214,7 @@ def _values(
         "MERGED_VALUES": _merged_values(),
         "MAX_TOKENS": str(MAX_TOKENS),
         "GPU_MAP": _gpu_map(),
-        "SIMPLE_GPU_MAP": _simple_gpu_map(),
+        "GPU_VALUES": _gpu_values(),
         "SIMPLE_MERGED": _simple_merged(),
         "SIMPLE_NUMS": _simple_nums(),
         "SIMPLE_STREAMED": _simple_streamed(),
@@ -314,6 +319,7 @@ def _engine_values() -> dict[str, str]:
             f" OR {sql.engine_code(attr, 'name', kind, system=True)} != 0)"
         ),
         "RULE_FIGURES": sql.figure_columns(attr),
+        "RULE_DERIVED": sql.derived_columns(),
         "PREFILL_ROOT": sql.role("prefill"),
         "DECODE_ROOT": sql.role("decode"),
         "ENGINE_PHASES": sql.phases(RANK),
@@ -324,10 +330,7 @@ def _engine_values() -> dict[str, str]:
 
 _MACROS: dict[str, Callable[..., str]] = {
     "NUM": num,
-    "INT": integer,
     "PARSE_INT": parse_int,
-    "NUM_AT": num_at,
-    "INT_AT": int_at,
     "INT_LIST": int_list,
     "S2NS": s2ns,
     "TOKENS": tokens,
@@ -344,6 +347,7 @@ _MACROS: dict[str, Callable[..., str]] = {
     "HAS_GPU": has_gpu,
     "FACT": fact,
     "TIMELINE": timeline,
+    "TIMELINE_WINDOW": timeline_window,
     "CUTS": cuts,
     "SEGMENTS": segments,
     "GAPS": gaps,

@@ -36,29 +36,44 @@ def _array(values: list[str]) -> str:
     return "[" + ", ".join(_lit(v) for v in values) + "]"
 
 
-def figure_sql(raw: str, unit: str) -> str:
-    """rules.figure_ns of the String ``raw``: Nullable(Int64) ns."""
-    if unit == "rust_duration":
-        groups = f"extractGroups({raw}, {_lit(RUST_DURATION.pattern)})"
-        per_unit = (
-            "multiIf("
-            + ", ".join(f"g[3] = {_lit(u)}, toInt64({10**d})" for u, d in RUST_UNITS.items())
-            + ", toInt64(0))"
-        )
-        digits = (
-            "multiIf(" + ", ".join(f"g[3] = {_lit(u)}, {d}" for u, d in RUST_UNITS.items()) + ", 0)"
-        )
-        return (
-            f"if(match({raw}, {_lit(RUST_DURATION.pattern)}), arrayMap(g -> toInt64(g[1])"
-            f" * {per_unit} + toInt64OrZero(substring(rightPad(g[2], 9, '0'), 1, {digits})),"
-            f" [{groups}])[1], NULL)"
-        )
-    scale = UNITS[unit]
-    bound = MAX_SECONDS * (10**9 // scale)
+def _duration_ns(raw: str) -> str:
+    """rules.figure_ns of the String ``raw``, Rust's ``Duration`` Debug format: Nullable(Int64)."""
+    groups = f"extractGroups({raw}, {_lit(RUST_DURATION.pattern)})"
+    per_unit = (
+        "multiIf("
+        + ", ".join(f"g[3] = {_lit(u)}, toInt64({10**d})" for u, d in RUST_UNITS.items())
+        + ", toInt64(0))"
+    )
+    digits = (
+        "multiIf(" + ", ".join(f"g[3] = {_lit(u)}, {d}" for u, d in RUST_UNITS.items()) + ", 0)"
+    )
+    return (
+        f"if(match({raw}, {_lit(RUST_DURATION.pattern)}), arrayMap(g -> toInt64(g[1])"
+        f" * {per_unit} + toInt64OrZero(substring(rightPad(g[2], 9, '0'), 1, {digits})),"
+        f" [{groups}])[1], NULL)"
+    )
+
+
+def _number_ns(raw: str, scale: str, bound: str) -> str:
+    """rules.figure_ns of the String ``raw``, a decimal number in a unit of ``scale`` ns, at most
+    ``bound`` in magnitude: Nullable(Int64)."""
     value = f"toFloat64OrNull({raw})"
     clamped = f"if(abs({value}) > {bound}, sign({value}) * {bound}, {value})"
     return (
         f"if(match({raw}, {_lit(NUMBER.pattern)}), toInt64(floor({clamped} * {scale} + 0.5)), NULL)"
+    )
+
+
+def figures_sql(raws: list[str], units: list[str]) -> str:
+    """rules.figure_ns of each String of ``raws`` in its unit of ``units``: an
+    Array(Nullable(Int64)), by one lambda (one copy of each parse in the statement, whatever the
+    number of figures)."""
+    scales = [UNITS[u] for u in units]
+    bounds = [MAX_SECONDS * (10**9 // s) if s else 0.0 for s in scales]
+    parse = f"if(scale = 0, {_duration_ns('raw')}, {_number_ns('raw', 'scale', 'bound')})"
+    return (
+        f"arrayMap((raw, scale, bound) -> {parse}, [{', '.join(raws)}], "
+        f"CAST({scales}, 'Array(UInt64)'), CAST({bounds}, 'Array(Float64)'))"
     )
 
 
@@ -162,16 +177,15 @@ class EngineSql:
         return f"{[e.system_depth for e in self.book.engines]}[{code}]"
 
     def figure_columns(self, attr: Attr) -> str:
-        """``rf_1 .. rf_n``: each (attribute, unit) pair's value in ns on engine spans."""
+        """``rf``: each (attribute, unit) pair's value in ns on engine spans, in the order of
+        ``figures`` (NULL where it is no figure; empty on other spans, so every one is NULL)."""
         if not self.figures:
-            return "0 AS rf_none"
-        return ",\n        ".join(
-            f"if(engine = 0, NULL, {figure_sql(attr(key), unit)}) AS rf_{i}"
-            for i, (key, unit) in enumerate(self.figures, 1)
+            return "CAST([], 'Array(Nullable(Int64))') AS rf"
+        raws = [attr(key) for key, _ in self.figures]
+        units = [unit for _, unit in self.figures]
+        return (
+            f"if(engine = 0, CAST([], 'Array(Nullable(Int64))'), {figures_sql(raws, units)}) AS rf"
         )
-
-    def figure_names(self) -> str:
-        return ", ".join(f"rf_{i}" for i in range(1, len(self.figures) + 1)) or "rf_none"
 
     def kind_name(self, kind_code: str, server: int, client: int) -> str:
         """The kind as a request rule names it (rules.kind_name)."""
@@ -208,14 +222,38 @@ class EngineSql:
         return f"({args[0]} {'+' if e.kind == 'add' else '-'} {args[1]})"
 
     def _ref(self, name: str, engine: Engine, own: str | None) -> str:
+        """A figure or derived value the rules name: a derived one is its column
+        (``derived_columns``), or spelled out inside another derived value's expression (``own``:
+        the one being spelled out, whose own name there is the figure it refines)."""
         derived = dict(engine.derive)
         if name in derived and name != own:
-            alts = [self._expr(a, engine, name) for a in derived[name]]
-            return alts[0] if len(alts) == 1 else f"coalesce({', '.join(alts)})"
+            if own is None:
+                return self._derived_column(engine, name)
+            return self._derived(engine, name)
         for f in engine.figures:
             if f.name == name:
-                return f"rf_{self.figures.index((f.attribute, f.unit)) + 1}"
+                return f"rf[{self.figures.index((f.attribute, f.unit)) + 1}]"
         raise KeyError(name)  # the rulebook's validation makes this unreachable
+
+    def _derived(self, engine: Engine, name: str) -> str:
+        alts = [self._expr(a, engine, name) for a in dict(engine.derive)[name]]
+        return alts[0] if len(alts) == 1 else f"coalesce({', '.join(alts)})"
+
+    def _derived_column(self, engine: Engine, name: str) -> str:
+        at = next(i for i, e in enumerate(self.book.engines, 1) if e is engine)
+        return f"rd_{at}_{[n for n, _ in engine.derive].index(name) + 1}"
+
+    def derived_columns(self) -> str:
+        """Each engine's derived values (``[engine.derive]``) on its request spans, a column each
+        (NULL on other spans), computed a layer before the phases, first token and TPOT that read
+        them."""
+        columns = [
+            f"if(engine = {i}, {self._derived(engine, name)}, NULL) "
+            f"AS {self._derived_column(engine, name)}"
+            for i, engine in enumerate(self.book.engines, 1)
+            for name, _ in engine.derive
+        ]
+        return ",\n        ".join(columns) or "0 AS rd_none"
 
     def _first(self, alts: tuple[Expr, ...], engine: Engine) -> str:
         parts = [self._expr(a, engine) for a in alts]

@@ -58,7 +58,10 @@ def clamp(value: str, bound: float) -> str:
 
 
 def parse_int(raw: str) -> str:
-    """model.parse_int of ``raw``, a name bound once (a lambda's argument): see ``integer``.
+    """model.parse_int of ``raw``, a name bound once (a lambda's argument: the stages parse every
+    integer of a row by one ``arrayMap(raw -> ...)`` over an array of raw values): an integer read
+    exactly, else a number truncated toward zero, else NULL (also outside Int64, which
+    accurateCastOrNull checks).
 
     Most values are an integer written as ClickHouse writes it (no sign but a minus, no leading
     zero): those are read without the regular expressions, which cost more than the rest of
@@ -71,27 +74,6 @@ def parse_int(raw: str) -> str:
         f"if(match({raw}, {literal(NUMBER.pattern)}), "
         f"accurateCastOrNull(trunc(toFloat64OrNull({raw})), 'Int64'), NULL)))"
     )
-
-
-def integer(expr: str) -> str:
-    """model.parse_int: an integer read exactly, else a number truncated toward zero, else
-    NULL (also outside Int64).
-
-    The value is bound once by a lambda, and accurateCastOrNull does the Int64 range check:
-    the statement has a dozen of these, and spelled out with the value in every branch and
-    the range as two float comparisons they would be most of ClickHouse's analysis of it,
-    paid by every pass."""
-    return f"arrayMap(raw -> {parse_int('raw')}, [{expr}])[1]"
-
-
-def num_at(payload: str, code: str) -> str:
-    """The decimal number at ``code`` of a payload, else NULL (parsed only where present)."""
-    return f"if(mapContains({payload}, {code}), {num(f'{payload}[{code}]')}, NULL)"
-
-
-def int_at(payload: str, code: str) -> str:
-    """The integer at ``code`` of a payload, else NULL (parsed only where present)."""
-    return f"if(mapContains({payload}, {code}), {integer(f'{payload}[{code}]')}, NULL)"
 
 
 def int_list(valid: str, expr: str) -> str:
@@ -167,31 +149,47 @@ def has_gpu(bucket: str) -> str:
     return f"({bucket} IN ({buckets}) AND {fact('GPU_NUMBER')})"
 
 
-def timeline(
-    client: str, c_lo: str, c_dur: str, hull_lo: str, hull_hi: str, whole: str, reach: str
-) -> str:
-    """engine.timeline: ``offset`` (moves the server's clock onto the client's), ``lo`` and
-    ``hi`` (the window), ``headers_only`` and ``skew`` (reported) of a request whose windows span
-    ``[hull_lo, hull_hi]`` and whose server record runs to ``reach`` (NULL: no phase or response
-    record), with a client span starting at ``c_lo`` lasting ``c_dur`` (``client`` 0: none, the
-    request is its one attempt) that covers the whole response when ``whole``."""
-    half = f"intDiv({c_dur}, 2)"
+def _timeline_parts(
+    client: str, c_lo: str, c_dur: str, hull_lo: str, hull_hi: str
+) -> tuple[str, str, str, str, str]:
+    """The pieces of engine.timeline: (half the client span, the hull's length, the client
+    span's end, the hull fits in the client span, the misfit is within the network legs' room)."""
     hull = f"({hull_hi} - {hull_lo})"
     c_hi = f"({c_lo} + {c_dur})"
-    fits = f"({hull_lo} >= {c_lo} AND {hull_hi} <= {c_hi})"
+    fits = f"({client} = 0 OR ({hull_lo} >= {c_lo} AND {hull_hi} <= {c_hi}))"
     # A misfit within the room the network legs leave is not a skew (engine.timeline).
     misfit = f"greatest({c_lo} - {hull_lo}, {hull_hi} - {c_hi})"
     room = f"({hull} <= {c_dur} AND {misfit} <= {c_dur} - {hull})"
+    return f"intDiv({c_dur}, 2)", hull, c_hi, fits, room
+
+
+def timeline(
+    client: str, c_lo: str, c_dur: str, hull_lo: str, hull_hi: str, whole: str, reach: str
+) -> str:
+    """engine.timeline, first part: ``offset`` (moves the server's clock onto the client's) and
+    ``headers_only`` of a request whose windows span ``[hull_lo, hull_hi]`` and whose server
+    record runs to ``reach`` (NULL: no phase or response record), with a client span starting at
+    ``c_lo`` lasting ``c_dur`` (``client`` 0: none, the request is its one attempt) that covers
+    the whole response when ``whole``. ``timeline_window`` reads them, a layer later."""
+    half, hull, c_hi, fits, room = _timeline_parts(client, c_lo, c_dur, hull_lo, hull_hi)
     headers = f"(NOT {whole} AND {reach} IS NOT NULL AND {reach} - {hull_lo} > {c_dur})"
     return (
-        f"multiIf({client} = 0 OR {fits}, 0, "
+        f"multiIf({fits}, 0, "
         f"{room}, if({hull_lo} < {c_lo}, {c_lo} - {hull_lo}, {c_hi} - {hull_hi}), "
         f"{hull} <= {c_dur}, {c_lo} + intDiv({c_dur} - {hull}, 2) - {hull_lo}, "
         # headers-only: the server started half-way through the client span
         f"{headers}, {c_lo} + {half} - {hull_lo}, "
         f"greatest(0, {c_lo} - {hull_lo})) AS offset,\n"
-        f"        {client} != 0 AND {hull} > {c_dur} AND {headers} AS headers_only,\n"
-        f"        if({client} = 0 OR {fits} OR {room}, 0, -offset) AS skew,\n"
+        f"        {client} != 0 AND {hull} > {c_dur} AND {headers} AS headers_only"
+    )
+
+
+def timeline_window(client: str, c_lo: str, c_dur: str, hull_lo: str, hull_hi: str) -> str:
+    """engine.timeline, second part, from ``offset`` and ``headers_only``: ``skew`` (reported),
+    and ``lo`` and ``hi`` (the window on the client's clock)."""
+    half, _, c_hi, fits, room = _timeline_parts(client, c_lo, c_dur, hull_lo, hull_hi)
+    return (
+        f"if({fits} OR {room}, 0, -offset) AS skew,\n"
         f"        if({client} = 0, {hull_lo}, {c_lo}) AS lo,\n"
         f"        multiIf({client} = 0, {hull_hi}, headers_only, "
         f"{hull_hi} + offset + ({c_dur} - {half}), {c_hi}) AS hi"
@@ -364,16 +362,11 @@ def _gpu_spans() -> str:
     )
 
 
-def _gpu_map() -> str:
-    """The Gpu column: '<phase>.<figure>' -> value for the figures those spans have."""
-    names, values = [], []
-    for phase in GPU_PHASES:
-        for code_name, key in GPU.items():
-            names.append(literal(f"{phase}.{GPU_KEYS[key]}"))
-            values.append(num_at(f"payloads[gpu_{phase}]", str(CODES[code_name])))
-    return (
-        f"mapFilter((k, v) -> v IS NOT NULL, "
-        f"mapFromArrays([{', '.join(names)}], [{', '.join(values)}]))"
+def _gpu_values() -> str:
+    """The general path's raw GPU figures, in the order ``_gpu_map`` reads them: each figure of
+    the request's last prefill, then decode, phase span with GPU figures (``gpu_<phase>``)."""
+    return ", ".join(
+        f"payloads[gpu_{phase}][{CODES[name]}]" for phase in GPU_PHASES for name in GPU
     )
 
 
@@ -417,9 +410,10 @@ def _simple_nums() -> str:
     return ", ".join(chunks + gpu)
 
 
-def _simple_gpu_map() -> str:
-    """The Gpu column from the single-call path's parsed GPU figures (``nums``, after the
-    client chain's)."""
+def _gpu_map() -> str:
+    """The Gpu column from a row's parsed numbers (``nums``: the client chain's three first-chunk
+    figures, then the GPU figures of its last prefill and decode phases), on both paths:
+    '<phase>.<figure>' -> value for the figures present."""
     names = [literal(f"{phase}.{GPU_KEYS[key]}") for phase in GPU_PHASES for key in GPU.values()]
     at = len(_SIMPLE_CHAIN) + 1
     return (

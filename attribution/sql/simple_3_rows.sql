@@ -57,15 +57,15 @@ simple_values AS (
         arrayMap(raw -> $PARSE_INT(raw), [$SV(s, OUTPUT), $SV(s, COMPLETION), c_output,
             c_completion, m_input, m_prompt, decode.3, c_oi_completion, m_oi_prompt,
             $SV(s, OI_COMPLETION),
-            $SV((c.5, c.6), LAST_BYTE), $SV((c1.5, c1.6), LAST_BYTE), $SV((c2.5, c2.6), LAST_BYTE),
             $SV((c.5, c.6), FIRST_TOKEN_NS), $SV((c1.5, c1.6), FIRST_TOKEN_NS),
             $SV((c2.5, c2.6), FIRST_TOKEN_NS)]) AS ints,
         arrayMap(raw -> $NUM(raw), [$SIMPLE_NUMS]) AS nums,
         $SIMPLE_STREAMED AS streamed,
         rc.2 AS c_lo,
         rc.3 - rc.2 AS c_dur,
-        client != 0 AND (rc.8 OR ints[11] IS NOT NULL OR ints[12] IS NOT NULL
-            OR ints[13] IS NOT NULL) AS whole_response,
+        client != 0 AND (rc.8 OR arrayExists(x -> x IS NOT NULL, arrayMap(
+            raw -> $PARSE_INT(raw), [$SV((c.5, c.6), LAST_BYTE), $SV((c1.5, c1.6), LAST_BYTE),
+                $SV((c2.5, c2.6), LAST_BYTE)]))) AS whole_response,
         (c.7, c1.7, c2.7) AS first_token_events,
         (c.2, c1.2, c2.2) AS chain_starts,
         -- How far the server's phases run (engine._reach): clipped to S; NULL without.
@@ -80,6 +80,12 @@ simple_timeline AS (
         *,
         $TIMELINE(client, c_lo, c_dur, s_start, s_end, whole_response, reach)
     FROM simple_values
+),
+simple_clocked AS (
+    SELECT
+        *,
+        $TIMELINE_WINDOW(client, c_lo, c_dur, s_start, s_end)
+    FROM simple_timeline
 ),
 -- The sweep (stage 4): S as `other`, its phases clipped to it, all moved onto the client's clock
 -- and clipped to the window.
@@ -102,7 +108,7 @@ simple_intervals AS (
         arrayConcat(if(a_hi > a_lo, [(toUInt8($OTHER_RANK), a_lo, a_hi)], []), phase_ivs) AS ivs,
         arraySort(iv -> iv.2, phase_ivs) AS by_start,
         arrayAll((a, b) -> b.2 >= a.3, arrayPopBack(by_start), arrayPopFront(by_start)) AS flat
-    FROM simple_timeline
+    FROM simple_clocked
 ),
 simple_cut AS (
     SELECT
@@ -127,7 +133,8 @@ simple_parsed AS (
         $INT_LIST(n_timed != 0 AND empty(stored_figures), decode.4) AS offsets,
         decode.1 AS decode_start,
         ints[7] AS token_count,
-        $SIMPLE_GPU_MAP AS gpu,
+        $TOKENS(ints[1], ints[2], ints[10]) AS try_output,
+        $GPU_MAP AS gpu,
         toUInt16(1) AS tries,
         -- No SGLang stage, so no KV-cache transfer, on this path.
         CAST(NULL, 'Nullable(Int64)') AS kv_transfer
@@ -140,29 +147,34 @@ simple_streaming AS (
         if(m_provider != '', m_provider, m_system) AS provider,
         $TOKENS(ints[5], ints[6], ints[9]) AS input_tokens,
         $GAPS(offsets),
-        $TOKENS(ints[1], ints[2], ints[10]) AS try_output,
         if(try_output IS NOT NULL, least(try_output, $MAX_TOKENS),
             $TOKENS(ints[3], ints[4], ints[8])) AS output0,
         -- engine._client_ttft along the chain, nearest first; none for a call made without
         -- streaming.
         multiIf(client = 0 OR streamed = 0, NULL,
-            ints[14] IS NOT NULL, ints[14] - c_lo,
+            ints[11] IS NOT NULL, ints[11] - c_lo,
             first_token_events.1 != '', toInt64(first_token_events.1) - c_lo,
             nums[1] IS NOT NULL, chain_starts.1 + $S2NS(nums[1]) - c_lo,
-            ints[15] IS NOT NULL, ints[15] - c_lo,
+            ints[12] IS NOT NULL, ints[12] - c_lo,
             first_token_events.2 != '', toInt64(first_token_events.2) - c_lo,
             nums[2] IS NOT NULL, chain_starts.2 + $S2NS(nums[2]) - c_lo,
-            ints[16] IS NOT NULL, ints[16] - c_lo,
+            ints[13] IS NOT NULL, ints[13] - c_lo,
             first_token_events.3 != '', toInt64(first_token_events.3) - c_lo,
             nums[3] IS NOT NULL, chain_starts.3 + $S2NS(nums[3]) - c_lo,
             NULL) AS ttft_client
     FROM simple_parsed
 ),
+-- tokens.token_figures: as stored, else from the offsets; a column before the expressions that
+-- read it.
+simple_figured AS (
+    SELECT
+        *,
+        if(notEmpty(stored_figures), stored_figures, $TOKEN_FIGURES(offsets)) AS figures
+    FROM simple_streaming
+),
 rows AS (
     SELECT
         *,
-        -- tokens.token_figures: as stored, else from the offsets.
-        if(notEmpty(stored_figures), stored_figures, $TOKEN_FIGURES(offsets)) AS figures,
         if(n_timed != 0 AND ifNull(streamed, 1) != 0,
             decode_start + toInt64(figures[$AT_FIRST_OFFSET]) * 1000 - s_start, NULL)
             AS ttft_server,
@@ -173,5 +185,5 @@ rows AS (
         if(output0 IS NULL AND n_timed != 0,
             if(token_count BETWEEN 1 AND $MAX_TOKENS, token_count, toUInt64(figures[$AT_TOKENS])),
             output0) AS output_tokens
-    FROM simple_streaming
+    FROM simple_figured
 )
