@@ -326,12 +326,14 @@ def run(
     deadline = time.monotonic() + settings.shutdown_grace_s
     # Intake closes before the gRPC server stops: every Export still waiting for a handler
     # thread, or arriving now, is answered UNAVAILABLE ("shutting down", retry elsewhere) at
-    # once, instead of being cancelled when the grace runs out (CANCELLED is not retried by
-    # every exporter). Exports already journaled are still acknowledged.
+    # once, instead of being cancelled when the grace runs out (OTLP exporters retry CANCELLED
+    # too, but not every gRPC client does). Exports already journaled are still acknowledged.
     close_intake(parts)
     # The port stays open a moment after intake closed: Exports arriving now get latscope's own
     # UNAVAILABLE and their exporters back off, instead of racing gRPC's shutdown, which cancels
-    # calls it received but had not handed to a handler yet (CANCELLED, seen under load).
+    # calls it received but had not handed to a handler yet (CANCELLED). A call that reaches the
+    # port in the instant the server stops can still be cancelled: gRPC offers no way to stop
+    # admitting calls without cancelling those it has not handed on.
     wait_quiet(parts, time.monotonic() + settings.shutdown_grace_s / 2)
     grpc_server.stop(max(0.0, deadline - time.monotonic())).wait()
     http_server.should_exit = True
