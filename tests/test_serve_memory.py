@@ -1,5 +1,5 @@
 """``latscope serve``'s memory bound, through the real server: spans that carry prompts (two
-16 kB strings each) from 8 senders, Exports of 1-12 MB, a spool of 8 GB; its RSS, sampled every
+16 kB strings each) from 12 senders, Exports of 1-12 MB, a spool of 8 GB; its RSS, sampled every
 0.5 s (and its high-water mark), stays under the bound docs/deploy.md states, and every span it
 acknowledged is stored."""
 
@@ -26,7 +26,7 @@ from tests.serve_support import start_serve
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 T0 = 1_763_000_000_000_000_000
 SERVICE = "memory-bound"
-SENDERS = 8
+SENDERS = 12
 #: Spans an Export carries, drawn per Export: 32 kB of attributes each, so 1-12 MB.
 SPANS = (32, 384)
 LOAD_S = 25.0
