@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from latscope.attribution.engine import (
     Request,
+    Timeline,
     TraceIndex,
     attribute_request,
     find_requests,
@@ -131,11 +132,12 @@ def explain_run(
     index: TraceIndex | None = None,
     requests: Sequence[Request] | None = None,
     attributions: Sequence[RequestAttribution] | None = None,
+    call_pieces: Sequence[tuple[Timeline, list[tuple[int, int, int]]]] | None = None,
 ) -> RunExplanation | None:
     """The run's critical path split into LLM buckets, tool time and app time; None for a trace
-    with no spans. ``index``, ``requests`` and ``attributions``: the spans' ``TraceIndex``, their
-    ``find_requests`` and each request's ``attribute_request`` (same order, same stall
-    threshold), when the caller has them already."""
+    with no spans. ``index``, ``requests``, ``attributions`` and ``call_pieces``: the spans'
+    ``TraceIndex``, their ``find_requests``, each request's ``attribute_request`` (same order,
+    same stall threshold) and its ``ranked_pieces``, when the caller has them already."""
     if not spans:
         return None
     index = index or TraceIndex(spans)
@@ -145,7 +147,7 @@ def explain_run(
     entry: dict[str, tuple[CallOnPath, int, int, list[tuple[str, int, int]]]] = {}
     calls = []
     for i, r in enumerate(requests):
-        tl, ranked = computed = ranked_pieces(r)
+        tl, ranked = computed = ranked_pieces(r) if call_pieces is None else call_pieces[i]
         pieces = named_pieces(r, ranked)
         call = CallOnPath(
             attribute_request(trace_id, r, stall_threshold_ns=stall_threshold_ns, pieces=computed)

@@ -171,6 +171,37 @@ def test_kept_traces_hold_at_most_the_span_cap_and_the_text_bound(store, monkeyp
     assert trace.trace_run(store, one) is not again
 
 
+def test_a_shared_answer_is_written_once_and_counted_with_its_trace(store: Store) -> None:
+    trace_id = uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))
+    answer = trace.trace_explain(store, trace_id)
+    (worked,) = (w for w in trace_state._KEPT._states.values() if answer in w.pieces.values())
+    text = worked.text
+    body = trace_state.json_of(answer)
+    assert body == answer.model_dump_json().encode()
+    assert worked.text == text + len(body)
+    # Asked again in the same state: the same answer, its JSON not written again.
+    again = trace.trace_explain(store, trace_id)
+    assert again is answer and trace_state.json_of(again) is body
+    assert worked.text == text + len(body)
+    # An answer built for one asker (a call's attribution) is written for each.
+    (call,) = trace.trace_requests(store, trace_id).requests
+    one = trace.request_attribution(store, call.request_id)
+    assert trace_state.json_of(one) == trace_state.json_of(one)
+    assert trace_state.json_of(one) is not trace_state.json_of(one)
+    # A span arrives: a new state, a new answer and JSON, with it.
+    client = {"id": "c1" * 8, "kind": "Client", "start": T0, "end": T0 + 1000 * MS}
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, [client]))
+    newer = trace_state.json_of(trace.trace_explain(store, trace_id))
+    assert newer != body and ("c1" * 8).encode() in newer
+    # The shared answers' entries go with them.
+    key = id(answer)
+    del answer, again, worked
+    trace_state._KEPT.clear()
+    gc.collect()
+    assert key not in trace_state._SHARED.states
+
+
 class _Cycle:
     def __init__(self) -> None:
         self.me = self

@@ -174,7 +174,7 @@ def trace_requests(
     """``GET /v1/traces/{trace_id}/requests``: every inference call of a trace, by start."""
     trace_id = check_trace_id(trace_id)
     with _reading(store, trace_id, f"trace {trace_id}", max_spans) as t:
-        return t.piece(
+        return t.answer(
             ("requests answer", stall_threshold_ms),
             lambda: TraceRequests.model_validate(
                 {
@@ -303,7 +303,7 @@ def trace_spans(
                 }
             )
 
-        return t.piece("spans answer", answer)
+        return t.answer("spans answer", answer)
 
 
 def _timeline(request: Request, result: RequestAttribution, stall_ms: float) -> dict[str, Any]:
@@ -486,7 +486,7 @@ def trace_run(
 
 
 def _run_answer(t: _Trace, stall_threshold_ms: float) -> Run:
-    return t.piece(
+    return t.answer(
         ("run answer", stall_threshold_ms), lambda: run_answer(t.run(stall_threshold_ms))
     )
 
@@ -518,7 +518,7 @@ def trace_explain(
                 }
             )
 
-        return t.piece(("trace answer", stall_threshold_ms), answer)
+        return t.answer(("trace answer", stall_threshold_ms), answer)
 
 
 __all__ = [

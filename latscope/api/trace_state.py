@@ -4,9 +4,10 @@ An answer about a trace (``latscope.api.trace``) first reads the trace's state: 
 counted up to the cap and a fingerprint of which are stored (``_reading``). Everything worked
 out from that state (the spans, their index, the calls, each call's attribution, the run) is a
 piece of a ``_Trace``, computed once under the state's lock while other askers wait, each until
-its own query deadline. The last traces answered are kept (``_Kept``), up to the span cap
-together; ``_Gate`` bounds how many answers are worked out at once and how many wait, and
-``_CyclesLater`` pauses Python's cyclic garbage collector while answers run.
+its own query deadline; so is the JSON of each answer askers share (``json_of``). The last traces
+answered are kept (``_Kept``), up to the span cap together; ``_Gate`` bounds how many answers are
+worked out at once and how many wait, and ``_CyclesLater`` pauses Python's cyclic garbage
+collector while answers run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from latscope.api.errors import NotFound, QueryError
+from latscope.api.schemas import Answer
 from latscope.attribution import (
     Request,
     RequestAttribution,
@@ -32,7 +34,7 @@ from latscope.attribution import (
     load_trace,
     rules,
 )
-from latscope.attribution.engine import TraceIndex, timeline
+from latscope.attribution.engine import Timeline, TraceIndex, ranked_pieces, timeline
 from latscope.attribution.runs import RunExplanation
 from latscope.storage import SPANS_TABLE, Store
 
@@ -42,6 +44,7 @@ TRACE_SLOTS = 2
 #: requests for wide traces cannot take every thread of the HTTP server's pool.
 TRACE_WAITING = 16
 _T = TypeVar("_T")
+_A = TypeVar("_A", bound=Answer)
 #: A trace's state: its spans counted (to ``limit``) and a fingerprint of which are stored. Spans
 #: are only ever added (or dropped with their day), so an answer worked out from a state holds
 #: for as long as the trace counts and fingerprints the same.
@@ -255,6 +258,13 @@ class _Trace:
         finally:
             worked.lock.release()
 
+    def answer(self, name: Hashable, work: Callable[[], _A]) -> _A:
+        """The answer ``name`` (a piece), shared by every asker of this state: its JSON is
+        written once too (``json_of``)."""
+        answer = self.piece(name, work)
+        _SHARED.share(answer, self.worked, name)
+        return answer
+
     @property
     def spans(self) -> list[SpanRecord]:
         assert self.store is not None
@@ -283,6 +293,12 @@ class _Trace:
         if time.monotonic() > self.deadline:
             raise _timed_out(self.what)
 
+    @property
+    def pieces(self) -> list[tuple[Timeline, list[tuple[int, int, int]]]]:
+        """Each call's timeline cut into ranked pieces (``ranked_pieces``), in ``requests``'
+        order: its attribution and the run both read them."""
+        return self.piece("pieces", lambda: [ranked_pieces(r) for r in self.requests])
+
     def attributions(self, stall_threshold_ms: float) -> list[RequestAttribution]:
         """Each call's attribution, in ``requests``' order: the run's when it is worked out."""
 
@@ -292,8 +308,10 @@ class _Trace:
                 return [c.attribution for c in run.calls]
             stall = _stall_ns(stall_threshold_ms)
             out = []
-            for i, r in enumerate(self.requests):
-                out.append(attribute_request(self.trace_id, r, stall_threshold_ns=stall))
+            for i, (r, pieces) in enumerate(zip(self.requests, self.pieces, strict=True)):
+                out.append(
+                    attribute_request(self.trace_id, r, stall_threshold_ns=stall, pieces=pieces)
+                )
                 if i % 256 == 255:
                     self.check()
             return out
@@ -309,6 +327,7 @@ class _Trace:
                 self.trace_id, self.spans, stall_threshold_ns=_stall_ns(stall_threshold_ms),
                 index=self.index, requests=self.requests,
                 attributions=self.worked.pieces.get(("attributions", stall_threshold_ms)),
+                call_pieces=self.pieces,
             )  # fmt: skip
             assert run is not None  # spans is not empty
             return run
@@ -322,6 +341,51 @@ class _Trace:
             "skews",
             lambda: {r.span_id: -tl.offset for r in self.requests if (tl := timeline(r)).offset},
         )
+
+
+class _Shared:
+    """The answers kept as pieces of a trace's state (``_Trace.answer``), by ``id``: their JSON
+    is a piece of that state too. Each entry goes when its answer is freed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.states: dict[int, tuple[weakref.ref[_Worked], Hashable]] = {}
+
+    def share(self, answer: Answer, worked: _Worked, name: Hashable) -> None:
+        key = id(answer)
+        with self._lock:
+            if key in self.states:
+                return
+            self.states[key] = (weakref.ref(worked), name)
+        weakref.finalize(answer, self.states.pop, key, None)
+
+    def state(self, answer: Answer) -> tuple[_Worked, Hashable] | None:
+        entry = self.states.get(id(answer))
+        worked = entry[0]() if entry is not None else None
+        return None if worked is None or entry is None else (worked, entry[1])
+
+
+_SHARED = _Shared()
+
+
+def json_of(answer: Answer) -> bytes:
+    """``answer``'s JSON. An answer askers share (a trace's, ``_Trace.answer``) is written once
+    and kept with its trace's state, its size counted with the state's text (``_Kept``): a wide
+    trace's answer is tens of thousands of rows, and writing them again for every asker was most
+    of a repeated answer's CPU, all of it holding the GIL that ingest needs too."""
+    shared = _SHARED.state(answer)
+    if shared is None:
+        return answer.__pydantic_serializer__.to_json(answer)
+    worked, name = shared
+    key = ("json", name)
+    text: bytes | None = worked.pieces.get(key)
+    if text is None:
+        text = answer.__pydantic_serializer__.to_json(answer)
+        # Two askers may write it at once: the first kept is the one counted and served.
+        if worked.pieces.setdefault(key, text) is text:
+            worked.text += len(text)
+        text = worked.pieces[key]
+    return text
 
 
 @contextlib.contextmanager

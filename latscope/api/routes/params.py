@@ -16,6 +16,7 @@ from latscope.api.schemas import (
     Answer,
 )
 from latscope.api.timerange import TIME_PATTERN
+from latscope.api.trace_state import json_of
 
 # The patterns are published in the OpenAPI document (json_schema_extra) and checked by the
 # server itself, which answers a mismatch with its own 400 and error code.
@@ -120,8 +121,9 @@ def served(answer: Answer) -> Response:
     """The answer's JSON. The answering function built and checked the model; ``response_model``
     documents it (returning the model itself would have FastAPI validate it a second time).
     Written by pydantic's serializer straight to bytes: a wide trace's answer is tens of
-    thousands of rows, and a dict of them dumped again by ``json`` costs as much once more."""
-    return Response(answer.model_dump_json(), media_type="application/json")
+    thousands of rows, and a dict of them dumped again by ``json`` costs as much once more; a
+    trace's answers, shared by their askers, are written once (``trace_state.json_of``)."""
+    return Response(json_of(answer), media_type="application/json")
 
 
 ONE = error_responses(400, 401, 404, 422, 503)
