@@ -294,10 +294,10 @@ class _Trace:
             raise _timed_out(self.what)
 
     @property
-    def pieces(self) -> list[tuple[Timeline, list[tuple[int, int, int]]]]:
+    def call_pieces(self) -> list[tuple[Timeline, list[tuple[int, int, int]]]]:
         """Each call's timeline cut into ranked pieces (``ranked_pieces``), in ``requests``'
         order: its attribution and the run both read them."""
-        return self.piece("pieces", lambda: [ranked_pieces(r) for r in self.requests])
+        return self.piece("call pieces", lambda: [ranked_pieces(r) for r in self.requests])
 
     def attributions(self, stall_threshold_ms: float) -> list[RequestAttribution]:
         """Each call's attribution, in ``requests``' order: the run's when it is worked out."""
@@ -308,7 +308,7 @@ class _Trace:
                 return [c.attribution for c in run.calls]
             stall = _stall_ns(stall_threshold_ms)
             out = []
-            for i, (r, pieces) in enumerate(zip(self.requests, self.pieces, strict=True)):
+            for i, (r, pieces) in enumerate(zip(self.requests, self.call_pieces, strict=True)):
                 out.append(
                     attribute_request(self.trace_id, r, stall_threshold_ns=stall, pieces=pieces)
                 )
@@ -327,7 +327,7 @@ class _Trace:
                 self.trace_id, self.spans, stall_threshold_ns=_stall_ns(stall_threshold_ms),
                 index=self.index, requests=self.requests,
                 attributions=self.worked.pieces.get(("attributions", stall_threshold_ms)),
-                call_pieces=self.pieces,
+                call_pieces=self.call_pieces,
             )  # fmt: skip
             assert run is not None  # spans is not empty
             return run
@@ -361,8 +361,10 @@ class _Shared:
 
     def state(self, answer: Answer) -> tuple[_Worked, Hashable] | None:
         entry = self.states.get(id(answer))
-        worked = entry[0]() if entry is not None else None
-        return None if worked is None or entry is None else (worked, entry[1])
+        if entry is None:
+            return None
+        worked = entry[0]()
+        return None if worked is None else (worked, entry[1])
 
 
 _SHARED = _Shared()
@@ -378,14 +380,14 @@ def json_of(answer: Answer) -> bytes:
         return answer.__pydantic_serializer__.to_json(answer)
     worked, name = shared
     key = ("json", name)
-    text: bytes | None = worked.pieces.get(key)
-    if text is None:
+    kept: bytes | None = worked.pieces.get(key)
+    if kept is None:
         text = answer.__pydantic_serializer__.to_json(answer)
         # Two askers may write it at once: the first kept is the one counted and served.
-        if worked.pieces.setdefault(key, text) is text:
+        kept = worked.pieces.setdefault(key, text)
+        if kept is text:
             worked.text += len(text)
-        text = worked.pieces[key]
-    return text
+    return kept
 
 
 @contextlib.contextmanager
