@@ -415,16 +415,21 @@ class _EmbeddedInserts:
     """
 
     def __init__(self, path: str) -> None:
+        #: Settings of every insert. One thread: an insert's pipeline on the engine's default of
+        #: a thread a core costs about 20 ms more CPU (a third of a small insert's) and was no
+        #: faster on a 20,000-span one (``bench.ingest.run --compare``, variant ``before``).
+        self.settings = {"max_threads": "1"}
         self._path = path
         self._conn: Any = None
         self._lock = threading.Lock()
 
     def insert(self, table: str, data: pa.Table, dedup_token: str | None) -> None:
         columns = ", ".join(_quote_identifier(name) for name in data.column_names)
+        chosen = dict(self.settings)
+        if dedup_token:
+            chosen["insert_deduplication_token"] = _quote_string(dedup_token)
         settings = (
-            f" SETTINGS insert_deduplication_token = {_quote_string(dedup_token)}"
-            if dedup_token
-            else ""
+            " SETTINGS " + ", ".join(f"{k} = {v}" for k, v in chosen.items()) if chosen else ""
         )
         latscope_insert_rows = _readable(data)  # noqa: F841 (read by name by Python() below)
         sql = (
