@@ -434,7 +434,15 @@ def bench(args: argparse.Namespace) -> None:
     defaults = _settings(args, dsn, workdir)
     store = Store.open(dsn, memory_limit_bytes=defaults.memory_limit_bytes)
     store.apply_schema()
-    variants = list(VARIANTS) if args.compare else ["unsynced" if args.no_sync else "synced"]
+    if args.variants:
+        variants = args.variants.split(",")
+        unknown = sorted(set(variants) - set(VARIANTS))
+        if unknown or len(variants) < 2 or variants[0] != "synced":
+            raise SystemExit(f"--variants: synced first, then any of {', '.join(VARIANTS)}")
+    elif args.compare:
+        variants = list(VARIANTS)
+    else:
+        variants = ["unsynced" if args.no_sync else "synced"]
     rounds = [
         collector_round(args, store, workdir, variant, i * len(variants) + j)
         for i in range(args.rounds)
@@ -467,22 +475,25 @@ def bench(args: argparse.Namespace) -> None:
               f"{r.per_cpu_s:,.0f} spans per CPU-second; with the merges after it "
               f"({r.settle_s:.0f} s, {r.parts_left} parts left) "
               f"{r.with_merges:,.0f}")  # fmt: skip
-    last = rounds[-1]
-    per100k = 1e5 / last.spans
-    print(f"collector CPU by thread, s per 100k spans (last round, {last.variant}):")
-    sides: Counter[str] = Counter()
+    print("collector CPU by thread, s per 100k spans, median of each variant's rounds:")
+    print(f"  {'':56s} " + " ".join(f"{v:>9s}" for v in variants))
+    sides: dict[str, Counter[str]] = {v: Counter() for v in variants}
     for name, side in GROUPS:
-        print(f"  {name:56s} {last.groups[name] * per100k:6.3f}")
-        sides[side] += last.groups[name]
-    print(f"  = latscope {sides['latscope'] * per100k:.3f} + chDB {sides['chDB'] * per100k:.3f}"
-          f" + other {sides['other'] * per100k:.3f}")  # fmt: skip
+        cells = []
+        for variant in variants:
+            mine = [r.groups[name] * 1e5 / r.spans for r in rounds if r.variant == variant]
+            cells.append(_median(mine))
+            sides[variant][side] += cells[-1]
+        print(f"  {name:56s} " + " ".join(f"{c:9.3f}" for c in cells))
+    for side in ("latscope", "chDB", "other"):
+        print(f"  {'= ' + side:56s} " + " ".join(f"{sides[v][side]:9.3f}" for v in variants))
     for variant in variants:
         mine = [r for r in rounds if r.variant == variant]
         print(f"{variant:9s} median : {_median([r.per_cpu_s for r in mine]):,.0f} spans per "
               f"CPU-second during the run, {_median([r.with_merges for r in mine]):,.0f} with "
               f"the merges after it; ratio to parse-only (spans/s) "
               f"{_median([r.spans / r.wall_s for r in mine]) / base_rate:.2f}")  # fmt: skip
-    if args.compare:
+    if len(variants) > 1:
         n = len(variants)
         for j, variant in enumerate(variants[1:], 1):
             pairs = [
@@ -520,6 +531,12 @@ def main() -> None:
         help="alternate the variants (synced, unsynced, via-file, before) over the same store; "
         "print each "
         "one's CPU per span against synced, round by round",
+    )
+    parser.add_argument(
+        "--variants",
+        metavar="LIST",
+        help="--compare with these variants only, comma-separated, synced first "
+        "(e.g. synced,before)",
     )
     args = parser.parse_args()
     if args.loadgen:
