@@ -415,9 +415,9 @@ class _EmbeddedInserts:
     """
 
     def __init__(self, path: str) -> None:
-        #: Settings of every insert. One thread: an insert's pipeline on the engine's default of
-        #: a thread a core costs about 20 ms more CPU (a third of a small insert's) and was no
-        #: faster on a 20,000-span one (``bench.ingest.run --compare``, variant ``before``).
+        #: Settings of every insert. One thread: on the engine's default of a thread a core, an
+        #: insert of 500 spans costs about 20 ms more CPU (half again), one of 20,000 about the
+        #: same (``bench.ingest.inserts``).
         self.settings = {"max_threads": "1"}
         self._path = path
         self._conn: Any = None
