@@ -7,8 +7,9 @@ Exports of realistic LLM request traces (7 spans per request, ~15 attributes eac
 concurrent gRPC streams. The same run measures the decode paths alone on one thread, a
 parse-only receiver (gRPC decodes the protobuf and answers) as the baseline, then the real
 collector end to end: every span acknowledged and queryable in ClickHouse. Each receiver takes
-one Export before the measured run (what a collector pays once, at its first Export, is not a
-cost per span: pyarrow imports pandas on its first compute call, 0.4 CPU s). Printed: spans/s
+one Export before the measured run: what a collector pays once, at its first Export, is not a
+cost per span (in a collector's own process, pyarrow importing pandas on its first compute call
+is 0.4 CPU s; here the decode paths, measured first, import it). Printed: spans/s
 (wall clock, from the first Export sent to the last span queryable), collector CPU seconds per
 100k spans and spans per collector CPU-second (whole process: every thread, chDB's included),
 that CPU by thread (from /proc/self/task), the background merges that follow the run until the
