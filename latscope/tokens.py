@@ -15,6 +15,7 @@ the attribution, so ingest needs nothing of the analysis.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -80,7 +81,11 @@ def parse_int_list(raw: str | None) -> list[int]:
 
 def linear_quantile(values: Sequence[float], q: float) -> float:
     """Quantile with linear interpolation between order statistics (numpy's and polars' default)."""
-    ordered = sorted(values)
+    return _sorted_quantile(sorted(values), q)
+
+
+def _sorted_quantile(ordered: Sequence[float], q: float) -> float:
+    """``linear_quantile`` of values already in order."""
     pos = q * (len(ordered) - 1)
     i = math.floor(pos)
     if i + 1 >= len(ordered):
@@ -99,15 +104,16 @@ def token_figures(offsets_us: Sequence[int], stall_threshold_ns: int) -> list[fl
     With one token there are no gaps, and the four gap figures are 0. Every figure is a double
     computed as ClickHouse and C compute it (TPOT: the span's length, rounded to a double, over
     the gaps), so the three give the same bits."""
-    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(offsets_us)]
+    gaps = sorted((b - a) * 1000 for a, b in itertools.pairwise(offsets_us))
     if not gaps:
         return [float(offsets_us[0]), 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    # Sorted once for both quantiles, the largest gap and the stalls (those past the threshold).
     return [
         float(offsets_us[0]),
         float((offsets_us[-1] - offsets_us[0]) * 1000) / len(gaps),
-        linear_quantile(gaps, 0.5),
-        linear_quantile(gaps, 0.99),
-        float(max(gaps)),
-        float(sum(1 for g in gaps if g > stall_threshold_ns)),
+        _sorted_quantile(gaps, 0.5),
+        _sorted_quantile(gaps, 0.99),
+        float(gaps[-1]),
+        float(len(gaps) - bisect.bisect_right(gaps, stall_threshold_ns)),
         float(len(offsets_us)),
     ]
