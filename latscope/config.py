@@ -46,7 +46,7 @@ MAX_BATCH_SPANS = 1_000_000_000
 #: copies past the limit (a slice and a segment read back from the spool) and the allocators'
 #: slack (freed memory they hold for a few seconds, largest while senders press serve past its
 #: limit and it refuses Exports). ``memory_bound_bytes`` adds the rest.
-PROCESS_MEMORY_BYTES = 896 * 1024**2
+PROCESS_MEMORY_BYTES = 1000 * 1024**2
 
 
 def memory_bound_bytes(memory_limit_bytes: int) -> int:
@@ -55,8 +55,8 @@ def memory_bound_bytes(memory_limit_bytes: int) -> int:
     (``ENGINE_MEMORY_SHARE`` times it). docs/deploy.md states it; ``bench/memory`` and
     ``tests/test_serve_memory.py`` hold it.
 
-    >>> memory_bound_bytes(256 * 1024**2) / 1024**3
-    1.875
+    >>> memory_bound_bytes(256 * 1024**2) // 1024**2
+    2024
     """
     return PROCESS_MEMORY_BYTES + (1 + ENGINE_MEMORY_SHARE) * memory_limit_bytes
 
