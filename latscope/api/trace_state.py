@@ -348,12 +348,12 @@ class _Shared:
     is a piece of that state too. Each entry goes when its answer is freed."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self.states: dict[int, tuple[weakref.ref[_Worked], Hashable]] = {}
 
     def share(self, answer: Answer, worked: _Worked, name: Hashable) -> None:
         key = id(answer)
-        with self._lock:
+        with self.lock:
             if key in self.states:
                 return
             self.states[key] = (weakref.ref(worked), name)
@@ -383,10 +383,12 @@ def json_of(answer: Answer) -> bytes:
     kept: bytes | None = worked.pieces.get(key)
     if kept is None:
         text = answer.__pydantic_serializer__.to_json(answer)
-        # Two askers may write it at once: the first kept is the one counted and served.
-        kept = worked.pieces.setdefault(key, text)
-        if kept is text:
-            worked.text += len(text)
+        # Two askers may write it at once: the first kept is the one counted and served. Counted
+        # under a lock: askers of two answers of one state add to its count at once.
+        with _SHARED.lock:
+            kept = worked.pieces.setdefault(key, text)
+            if kept is text:
+                worked.text += len(text)
     return kept
 
 
