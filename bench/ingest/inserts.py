@@ -13,26 +13,14 @@ from __future__ import annotations
 
 import argparse
 import random
-import resource
 import shutil
 import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 
-from bench.ingest.run import T0
+from bench.ingest.run import T0, _cpu, _median
 from bench.ingest.traces import make_batch
-
-
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def main() -> None:
