@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import httpx
+import pydantic
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -164,3 +165,24 @@ def test_every_example_is_a_valid_answer() -> None:
                 model.model_validate(example)
                 checked += 1
     assert checked >= 20
+
+
+def test_a_row_is_closed_as_an_answer_is() -> None:
+    """The rows of an answer's long lists are typed dicts (``base.row``): on its own too (a
+    trace's rows are validated before an answer holds them), a row refuses a key it does not
+    name and a key it lacks, as a model does, where the answer is built."""
+    step = {"span_id": "a", "name": "chat", "category": "llm", "bucket": None,
+            "request_id": None, "start_ms": 1.0, "end_ms": 2.0}  # fmt: skip
+    span = schemas.TraceSpans.model_json_schema()["examples"][0]["spans"][0]
+    tool = schemas.Run.model_json_schema()["examples"][0]["tools"][0]
+    for row, value in ((schemas.PathStep, step), (schemas.Span, span), (schemas.RunTool, tool)):
+        rows = pydantic.TypeAdapter(list[row])
+        assert rows.validate_python([value]) == [value]
+        with pytest.raises(pydantic.ValidationError, match="extra"):
+            rows.validate_python([{**value, "stop_ms": 2.0}])
+        with pytest.raises(pydantic.ValidationError, match="missing"):
+            rows.validate_python([{k: v for k, v in value.items() if k != "name"}])
+    with pytest.raises(pydantic.ValidationError, match="extra"):
+        pydantic.TypeAdapter(schemas.Span).validate_python(
+            {**span, "events": [{"name": "x", "at_ms": 1.0, "extra": 1}]}
+        )

@@ -80,9 +80,9 @@ def conversation(
         budget["tool"] += path.tool
         budget["app"] += path.app
         for bucket in BUCKETS:
-            budget["llm_buckets"][bucket] += getattr(path.llm_buckets, bucket)
+            budget["llm_buckets"][bucket] += path.llm_buckets[bucket]
         for t in run.tools:
-            tools[t.tool or t.name].append(t.on_critical_path_ms)
+            tools[t["tool"] or t["name"]].append(t["on_critical_path_ms"])
     return Conversation.model_validate(
         {
             "conversation_id": conversation_id,

@@ -39,6 +39,7 @@ from latscope.api.schemas import (
     Run,
     Span,
     Standing,
+    TokenTimeline,
     TraceExplain,
     TraceRequests,
     TraceSpans,
@@ -272,7 +273,7 @@ _SPAN_ROWS = TypeAdapter(list[Span])
 
 
 def _rows(t: _Trace, origin: int, skews: dict[str, int]) -> list[Span]:
-    """The waterfall's rows as answer models, worked out once per origin and clock skews: the
+    """The waterfall's rows, validated (``Span`` rows), worked out once per origin and clock skews: the
     trace view and ``/spans`` share them (their origin is the root's start when it starts
     first)."""
     return t.piece(
@@ -294,13 +295,12 @@ def trace_spans(
             if len(t.requests) == 1:
                 only = timeline(t.requests[0])
                 origin, skew = only.lo, -only.offset
-            return TraceSpans.model_validate(
-                {
-                    "trace_id": trace_id,
-                    "start_unix_ms": origin / 1e6,
-                    "clock_skew_ms": skew / 1e6,
-                    "spans": _rows(t, origin, t.skews()),
-                }
+            # The rows are validated already (``_rows``).
+            return TraceSpans.model_construct(
+                trace_id=trace_id,
+                start_unix_ms=origin / 1e6,
+                clock_skew_ms=skew / 1e6,
+                spans=_rows(t, origin, t.skews()),
             )
 
         return t.answer("spans answer", answer)
@@ -386,14 +386,13 @@ def explain(
             lambda: _SPAN_ROWS.validate_python(_waterfall(t, result.start_ns, skews)),
         )
         tokens = _timeline(request, result, stall_ms or stall_threshold_ms)
-    # A query over the attribution table, not the trace: outside the trace answers' slots.
-    return Explain.model_validate(
-        {
-            "attribution": result.to_json(),
-            "standing": standing(store, result),
-            "spans": spans,
-            "tokens": tokens,
-        }
+    # A query over the attribution table, not the trace: outside the trace answers' slots. The
+    # rows are validated already (a piece): the answer is built around them.
+    return Explain.model_construct(
+        attribution=Attribution.model_validate(result.to_json()),
+        standing=standing(store, result),
+        spans=spans,
+        tokens=TokenTimeline.model_validate(tokens),
     )
 
 
@@ -510,12 +509,11 @@ def trace_explain(
                 for c in run.calls
                 if c.attribution.clock_skew_ns
             }
-            return TraceExplain.model_validate(
-                {
-                    "trace_id": trace_id,
-                    "run": _run_answer(t, stall_threshold_ms),
-                    "spans": _rows(t, run.root.start_ns, skews),
-                }
+            # Both parts are answers validated already: built, not validated again.
+            return TraceExplain.model_construct(
+                trace_id=trace_id,
+                run=_run_answer(t, stall_threshold_ms),
+                spans=_rows(t, run.root.start_ns, skews),
             )
 
         return t.answer(("trace answer", stall_threshold_ms), answer)

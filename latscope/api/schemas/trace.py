@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
+from typing_extensions import TypedDict
 
 from latscope.attribution.answers.models.base import (
     ATTRIBUTION_EXAMPLE,
@@ -14,6 +15,7 @@ from latscope.attribution.answers.models.base import (
     Buckets,
     Itl,
     _example,
+    row,
 )
 from latscope.attribution.answers.models.standing import STANDING_EXAMPLE, Standing
 
@@ -56,24 +58,30 @@ class Attribution(Answer):
     gpu: dict[str, dict[str, float]] = Field(description="per phase: NVML figures")
 
 
-class SpanEvent(Answer):
+@row
+class SpanEvent(TypedDict):
     name: str
     at_ms: float
 
 
-class Span(Answer):
+@row
+class Span(TypedDict):
     span_id: str
     parent_span_id: str
     name: str
     kind: str
     service: str
     phase: str | None
-    request_id: str | None = Field(
-        description="the call this span is the client (or lone server) span of"
-    )
-    start_ms: float = Field(
-        description="offset from the request's start (a trace's: its root's), on the caller's clock"
-    )
+    request_id: Annotated[
+        str | None, Field(description="the call this span is the client (or lone server) span of")
+    ]
+    start_ms: Annotated[
+        float,
+        Field(
+            description="offset from the request's start (a trace's: its root's), on the "
+            "caller's clock"
+        ),
+    ]
     duration_ms: float
     depth: int
     status: str
@@ -182,7 +190,8 @@ class TraceRequests(Answer):
     )
 
 
-class PathBuckets(Answer):
+@row
+class PathBuckets(TypedDict):
     """LLM time on the critical path, in the seven buckets (ms)."""
 
     network: float
@@ -210,31 +219,38 @@ class RunRoot(Answer):
     kind: str
 
 
-class RunCall(Answer):
+@row
+class RunCall(TypedDict):
     request_id: str
-    start_ms: float = Field(description="from the root's start")
+    start_ms: Annotated[float, Field(description="from the root's start")]
     e2e_ms: float
-    on_critical_path_ms: float = Field(description="how much of the call the root waited for")
+    on_critical_path_ms: Annotated[
+        float, Field(description="how much of the call the root waited for")
+    ]
     on_critical_path_buckets_ms: PathBuckets
     attribution: Attribution
 
 
-class RunTool(Answer):
+@row
+class RunTool(TypedDict):
     span_id: str
     name: str
-    tool: str = Field(description="gen_ai.tool.name")
+    tool: Annotated[str, Field(description="gen_ai.tool.name")]
     start_ms: float
     duration_ms: float
     on_critical_path_ms: float
 
 
-class PathStep(Answer):
+@row
+class PathStep(TypedDict):
     """One piece of the critical path, in time order."""
 
     span_id: str
     name: str
-    category: str = Field(description="llm, tool or app")
-    bucket: str | None = Field(description="for llm steps: the bucket of the call's timeline")
+    category: Annotated[str, Field(description="llm, tool or app")]
+    bucket: Annotated[
+        str | None, Field(description="for llm steps: the bucket of the call's timeline")
+    ]
     request_id: str | None
     start_ms: float
     end_ms: float
