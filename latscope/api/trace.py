@@ -273,9 +273,9 @@ _SPAN_ROWS = TypeAdapter(list[Span])
 
 
 def _rows(t: _Trace, origin: int, skews: dict[str, int]) -> list[Span]:
-    """The waterfall's rows, validated (``Span`` rows), worked out once per origin and clock skews: the
-    trace view and ``/spans`` share them (their origin is the root's start when it starts
-    first)."""
+    """The waterfall's rows, validated (``Span`` rows), worked out once per origin and clock
+    skews: the trace view and ``/spans`` share them (their origin is the root's start when it
+    starts first)."""
     return t.piece(
         ("rows", origin, tuple(sorted(skews.items()))),
         lambda: _SPAN_ROWS.validate_python(_waterfall(t, origin, skews)),
