@@ -66,6 +66,8 @@ from typing import Any, NamedTuple
 from prometheus_client import Counter, Gauge
 
 from latscope.attribution.cadence import busy_wait_s, next_look_s
+from latscope.attribution.engine import attribute_request
+from latscope.attribution.finding import find_requests
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
 from latscope.attribution.setaside import (
     BATCH_ERRORS,
@@ -73,11 +75,14 @@ from latscope.attribution.setaside import (
     SetAsideTraces,
     set_aside_router,
 )
+from latscope.attribution.spans import load_trace
 from latscope.attribution.sql import STORED_STALL_NS
 from latscope.attribution.statements import LOCAL_SUFFIX, MAX_CUTS, Statements
+from latscope.attribution.table import attribution_row, rows_to_table
 from latscope.config import (
     DEFAULT_BATCH_SPANS,
     DEFAULT_BATCH_TRACES,
+    DEFAULT_MAX_TRACE_SPANS,
     DEFAULT_REACH_S,
     MAX_BATCH_SPANS,
     MAX_BATCH_TRACES,
@@ -96,6 +101,17 @@ from latscope.storage import (
 from latscope.tokens import DEFAULT_STALL_NS
 
 log = logging.getLogger(__name__)
+
+#: A trace's stored spans (``_by_reference`` reads at most ``max_trace_spans`` of them).
+_TRACE_SPAN_COUNT = f"SELECT count() FROM {SPANS_TABLE} WHERE TraceId = {{trace_id:String}}"
+
+
+def _too_wide(error: StoreError) -> bool:
+    """ClickHouse refused the statement for its memory: for a trace alone, one too wide for the
+    SQL's general path (``Attributor._by_reference``). Other refusals (a value it cannot read)
+    set the trace aside."""
+    return "MEMORY_LIMIT_EXCEEDED" in str(error)
+
 
 #: A quiet pass (ingest paused, early attribution off) takes its early window in one statement,
 #: beside the slice's last batch, when it holds at most this many spans per ``batch_traces``.
@@ -154,6 +170,7 @@ class Attributor(Poller):
         complete_s: float | None = None,
         early_when_quiet: bool = True,
         reach_s: float = DEFAULT_REACH_S,
+        max_trace_spans: int = DEFAULT_MAX_TRACE_SPANS,
         clock: Callable[[], float] = time.monotonic,
         store_clock_us: Callable[[], int] | None = None,
     ) -> None:
@@ -202,6 +219,9 @@ class Attributor(Poller):
         self.batch_traces = batch_traces
         self.batch_spans = batch_spans
         self.stall_threshold_ns = stall_threshold_ns
+        #: The most spans of a trace the SQL refused alone that the reference engine attributes
+        #: (``_by_reference``); a wider one is set aside.
+        self.max_trace_spans = max_trace_spans
         index, count = shard
         if not (count >= 1 and 0 <= index < count):
             raise ValueError(f"shard must be I/N with 0 <= I < N, got {index}/{count}")
@@ -419,14 +439,21 @@ class Attributor(Poller):
         around = (batch.first_ns - self.reach_ns, batch.last_ns + self.reach_ns)
 
         def run(part: list[str], id_hi: str, marker: int) -> int:
-            return self.attribute_slice(
+            return self._or_reference(part, around, marker, lambda: self.attribute_slice(
                 batch.after_us, batch.hi_us, settled_us=batch.settled_us, around=around,
                 ids=(part[0], id_hi), marker_us=marker,
-            )  # fmt: skip
+            ))  # fmt: skip
 
         bounds: dict[str, tuple[int, int]] = dict.fromkeys(ids, around)
         if len(ids) <= 1:
             for trace_id in ids:
+                try:
+                    if _too_wide(error):
+                        return self._by_reference(trace_id, around, batch.marker_us, error)
+                except StoreUnavailable:
+                    raise
+                except StoreError as exc:
+                    error = exc
                 self.set_aside.add(trace_id, error, around)
             SET_ASIDE.set(len(self.set_aside))
             return 0
@@ -445,11 +472,72 @@ class Attributor(Poller):
             return 0
 
         def attribute(ids: list[str], around: tuple[int, int], marker: int) -> int:
-            return self.attribute_slice(
+            return self._or_reference(ids, around, marker, lambda: self.attribute_slice(
                 after_us, hi, settled_us=after_us, around=around, marker_us=marker, retry_ids=ids
-            )
+            ))  # fmt: skip
 
         return self.set_aside.retry(attribute, lambda: self._spare_marker(after_us, hi))
+
+    def _or_reference(
+        self, ids: list[str], around: tuple[int, int], marker: int, sql: Callable[[], int]
+    ) -> int:
+        """``sql()``; when it fails for one trace alone, that trace by the reference engine
+        (``_by_reference``), or the first error when that fails too."""
+        try:
+            return sql()
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
+            if len(ids) != 1 or not _too_wide(exc):
+                raise
+            return self._by_reference(ids[0], around, marker, exc)
+
+    def _by_reference(
+        self, trace_id: str, around: tuple[int, int], marker_us: int, error: StoreError
+    ) -> int:
+        """Attribute one trace the SQL refused alone for its memory (``error``, ``_too_wide``)
+        with the reference engine, in Python: its spans that start within ``around``, each
+        call's row with ``marker_us``, then the tombstones of the keys it moved, as a batch's.
+        Returns the rows written; raises ``error`` for a trace of more than
+        ``max_trace_spans`` spans, or one the engine fails on too.
+
+        The SQL's general path holds a trace's spans as arrays and reads them in lambdas that
+        read other arrays of the trace, which ClickHouse copies for every element: its memory
+        grows with the square of the trace's spans, past the engine's limit at a few thousand
+        (a long agent run in one trace). The reference engine's grows with the spans, and the
+        tests hold every SQL row equal to its (``tests/attribution_support.py``)."""
+        lo, hi = around
+        counted = self.store.query_rows(_TRACE_SPAN_COUNT, {"trace_id": trace_id})[0][0]
+        if int(counted) > self.max_trace_spans:
+            raise error
+        try:
+            spans = [s for s in load_trace(self.store, trace_id) if lo <= s.start_ns <= hi]
+            requests = find_requests(spans)
+            rows = [
+                attribution_row(
+                    attribute_request(trace_id, r, stall_threshold_ns=self.stall_threshold_ns),
+                    span_count=len(spans),
+                    ingested_us=marker_us,
+                )
+                for r in requests
+            ]
+        except (StoreUnavailable, StoreError):
+            raise
+        except Exception as exc:  # the engine's own failure: the trace is set aside
+            log.exception("the reference engine fails on trace %s", trace_id)
+            raise error from exc
+        if rows:
+            self.store.insert_arrow(self.table, rows_to_table(rows))
+        params = self._params(through_us=marker_us, from_ns=max(0, lo), to_ns=min(hi, 2**63 - 1))
+        moved = int(self.store.query_rows(self._sql.count_moved, params)[0][0])
+        if moved:
+            self.store.command(self._sql.tombstones, params)
+            TOMBSTONES.inc(moved)
+        BY_REFERENCE.inc()
+        ATTRIBUTED.inc(len(rows))
+        log.info("attributed trace %s (%d spans, %d calls) with the reference engine: %s",
+                 trace_id, len(spans), len(rows), str(error)[:200])  # fmt: skip
+        return len(rows)
 
     def _any_left(self, sql: Statements, params: dict[str, Any]) -> bool:
         """Whether the batch has a trace left without a row that may hold a call."""
@@ -686,6 +774,12 @@ TOMBSTONES = Counter(
     "Rows retracted because re-attribution moved a request to another key",
     registry=REGISTRY,
 )
+BY_REFERENCE = Counter(
+    "latscope_attribution_by_reference_traces",
+    "Traces the SQL refused alone (a trace too wide for its memory limit) attributed by the "
+    "reference engine in Python instead",
+    registry=REGISTRY,
+)
 LAG = Gauge(
     "latscope_attribution_lag_seconds",
     "Store time minus the attributor's watermark (includes the settle window)",
@@ -703,6 +797,7 @@ def attributor_parts(settings: Settings, store: Store) -> Parts:
         complete_s=settings.attribution_complete_s,
         early_when_quiet=settings.attribution_early_when_quiet == "on",
         reach_s=settings.attribution_reach_s,
+        max_trace_spans=settings.max_trace_spans,
         poll_s=settings.attribution_poll_s,
         batch_traces=settings.attribution_batch_traces,
         batch_spans=settings.attribution_batch_spans,

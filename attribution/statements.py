@@ -79,6 +79,9 @@ WHERE (trace_id, n) NOT IN (
         if versioned
         else settled
     )
+    # Completeness by the sizes of sets (hashed), not a lambda per span: a lambda that reads
+    # another array of the row (``has(ids, p)``) gets a copy of it for every element, n² memory
+    # for a trace of n spans (15 GB at 20,000).
     return f"""
 {settled_part}
 UNION ALL
@@ -97,8 +100,9 @@ SELECT trace_id FROM (
       AND {bounds}
     GROUP BY TraceId)
 WHERE has(parents, '')
-  AND arrayAll(p -> p = '' OR has(ids, p), parents)
-  AND arrayAll(c -> has(parents, c), clients)"""
+  AND length(arrayDistinct(arrayConcat(ids, [''], parents)))
+      = length(arrayDistinct(arrayConcat(ids, [''])))
+  AND length(arrayDistinct(arrayConcat(parents, clients))) = length(arrayDistinct(parents))"""
 
 
 def _count_with_call(traces: str, spans: str, bounds: str) -> str:

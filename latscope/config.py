@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from latscope.auth import TokenFileError, read_token_file
 from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE, ENGINE_MEMORY_SHARE
 
-#: ``--max-trace-spans``: the most spans of one trace the API answers (latscope.api.trace).
+#: ``--max-trace-spans``: the most spans of one trace the API answers (latscope.api.trace), and
+#: of one the attributor's SQL refuses as too wide that its reference engine attributes.
 DEFAULT_MAX_TRACE_SPANS = 50_000
 
 if TYPE_CHECKING:
@@ -257,8 +258,9 @@ class Settings:
     max_trace_spans: int = field(
         default=DEFAULT_MAX_TRACE_SPANS,
         metadata={
-            "help": "a trace with more spans is not answered (422 trace_too_large): each trace "
-            "answer is Python work linear in its spans (0.04-0.15 CPU s per 1,000)"
+            "help": "a trace with more spans is not answered (422 trace_too_large), nor "
+            "attributed when too wide for the attributor's SQL: each is Python work linear in "
+            "its spans (0.04-0.15 CPU s per 1,000)"
         },
     )
     http_body_timeout_s: float = field(

@@ -391,3 +391,36 @@ def test_early_attribution_is_off_by_default_but_on_when_quiet() -> None:
 def test_early_when_quiet_is_on_or_off() -> None:
     with pytest.raises(ConfigError, match="--attribution-early-when-quiet: expected on or off"):
         Settings(attribution_early_when_quiet="yes").validate()
+
+
+def test_the_complete_tree_check_of_a_wide_trace_fits_in_linear_memory(store: Store) -> None:
+    """The early window's check that a trace's tree is complete (a root, every parent stored,
+    every CLIENT span with a child) compares sets: a lambda over one array of the trace reading
+    another gets a copy of it per element, and 20,000 spans would ask for gigabytes, failing
+    the statement of every trace in the window with the wide one."""
+    from latscope.attribution.statements import _early_batch
+
+    n = 20_000
+    trace_ids = [uuid.uuid4().hex for _ in range(3)]
+    root = {"id": "f0" * 8, "kind": "Internal", "start": T0, "end": T0 + n * MS}
+    calls = [
+        {"id": f"{i:016x}", "parent": root["id"], "kind": "Client", "start": T0 + i * MS,
+         "end": T0 + (i + 1) * MS}
+        for i in range(1, n // 2)
+    ]  # fmt: skip
+    servers = [{**c, "id": f"{i:016x}", "parent": c["id"], "kind": "Server"}
+               for i, c in enumerate(calls, start=n)]  # fmt: skip
+    # Complete; one CLIENT span without the server it called; one span whose parent is missing.
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_ids[0], [root, *calls, *servers]))
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_ids[1], [root, *calls, *servers[1:]]))
+    orphan = {**servers[0], "parent": "ee" * 8}
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_ids[2], [root, *calls, orphan, *servers[1:]]))
+    batch = _early_batch(
+        "SELECT '' AS trace_id WHERE 0", "TraceId IN {ids:Array(String)}", SPANS_TABLE,
+        ATTRIBUTION_TABLE, "", "1", versioned=False,
+    )  # fmt: skip
+    found = store.query_rows(
+        f"{batch} SETTINGS max_memory_usage = 300000000",
+        {"ids": trace_ids, "early_hi_us": 2**62},
+    )
+    assert [t for (t,) in found] == trace_ids[:1]

@@ -1,0 +1,100 @@
+"""A long agent run in one trace through a real ``latscope serve`` with its defaults: the trace is
+too wide for the attributor's SQL (its general path's memory grows with the square of a trace's
+spans, past the embedded engine's limit), so the attributor gives it to the reference engine, and
+every call lands in the attribution table as the trace routes answer it; a one-call trace sent
+beside it is attributed as ever, and nothing is set aside."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from bench.api.wide import wide_run
+from tests.serve_support import Server, start_serve
+
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
+
+WIDE = bytes.fromhex("0d" * 16)
+CALLS = 1_100  # 6,601 spans: the SQL's general path asks the engine for about 1.1 GiB
+ONE = bytes.fromhex("0e" * 16)
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+ROWS = """
+SELECT RequestSpanId, E2eNs, QueueNs, PrefillNs, DecodeNs, NetworkNs, OtherNs, Version
+FROM latscope_attribution FINAL WHERE TraceId = {t:String} AND IsDeleted = 0
+"""
+
+
+def _metric(server: Server, name: str) -> float:
+    for line in httpx.get(server.url("/metrics"), timeout=10).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _rows(store_dir: Path, trace_id: bytes) -> dict[str, list]:
+    """The trace's live attribution rows, by request span id, read in a process of its own."""
+    code = (
+        "import json, sys; from latscope.storage import Store\n"
+        "rows = Store.open(sys.argv[1]).query_rows(sys.argv[2], {'t': sys.argv[3]})\n"
+        "print(json.dumps([[str(v) for v in r] for r in rows]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, f"chdb://{store_dir}", ROWS, trace_id.hex()],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    return {r[0]: [int(v) for v in r[1:]] for r in json.loads(out.strip().splitlines()[-1])}
+
+
+def test_a_trace_too_wide_for_the_sql_is_attributed_by_the_reference_engine(
+    tmp_path: Path,
+) -> None:
+    store_dir = tmp_path / "store"
+    server = start_serve(store_dir)
+    try:
+        with grpc.insecure_channel(server.grpc) as channel:
+            export = channel.unary_unary(
+                EXPORT, request_serializer=None, response_deserializer=None
+            )
+            for message in [*wide_run(WIDE, CALLS), *wide_run(ONE, 1, seed=1)]:
+                export(message.SerializeToString(), timeout=60)
+        deadline = time.monotonic() + 180
+        while _metric(server, "latscope_attributed_requests_total") < CALLS + 1:
+            set_aside = httpx.get(server.url("/v1/attribution/set-aside"), timeout=30).json()
+            assert set_aside == {"traces": []}, set_aside
+            assert time.monotonic() < deadline, server.text()[-3000:]
+            time.sleep(0.5)
+        assert _metric(server, "latscope_attribution_by_reference_traces_total") == 1
+        assert httpx.get(server.url("/v1/attribution/set-aside"), timeout=30).json() == {
+            "traces": []
+        }
+        assert "MEMORY_LIMIT_EXCEEDED" in server.text()
+        assert f"attributed trace {WIDE.hex()} (6601 spans, {CALLS} calls)" in server.text()
+        # What the trace routes answer (the reference engine over the stored spans), call by call.
+        answered = {}
+        for trace_id in (WIDE, ONE):
+            r = httpx.get(server.url(f"/v1/traces/{trace_id.hex()}/requests"), timeout=60)
+            assert r.status_code == 200, r.text
+            answered[trace_id] = r.json()["requests"]
+    finally:
+        assert server.stop() == 0
+    for trace_id, spans in ((WIDE, 6 * CALLS + 1), (ONE, 7)):
+        rows = _rows(store_dir, trace_id)
+        want = answered[trace_id]
+        assert len(rows) == len(want) == (CALLS if trace_id == WIDE else 1)
+        for call in want:
+            e2e, queue, prefill, decode, network, other, version = rows[
+                call["request_id"].split("-")[1]
+            ]
+            buckets = call["buckets_ms"]
+            assert e2e == round(call["e2e_ms"] * 1e6)
+            assert [queue, prefill, decode, network, other] == [
+                round(buckets[b] * 1e6) for b in ("queue", "prefill", "decode", "network", "other")
+            ]
+            assert version == spans
