@@ -12,9 +12,12 @@ process of its own, its start included). Served, a trace's state is worked out o
 every answer about it (``latscope.api.trace``), so these are the answers after the first. Printed
 per route: ms for each trace and ms per 1,000 spans (flat when the route is linear).
 
-Then, once serve has stopped, each route cold: in a process of its own on the same store, each
-answer worked out from the stored spans with nothing kept from the one before (CPU ms, best of
-``--repeat``): what the first answer about a trace, or about a trace that changed, costs.
+Then, once serve has stopped, each route's first answer as a client gets it: for each route a
+serve started afresh on the same store, asked that route of each trace in turn (wall ms over
+HTTP, the answer read whole; best of ``--repeat`` serves). And each route cold: in a process of
+its own on the same store, each answer worked out from the stored spans with nothing kept from
+the one before (CPU ms, best of ``--repeat``): what the first answer about a trace, or about a
+trace that changed, costs.
 
 Then ingest beside them: a sender acknowledges Exports of 64 small spans one after the other for
 ``--ingest-s`` seconds alone (the baseline), then as long again while ``--concurrent`` clients
@@ -180,6 +183,29 @@ def _cold(store: Path, ids: list[str], first: dict[str, str], repeat: int) -> di
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def _first_answers(
+    store: Path, ids: list[str], first: dict[str, str], repeat: int
+) -> dict[str, list[float]]:
+    """Wall seconds of each route's first answer about each trace over HTTP: per route, a serve
+    started afresh on ``store`` (best of ``repeat`` serves)."""
+    out: dict[str, list[float]] = {}
+    for path, name in ROUTES:
+        best = [float("inf")] * len(ids)
+        for _ in range(repeat):
+            serve = Serve(store)
+            try:
+                with httpx.Client(base_url=serve.http, timeout=600) as client:
+                    for i, t in enumerate(ids):
+                        started = time.perf_counter()
+                        r = client.get(path.format(t=t, r=first[t]))
+                        best[i] = min(best[i], time.perf_counter() - started)
+                        assert r.status_code == 200, (path, t, r.status_code)
+            finally:
+                serve.stop()
+        out[name] = best
+    return out
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -307,6 +333,17 @@ def _run(root: Path, args: argparse.Namespace) -> None:
         _ingest_beside(serve, ids[-1], args)
     finally:
         serve.stop()
+    answers = _first_answers(root / "store", ids, first, args.repeat)
+    print(f"\n{'first answer, a fresh serve':<34}" + "".join(f"{spans[t]:>10,} sp" for t in ids)
+          + "   ms per 1,000 spans")  # fmt: skip
+    print(f"{'  (wall ms over HTTP, best of ' + str(args.repeat) + ')':<34}")
+    for _, name in ROUTES:
+        cells = "".join(f"{w * 1e3:>13.0f}" for w in answers[name])
+        per = "  ".join(
+            f"{w * 1e6 / spans[t]:5.1f}" for w, t in zip(answers[name], ids, strict=True)
+            if spans[t] > 1000
+        )  # fmt: skip
+        print(f"{name:<34}{cells}   {per}")
     cold = _cold(root / "store", ids, first, args.repeat)
     print(f"\n{'cold: worked out from nothing':<34}" + "".join(f"{spans[t]:>10,} sp" for t in ids)
           + "   CPU ms per 1,000 spans")  # fmt: skip
