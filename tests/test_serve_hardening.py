@@ -413,3 +413,27 @@ def test_a_request_id_and_a_trace_id_fit_the_published_patterns(first: Server) -
     # What fits the pattern but not the server is still a 4xx with a message.
     r = httpx.get(first.url("/v1/attribution/summary"), params={"since": "2026-13-01T00:00:00Z"})
     assert r.status_code == 400 and r.json()["detail"]
+
+
+def test_a_query_refused_for_memory_is_a_503_to_retry(tmp_path: Path) -> None:
+    """A query ClickHouse refuses for its memory limit is a 503 ``store_busy`` with Retry-After
+    (the same question may pass once an insert or a merge is done), not a 500. Here the limit is
+    far too small for any query, so every query is refused; the process still answers."""
+    server = start_serve(tmp_path / "store", "--memory-limit-bytes", "4000000")
+    try:
+        r = httpx.get(
+            server.url(
+                "/v1/attribution/summary?since=2025-11-01T00:00:00Z&until=2025-11-02T00:00:00Z"
+            ),
+            timeout=30,
+        )
+        assert r.status_code == 503, r.text
+        assert r.headers["Retry-After"] == "1"
+        body = r.json()
+        assert body["error"] == "store_busy"
+        assert (
+            "MEMORY_LIMIT_EXCEEDED" in body["detail"] and "--memory-limit-bytes" in body["detail"]
+        )
+        assert httpx.get(server.url("/healthz"), timeout=10).status_code == 200
+    finally:
+        server.stop()

@@ -124,6 +124,18 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
 
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
+        if "MEMORY_LIMIT_EXCEEDED" in str(exc):
+            # ClickHouse's memory is taken for now (an insert, a merge, other queries): the same
+            # question may pass a moment later.
+            log.warning("store out of memory for a query: %s", exc)
+            response = _error(
+                503, "store_busy",
+                "ClickHouse refused the query for its memory limit (MEMORY_LIMIT_EXCEEDED): "
+                "retry shortly; if it persists, raise --memory-limit-bytes (the embedded store) "
+                f"or the server's limits: {exc}",
+            )  # fmt: skip
+            response.headers["Retry-After"] = "1"
+            return response
         log.error("store error: %s", exc)
         return _error(500, "store_error", str(exc))
 
