@@ -206,6 +206,22 @@ def _first_answers(
     return out
 
 
+def _table(
+    title: str, unit: str, seconds: dict[str, list[float]], ids: list[str],
+    spans: dict[str, int], repeat: int,
+) -> None:  # fmt: skip
+    """Each route's figures (s) for each trace, and per 1,000 spans for the wide ones."""
+    print(f"\n{title:<34}" + "".join(f"{spans[t]:>10,} sp" for t in ids) + "   ms per 1,000 spans")
+    print(f"{'  (' + unit + ', best of ' + str(repeat) + ')':<34}")
+    for _, name in ROUTES:
+        cells = "".join(f"{x * 1e3:>13.0f}" for x in seconds[name])
+        per = "  ".join(
+            f"{x * 1e6 / spans[t]:5.1f}" for x, t in zip(seconds[name], ids, strict=True)
+            if spans[t] > 1000
+        )  # fmt: skip
+        print(f"{name:<34}{cells}   {per}")
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -334,27 +350,9 @@ def _run(root: Path, args: argparse.Namespace) -> None:
     finally:
         serve.stop()
     answers = _first_answers(root / "store", ids, first, args.repeat)
-    print(f"\n{'first answer, a fresh serve':<34}" + "".join(f"{spans[t]:>10,} sp" for t in ids)
-          + "   ms per 1,000 spans")  # fmt: skip
-    print(f"{'  (wall ms over HTTP, best of ' + str(args.repeat) + ')':<34}")
-    for _, name in ROUTES:
-        cells = "".join(f"{w * 1e3:>13.0f}" for w in answers[name])
-        per = "  ".join(
-            f"{w * 1e6 / spans[t]:5.1f}" for w, t in zip(answers[name], ids, strict=True)
-            if spans[t] > 1000
-        )  # fmt: skip
-        print(f"{name:<34}{cells}   {per}")
+    _table("first answer, a fresh serve", "wall ms over HTTP", answers, ids, spans, args.repeat)
     cold = _cold(root / "store", ids, first, args.repeat)
-    print(f"\n{'cold: worked out from nothing':<34}" + "".join(f"{spans[t]:>10,} sp" for t in ids)
-          + "   CPU ms per 1,000 spans")  # fmt: skip
-    print(f"{'  (in-process CPU ms, best of ' + str(args.repeat) + ')':<34}")
-    for _, name in ROUTES:
-        cells = "".join(f"{c * 1e3:>13.0f}" for c in cold[name])
-        per = "  ".join(
-            f"{c * 1e6 / spans[t]:5.1f}" for c, t in zip(cold[name], ids, strict=True)
-            if spans[t] > 1000
-        )  # fmt: skip
-        print(f"{name:<34}{cells}   {per}")
+    _table("cold: worked out from nothing", "in-process CPU ms", cold, ids, spans, args.repeat)
     # Past the cap: a serve on the same store that answers traces of fewer spans than the widest.
     cap = spans[ids[-1]] - 1
     serve = Serve(root / "store", "--max-trace-spans", str(cap))
