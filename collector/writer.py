@@ -195,6 +195,11 @@ class WriterConfig:
     #: an inserted journal segment is kept until ClickHouse has synced its parts to disk, which
     #: it is asked to do (SYSTEM SYNC FILE CACHE) at most this often, and soon after it idles
     sync_every_s: float = 1.0
+    #: on the embedded store, after a segment's inserts while the collector holds at least half
+    #: its memory limit, the engine's allocator returns the pages they freed (SYSTEM JEMALLOC
+    #: PURGE): else it keeps them for seconds, and under prompt-sized spans they were the
+    #: largest part of the process's memory past its bound
+    purge_after_insert: bool = True
 
 
 class _StoreWriter:
@@ -220,6 +225,7 @@ class _StoreWriter:
         self._spool_bytes.set(spool.bytes)
         self._write_failed = _Throttled(logging.ERROR)
         self._quarantined = _Throttled(logging.ERROR)
+        self._purge_works = True
 
     def arriving(self) -> _Arrival:
         """Context for a request being decoded: the writer treats the collector as busy while
@@ -301,11 +307,34 @@ class _StoreWriter:
             with self._holding(2 * table_bytes(part)):  # the copy, and what the insert expands
                 if not self._insert(self._prepare(combine(part)), tok, split_any=split_any):
                     return False
+        self._purge()
         return True
+
+    def _purge(self) -> None:
+        """The embedded engine's allocator returns the pages freed since, while memory is
+        pressed (``purge_after_insert``): the process's own, which latscope's memory bound
+        counts. Never for a ClickHouse server, whose memory is its own to manage."""
+        if not (
+            self.config.purge_after_insert
+            and self.store.embedded
+            and self._purge_works
+            and self._pressed()
+        ):
+            return
+        try:
+            self.store.command("SYSTEM JEMALLOC PURGE")
+        except StoreError as exc:
+            # An engine built without jemalloc: nothing to purge, not asked again.
+            self._purge_works = False
+            log.info("%s: no allocator to purge after inserts (%s)", self.name, exc)
 
     def _holding(self, nbytes: int) -> contextlib.AbstractContextManager[None]:
         """Count memory an insert needs against the collector's limit while it runs."""
         return contextlib.nullcontext()
+
+    def _pressed(self) -> bool:
+        """The collector holds at least half its memory limit."""
+        return False
 
     def _prepare(self, part: pa.Table) -> pa.Table:
         """A slice as it is inserted (after the cut, which depends on the decoded rows alone)."""
@@ -894,6 +923,9 @@ class JournalWriter(_StoreWriter):
 
     def _holding(self, nbytes: int) -> contextlib.AbstractContextManager[None]:
         return self.memory.holding(nbytes) if self.memory is not None else contextlib.nullcontext()
+
+    def _pressed(self) -> bool:
+        return self.memory is not None and 2 * self.memory.held >= self.memory.limit
 
     def _insert_entry(self, entry: SpoolEntry, tables: list[pa.Table] | None) -> None:
         if tables is None:

@@ -322,6 +322,9 @@ VARIANTS = {
     # Synced, each insert on the engine's default threads (``_EmbeddedInserts.settings``) and
     # its slices sized chunk by chunk: the insert path before both savings.
     "before": {"insert_settings": {}, "expanded_bytes": _expanded_bytes_by_chunk},
+    # Synced, without the engine's allocator purged after each segment's inserts: what the
+    # purge that keeps serve's memory bound costs.
+    "unpurged": {"purge": False},
 }
 
 
@@ -356,6 +359,8 @@ def collector_round(
         writer.config = dataclasses.replace(writer.config, sync_every_s=args.sync_every_s)
     if VARIANTS[variant].get("sync") is False:
         writer._sync_works = False
+    if VARIANTS[variant].get("purge") is False:
+        writer.config = dataclasses.replace(writer.config, purge_after_insert=False)
     in_place = store._inserts
     if VARIANTS[variant].get("in_place") is False:
         store._inserts = None
