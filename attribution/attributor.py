@@ -498,8 +498,8 @@ class Attributor(Poller):
         """Attribute one trace the SQL refused alone for its memory (``error``, ``_too_wide``)
         with the reference engine, in Python: its spans that start within ``around``, each
         call's row with ``marker_us``, then the tombstones of the keys it moved, as a batch's.
-        Returns the rows written; raises ``error`` for a trace of more than
-        ``max_trace_spans`` spans, or one the engine fails on too.
+        Returns the rows written; raises a StoreError for a trace of more than
+        ``max_trace_spans`` spans (saying so), ``error`` for one the engine fails on too.
 
         The SQL's general path holds a trace's spans as arrays and reads them in lambdas that
         read other arrays of the trace, which ClickHouse copies for every element: its memory
@@ -507,9 +507,12 @@ class Attributor(Poller):
         (a long agent run in one trace). The reference engine's grows with the spans, and the
         tests hold every SQL row equal to its (``tests/attribution_support.py``)."""
         lo, hi = around
-        counted = self.store.query_rows(_TRACE_SPAN_COUNT, {"trace_id": trace_id})[0][0]
-        if int(counted) > self.max_trace_spans:
-            raise error
+        counted = int(self.store.query_rows(_TRACE_SPAN_COUNT, {"trace_id": trace_id})[0][0])
+        if counted > self.max_trace_spans:
+            raise StoreError(
+                f"{counted:,} spans, more than the reference engine takes (--max-trace-spans "
+                f"{self.max_trace_spans:,}); the SQL refused it: {error}"
+            )
         try:
             spans = [s for s in load_trace(self.store, trace_id) if lo <= s.start_ns <= hi]
             requests = find_requests(spans)

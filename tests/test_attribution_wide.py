@@ -2,7 +2,8 @@
 too wide for the attributor's SQL (its general path's memory grows with the square of a trace's
 spans, past the embedded engine's limit), so the attributor gives it to the reference engine, and
 every call lands in the attribution table as the trace routes answer it; a one-call trace sent
-beside it is attributed as ever, and nothing is set aside."""
+beside it is attributed as ever, and nothing is set aside. Past ``--max-trace-spans`` the wide
+trace is set aside instead, saying why."""
 
 from __future__ import annotations
 
@@ -52,18 +53,20 @@ def _rows(store_dir: Path, trace_id: bytes) -> dict[str, list]:
     return {r[0]: [int(v) for v in r[1:]] for r in json.loads(out.strip().splitlines()[-1])}
 
 
+def _send(server: Server) -> None:
+    with grpc.insecure_channel(server.grpc) as channel:
+        export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+        for message in [*wide_run(WIDE, CALLS), *wide_run(ONE, 1, seed=1)]:
+            export(message.SerializeToString(), timeout=60)
+
+
 def test_a_trace_too_wide_for_the_sql_is_attributed_by_the_reference_engine(
     tmp_path: Path,
 ) -> None:
     store_dir = tmp_path / "store"
     server = start_serve(store_dir)
     try:
-        with grpc.insecure_channel(server.grpc) as channel:
-            export = channel.unary_unary(
-                EXPORT, request_serializer=None, response_deserializer=None
-            )
-            for message in [*wide_run(WIDE, CALLS), *wide_run(ONE, 1, seed=1)]:
-                export(message.SerializeToString(), timeout=60)
+        _send(server)
         deadline = time.monotonic() + 180
         while _metric(server, "latscope_attributed_requests_total") < CALLS + 1:
             set_aside = httpx.get(server.url("/v1/attribution/set-aside"), timeout=30).json()
@@ -98,3 +101,29 @@ def test_a_trace_too_wide_for_the_sql_is_attributed_by_the_reference_engine(
                 round(buckets[b] * 1e6) for b in ("queue", "prefill", "decode", "network", "other")
             ]
             assert version == spans
+
+
+def test_past_the_span_cap_a_trace_the_sql_refuses_is_set_aside_saying_why(tmp_path: Path) -> None:
+    """The reference engine takes traces of up to ``--max-trace-spans`` spans, as the trace
+    routes answer them: a wider one the SQL refuses is set aside (listed, retried later) with
+    the reason, and the trace beside it is attributed."""
+    store_dir = tmp_path / "store"
+    server = start_serve(store_dir, "--max-trace-spans", "5000")
+    try:
+        _send(server)
+        deadline = time.monotonic() + 180
+        while True:
+            listed = httpx.get(server.url("/v1/attribution/set-aside"), timeout=30).json()
+            if listed["traces"] and _metric(server, "latscope_attributed_requests_total") >= 1:
+                break
+            assert time.monotonic() < deadline, server.text()[-3000:]
+            time.sleep(0.5)
+        (aside,) = listed["traces"]
+        assert aside["trace_id"] == WIDE.hex()
+        assert "6,601 spans, more than the reference engine takes" in aside["error"]
+        assert "--max-trace-spans 5,000" in aside["error"]
+        assert _metric(server, "latscope_attribution_by_reference_traces_total") == 0
+    finally:
+        assert server.stop() == 0
+    assert len(_rows(store_dir, ONE)) == 1
+    assert _rows(store_dir, WIDE) == {}
