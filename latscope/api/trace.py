@@ -29,14 +29,18 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import TypeAdapter
-
 from latscope.api.errors import InvalidParameter, NotFound, QueryError
 from latscope.api.schemas import (
     Attribution,
     Explain,
+    PathBuckets,
+    PathStep,
     RequestTokens,
     Run,
+    RunBudget,
+    RunCall,
+    RunRoot,
+    RunTool,
     Span,
     Standing,
     TokenTimeline,
@@ -206,19 +210,19 @@ def _shifts(t: _Trace, skews: dict[str, int]) -> dict[str, int]:
     return shift
 
 
-def _tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _tree_order(rows: list[Span]) -> list[Span]:
     """The waterfall's rows depth-first, as Jaeger lists a trace: each span's children right
     under it, siblings (and roots) by start; ``depth`` set on each. A root is a span whose parent
     is not stored; where parent links close a cycle (a client can send one), the earliest span
     of what is left counts as a root. No recursion: a trace may be 100,000 spans deep."""
     by_start = sorted(rows, key=lambda r: (r["start_ms"], r["span_id"]))
     ids = {r["span_id"] for r in rows}
-    children: dict[str, list[dict[str, Any]]] = {}
+    children: dict[str, list[Span]] = {}
     for r in by_start:
         if r["parent_span_id"] in ids and r["parent_span_id"] != r["span_id"]:
             children.setdefault(r["parent_span_id"], []).append(r)
     roots = [r for r in by_start if r["parent_span_id"] not in ids]
-    ordered: list[dict[str, Any]] = []
+    ordered: list[Span] = []
     placed: set[str] = set()
     # The stored roots first; then whatever a cycle left unplaced, earliest first.
     for start in itertools.chain(roots, by_start):
@@ -234,13 +238,17 @@ def _tree_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return ordered
 
 
-def _waterfall(t: _Trace, origin: int, skews: dict[str, int]) -> list[dict[str, Any]]:
+def _waterfall(t: _Trace, origin: int, skews: dict[str, int]) -> list[Span]:
     """Every span as a row of the waterfall, ms from ``origin``, in tree order; each call's
-    client span (its server span without one) marked with its request id."""
+    client span (its server span without one) marked with its request id.
+
+    The rows are ``Span`` typed dicts written out here, checked by the type checker (every key,
+    none other, each value's type) rather than validated again at run time: a wide trace has
+    tens of thousands of them."""
     shift = _shifts(t, skews)
     calls = {r.span_id: f"{t.trace_id}-{r.span_id}" for r in t.requests}
     t.check()
-    rows = []
+    rows: list[Span] = []
     for s in t.spans:
         # Server-side spans are moved onto the client's clock so the waterfall nests.
         d = shift.get(s.span_id, 0)
@@ -269,16 +277,11 @@ def _waterfall(t: _Trace, origin: int, skews: dict[str, int]) -> list[dict[str, 
     return ordered
 
 
-_SPAN_ROWS = TypeAdapter(list[Span])
-
-
 def _rows(t: _Trace, origin: int, skews: dict[str, int]) -> list[Span]:
-    """The waterfall's rows, validated (``Span`` rows), worked out once per origin and clock
-    skews: the trace view and ``/spans`` share them (their origin is the root's start when it
-    starts first)."""
+    """The waterfall's rows, worked out once per origin and clock skews: the trace view and
+    ``/spans`` share them (their origin is the root's start when it starts first)."""
     return t.piece(
-        ("rows", origin, tuple(sorted(skews.items()))),
-        lambda: _SPAN_ROWS.validate_python(_waterfall(t, origin, skews)),
+        ("rows", origin, tuple(sorted(skews.items()))), lambda: _waterfall(t, origin, skews)
     )
 
 
@@ -383,7 +386,7 @@ def explain(
         spans = t.latest(
             "call rows",
             (result.start_ns, tuple(sorted(skews.items()))),
-            lambda: _SPAN_ROWS.validate_python(_waterfall(t, result.start_ns, skews)),
+            lambda: _waterfall(t, result.start_ns, skews),
         )
         tokens = _timeline(request, result, stall_ms or stall_threshold_ms)
     # A query over the attribution table, not the trace: outside the trace answers' slots. The
@@ -411,63 +414,84 @@ def standing(store: Store, result: RequestAttribution) -> Standing:
     )
 
 
+def _path_buckets(ns: dict[str, int]) -> PathBuckets:
+    """Per-bucket ns (every bucket a key) as the answer's ms."""
+    return {
+        "network": ns["network"] / 1e6,
+        "queue": ns["queue"] / 1e6,
+        "preprocess": ns["preprocess"] / 1e6,
+        "prefill": ns["prefill"] / 1e6,
+        "decode": ns["decode"] / 1e6,
+        "postprocess": ns["postprocess"] / 1e6,
+        "other": ns["other"] / 1e6,
+    }
+
+
 def run_answer(run: RunExplanation) -> Run:
-    """A run explanation as its answer (ms from the root's start)."""
+    """A run explanation as its answer (ms from the root's start).
+
+    Its long lists (the calls, tools and path steps: tens of thousands of rows in a long agent
+    run) are typed dicts written out here, checked by the type checker rather than validated
+    again at run time; the rest is validated (each call's attribution too)."""
     origin = run.root.start_ns
-    llm_total = sum(run.llm_ns.values())
-    return Run.model_validate({
-        "trace_id": run.trace_id,
-        "root": {
-            "span_id": run.root.span_id,
-            "name": run.root.name,
-            "service": run.root.service,
-            "kind": run.root.kind,
-        },
-        "e2e_ms": run.e2e_ns / 1e6,
-        "critical_path_ms": {
-            "llm": llm_total / 1e6,
-            "llm_buckets": {b: v / 1e6 for b, v in run.llm_ns.items()},
-            "tool": run.tool_ns / 1e6,
-            "app": run.app_ns / 1e6,
-        },
-        "calls": [
+    calls: list[RunCall] = [
+        {
+            "request_id": c.attribution.request_id,
+            "start_ms": (c.attribution.start_ns - origin) / 1e6,
+            "e2e_ms": c.attribution.e2e_ns / 1e6,
+            "on_critical_path_ms": c.on_path_ns / 1e6,
+            "on_critical_path_buckets_ms": _path_buckets(c.on_path_buckets_ns),
+            "attribution": Attribution.model_validate(c.attribution.to_json()),
+        }
+        for c in run.calls
+    ]
+    tools: list[RunTool] = [
+        {
+            "span_id": t.span.span_id,
+            "name": t.span.name,
+            "tool": t.span.attributes.get("gen_ai.tool.name", ""),
+            "start_ms": (t.span.start_ns - origin) / 1e6,
+            "duration_ms": t.span.duration_ns / 1e6,
+            "on_critical_path_ms": t.on_path_ns / 1e6,
+        }
+        for t in run.tools
+    ]
+    path: list[PathStep] = [
+        {
+            "span_id": p.span_id,
+            "name": p.name,
+            "category": p.category,
+            "bucket": p.bucket,
+            "request_id": p.request_id,
+            "start_ms": (p.start_ns - origin) / 1e6,
+            "end_ms": (p.end_ns - origin) / 1e6,
+        }
+        for p in run.path
+    ]
+    return Run.model_construct(
+        trace_id=run.trace_id,
+        root=RunRoot.model_validate(
             {
-                "request_id": c.attribution.request_id,
-                "start_ms": (c.attribution.start_ns - origin) / 1e6,
-                "e2e_ms": c.attribution.e2e_ns / 1e6,
-                "on_critical_path_ms": c.on_path_ns / 1e6,
-                "on_critical_path_buckets_ms": {
-                    b: v / 1e6 for b, v in c.on_path_buckets_ns.items()
-                },
-                "attribution": c.attribution.to_json(),
+                "span_id": run.root.span_id,
+                "name": run.root.name,
+                "service": run.root.service,
+                "kind": run.root.kind,
             }
-            for c in run.calls
-        ],
-        "tools": [
+        ),
+        e2e_ms=run.e2e_ns / 1e6,
+        critical_path_ms=RunBudget.model_validate(
             {
-                "span_id": t.span.span_id,
-                "name": t.span.name,
-                "tool": t.span.attributes.get("gen_ai.tool.name", ""),
-                "start_ms": (t.span.start_ns - origin) / 1e6,
-                "duration_ms": t.span.duration_ns / 1e6,
-                "on_critical_path_ms": t.on_path_ns / 1e6,
+                "llm": sum(run.llm_ns.values()) / 1e6,
+                "llm_buckets": _path_buckets(run.llm_ns),
+                "tool": run.tool_ns / 1e6,
+                "app": run.app_ns / 1e6,
             }
-            for t in run.tools
-        ],
-        "path": [
-            {
-                "span_id": p.span_id,
-                "name": p.name,
-                "category": p.category,
-                "bucket": p.bucket,
-                "request_id": p.request_id,
-                "start_ms": (p.start_ns - origin) / 1e6,
-                "end_ms": (p.end_ns - origin) / 1e6,
-            }
-            for p in run.path
-        ],
-        "cycles": run.cycles,
-    })  # fmt: skip
+        ),
+        calls=calls,
+        tools=tools,
+        path=path,
+        cycles=list(run.cycles),
+    )
 
 
 def trace_run(
