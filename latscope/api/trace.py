@@ -298,7 +298,8 @@ def trace_spans(
             if len(t.requests) == 1:
                 only = timeline(t.requests[0])
                 origin, skew = only.lo, -only.offset
-            # The rows are validated already (``_rows``).
+            # Built, not validated: the rows are type-checked where they are written
+            # (``_waterfall``).
             return TraceSpans.model_construct(
                 trace_id=trace_id,
                 start_unix_ms=origin / 1e6,
@@ -390,7 +391,7 @@ def explain(
         )
         tokens = _timeline(request, result, stall_ms or stall_threshold_ms)
     # A query over the attribution table, not the trace: outside the trace answers' slots. The
-    # rows are validated already (a piece): the answer is built around them.
+    # answer is built around the rows, type-checked where they are written (``_waterfall``).
     return Explain.model_construct(
         attribution=Attribution.model_validate(result.to_json()),
         standing=standing(store, result),
@@ -533,7 +534,7 @@ def trace_explain(
                 for c in run.calls
                 if c.attribution.clock_skew_ns
             }
-            # Both parts are answers validated already: built, not validated again.
+            # Both parts are built already (the run answer and the rows): not validated again.
             return TraceExplain.model_construct(
                 trace_id=trace_id,
                 run=_run_answer(t, stall_threshold_ms),
