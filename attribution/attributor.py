@@ -1,5 +1,6 @@
 """The continuous attributor: settled traces -> rows of the attribution table, by SQL inside
-ClickHouse (``attribution/sql/``): spans never travel to Python.
+ClickHouse (``attribution/sql/``): spans never travel to Python, but for a trace the SQL refuses
+alone for its memory (a trace of thousands of spans: ``Attributor._by_reference``).
 
 How it finds work. Every span carries ``LatscopeIngestedAt`` (when it reached the store, on the
 store's clock). The attributor keeps a watermark on that time. Each pass takes the *slice* of
