@@ -67,8 +67,7 @@ from typing import Any, NamedTuple
 from prometheus_client import Counter, Gauge
 
 from latscope.attribution.cadence import busy_wait_s, next_look_s
-from latscope.attribution.engine import attribute_request
-from latscope.attribution.finding import find_requests
+from latscope.attribution.engine import attribute_requests
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
 from latscope.attribution.setaside import (
     BATCH_ERRORS,
@@ -516,14 +515,11 @@ class Attributor(Poller):
             )
         try:
             spans = [s for s in load_trace(self.store, trace_id) if lo <= s.start_ns <= hi]
-            requests = find_requests(spans)
             rows = [
-                attribution_row(
-                    attribute_request(trace_id, r, stall_threshold_ns=self.stall_threshold_ns),
-                    span_count=len(spans),
-                    ingested_us=marker_us,
+                attribution_row(a, span_count=len(spans), ingested_us=marker_us)
+                for a in attribute_requests(
+                    trace_id, spans, stall_threshold_ns=self.stall_threshold_ns
                 )
-                for r in requests
             ]
         except (StoreUnavailable, StoreError):
             raise
