@@ -96,6 +96,7 @@ from latscope.storage import (
     SPANS_TABLE,
     Store,
     StoreError,
+    StoreOutOfMemory,
     StoreUnavailable,
 )
 from latscope.tokens import DEFAULT_STALL_NS
@@ -104,13 +105,6 @@ log = logging.getLogger(__name__)
 
 #: A trace's stored spans (``_by_reference`` reads at most ``max_trace_spans`` of them).
 _TRACE_SPAN_COUNT = f"SELECT count() FROM {SPANS_TABLE} WHERE TraceId = {{trace_id:String}}"
-
-
-def _too_wide(error: StoreError) -> bool:
-    """ClickHouse refused the statement for its memory: for a trace alone, one too wide for the
-    SQL's general path (``Attributor._by_reference``). Other refusals (a value it cannot read)
-    set the trace aside."""
-    return "MEMORY_LIMIT_EXCEEDED" in str(error)
 
 
 #: A quiet pass (ingest paused, early attribution off) takes its early window in one statement,
@@ -448,7 +442,7 @@ class Attributor(Poller):
         if len(ids) <= 1:
             for trace_id in ids:
                 try:
-                    if _too_wide(error):
+                    if isinstance(error, StoreOutOfMemory):
                         return self._by_reference(trace_id, around, batch.marker_us, error)
                 except StoreUnavailable:
                     raise
@@ -481,23 +475,21 @@ class Attributor(Poller):
     def _or_reference(
         self, ids: list[str], around: tuple[int, int], marker: int, sql: Callable[[], int]
     ) -> int:
-        """``sql()``; when it fails for one trace alone, that trace by the reference engine
-        (``_by_reference``), or the first error when that fails too."""
+        """``sql()``; when ClickHouse refuses it for its memory for one trace alone, that trace
+        by the reference engine (``_by_reference``), or the first error when that fails too."""
         try:
             return sql()
-        except StoreUnavailable:
-            raise
-        except StoreError as exc:
-            if len(ids) != 1 or not _too_wide(exc):
+        except StoreOutOfMemory as exc:
+            if len(ids) != 1:
                 raise
             return self._by_reference(ids[0], around, marker, exc)
 
     def _by_reference(
-        self, trace_id: str, around: tuple[int, int], marker_us: int, error: StoreError
+        self, trace_id: str, around: tuple[int, int], marker_us: int, error: StoreOutOfMemory
     ) -> int:
-        """Attribute one trace the SQL refused alone for its memory (``error``, ``_too_wide``)
-        with the reference engine, in Python: its spans that start within ``around``, each
-        call's row with ``marker_us``, then the tombstones of the keys it moved, as a batch's.
+        """Attribute one trace the SQL refused alone for its memory (``error``) with the
+        reference engine, in Python: its spans that start within ``around``, each call's row
+        with ``marker_us``, then the tombstones of the keys it moved, as a batch's.
         Returns the rows written; raises a StoreError for a trace of more than
         ``max_trace_spans`` spans (saying so), ``error`` for one the engine fails on too.
 

@@ -103,6 +103,12 @@ class StoreUnavailable(StoreError):
     """The store did not answer (server down, network error); the operation may be retried."""
 
 
+class StoreOutOfMemory(StoreError):
+    """ClickHouse refused the statement for its memory limit (MEMORY_LIMIT_EXCEEDED): the same
+    statement may pass once inserts, merges or other statements free it; one that needs more
+    than the limit (the attributor's SQL over a very wide trace) never does."""
+
+
 @dataclass(frozen=True)
 class DDLFile:
     version: int
@@ -399,6 +405,8 @@ class Store:
             message = _scrub(str(exc), self.dsn)
             if _is_unavailable(exc):
                 raise StoreUnavailable(message) from exc
+            if "MEMORY_LIMIT_EXCEEDED" in message:
+                raise StoreOutOfMemory(message) from exc
             raise StoreError(message) from exc
 
 

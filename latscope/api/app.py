@@ -25,7 +25,7 @@ from latscope.api.schemas import Health
 from latscope.auth import UNAUTHORIZED, bearer_ok
 from latscope.config import Settings
 from latscope.metrics import REGISTRY
-from latscope.storage import Store, StoreError, StoreUnavailable
+from latscope.storage import Store, StoreError, StoreOutOfMemory, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -122,20 +122,22 @@ def create_app(store: Store, settings: Settings, *, routers: Sequence[APIRouter]
     async def _store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
         return _error(503, "store_unavailable", str(exc))
 
+    @app.exception_handler(StoreOutOfMemory)
+    async def _store_busy(_: Request, exc: StoreOutOfMemory) -> JSONResponse:
+        # ClickHouse's memory is taken for now (an insert, a merge, other queries): the same
+        # question may pass a moment later.
+        log.warning("store out of memory for a query: %s", exc)
+        response = _error(
+            503, "store_busy",
+            "ClickHouse refused the query for its memory limit (MEMORY_LIMIT_EXCEEDED): "
+            "retry shortly; if it persists, raise --memory-limit-bytes (the embedded store) "
+            f"or the server's limits: {exc}",
+        )  # fmt: skip
+        response.headers["Retry-After"] = "1"
+        return response
+
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
-        if "MEMORY_LIMIT_EXCEEDED" in str(exc):
-            # ClickHouse's memory is taken for now (an insert, a merge, other queries): the same
-            # question may pass a moment later.
-            log.warning("store out of memory for a query: %s", exc)
-            response = _error(
-                503, "store_busy",
-                "ClickHouse refused the query for its memory limit (MEMORY_LIMIT_EXCEEDED): "
-                "retry shortly; if it persists, raise --memory-limit-bytes (the embedded store) "
-                f"or the server's limits: {exc}",
-            )  # fmt: skip
-            response.headers["Retry-After"] = "1"
-            return response
         log.error("store error: %s", exc)
         return _error(500, "store_error", str(exc))
 
