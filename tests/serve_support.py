@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -11,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -133,3 +134,27 @@ def start_serve(
     server = Server(proc, grpc_addr, http_addr, store_dir, lines, reader)
     httpx.get(server.url("/healthz"), timeout=10).raise_for_status()
     return server
+
+
+def metric(server: Server, name: str) -> float:
+    """The first sample of ``name`` (labels may be part of it) on the server's /metrics."""
+    for line in httpx.get(server.url("/metrics"), timeout=10).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not on /metrics")
+
+
+def store_sql(store_dir: Path, *statements: str, params: dict[str, Any] | None = None) -> list:
+    """Run statements (with ``params``) on an embedded store in a process of their own (this
+    one may hold another, and chDB takes one store per process); the last one's rows."""
+    code = (
+        "import json, sys; from latscope.storage import Store\n"
+        "s = Store.open(sys.argv[1]); s.apply_schema(); params = json.loads(sys.argv[2]) or None\n"
+        "rows = [s.query_rows(q, params) for q in sys.argv[3:]][-1]\n"
+        "print(json.dumps([list(r) for r in rows], default=str))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, f"chdb://{store_dir}", json.dumps(params or {}), *statements],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]

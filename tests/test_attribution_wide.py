@@ -7,9 +7,6 @@ trace is set aside instead, saying why."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +15,7 @@ import httpx
 import pytest
 
 from bench.api.wide import wide_run
-from tests.serve_support import Server, start_serve
+from tests.serve_support import Server, metric, start_serve, store_sql
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
@@ -32,25 +29,10 @@ FROM latscope_attribution FINAL WHERE TraceId = {t:String} AND IsDeleted = 0
 """
 
 
-def _metric(server: Server, name: str) -> float:
-    for line in httpx.get(server.url("/metrics"), timeout=10).text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def _rows(store_dir: Path, trace_id: bytes) -> dict[str, list]:
-    """The trace's live attribution rows, by request span id, read in a process of its own."""
-    code = (
-        "import json, sys; from latscope.storage import Store\n"
-        "rows = Store.open(sys.argv[1]).query_rows(sys.argv[2], {'t': sys.argv[3]})\n"
-        "print(json.dumps([[str(v) for v in r] for r in rows]))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, f"chdb://{store_dir}", ROWS, trace_id.hex()],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
-    return {r[0]: [int(v) for v in r[1:]] for r in json.loads(out.strip().splitlines()[-1])}
+def _rows(store_dir: Path, trace_id: bytes) -> dict[str, list[int]]:
+    """The trace's live attribution rows, by request span id."""
+    rows = store_sql(store_dir, ROWS, params={"t": trace_id.hex()})
+    return {r[0]: [int(v) for v in r[1:]] for r in rows}
 
 
 def _send(server: Server) -> None:
@@ -68,12 +50,12 @@ def test_a_trace_too_wide_for_the_sql_is_attributed_by_the_reference_engine(
     try:
         _send(server)
         deadline = time.monotonic() + 180
-        while _metric(server, "latscope_attributed_requests_total") < CALLS + 1:
+        while metric(server, "latscope_attributed_requests_total") < CALLS + 1:
             set_aside = httpx.get(server.url("/v1/attribution/set-aside"), timeout=30).json()
             assert set_aside == {"traces": []}, set_aside
             assert time.monotonic() < deadline, server.text()[-3000:]
             time.sleep(0.5)
-        assert _metric(server, "latscope_attribution_by_reference_traces_total") == 1
+        assert metric(server, "latscope_attribution_by_reference_traces_total") == 1
         assert httpx.get(server.url("/v1/attribution/set-aside"), timeout=30).json() == {
             "traces": []
         }
@@ -114,7 +96,7 @@ def test_past_the_span_cap_a_trace_the_sql_refuses_is_set_aside_saying_why(tmp_p
         deadline = time.monotonic() + 180
         while True:
             listed = httpx.get(server.url("/v1/attribution/set-aside"), timeout=30).json()
-            if listed["traces"] and _metric(server, "latscope_attributed_requests_total") >= 1:
+            if listed["traces"] and metric(server, "latscope_attributed_requests_total") >= 1:
                 break
             assert time.monotonic() < deadline, server.text()[-3000:]
             time.sleep(0.5)
@@ -122,7 +104,7 @@ def test_past_the_span_cap_a_trace_the_sql_refuses_is_set_aside_saying_why(tmp_p
         assert aside["trace_id"] == WIDE.hex()
         assert "6,601 spans, more than the reference engine takes" in aside["error"]
         assert "--max-trace-spans 5,000" in aside["error"]
-        assert _metric(server, "latscope_attribution_by_reference_traces_total") == 0
+        assert metric(server, "latscope_attribution_by_reference_traces_total") == 0
     finally:
         assert server.stop() == 0
     assert len(_rows(store_dir, ONE)) == 1

@@ -23,7 +23,7 @@ from latscope.attribution.runs import explain_run
 from latscope.semconv import SpanKind, VllmAttributes
 from latscope.storage import Store
 from tests.attribution_support import sql_check
-from tests.serve_support import Server
+from tests.serve_support import Server, metric, store_sql
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 MS = 1_000_000
@@ -65,13 +65,6 @@ def _send(server: Server, spans: list[trace_pb2.Span], service: str = "poison") 
     with grpc.insecure_channel(server.grpc) as channel:
         call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
         call(request.SerializeToString(), timeout=30)
-
-
-def _metric(server: Server, name: str) -> float:
-    for line in httpx.get(server.url("/metrics"), timeout=10).text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not on /metrics")
 
 
 def _vllm_trace(trace_id: bytes, start: int, ttft: float | str) -> list[trace_pb2.Span]:
@@ -149,14 +142,14 @@ def test_a_poison_figure_neither_stops_attribution_nor_fails_a_route(serve: Serv
     # per-request routes with a 500; the traces around it were never attributed.
     now = time.time_ns()
     poison, good = os.urandom(16), os.urandom(16)
-    before = _metric(serve, "latscope_attributed_requests_total")
+    before = metric(serve, "latscope_attributed_requests_total")
     _send(serve, _vllm_trace(poison, now - 2_000 * MS, 1e308) + _vllm_trace(good, now, 0.05))
     for trace_id in (poison, good):
         r = httpx.get(serve.url(f"/v1/requests/{trace_id.hex()}/attribution"), timeout=30)
         assert r.status_code == 200, r.text
         assert r.json()["e2e_ms"] == 300.0
     deadline = time.monotonic() + 60
-    while _metric(serve, "latscope_attributed_requests_total") < before + 2:
+    while metric(serve, "latscope_attributed_requests_total") < before + 2:
         assert time.monotonic() < deadline, "the attributor stopped at the poison figure"
         time.sleep(0.2)
     assert "CANNOT_CONVERT_TYPE" not in serve.text()
@@ -455,31 +448,11 @@ def test_peers_without_the_token_cannot_starve_authenticated_ingest(tmp_path: Pa
         )
         assert sock.recv(4096).startswith(b"HTTP/1.1 408")
         sock.close()
-        assert _metric(server, "latscope_collector_memory_bytes") < (1 << 20)
+        assert metric(server, "latscope_collector_memory_bytes") < (1 << 20)
     finally:
         for sock in held:
             sock.close()
         server.stop()
-
-
-def _store_sql(store_dir: Path, *statements: str) -> list:
-    """Run statements on an embedded store in a process of their own (this one may hold
-    another); the last one's rows."""
-    import json
-    import subprocess
-    import sys
-
-    code = (
-        "import json, sys; from latscope.storage import Store\n"
-        "s = Store.open(sys.argv[1]); s.apply_schema()\n"
-        "rows = [s.query_rows(q) for q in sys.argv[2:]][-1]\n"
-        "print(json.dumps([list(r) for r in rows], default=str))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, f"chdb://{store_dir}", *statements],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def _export_of(spans: list[trace_pb2.Span], service: str) -> bytes:
@@ -535,7 +508,7 @@ def test_rows_clickhouse_refuses_take_no_other_senders_spans_with_them(tmp_path:
 
     store_dir = tmp_path / "store"
     check = "ALTER TABLE otel_traces ADD CONSTRAINT no_poison CHECK SpanName != 'poison'"
-    _store_sql(store_dir, check, "SELECT 1")
+    store_sql(store_dir, check, "SELECT 1")
     server = start_serve(store_dir, "--attributor", "off", "--batch-timeout-s", "1")
     day = 86_400 * 10**9
     days = [
@@ -564,14 +537,14 @@ def test_rows_clickhouse_refuses_take_no_other_senders_spans_with_them(tmp_path:
         for t in threads:
             t.join(60)
         deadline = time.monotonic() + 60
-        while _metric(server, 'latscope_collector_quarantined_total{signal="traces"}') < 1:
+        while metric(server, 'latscope_collector_quarantined_total{signal="traces"}') < 1:
             assert time.monotonic() < deadline, server.text()[-3000:]
             time.sleep(0.2)
-        assert _metric(server, 'latscope_collector_dropped_total{signal="traces"}') == 0
+        assert metric(server, 'latscope_collector_dropped_total{signal="traces"}') == 0
     finally:
         server.stop()
     counts = dict(
-        _store_sql(store_dir, "SELECT ServiceName, count() FROM otel_traces GROUP BY ServiceName")
+        store_sql(store_dir, "SELECT ServiceName, count() FROM otel_traces GROUP BY ServiceName")
     )
     assert counts.pop("days") == 150 and "poison" not in counts
     assert counts == {f"other-{i}": 290 for i in range(10)}
@@ -581,13 +554,13 @@ def test_rows_clickhouse_refuses_take_no_other_senders_spans_with_them(tmp_path:
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     assert "1 row(s) in 1 file(s)" in listing and "VIOLATED_CONSTRAINT" in listing, listing
-    _store_sql(store_dir, "ALTER TABLE otel_traces DROP CONSTRAINT no_poison", "SELECT 1")
+    store_sql(store_dir, "ALTER TABLE otel_traces DROP CONSTRAINT no_poison", "SELECT 1")
     subprocess.run(
         [sys.executable, "-m", "latscope.cli", "quarantine", "replay", "--spool-dir", spool,
          "--store", f"chdb://{store_dir}"],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
-    assert _store_sql(store_dir, "SELECT count() FROM otel_traces WHERE SpanName = 'poison'") == [
+    assert store_sql(store_dir, "SELECT count() FROM otel_traces WHERE SpanName = 'poison'") == [
         [1]
     ]
 
