@@ -1,6 +1,6 @@
 """The continuous attributor: settled traces -> rows of the attribution table, by SQL inside
-ClickHouse (``attribution/sql/``): spans never travel to Python, but for a trace the SQL refuses
-alone for its memory (a trace of thousands of spans: ``Attributor._by_reference``).
+ClickHouse (``attribution/sql/``): spans never travel to Python, but for a trace of thousands of
+spans, too wide for the SQL's memory (``Attributor._by_reference``).
 
 How it finds work. Every span carries ``LatscopeIngestedAt`` (when it reached the store, on the
 store's clock). The attributor keeps a watermark on that time. Each pass takes the *slice* of
@@ -84,6 +84,7 @@ from latscope.config import (
     DEFAULT_BATCH_TRACES,
     DEFAULT_MAX_TRACE_SPANS,
     DEFAULT_REACH_S,
+    DEFAULT_REFERENCE_SPANS,
     MAX_BATCH_SPANS,
     MAX_BATCH_TRACES,
     Settings,
@@ -165,6 +166,7 @@ class Attributor(Poller):
         early_when_quiet: bool = True,
         reach_s: float = DEFAULT_REACH_S,
         max_trace_spans: int = DEFAULT_MAX_TRACE_SPANS,
+        reference_spans: int = DEFAULT_REFERENCE_SPANS,
         clock: Callable[[], float] = time.monotonic,
         store_clock_us: Callable[[], int] | None = None,
     ) -> None:
@@ -213,8 +215,12 @@ class Attributor(Poller):
         self.batch_traces = batch_traces
         self.batch_spans = batch_spans
         self.stall_threshold_ns = stall_threshold_ns
-        #: The most spans of a trace the SQL refused alone that the reference engine attributes
-        #: (``_by_reference``); a wider one is set aside.
+        #: A trace with at least ``reference_spans`` spans goes to the reference engine instead
+        #: of the SQL's general path, as does one the SQL refuses alone for its memory, up to
+        #: ``max_trace_spans`` spans (``_by_reference``): a wider one is set aside.
+        if reference_spans < 1:
+            raise ValueError(f"reference_spans must be at least 1, got {reference_spans}")
+        self.reference_spans = reference_spans
         self.max_trace_spans = max_trace_spans
         index, count = shard
         if not (count >= 1 and 0 <= index < count):
@@ -443,7 +449,9 @@ class Attributor(Poller):
             for trace_id in ids:
                 try:
                     if isinstance(error, StoreOutOfMemory):
-                        return self._by_reference(trace_id, around, batch.marker_us, error)
+                        return self._by_reference(
+                            trace_id, around, batch.marker_us, f"the SQL refused it: {error}"
+                        )
                 except StoreUnavailable:
                     raise
                 except StoreError as exc:
@@ -482,16 +490,20 @@ class Attributor(Poller):
         except StoreOutOfMemory as exc:
             if len(ids) != 1:
                 raise
-            return self._by_reference(ids[0], around, marker, exc)
+            return self._by_reference(ids[0], around, marker, f"the SQL refused it: {exc}")
 
     def _by_reference(
-        self, trace_id: str, around: tuple[int, int], marker_us: int, error: StoreOutOfMemory
+        self,
+        trace_id: str,
+        around: tuple[int, int],
+        marker_us: int,
+        why: str,
     ) -> int:
-        """Attribute one trace the SQL refused alone for its memory (``error``) with the
-        reference engine, in Python: its spans that start within ``around``, each call's row
-        with ``marker_us``, then the tombstones of the keys it moved, as a batch's.
-        Returns the rows written; raises a StoreError for a trace of more than
-        ``max_trace_spans`` spans (saying so), ``error`` for one the engine fails on too.
+        """Attribute one trace too wide for the SQL (``why``: at least ``reference_spans``
+        spans, or refused alone for its memory) with the reference engine, in Python: its spans
+        that start within ``around``, each call's row with ``marker_us``, then the tombstones of
+        the keys it moved, as a batch's. Returns the rows written; raises a StoreError for a
+        trace of more than ``max_trace_spans`` spans, or one the engine fails on (saying so).
 
         The SQL's general path holds a trace's spans as arrays and reads them in lambdas that
         read other arrays of the trace, which ClickHouse copies for every element: its memory
@@ -503,7 +515,7 @@ class Attributor(Poller):
         if counted > self.max_trace_spans:
             raise StoreError(
                 f"{counted:,} spans, more than the reference engine takes (--max-trace-spans "
-                f"{self.max_trace_spans:,}); the SQL refused it: {error}"
+                f"{self.max_trace_spans:,}); too wide for the SQL: {why}"
             )
         try:
             spans = [s for s in load_trace(self.store, trace_id) if lo <= s.start_ns <= hi]
@@ -517,7 +529,7 @@ class Attributor(Poller):
             raise
         except Exception as exc:  # the engine's own failure: the trace is set aside
             log.exception("the reference engine fails on trace %s", trace_id)
-            raise error from exc
+            raise StoreError(f"the reference engine fails on it ({exc!r}); {why}") from exc
         if rows:
             self.store.insert_arrow(self.table, rows_to_table(rows))
         params = self._params(through_us=marker_us, from_ns=max(0, lo), to_ns=min(hi, 2**63 - 1))
@@ -528,7 +540,7 @@ class Attributor(Poller):
         BY_REFERENCE.inc()
         ATTRIBUTED.inc(len(rows))
         log.info("attributed trace %s (%d spans, %d calls) with the reference engine: %s",
-                 trace_id, len(spans), len(rows), str(error)[:200])  # fmt: skip
+                 trace_id, len(spans), len(rows), why[:200])  # fmt: skip
         return len(rows)
 
     def _any_left(self, sql: Statements, params: dict[str, Any]) -> bool:
@@ -718,7 +730,11 @@ class Attributor(Poller):
         pass's rows from every other pass's. ``traces``, when known, is how many traces that
         batch holds. ``resource_ids``: the slice's spans all have resource ids (``_plan``), and
         the single-call path carries them instead of the resources' attributes. ``retry_ids``:
-        these traces instead (set aside by an earlier pass, ``_retry``)."""
+        these traces instead (set aside by an earlier pass, ``_retry``).
+
+        A trace left for the general path with at least ``reference_spans`` spans within
+        ``around`` is left out of it and attributed by the reference engine after, with the
+        same marker (``_by_reference``); one that fails there is set aside alone."""
         params = self._params(
             after_us=after_us,
             hi_us=through_us,
@@ -729,6 +745,8 @@ class Attributor(Poller):
             from_ns=max(0, around[0]),
             to_ns=min(around[1], 2**63 - 1),
             stall_ns=self.stall_threshold_ns,
+            skip_ids=[],
+            reference_spans=self.reference_spans,
         )
         sql = self._statements(after_us, early is not None)
         if retry_ids is not None:
@@ -742,7 +760,10 @@ class Attributor(Poller):
         # path writes one row per trace it answers: a row for every trace means none is left.
         self.store.command(sql.insert_simple_ids if resource_ids else sql.insert_simple, params)
         written, with_row, older = self.store.query_rows(sql.count_simple, params)[0]
+        wide: list[tuple[str, int]] = []
         if (traces is None or int(with_row) < traces) and self._any_left(sql, params):
+            wide = [(str(t), int(n)) for t, n in self.store.query_rows(sql.wide_left, params)]
+            params["skip_ids"] = [trace_id for trace_id, _ in wide]
             self.store.command(sql.insert, params)
             written, _, older = self.store.query_rows(sql.count_written, params)[0]
         # Only a trace attributed before can have a row whose key moved: most passes have none,
@@ -753,7 +774,23 @@ class Attributor(Poller):
                 self.store.command(sql.tombstones, params)
                 TOMBSTONES.inc(tombstones)
         ATTRIBUTED.inc(int(written))
-        return int(written)
+        return int(written) + self._wide(wide, around, params["through_us"])
+
+    def _wide(self, wide: list[tuple[str, int]], around: tuple[int, int], marker_us: int) -> int:
+        """Traces too wide for the general path, with their spans: by the reference engine,
+        each with ``marker_us``; one it cannot take is set aside, saying why. Returns the rows
+        written."""
+        written = 0
+        for trace_id, spans in wide:
+            why = f"{spans:,} spans, at least --attribution-reference-spans"
+            try:
+                written += self._by_reference(trace_id, around, marker_us, why)
+            except StoreUnavailable:
+                raise
+            except StoreError as exc:
+                self.set_aside.add(trace_id, exc, around)
+                SET_ASIDE.set(len(self.set_aside))
+        return written
 
 
 ATTRIBUTED = Counter(
@@ -768,8 +805,8 @@ TOMBSTONES = Counter(
 )
 BY_REFERENCE = Counter(
     "latscope_attribution_by_reference_traces",
-    "Traces the SQL refused alone (a trace too wide for its memory limit) attributed by the "
-    "reference engine in Python instead",
+    "Traces too wide for the SQL (--attribution-reference-spans, or refused alone for its "
+    "memory) attributed by the reference engine in Python instead",
     registry=REGISTRY,
 )
 LAG = Gauge(
@@ -790,6 +827,7 @@ def attributor_parts(settings: Settings, store: Store) -> Parts:
         early_when_quiet=settings.attribution_early_when_quiet == "on",
         reach_s=settings.attribution_reach_s,
         max_trace_spans=settings.max_trace_spans,
+        reference_spans=settings.attribution_reference_spans,
         poll_s=settings.attribution_poll_s,
         batch_traces=settings.attribution_batch_traces,
         batch_spans=settings.attribution_batch_spans,

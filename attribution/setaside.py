@@ -128,9 +128,12 @@ class SetAsideTraces(dict[str, SetAside]):
         around = (min(self[t].around[0] for t in due), max(self[t].around[1] for t in due))
 
         def run(part: list[str], _id_hi: str, marker: int) -> int:
+            before = {trace_id: self.get(trace_id) for trace_id in part}
             written = attribute(part, around, marker)
             for trace_id in part:
-                self.pop(trace_id, None)
+                # (unless ``attribute`` set it aside again on its own)
+                if self.get(trace_id) is before[trace_id]:
+                    self.pop(trace_id, None)
             return written
 
         bounds = {t: self[t].around for t in due}

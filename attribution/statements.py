@@ -283,14 +283,25 @@ WHERE {early_window} {mine}""")
             resources_table=RESOURCES_TABLE
             + (LOCAL_SUFFIX if spans.endswith(LOCAL_SUFFIX) else ""),
         )
-        #: The batch's traces left without a row that have a span that could be a call's server
-        #: (SERVER, or a gen_ai.latency.* figure): a trace with none has no call.
+        # The batch's traces left without a row, less those given to the reference engine.
+        skip = "NOT has({skip_ids:Array(String)}, %s)"
         left = (
-            f"SELECT trace_id FROM ({batch}) WHERE trace_id NOT IN ({written_traces})"
+            f"SELECT trace_id FROM ({batch}) WHERE trace_id NOT IN ({written_traces}) "
+            f"AND {skip % 'trace_id'}"
             if early
-            else f"{batch} AND TraceId NOT IN ({written_traces})"
+            else f"{batch} AND TraceId NOT IN ({written_traces}) AND {skip % 'TraceId'}"
         )
+        #: The batch's traces left that have a span that could be a call's server (SERVER, or a
+        #: gen_ai.latency.* figure): a trace with none has no call.
         self.count_left = _no_jit(_count_with_call(left, spans, bounds))
+        #: The batch's traces left with at least ``reference_spans`` spans, and how many each:
+        #: too wide for the general path (``insert``), whose memory grows with the square of a
+        #: trace's spans; the attributor gives them to the reference engine.
+        self.wide_left = _no_jit(f"""
+SELECT TraceId, count() FROM {spans}
+WHERE TraceId IN ({left}) AND {bounds}
+GROUP BY TraceId HAVING count() >= {{reference_spans:UInt64}}
+ORDER BY TraceId""")
         #: A quiet pass's batch without the Version check: a superset of those traces, the
         #: slice's settled traces and the early window's, complete or not. When it has none,
         #: count_left, which evaluates the tree check again, is skipped (a quiet pass over

@@ -37,6 +37,13 @@ DEFAULT_REACH_S = 2 * 3600.0
 #: that it costs in 4, 50,000 each.
 DEFAULT_BATCH_TRACES = 100_000
 DEFAULT_BATCH_SPANS = 1_000_000
+#: ``--attribution-reference-spans``: a trace with at least this many spans in a slice is
+#: attributed by the reference engine in Python instead of the attributor's SQL, whose general
+#: path holds a trace's arrays in lambdas that copy them per element: its memory grows with the
+#: square of a trace's spans (a 4,801-span trace is refused under the embedded engine's default
+#: limit) and it costs more than the reference engine from about a thousand spans
+#: (docs/attribution.md, "Wide traces").
+DEFAULT_REFERENCE_SPANS = 1_000
 #: Upper bounds of the two: the plan weighs traces in their product (UInt64).
 MAX_BATCH_TRACES = 10_000_000
 MAX_BATCH_SPANS = 1_000_000_000
@@ -158,6 +165,14 @@ class Settings:
         metadata={
             "help": "most spans one attribution statement takes before its last trace (its "
             "memory follows them: about 1 KB a span)"
+        },
+    )
+    attribution_reference_spans: int = field(
+        default=DEFAULT_REFERENCE_SPANS,
+        metadata={
+            "help": "a trace with this many spans in a pass is attributed by the reference "
+            "engine in Python, not the SQL, whose memory grows with the square of a trace's "
+            "spans (up to --max-trace-spans; docs/attribution.md)"
         },
     )
     attributor_shard: str = field(
@@ -369,7 +384,8 @@ class Settings:
                 raise ConfigError(f"--{name.replace('_', '-')}: no such file {path}")
         for name in ("grpc_workers", "queue_max_spans", "batch_max_spans", "spool_max_bytes",
                      "max_span_attributes", "max_attribute_value_bytes",
-                     "memory_limit_bytes", "max_trace_spans"):  # fmt: skip
+                     "memory_limit_bytes", "max_trace_spans",
+                     "attribution_reference_spans"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
         if self.slo_interval_s < 1:

@@ -790,3 +790,98 @@ def test_batch_bounds_are_settings_and_must_be_positive(store: Store) -> None:
     settings.validate()
     attributor = _serve_attributor(settings, store)
     assert (attributor.batch_spans, attributor.batch_traces) == (5000, 700)
+
+
+def _calls(n: int) -> list[dict]:
+    """A run of ``n`` calls in one trace: a root and ``n`` servers of ``server_spans``' shape,
+    a second apart (3 * n + 1 spans)."""
+    root = {"id": "f0" * 8, "kind": "Internal", "start": T0, "end": T0 + (n + 1) * 1000 * MS}
+    spans = [root]
+    for i in range(n):
+        ids = {old: f"{i:04x}{old[:2] * 6}" for old in ("a1" * 8, "b1" * 8, "b2" * 8)}
+        for s in server_spans(day_offset_ns=i * 1000 * MS):
+            spans.append({**s, "id": ids[s["id"]], "parent": ids.get(s["parent"], root["id"])})
+    return spans
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["settled", "early"])
+def test_a_trace_with_many_spans_goes_to_the_reference_engine_without_the_sql(
+    store: Store, clock: StoreClock, monkeypatch: pytest.MonkeyPatch, early: bool
+) -> None:
+    """A trace with at least ``reference_spans`` spans is left out of its batch's general path
+    (whose memory grows with the square of a trace's spans) and attributed by the reference
+    engine, with the batch's marker; the traces beside it by the SQL. Early attribution takes
+    it early as it takes the others."""
+    # Two traces a batch: the wide one starts the second (ids in this order).
+    before, after, wide = (f"{uuid.uuid4().hex[:8]}{k:024x}" for k in (1, 2, 3))
+    att = Attributor(
+        store, settle_s=2, poll_s=0.1, reference_spans=30, batch_traces=2,
+        complete_s=1 if early else None,
+    )  # fmt: skip
+    att.clock, att._store_clock_us = clock.monotonic, clock.now_us
+    att.run_until_idle()  # the watermark to now
+    general: list[list[str]] = []  # the traces each general statement left out
+    routed: list[tuple[str, str]] = []
+    command, by_reference = store.command, att._by_reference
+
+    def recorded_command(sql: str, params: dict[str, Any] | None = None) -> Any:
+        inserts = {st.insert for st in (att._sql, att._retry_sql, *att._early_sql.values())}
+        if sql in inserts:  # the general path's
+            general.append(params["skip_ids"])
+        return command(sql, params)
+
+    def recorded_reference(trace_id: str, *args: Any, **kwargs: Any) -> int:
+        routed.append((trace_id, args[2]))
+        return by_reference(trace_id, *args, **kwargs)
+
+    monkeypatch.setattr(store, "command", recorded_command)
+    monkeypatch.setattr(att, "_by_reference", recorded_reference)
+    # Complete trees (a root, every parent stored), so early attribution may take them.
+    one = [{**s, "parent": ""} if s["kind"] == "Server" else s for s in server_spans()]
+    for trace_id, spans in ((before, one), (wide, _calls(12)), (after, one)):
+        clock.store(trace_id, spans)
+    clock.advance(1.5 if early else 2.5)  # complete / settled
+    assert att.run_until_idle() >= 14  # (the store is shared: a trace of another test may come)
+    assert routed == [(wide, "37 spans, at least --attribution-reference-spans")]
+    assert general and all(skip == [wide] for skip in general), general
+    rows = store.query_rows(FINAL_ROWS, {"t": wide})
+    assert len(rows) == 12
+    for _, _, _, e2e, network, queue, decode, other, has_client, version in rows:
+        assert (e2e, network, queue, decode, other) == (
+            920 * MS,
+            None,
+            100 * MS,
+            520 * MS,
+            300 * MS,
+        )
+        assert (has_client, version) == (False, 37)
+    for trace_id in (before, after):
+        assert len(store.query_rows(FINAL_ROWS, {"t": trace_id})) == 1
+    clock.advance(2.5)  # settled: unchanged, so not attributed again
+    att.run_until_idle()
+    assert len(routed) == 1
+
+
+def test_a_wide_trace_past_the_span_cap_stays_set_aside_through_its_retries(
+    store: Store, clock: StoreClock
+) -> None:
+    """A wide trace of more than ``max_trace_spans`` spans is set aside saying why, and a retry
+    that comes to the same answer keeps it set aside (attempts counted), without the SQL's
+    general path."""
+    wide = uuid.uuid4().hex
+    att = Attributor(store, settle_s=2, poll_s=0.1, reference_spans=30, max_trace_spans=35)
+    att.clock, att._store_clock_us = clock.monotonic, clock.now_us
+    att.run_until_idle()
+    clock.store(wide, _calls(12))
+    clock.advance(2.5)
+    att.run_until_idle()
+    (aside,) = att.set_aside.values()
+    assert aside.trace_id == wide and aside.attempts == 1
+    assert aside.error.startswith("37 spans, more than the reference engine takes (--max-trace-")
+    for attempts in (2, 3):
+        att.set_aside[wide] = aside._replace(retry_at=0.0)  # due now
+        clock.advance(1)
+        att.run_until_idle()
+        (aside,) = att.set_aside.values()
+        assert aside.attempts == attempts, aside
+    assert store.query_rows(ALL_ROWS, {"t": wide})[0][0] == 0

@@ -1,9 +1,10 @@
 """A long agent run in one trace through a real ``latscope serve`` with its defaults: the trace is
 too wide for the attributor's SQL (its general path's memory grows with the square of a trace's
-spans, past the embedded engine's limit), so the attributor gives it to the reference engine, and
-every call lands in the attribution table as the trace routes answer it; a one-call trace sent
-beside it is attributed as ever, and nothing is set aside. Past ``--max-trace-spans`` the wide
-trace is set aside instead, saying why."""
+spans, past the embedded engine's limit), so the attributor gives it to the reference engine
+without trying the SQL (``--attribution-reference-spans``), or after the SQL is refused when that
+bound is above the trace, and every call lands in the attribution table as the trace routes
+answer it; a one-call trace sent beside it is attributed as ever, and nothing is set aside. Past
+``--max-trace-spans`` the wide trace is set aside instead, saying why."""
 
 from __future__ import annotations
 
@@ -42,11 +43,21 @@ def _send(server: Server) -> None:
             export(message.SerializeToString(), timeout=60)
 
 
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        ((), "6,601 spans, at least --attribution-reference-spans"),
+        # Past the trace's spans: the SQL is tried, refused for its memory, and the trace alone
+        # goes to the reference engine all the same.
+        (("--attribution-reference-spans", "100000"), "the SQL refused it: "),
+    ],
+    ids=["routed", "refused"],
+)
 def test_a_trace_too_wide_for_the_sql_is_attributed_by_the_reference_engine(
-    tmp_path: Path,
+    tmp_path: Path, args: tuple[str, ...], why: str
 ) -> None:
     store_dir = tmp_path / "store"
-    server = start_serve(store_dir)
+    server = start_serve(store_dir, *args)
     try:
         _send(server)
         deadline = time.monotonic() + 180
@@ -59,8 +70,12 @@ def test_a_trace_too_wide_for_the_sql_is_attributed_by_the_reference_engine(
         assert httpx.get(server.url("/v1/attribution/set-aside"), timeout=30).json() == {
             "traces": []
         }
-        assert "MEMORY_LIMIT_EXCEEDED" in server.text()
-        assert f"attributed trace {WIDE.hex()} (6601 spans, {CALLS} calls)" in server.text()
+        # Routed, no statement asks the engine for the memory the SQL would (1.1 GiB here).
+        assert ("MEMORY_LIMIT_EXCEEDED" in server.text()) == bool(args)
+        assert (
+            f"attributed trace {WIDE.hex()} (6601 spans, {CALLS} calls) with the reference "
+            f"engine: {why}"
+        ) in server.text()
         # What the trace routes answer (the reference engine over the stored spans), call by call.
         answered = {}
         for trace_id in (WIDE, ONE):
@@ -105,6 +120,7 @@ def test_past_the_span_cap_a_trace_the_sql_refuses_is_set_aside_saying_why(tmp_p
         assert "6,601 spans, more than the reference engine takes" in aside["error"]
         assert "--max-trace-spans 5,000" in aside["error"]
         assert metric(server, "latscope_attribution_by_reference_traces_total") == 0
+        assert "MEMORY_LIMIT_EXCEEDED" not in server.text()  # its retries do not try the SQL
     finally:
         assert server.stop() == 0
     assert len(_rows(store_dir, ONE)) == 1

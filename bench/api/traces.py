@@ -75,17 +75,18 @@ class Serve:
         )  # fmt: skip
         assert self.proc.stdout is not None
         self.grpc = self.http = ""
-        lines = []
+        #: What serve has printed (its log), read as it comes.
+        self.lines: list[str] = []
         while not (self.grpc and self.http):
             line = self.proc.stdout.readline()
             if not line:
-                raise RuntimeError("serve did not start:\n" + "".join(lines))
-            lines.append(line)
+                raise RuntimeError("serve did not start:\n" + "".join(self.lines))
+            self.lines.append(line)
             if m := re.search(r"OTLP/gRPC\s+(\S+)", line):
                 self.grpc = m.group(1)
             if m := re.search(r"HTTP\s+(http://\S+)", line):
                 self.http = m.group(1)
-        threading.Thread(target=lambda: self.proc.stdout.read(), daemon=True).start()  # type: ignore[union-attr]
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()  # type: ignore[arg-type]
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)

@@ -1,0 +1,131 @@
+"""Wide traces through the attributor: routed to the reference engine, against the SQL first.
+
+    .venv/bin/python -m bench.attribution.wide [--calls 150 300 1100 3300] [--rounds 2]
+
+For each ``--calls``, a fresh ``latscope serve`` (its defaults, an embedded store) is sent one
+agent run of that many calls (6 spans a call, ``bench/api/wide.py``) and a one-call run beside it,
+in two variants taking turns, ``--rounds`` times each:
+
+- ``routed`` (the default): a trace with at least ``--attribution-reference-spans`` (1,000)
+  spans in a pass goes to the reference engine without the SQL;
+- ``sql first``: that bound above every run (``--attribution-reference-spans 1000000``), so the
+  attributor's SQL takes every trace, and one it refuses alone for its memory goes to the
+  reference engine after (the attributor before the bound existed).
+
+Printed per run size and variant (medians of the rounds): seconds from the last Export's
+acknowledgement until every call of both runs is attributed
+(``latscope_attributed_requests_total``), serve's CPU seconds over that time, the batches
+ClickHouse refused for memory (serve's warnings of a batch failed with ``MEMORY_LIMIT_EXCEEDED``;
+the parts a refused batch is cut into are tried without one), the traces the reference engine
+took, and serve's peak RSS; then routed / sql first, round by round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.api.traces import Serve, _cpu_s, _send
+from bench.api.wide import span_count, wide_run
+
+VARIANTS = {"routed": (), "sql first": ("--attribution-reference-spans", "1000000")}
+WIDE = bytes.fromhex("1f" * 16)
+ONE = bytes.fromhex("2f" * 16)
+
+
+def _metric(http: str, name: str) -> float:
+    text = httpx.get(f"{http}/metrics", timeout=30).text
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _peak_rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def one_round(workdir: Path, calls: int, variant: str) -> dict[str, float]:
+    """A fresh serve sent the two runs: what attributing them took."""
+    store = workdir / f"store-{calls}-{variant.replace(' ', '-')}"
+    payloads = [m.SerializeToString() for m in (*wide_run(WIDE, calls), *wide_run(ONE, 1))]
+    serve = Serve(store, *VARIANTS[variant])
+    lines: list[str] = []
+    try:
+        pid = serve.proc.pid
+        _send(serve.grpc, payloads)
+        sent, cpu0 = time.perf_counter(), _cpu_s(pid)
+        deadline = sent + 600
+        while _metric(serve.http, "latscope_attributed_requests_total") < calls + 1:
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"{calls} calls ({variant}) not attributed in 600 s")
+            time.sleep(0.05)
+        result = {
+            "seconds": time.perf_counter() - sent,
+            "cpu_s": _cpu_s(pid) - cpu0,
+            "by_reference": _metric(serve.http, "latscope_attribution_by_reference_traces_total"),
+            "peak_rss_mib": _peak_rss_mib(pid),
+        }
+    finally:
+        serve.stop()
+        lines = serve.lines
+        shutil.rmtree(store, ignore_errors=True)
+        shutil.rmtree(Path(f"{store}-spool"), ignore_errors=True)
+    result["refused"] = sum(
+        "traces failed" in line and "MEMORY_LIMIT_EXCEEDED" in line for line in lines
+    )
+    return result
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, nargs="+", default=[150, 300, 1100, 3300])
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="latscope-bench-wide-attribution-"))
+    results: dict[tuple[int, str], list[dict[str, float]]] = {}
+    try:
+        for calls in args.calls:
+            for r in range(args.rounds):
+                order = list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]
+                for variant in order:
+                    results.setdefault((calls, variant), []).append(
+                        one_round(workdir, calls, variant)
+                    )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"wide runs through latscope serve, medians of {args.rounds} rounds; "
+          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    head = ("spans", "variant", "s to attributed", "serve CPU s", "batches refused", "by reference",
+            "peak RSS MiB")  # fmt: skip
+    print("  " + " ".join(f"{h:>16s}" for h in head))
+    for calls in args.calls:
+        for variant in VARIANTS:
+            got = results[(calls, variant)]
+            cells = [f"{span_count(calls):,}", variant]
+            cells += [f"{_median([g[k] for g in got]):.2f}" for k in ("seconds", "cpu_s")]
+            cells += [f"{_median([g[k] for g in got]):.0f}" for k in ("refused", "by_reference")]
+            cells.append(f"{_median([g['peak_rss_mib'] for g in got]):,.0f}")
+            print("  " + " ".join(f"{c:>16s}" for c in cells))
+        ratios = [
+            (a["seconds"] / b["seconds"], a["cpu_s"] / b["cpu_s"])
+            for a, b in zip(results[(calls, "routed")], results[(calls, "sql first")], strict=True)
+        ]
+        listed = ", ".join(f"{s:.2f} / {c:.2f}" for s, c in ratios)
+        print(f"  {span_count(calls):,} spans, routed / sql first (time / CPU), by round: {listed}")
+
+
+if __name__ == "__main__":
+    main()
