@@ -764,8 +764,11 @@ class Attributor(Poller):
         if (traces is None or int(with_row) < traces) and self._any_left(sql, params):
             wide = [(str(t), int(n)) for t, n in self.store.query_rows(sql.wide_left, params)]
             params["skip_ids"] = [trace_id for trace_id, _ in wide]
-            self.store.command(sql.insert, params)
-            written, _, older = self.store.query_rows(sql.count_written, params)[0]
+            # Not for a batch whose traces left are all wide: the general statement costs over
+            # a CPU second on no trace at all (docs/benchmarks.md, "The statements' fixed cost").
+            if not wide or int(self.store.query_rows(sql.count_left, params)[0][0]):
+                self.store.command(sql.insert, params)
+                written, _, older = self.store.query_rows(sql.count_written, params)[0]
         # Only a trace attributed before can have a row whose key moved: most passes have none,
         # and skip the comparison.
         if older:

@@ -810,10 +810,11 @@ def test_a_trace_with_many_spans_goes_to_the_reference_engine_without_the_sql(
 ) -> None:
     """A trace with at least ``reference_spans`` spans is left out of its batch's general path
     (whose memory grows with the square of a trace's spans) and attributed by the reference
-    engine, with the batch's marker; the traces beside it by the SQL. Early attribution takes
-    it early as it takes the others."""
-    # Two traces a batch: the wide one starts the second (ids in this order).
-    before, after, wide = (f"{uuid.uuid4().hex[:8]}{k:024x}" for k in (1, 2, 3))
+    engine, with the batch's marker; the traces beside it by the SQL (a two-call trace by the
+    general path). Early attribution takes it early as it takes the others."""
+    # Two traces a batch (ids in this order): the two-call trace and the wide one share one.
+    run = uuid.uuid4().hex[:8]
+    before, after, two, wide = (f"{run}{k:024x}" for k in (1, 2, 3, 4))
     att = Attributor(
         store, settle_s=2, poll_s=0.1, reference_spans=30, batch_traces=2,
         complete_s=1 if early else None,
@@ -838,10 +839,10 @@ def test_a_trace_with_many_spans_goes_to_the_reference_engine_without_the_sql(
     monkeypatch.setattr(att, "_by_reference", recorded_reference)
     # Complete trees (a root, every parent stored), so early attribution may take them.
     one = [{**s, "parent": ""} if s["kind"] == "Server" else s for s in server_spans()]
-    for trace_id, spans in ((before, one), (wide, _calls(12)), (after, one)):
+    for trace_id, spans in ((before, one), (two, _calls(2)), (wide, _calls(12)), (after, one)):
         clock.store(trace_id, spans)
     clock.advance(1.5 if early else 2.5)  # complete / settled
-    assert att.run_until_idle() >= 14  # (the store is shared: a trace of another test may come)
+    assert att.run_until_idle() >= 16  # (the store is shared: a trace of another test may come)
     assert routed == [(wide, "37 spans, at least --attribution-reference-spans")]
     assert general and all(skip == [wide] for skip in general), general
     rows = store.query_rows(FINAL_ROWS, {"t": wide})
@@ -855,15 +856,15 @@ def test_a_trace_with_many_spans_goes_to_the_reference_engine_without_the_sql(
             300 * MS,
         )
         assert (has_client, version) == (False, 37)
-    for trace_id in (before, after):
-        assert len(store.query_rows(FINAL_ROWS, {"t": trace_id})) == 1
+    for trace_id, calls in ((before, 1), (after, 1), (two, 2)):
+        assert len(store.query_rows(FINAL_ROWS, {"t": trace_id})) == calls
     clock.advance(2.5)  # settled: unchanged, so not attributed again
     att.run_until_idle()
     assert len(routed) == 1
 
 
 def test_a_wide_trace_past_the_span_cap_stays_set_aside_through_its_retries(
-    store: Store, clock: StoreClock
+    store: Store, clock: StoreClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A wide trace of more than ``max_trace_spans`` spans is set aside saying why, and a retry
     that comes to the same answer keeps it set aside (attempts counted), without the SQL's
@@ -872,6 +873,15 @@ def test_a_wide_trace_past_the_span_cap_stays_set_aside_through_its_retries(
     att = Attributor(store, settle_s=2, poll_s=0.1, reference_spans=30, max_trace_spans=35)
     att.clock, att._store_clock_us = clock.monotonic, clock.now_us
     att.run_until_idle()
+    general = []  # the general statements run: none, every trace left being wide
+    command = store.command
+
+    def recorded_command(sql: str, params: dict[str, Any] | None = None) -> Any:
+        if sql in {st.insert for st in (att._sql, att._retry_sql, *att._early_sql.values())}:
+            general.append(params)
+        return command(sql, params)
+
+    monkeypatch.setattr(store, "command", recorded_command)
     clock.store(wide, _calls(12))
     clock.advance(2.5)
     att.run_until_idle()
@@ -885,3 +895,4 @@ def test_a_wide_trace_past_the_span_cap_stays_set_aside_through_its_retries(
         (aside,) = att.set_aside.values()
         assert aside.attempts == attempts, aside
     assert store.query_rows(ALL_ROWS, {"t": wide})[0][0] == 0
+    assert general == []
