@@ -37,12 +37,12 @@ DEFAULT_REACH_S = 2 * 3600.0
 #: that it costs in 4, 50,000 each.
 DEFAULT_BATCH_TRACES = 100_000
 DEFAULT_BATCH_SPANS = 1_000_000
-#: ``--attribution-reference-spans``: a trace with at least this many spans in a slice is
-#: attributed by the reference engine in Python instead of the attributor's SQL, whose general
-#: path holds a trace's arrays in lambdas that copy them per element: its memory grows with the
-#: square of a trace's spans (a 4,801-span trace is refused under the embedded engine's default
-#: limit) and it costs more than the reference engine from about a thousand spans
-#: (docs/attribution.md, "Wide traces").
+#: ``--attribution-reference-spans``: a trace with at least this many spans (of those a pass
+#: reads, within its reach) is attributed by the reference engine in Python instead of the
+#: attributor's general SQL path, which holds a trace's arrays in lambdas that copy them per
+#: element: its memory grows with the square of a trace's spans (a 4,801-span trace is refused
+#: under the embedded engine's default limit), and about a thousand spans is where the two cost
+#: alike (docs/attribution.md, "Wide traces").
 DEFAULT_REFERENCE_SPANS = 1_000
 #: Upper bounds of the two: the plan weighs traces in their product (UInt64).
 MAX_BATCH_TRACES = 10_000_000
@@ -170,7 +170,7 @@ class Settings:
     attribution_reference_spans: int = field(
         default=DEFAULT_REFERENCE_SPANS,
         metadata={
-            "help": "a trace with this many spans in a pass is attributed by the reference "
+            "help": "a trace with this many spans or more is attributed by the reference "
             "engine in Python, not the SQL, whose memory grows with the square of a trace's "
             "spans (up to --max-trace-spans; docs/attribution.md)"
         },
