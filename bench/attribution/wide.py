@@ -18,6 +18,12 @@ acknowledgement until every call of both runs is attributed
 ClickHouse refused for memory (serve's warnings of a batch failed with ``MEMORY_LIMIT_EXCEEDED``;
 the parts a refused batch is cut into are tried without one), the traces the reference engine
 took, and serve's peak RSS; then routed / sql first, round by round.
+
+``--beside-ingest``: from the last Export of the runs until they are attributed, a sender also
+has Exports of 64 plain spans (no call among them) acknowledged one after the other, 20 ms
+apart, and their acknowledgement times are printed (p50, p99, max): what attributing the wide
+run does to ingest beside it (the reference engine runs in serve's process). Ingest then never
+pauses, so the runs wait the settle window instead of a quiet pass.
 """
 
 from __future__ import annotations
@@ -27,13 +33,17 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import grpc
 import httpx
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
-from bench.api.traces import Serve, _cpu_s, _send
-from bench.api.wide import span_count, wide_run
+from bench.api.traces import EXPORT, Serve, _cpu_s, _pct, _send
+from bench.api.wide import T0, span_count, wide_run
 
 VARIANTS = {"routed": (), "sql first": ("--attribution-reference-spans", "1000000")}
 WIDE = bytes.fromhex("1f" * 16)
@@ -51,7 +61,26 @@ def _peak_rss_mib(pid: int) -> float:
     return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1)) / 1024  # type: ignore[union-attr]
 
 
-def one_round(workdir: Path, calls: int, variant: str) -> dict[str, float]:
+def _ticks(addr: str, stop: threading.Event, acks: list[float]) -> None:
+    """Exports of 64 plain spans, one after the other, until ``stop``: their ack times (s)."""
+    export = ExportTraceServiceRequest(resource_spans=[ResourceSpans()])
+    scope = export.resource_spans[0].scope_spans.add()
+    for i in range(64):
+        scope.spans.append(Span(
+            trace_id=bytes.fromhex("3f" * 16), span_id=(i + 1).to_bytes(8, "big"), name="tick",
+            kind=Span.SPAN_KIND_INTERNAL, start_time_unix_nano=T0, end_time_unix_nano=T0 + 1000,
+        ))  # fmt: skip
+    payload = export.SerializeToString()
+    with grpc.insecure_channel(addr) as channel:
+        call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+        while not stop.is_set():
+            started = time.perf_counter()
+            call(payload, timeout=60)
+            acks.append(time.perf_counter() - started)
+            time.sleep(0.02)
+
+
+def one_round(workdir: Path, calls: int, variant: str, beside: bool) -> dict[str, float]:
     """A fresh serve sent the two runs: what attributing them took."""
     store = workdir / f"store-{calls}-{variant.replace(' ', '-')}"
     payloads = [m.SerializeToString() for m in (*wide_run(WIDE, calls), *wide_run(ONE, 1))]
@@ -61,17 +90,29 @@ def one_round(workdir: Path, calls: int, variant: str) -> dict[str, float]:
         pid = serve.proc.pid
         _send(serve.grpc, payloads)
         sent, cpu0 = time.perf_counter(), _cpu_s(pid)
+        stop, acks = threading.Event(), []
+        ticker = threading.Thread(target=_ticks, args=(serve.grpc, stop, acks))
+        if beside:
+            ticker.start()
         deadline = sent + 600
-        while _metric(serve.http, "latscope_attributed_requests_total") < calls + 1:
-            if time.perf_counter() > deadline:
-                raise RuntimeError(f"{calls} calls ({variant}) not attributed in 600 s")
-            time.sleep(0.05)
+        try:
+            while _metric(serve.http, "latscope_attributed_requests_total") < calls + 1:
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"{calls} calls ({variant}) not attributed in 600 s")
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            if beside:
+                ticker.join()
         result = {
             "seconds": time.perf_counter() - sent,
             "cpu_s": _cpu_s(pid) - cpu0,
             "by_reference": _metric(serve.http, "latscope_attribution_by_reference_traces_total"),
             "peak_rss_mib": _peak_rss_mib(pid),
         }
+        if acks:
+            result.update(ack_p50_ms=_pct(acks, 0.5) * 1e3, ack_p99_ms=_pct(acks, 0.99) * 1e3,
+                          ack_max_ms=max(acks) * 1e3)  # fmt: skip
     finally:
         serve.stop()
         lines = serve.lines
@@ -93,6 +134,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, nargs="+", default=[150, 300, 1100, 3300])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--beside-ingest", action="store_true", help="time Exports acknowledged meanwhile"
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="latscope-bench-wide-attribution-"))
     results: dict[tuple[int, str], list[dict[str, float]]] = {}
@@ -102,7 +146,7 @@ def main() -> None:
                 order = list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]
                 for variant in order:
                     results.setdefault((calls, variant), []).append(
-                        one_round(workdir, calls, variant)
+                        one_round(workdir, calls, variant, args.beside_ingest)
                     )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -110,6 +154,8 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     head = ("spans", "variant", "s to attributed", "serve CPU s", "batches refused", "by reference",
             "peak RSS MiB")  # fmt: skip
+    if args.beside_ingest:
+        head += ("ack p50 ms", "ack p99 ms", "ack max ms")
     print("  " + " ".join(f"{h:>16s}" for h in head))
     for calls in args.calls:
         for variant in VARIANTS:
@@ -118,6 +164,9 @@ def main() -> None:
             cells += [f"{_median([g[k] for g in got]):.2f}" for k in ("seconds", "cpu_s")]
             cells += [f"{_median([g[k] for g in got]):.0f}" for k in ("refused", "by_reference")]
             cells.append(f"{_median([g['peak_rss_mib'] for g in got]):,.0f}")
+            if args.beside_ingest:
+                cells += [f"{_median([g[k] for g in got]):.1f}"
+                          for k in ("ack_p50_ms", "ack_p99_ms", "ack_max_ms")]  # fmt: skip
             print("  " + " ".join(f"{c:>16s}" for c in cells))
         ratios = [
             (a["seconds"] / b["seconds"], a["cpu_s"] / b["cpu_s"])
