@@ -47,8 +47,8 @@ def _send(server: Server) -> None:
     ("args", "why"),
     [
         ((), "6,601 spans, at least --attribution-reference-spans"),
-        # Past the trace's spans: the SQL is tried, refused for its memory, and the trace alone
-        # goes to the reference engine all the same.
+        # The bound above the trace's spans: the SQL is tried, refused for its memory, and the
+        # trace alone goes to the reference engine all the same.
         (("--attribution-reference-spans", "100000"), "the SQL refused it: "),
     ],
     ids=["routed", "refused"],
