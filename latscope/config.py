@@ -12,7 +12,7 @@ from latscope.auth import TokenFileError, read_token_file
 from latscope.storage import DEFAULT_QUERY_TIMEOUT_S, DEFAULT_STORE, ENGINE_MEMORY_SHARE
 
 #: ``--max-trace-spans``: the most spans of one trace the API answers (latscope.api.trace), and
-#: of one the attributor's SQL refuses as too wide that its reference engine attributes.
+#: of one too wide for the attributor's SQL that its reference engine attributes.
 DEFAULT_MAX_TRACE_SPANS = 50_000
 
 if TYPE_CHECKING:
