@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -44,21 +43,17 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
 from bench.api.traces import EXPORT, Serve, _cpu_s, _pct, _send
 from bench.api.wide import T0, span_count, wide_run
+from bench.ingest.run import _median
+from bench.memory.run import _metric, _rss
 
 VARIANTS = {"routed": (), "sql first": ("--attribution-reference-spans", "1000000")}
 WIDE = bytes.fromhex("1f" * 16)
 ONE = bytes.fromhex("2f" * 16)
 
 
-def _metric(http: str, name: str) -> float:
-    text = httpx.get(f"{http}/metrics", timeout=30).text
-    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def _peak_rss_mib(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1)) / 1024  # type: ignore[union-attr]
+def _served(http: str, name: str) -> float:
+    """A metric of serve's /metrics (0 when absent)."""
+    return _metric(httpx.get(f"{http}/metrics", timeout=30).text, name)
 
 
 def _ticks(addr: str, stop: threading.Event, acks: list[float]) -> None:
@@ -96,7 +91,7 @@ def one_round(workdir: Path, calls: int, variant: str, beside: bool) -> dict[str
             ticker.start()
         deadline = sent + 600
         try:
-            while _metric(serve.http, "latscope_attributed_requests_total") < calls + 1:
+            while _served(serve.http, "latscope_attributed_requests_total") < calls + 1:
                 if time.perf_counter() > deadline:
                     raise RuntimeError(f"{calls} calls ({variant}) not attributed in 600 s")
                 time.sleep(0.05)
@@ -107,8 +102,8 @@ def one_round(workdir: Path, calls: int, variant: str, beside: bool) -> dict[str
         result = {
             "seconds": time.perf_counter() - sent,
             "cpu_s": _cpu_s(pid) - cpu0,
-            "by_reference": _metric(serve.http, "latscope_attribution_by_reference_traces_total"),
-            "peak_rss_mib": _peak_rss_mib(pid),
+            "by_reference": _served(serve.http, "latscope_attribution_by_reference_traces_total"),
+            "peak_rss_mib": _rss(pid)[1] / 2**20,
         }
         if acks:
             result.update(ack_p50_ms=_pct(acks, 0.5) * 1e3, ack_p99_ms=_pct(acks, 0.99) * 1e3,
@@ -122,12 +117,6 @@ def one_round(workdir: Path, calls: int, variant: str, beside: bool) -> dict[str
         "traces failed" in line and "MEMORY_LIMIT_EXCEEDED" in line for line in lines
     )
     return result
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def main() -> None:
