@@ -484,7 +484,8 @@ class Attributor(Poller):
         self, ids: list[str], around: tuple[int, int], marker: int, sql: Callable[[], int]
     ) -> int:
         """``sql()``; when ClickHouse refuses it for its memory for one trace alone, that trace
-        by the reference engine (``_by_reference``), or the first error when that fails too."""
+        by the reference engine (``_by_reference``, whose StoreError says why it cannot take
+        it, the refusal included)."""
         try:
             return sql()
         except StoreOutOfMemory as exc:
