@@ -11,8 +11,15 @@ from collections.abc import Iterable
 
 from latscope.attribution import rules
 from latscope.attribution.engine import LATENCY_KEYS
-from latscope.attribution.sql import NO_JIT, attribution_select, literal, simple_select
+from latscope.attribution.sql import (
+    NO_JIT,
+    attribution_select,
+    literal,
+    rule_reads,
+    simple_select,
+)
 from latscope.attribution.sql.engines import EngineSql
+from latscope.attribution.sql.expressions import fact
 from latscope.attribution.table import ATTRIBUTION_SCHEMA
 from latscope.semconv import SpanKind
 from latscope.storage import RESOURCES_TABLE
@@ -107,24 +114,27 @@ WHERE has(parents, '')
 
 def _count_with_call(traces: str, spans: str, bounds: str) -> str:
     """How many of ``traces`` (a query of trace ids) have a span within ``bounds`` that could be
-    a call's server (SERVER, a gen_ai.latency.* figure, or the request span of an engine of the
-    rulebook that needs neither: TGI's INTERNAL handler): a trace with none has no call."""
+    a call's server (SERVER, a gen_ai.latency.* key, or the request span of an engine of the
+    rulebook that needs neither: TGI's INTERNAL handler): a trace with none has no call. The
+    attributes are read as stage 0 reads them (``rule_reads``), never the whole SpanAttributes:
+    with prompts in them that read took a gigabyte for 16,000 spans."""
     engines = EngineSql(rules.active())
+    attr, rule_values = rule_reads()
     kind = (
-        f"multiIf(SpanKind IN ({_list(_SERVER_KINDS)}), 'server', "
-        f"SpanKind IN ({_list(_CLIENT_KINDS)}), 'client', 'internal')"
+        f"multiIf(span_kind IN ({_list(_SERVER_KINDS)}), 'server', "
+        f"span_kind IN ({_list(_CLIENT_KINDS)}), 'client', 'internal')"
     )
     others = engines.without_latency_key(set(LATENCY_KEYS))
-    engine = engines.engine_code(
-        lambda k: f"SpanAttributes[{literal(k)}]", "SpanName", kind, others
-    )
+    engine = engines.engine_code(attr, "name", kind, others)
     return f"""
 SELECT count() FROM (
-    SELECT DISTINCT TraceId FROM {spans}
-    WHERE TraceId IN ({traces}) AND {bounds}
-      AND (SpanKind IN ({_list(_SERVER_KINDS)})
-           OR hasAny(mapKeys(SpanAttributes), [{_list(LATENCY_KEYS)}])
-           OR {engine} != 0))"""
+    SELECT DISTINCT trace_id FROM (
+        SELECT TraceId AS trace_id, SpanKind AS span_kind, SpanName AS name,
+               LatscopeFacts AS facts, LatscopeRuleAttributes.keys AS codes,
+               LatscopeRuleAttributes.values AS vals, {rule_values} AS rule_vals
+        FROM {spans}
+        WHERE TraceId IN ({traces}) AND {bounds})
+    WHERE span_kind IN ({_list(_SERVER_KINDS)}) OR {fact("LATENCY_KEY")} OR {engine} != 0)"""
 
 
 class Statements:

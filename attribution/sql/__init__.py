@@ -126,6 +126,7 @@ __all__ = [
     "literal",
     "parse_int",
     "render",
+    "rule_reads",
     "simple_select",
     "token_figures",
 ]
@@ -293,22 +294,29 @@ def rule_attr(key: str, book_keys: list[str]) -> str:
 _KEY_CODES: dict[str, int] = {key: CODES[name] for name, key in KEYS.items()}
 
 
+def rule_reads() -> tuple[Callable[[str], str], str]:
+    """How a statement reads the rulebook's attributes from the spans table, as stage 0 does:
+    the expression of one by its key (``rule_attr``: over ``codes`` and ``vals``, the keys and
+    values of LatscopeRuleAttributes, and ``rule_vals``), and the expression of ``rule_vals``.
+    Only what no code covers is read from SpanAttributes by name: reading that map reads every
+    attribute of every span, prompts and completions included."""
+    uncoded = [k for k in _engine_sql().attributes() if k not in _KEY_CODES]
+    values = (
+        f"[{', '.join(f'SpanAttributes[{literal(k)}]' for k in uncoded)}]"
+        if uncoded
+        else "CAST([], 'Array(String)')"
+    )
+    return partial(rule_attr, book_keys=uncoded), values
+
+
 def _engine_values() -> dict[str, str]:
     """The placeholders the rulebook fills (``latscope.attribution.sql.engines``)."""
     sql = _engine_sql()
-    uncoded = [k for k in sql.attributes() if k not in _KEY_CODES]
-
-    def attr(key: str) -> str:
-        return rule_attr(key, uncoded)
-
+    attr, values = rule_reads()
     kind = sql.kind_name("kind", FLAGS["SERVER"], FLAGS["CLIENT"])
     no_latency_key = sql.without_latency_key(set(LATENCY.values()))
     return {
-        "RULE_VALUES": (
-            f"[{', '.join(f'SpanAttributes[{literal(k)}]' for k in uncoded)}]"
-            if uncoded
-            else "CAST([], 'Array(String)')"
-        ),
+        "RULE_VALUES": values,
         "RULE_EVENTS": sql.rule_events(),
         "ENGINE": sql.engine_code(attr, "name", kind),
         "SYSTEM": sql.engine_code(attr, "name", kind, system=True),
