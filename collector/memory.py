@@ -25,8 +25,9 @@ from this one (``latscope.storage.engine_settings``), and the process's fixed fo
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from latscope.collector import telemetry
 
@@ -85,3 +86,32 @@ class MemoryLimit:
 
 
 __all__ = ["MemoryLimit"]
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, where the C library has one (not musl, not macOS)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim  # type: ignore[no-any-return]
+
+
+_TRIM = _malloc_trim()
+
+
+def return_freed_heap() -> bool:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``); False where
+    there is no such call.
+
+    What Exports hold is freed after their insert, but glibc keeps what it frees in its arenas
+    (one per thread, up to eight per core) for the next allocation of the thread that freed it:
+    under Exports of prompt-sized spans, decoded by 32 handler threads, the arenas of serve held
+    up to 940 MiB free that way, more than the limit itself. Trimming returns it at the cost of
+    a pass over the arenas' free chunks."""
+    if _TRIM is None:
+        return False
+    _TRIM(0)
+    return True

@@ -49,7 +49,7 @@ from latscope.collector.mapping import (
     resource_rows,
     table_bytes,
 )
-from latscope.collector.memory import MemoryLimit
+from latscope.collector.memory import MemoryLimit, return_freed_heap
 from latscope.collector.spool import Segment, Spool, SpoolEntry, SpoolError
 from latscope.storage import (
     RESOURCE_REFRESH_S,
@@ -311,22 +311,20 @@ class _StoreWriter:
         return True
 
     def _purge(self) -> None:
-        """The embedded engine's allocator returns the pages freed since, while memory is
-        pressed (``purge_after_insert``): the process's own, which latscope's memory bound
-        counts. Never for a ClickHouse server, whose memory is its own to manage."""
-        if not (
-            self.config.purge_after_insert
-            and self.store.embedded
-            and self._purge_works
-            and self._pressed()
-        ):
+        """While memory is pressed (``purge_after_insert``), the allocators return the pages
+        freed since: the embedded engine's (its jemalloc) and the process's C heap (glibc's,
+        ``memory.return_freed_heap``), both the process's own, which latscope's memory bound
+        counts. Never a ClickHouse server's, whose memory is its own to manage."""
+        if not (self.config.purge_after_insert and self._pressed()):
             return
-        try:
-            self.store.command("SYSTEM JEMALLOC PURGE")
-        except StoreError as exc:
-            # An engine built without jemalloc: nothing to purge, not asked again.
-            self._purge_works = False
-            log.info("%s: no allocator to purge after inserts (%s)", self.name, exc)
+        if self.store.embedded and self._purge_works:
+            try:
+                self.store.command("SYSTEM JEMALLOC PURGE")
+            except StoreError as exc:
+                # An engine built without jemalloc: nothing to purge, not asked again.
+                self._purge_works = False
+                log.info("%s: no allocator to purge after inserts (%s)", self.name, exc)
+        return_freed_heap()
 
     def _holding(self, nbytes: int) -> contextlib.AbstractContextManager[None]:
         """Count memory an insert needs against the collector's limit while it runs."""

@@ -325,6 +325,10 @@ VARIANTS = {
     # Synced, without the engine's allocator purged after each segment's inserts: what the
     # purge that keeps serve's memory bound costs.
     "unpurged": {"purge": False},
+    # Synced, with gRPC's BDP probing on (its default; serve turns it off so that an Export
+    # waiting for a handler is not received whole): what the small window of a waiting stream
+    # costs.
+    "bdp-probe": {"bdp_probe": True},
 }
 
 
@@ -333,6 +337,7 @@ def collector_round(
 ) -> Round:
     """The collector end to end into ``store`` (emptied first): every span acknowledged, then
     stored, then the merges it leaves run until the table settles."""
+    from latscope import serve
     from latscope.collector import mapping
     from latscope.collector.mapping import expanded_bytes
     from latscope.collector.service import collector_parts
@@ -371,7 +376,16 @@ def collector_round(
         mapping.expanded_bytes = VARIANTS[variant]["expanded_bytes"]
     for component in parts.components:
         component.start()
-    grpc_server, addr = start_grpc(settings, parts)
+    grpc_options = serve.grpc_options
+    if VARIANTS[variant].get("bdp_probe"):
+        serve.grpc_options = lambda s: [
+            *(o for o in grpc_options(s) if o[0] != "grpc.http2.bdp_probe"),
+            ("grpc.http2.bdp_probe", 1),
+        ]
+    try:
+        grpc_server, addr = start_grpc(settings, parts)
+    finally:
+        serve.grpc_options = grpc_options
     load = _Load(addr, args, seed=args.seed + number)
     warm = _warm(addr, args.seed - 1)
     while not writer.drained():
