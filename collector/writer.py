@@ -195,10 +195,10 @@ class WriterConfig:
     #: an inserted journal segment is kept until ClickHouse has synced its parts to disk, which
     #: it is asked to do (SYSTEM SYNC FILE CACHE) at most this often, and soon after it idles
     sync_every_s: float = 1.0
-    #: on the embedded store, after a segment's inserts while the collector holds at least half
-    #: its memory limit, the engine's allocator returns the pages they freed (SYSTEM JEMALLOC
-    #: PURGE): else it keeps them for seconds, and under prompt-sized spans they were the
-    #: largest part of the process's memory past its bound
+    #: after a segment's inserts while the collector holds at least half its memory limit, the
+    #: allocators return the pages they freed (the embedded engine's, SYSTEM JEMALLOC PURGE,
+    #: and the C heap's, ``memory.return_freed_heap``): else they keep them, and under
+    #: prompt-sized spans they were the largest part of the process's memory past its bound
     purge_after_insert: bool = True
 
 

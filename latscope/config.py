@@ -51,12 +51,13 @@ MAX_BATCH_SPANS = 1_000_000_000
 
 #: What ``latscope serve`` holds beside what ``--memory-limit-bytes`` governs: Python and its
 #: modules, the embedded ClickHouse's code (0.37 GiB of its library mapped in), the insert's
-#: copies past the limit (a slice and a segment read back from the spool) and the allocators'
-#: slack (freed memory they hold for a few seconds, largest while senders press serve past its
-#: limit and it refuses Exports; the collector has the engine's returned then, WriterConfig's
-#: ``purge_after_insert``), and the Exports gRPC has received whole before they are counted or
-#: refused. ``tests/test_serve_memory.py`` has seen high-water marks of 1,683-1,789 MiB with
-#: the defaults (1,961-2,029 without the purge). ``memory_bound_bytes`` adds the rest.
+#: copies past the limit (a slice and a segment read back from the spool), the allocators' slack
+#: (freed memory they keep, largest while senders press serve past its limit and it refuses
+#: Exports; the collector has the engine's and the C heap's returned then, WriterConfig's
+#: ``purge_after_insert``), and the Exports gRPC has received before they are counted or refused
+#: (those its handler threads read: ``latscope.serve.grpc_options`` keeps it from receiving the
+#: waiting ones whole). ``bench/memory`` has seen peaks of 1,488-1,955 MiB with the defaults,
+#: Exports of up to 16 MB and 8-96 senders. ``memory_bound_bytes`` adds the rest.
 PROCESS_MEMORY_BYTES = 1000 * 1024**2
 
 
