@@ -117,7 +117,7 @@ def _count_with_call(traces: str, spans: str, bounds: str) -> str:
     a call's server (SERVER, a gen_ai.latency.* key, or the request span of an engine of the
     rulebook that needs neither: TGI's INTERNAL handler): a trace with none has no call. The
     attributes are read as stage 0 reads them (``rule_reads``), never the whole SpanAttributes:
-    with prompts in them that read took a gigabyte for 16,000 spans."""
+    under Exports of prompt-sized spans that read asked the embedded engine for a gigabyte."""
     engines = EngineSql(rules.active())
     attr, rule_values = rule_reads()
     kind = (

@@ -85,7 +85,7 @@ class MemoryLimit:
             self.release(nbytes)
 
 
-__all__ = ["MemoryLimit"]
+__all__ = ["MemoryLimit", "return_freed_heap"]
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
