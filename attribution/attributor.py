@@ -67,7 +67,8 @@ from typing import Any, NamedTuple
 from prometheus_client import Counter, Gauge
 
 from latscope.attribution.cadence import busy_wait_s, next_look_s
-from latscope.attribution.engine import attribute_requests
+from latscope.attribution.queries import TRACE_SPANS
+from latscope.attribution.reference import InProcess, Reference, ReferenceFailed, Worker
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
 from latscope.attribution.setaside import (
     BATCH_ERRORS,
@@ -75,10 +76,8 @@ from latscope.attribution.setaside import (
     SetAsideTraces,
     set_aside_router,
 )
-from latscope.attribution.spans import load_trace
 from latscope.attribution.sql import STORED_STALL_NS
 from latscope.attribution.statements import LOCAL_SUFFIX, MAX_CUTS, Statements
-from latscope.attribution.table import attribution_row, rows_to_table
 from latscope.config import (
     DEFAULT_BATCH_SPANS,
     DEFAULT_BATCH_TRACES,
@@ -167,10 +166,14 @@ class Attributor(Poller):
         reach_s: float = DEFAULT_REACH_S,
         max_trace_spans: int = DEFAULT_MAX_TRACE_SPANS,
         reference_spans: int = DEFAULT_REFERENCE_SPANS,
+        reference: Reference | None = None,
         clock: Callable[[], float] = time.monotonic,
         store_clock_us: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
+        #: Runs the reference engine on the traces too wide for the SQL: in this thread unless
+        #: given (``latscope serve`` gives a ``Worker``, a process of its own).
+        self.reference: Reference = reference if reference is not None else InProcess()
         #: The clock the waits between passes are timed on (s), and the store's (us, the clock
         #: of LatscopeIngestedAt) that settles traces: the store's own unless given. Tests give
         #: both to decide the cadence without sleeping.
@@ -275,6 +278,7 @@ class Attributor(Poller):
     def poll(self) -> None:
         """The background loop's wake-up: a pass when one is due, or before, once ingest has
         paused (no span for ``idle_poll_s``); otherwise nothing."""
+        self.reference.close_if_idle()
         if self.clock() < self._due and self.watermark_us is not None:
             quiet_s = self._quiet_s(self._now_us())
             if quiet_s is None or quiet_s < self.idle_poll_s:
@@ -284,6 +288,12 @@ class Attributor(Poller):
         self._due = self.clock() + self.idle_poll_s
         self._look = math.inf
         self.run_until_idle()
+
+    def stop(self, deadline: float) -> None:
+        """Stop passes (the one running ends by ``deadline``), then the reference engine's
+        process, if it runs."""
+        super().stop(deadline)
+        self.reference.close()
 
     def next_wake_s(self) -> float:
         now = self.clock()
@@ -518,21 +528,15 @@ class Attributor(Poller):
                 f"{counted:,} spans, more than the reference engine takes (--max-trace-spans "
                 f"{self.max_trace_spans:,}); too wide for the SQL: {why}"
             )
+        stored = self.store.query_arrow(TRACE_SPANS, {"trace_id": trace_id})
         try:
-            spans = [s for s in load_trace(self.store, trace_id) if lo <= s.start_ns <= hi]
-            rows = [
-                attribution_row(a, span_count=len(spans), ingested_us=marker_us)
-                for a in attribute_requests(
-                    trace_id, spans, stall_threshold_ns=self.stall_threshold_ns
-                )
-            ]
-        except (StoreUnavailable, StoreError):
-            raise
-        except Exception as exc:  # the engine's own failure: the trace is set aside
-            log.exception("the reference engine fails on trace %s", trace_id)
-            raise StoreError(f"the reference engine fails on it ({exc!r}); {why}") from exc
-        if rows:
-            self.store.insert_arrow(self.table, rows_to_table(rows))
+            rows, spans = self.reference(
+                stored, trace_id, around, marker_us, self.stall_threshold_ns
+            )
+        except ReferenceFailed as exc:  # the engine's own failure: the trace is set aside
+            raise StoreError(f"the reference engine fails on it ({exc}); {why}") from exc
+        if rows.num_rows:
+            self.store.insert_arrow(self.table, rows)
         params = self._params(through_us=marker_us, from_ns=max(0, lo), to_ns=min(hi, 2**63 - 1))
         moved = int(self.store.query_rows(self._sql.count_moved, params)[0][0])
         if moved:
@@ -541,8 +545,8 @@ class Attributor(Poller):
         BY_REFERENCE.inc()
         ATTRIBUTED.inc(len(rows))
         log.info("attributed trace %s (%d spans, %d calls) with the reference engine: %s",
-                 trace_id, len(spans), len(rows), why[:200])  # fmt: skip
-        return len(rows)
+                 trace_id, spans, rows.num_rows, why[:200])  # fmt: skip
+        return rows.num_rows
 
     def _any_left(self, sql: Statements, params: dict[str, Any]) -> bool:
         """Whether the batch has a trace left without a row that may hold a call."""
@@ -838,6 +842,7 @@ def attributor_parts(settings: Settings, store: Store) -> Parts:
         stall_threshold_ns=int(settings.stall_threshold_ms * 1e6),
         shard=parse_shard(settings.attributor_shard),
         tables=settings.attributor_tables,
+        reference=Worker() if settings.attribution_reference_process == "on" else None,
     )
     return Parts(
         components=[attributor, Rollups(store)],

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from latscope.attribution.model import SpanRecord
 from latscope.attribution.queries import TRACE_SPANS
@@ -23,13 +24,19 @@ def normalized(spans: Iterable[SpanRecord]) -> list[SpanRecord]:
 def load_trace(store: Store, trace_id: str) -> list[SpanRecord]:
     """Every stored span of ``trace_id`` (lowercase hex), oldest first; [] when none. Span kinds
     and status codes in older exporters' spellings (``SPAN_KIND_SERVER``) read as current ones."""
-    rows = store.query_rows(TRACE_SPANS, {"trace_id": trace_id})
+    return span_records(store.query_rows(TRACE_SPANS, {"trace_id": trace_id}))
+
+
+def span_records(rows: Iterable[Sequence[Any]]) -> list[SpanRecord]:
+    """``TRACE_SPANS``'s rows as records, each span once (a retrying exporter may have sent one
+    twice). A Map may come as a dict (clickhouse-connect's rows) or as (key, value) pairs
+    (Arrow's ``to_pylist``)."""
     seen: set[str] = set()
     spans = []
     for row in rows:
         (span_id, parent, name, kind, service, start, dur, attrs, status, resource) = row[:10]
         ev_names, ev_times = row[10], row[11]
-        if span_id in seen:  # the same span sent twice by a retrying exporter
+        if span_id in seen:
             continue
         seen.add(span_id)
         spans.append(

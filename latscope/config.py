@@ -176,6 +176,14 @@ class Settings:
             "spans (up to --max-trace-spans; docs/attribution.md)"
         },
     )
+    attribution_reference_process: str = field(
+        default="on",
+        metadata={
+            "help": "on or off: the reference engine works in a process of its own (started at "
+            "the first trace it takes, ended after 60 s without one), so its Python work does "
+            "not hold this process's GIL against ingest; off: in the attributor's thread"
+        },
+    )
     attributor_shard: str = field(
         default="0/1",
         metadata={
@@ -418,6 +426,11 @@ class Settings:
             raise ConfigError(
                 "--attribution-early-when-quiet: expected on or off, "
                 f"got {self.attribution_early_when_quiet!r}"
+            )
+        if self.attribution_reference_process not in ("on", "off"):
+            raise ConfigError(
+                "--attribution-reference-process: expected on or off, "
+                f"got {self.attribution_reference_process!r}"
             )
         if self.attributor not in ("on", "off"):
             raise ConfigError(f"--attributor: expected on or off, got {self.attributor!r}")

@@ -351,3 +351,15 @@ def server_spans(day_offset_ns: int = 0) -> list[dict]:
         {"id": "b2" * 8, "parent": "a1" * 8, "kind": "Internal", "start": s0 + 380 * MS,
          "end": s0 + 900 * MS, "attrs": {"latscope.phase": "decode"}},
     ]  # fmt: skip
+
+
+def calls_run(n: int) -> list[dict]:
+    """A run of ``n`` calls in one trace: a root and ``n`` servers of ``server_spans``' shape,
+    a second apart (3 * n + 1 spans)."""
+    root = {"id": "f0" * 8, "kind": "Internal", "start": T0, "end": T0 + (n + 1) * 1000 * MS}
+    spans = [root]
+    for i in range(n):
+        ids = {old: f"{i:04x}{old[:2] * 6}" for old in ("a1" * 8, "b1" * 8, "b2" * 8)}
+        for s in server_spans(day_offset_ns=i * 1000 * MS):
+            spans.append({**s, "id": ids[s["id"]], "parent": ids.get(s["parent"], root["id"])})
+    return spans

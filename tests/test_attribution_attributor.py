@@ -20,9 +20,18 @@ import pytest
 from opentelemetry.trace import SpanKind, set_span_in_context
 
 from latscope.attribution.attributor import Attributor, attributor_parts
+from latscope.attribution.reference import Worker
 from latscope.config import ConfigError, Settings
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
-from tests.attribution_support import MS, T0, server_spans, span_rows, stalls_call, store_traces
+from tests.attribution_support import (
+    MS,
+    T0,
+    calls_run,
+    server_spans,
+    span_rows,
+    stalls_call,
+    store_traces,
+)
 from tests.clock_support import StoreClock
 from tests.serve_support import Server, start_serve
 from tests.skeleton_support import EXPECTED, LAYOUT, provider
@@ -792,30 +801,33 @@ def test_batch_bounds_are_settings_and_must_be_positive(store: Store) -> None:
     assert (attributor.batch_spans, attributor.batch_traces) == (5000, 700)
 
 
-def _calls(n: int) -> list[dict]:
-    """A run of ``n`` calls in one trace: a root and ``n`` servers of ``server_spans``' shape,
-    a second apart (3 * n + 1 spans)."""
-    root = {"id": "f0" * 8, "kind": "Internal", "start": T0, "end": T0 + (n + 1) * 1000 * MS}
-    spans = [root]
-    for i in range(n):
-        ids = {old: f"{i:04x}{old[:2] * 6}" for old in ("a1" * 8, "b1" * 8, "b2" * 8)}
-        for s in server_spans(day_offset_ns=i * 1000 * MS):
-            spans.append({**s, "id": ids[s["id"]], "parent": ids.get(s["parent"], root["id"])})
-    return spans
-
-
+@pytest.mark.parametrize("worker", [False, True], ids=["in-thread", "worker"])
 @pytest.mark.parametrize("early", [False, True], ids=["settled", "early"])
 def test_a_trace_with_many_spans_goes_to_the_reference_engine_without_the_sql(
-    store: Store, clock: StoreClock, monkeypatch: pytest.MonkeyPatch, early: bool
+    store: Store,
+    clock: StoreClock,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    early: bool,
+    worker: bool,
 ) -> None:
     """A trace with at least ``reference_spans`` spans is left out of its batch's general path
     (whose memory grows with the square of a trace's spans) and attributed by the reference
     engine, with the batch's marker; the traces beside it by the SQL (a two-call trace by the
-    general path). Early attribution takes it early as it takes the others."""
+    general path). Early attribution takes it early as it takes the others. The reference
+    engine in the attributor's thread, or in its own process as serve runs it."""
     before, after, two, wide = (uuid.uuid4().hex for _ in range(4))
+    reference = Worker() if worker else None
     att = Attributor(
-        store, settle_s=2, poll_s=0.1, reference_spans=30, complete_s=1 if early else None
+        store,
+        settle_s=2,
+        poll_s=0.1,
+        reference_spans=30,
+        complete_s=1 if early else None,
+        reference=reference,
     )
+    if reference is not None:
+        request.addfinalizer(reference.close)
     att.clock, att._store_clock_us = clock.monotonic, clock.now_us
     att.run_until_idle()  # the watermark to now
     general: list[tuple[str, str, list[str]]] = []  # each general statement's ids, and skip
@@ -836,7 +848,12 @@ def test_a_trace_with_many_spans_goes_to_the_reference_engine_without_the_sql(
     monkeypatch.setattr(att, "_by_reference", recorded_reference)
     # Complete trees (a root, every parent stored), so early attribution may take them.
     one = [{**s, "parent": ""} if s["kind"] == "Server" else s for s in server_spans()]
-    for trace_id, spans in ((before, one), (two, _calls(2)), (wide, _calls(12)), (after, one)):
+    for trace_id, spans in (
+        (before, one),
+        (two, calls_run(2)),
+        (wide, calls_run(12)),
+        (after, one),
+    ):
         clock.store(trace_id, spans)
     clock.advance(1.5 if early else 2.5)  # complete / settled
     assert att.run_until_idle() >= 16  # (the store is shared: a trace of another test may come)
@@ -860,6 +877,7 @@ def test_a_trace_with_many_spans_goes_to_the_reference_engine_without_the_sql(
     clock.advance(2.5)  # settled: unchanged, so not attributed again
     att.run_until_idle()
     assert len(routed) == 1
+    assert reference is None or reference.running
 
 
 def test_a_wide_trace_past_the_span_cap_stays_set_aside_through_its_retries(
@@ -881,7 +899,7 @@ def test_a_wide_trace_past_the_span_cap_stays_set_aside_through_its_retries(
         return command(sql, params)
 
     monkeypatch.setattr(store, "command", recorded_command)
-    clock.store(wide, _calls(12))
+    clock.store(wide, calls_run(12))
     clock.advance(2.5)
     att.run_until_idle()
     (aside,) = att.set_aside.values()

@@ -8,6 +8,7 @@ answer it; a one-call trace sent beside it is attributed as ever, and nothing is
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -50,8 +51,10 @@ def _send(server: Server) -> None:
         # The bound above the trace's spans: the SQL is tried, refused for its memory, and the
         # trace alone goes to the reference engine all the same.
         (("--attribution-reference-spans", "100000"), "the SQL refused it: "),
+        # The reference engine in the attributor's thread, not a process of its own.
+        (("--attribution-reference-process", "off"), "6,601 spans, at least --attribution-"),
     ],
-    ids=["routed", "refused"],
+    ids=["routed", "refused", "in-thread"],
 )
 def test_a_trace_too_wide_for_the_sql_is_attributed_by_the_reference_engine(
     tmp_path: Path, args: tuple[str, ...], why: str
@@ -71,7 +74,9 @@ def test_a_trace_too_wide_for_the_sql_is_attributed_by_the_reference_engine(
             "traces": []
         }
         # Routed, no statement asks the engine for the memory the SQL would (1.1 GiB here).
-        assert ("MEMORY_LIMIT_EXCEEDED" in server.text()) == bool(args)
+        assert ("MEMORY_LIMIT_EXCEEDED" in server.text()) == ("100000" in args)
+        worker = re.search(r"the reference engine's process started \(pid (\d+)\)", server.text())
+        assert (worker is None) == ("off" in args)
         assert (
             f"attributed trace {WIDE.hex()} (6601 spans, {CALLS} calls) with the reference "
             f"engine: {why}"
@@ -84,6 +89,8 @@ def test_a_trace_too_wide_for_the_sql_is_attributed_by_the_reference_engine(
             answered[trace_id] = r.json()["requests"]
     finally:
         assert server.stop() == 0
+    if worker is not None:  # serve's stop ended it
+        assert not Path(f"/proc/{worker.group(1)}").exists()
     for trace_id, spans in ((WIDE, 6 * CALLS + 1), (ONE, 7)):
         rows = _rows(store_dir, trace_id)
         want = answered[trace_id]

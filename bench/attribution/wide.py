@@ -4,31 +4,37 @@
 
 For each ``--calls``, a fresh ``latscope serve`` (its defaults, an embedded store) is sent one
 agent run of that many calls (6 spans a call, ``bench/api/wide.py``) and a one-call run beside it,
-in two variants taking turns, ``--rounds`` times each:
+in variants taking turns, ``--rounds`` times each:
 
 - ``routed`` (the default): a trace with at least ``--attribution-reference-spans`` (1,000)
-  spans in a pass goes to the reference engine without the SQL;
+  spans in a pass goes to the reference engine without the SQL, which works in a process of its
+  own (``--attribution-reference-process on``);
+- ``in process``: the same, the reference engine working in serve's attributor thread
+  (``--attribution-reference-process off``);
 - ``sql first``: that bound above every run (``--attribution-reference-spans 1000000``), so the
   attributor's SQL takes every trace, and one it refuses alone for its memory goes to the
   reference engine after (the attributor before the bound existed).
 
 Printed per run size and variant (medians of the rounds): seconds from the last Export's
 acknowledgement until every call of both runs is attributed
-(``latscope_attributed_requests_total``), serve's CPU seconds over that time, the batches
-ClickHouse refused for memory (serve's warnings of a batch failed with ``MEMORY_LIMIT_EXCEEDED``;
-the parts a refused batch is cut into are tried without one), the traces the reference engine
-took, and serve's peak RSS; then routed / sql first, round by round.
+(``latscope_attributed_requests_total``), serve's CPU seconds over that time (its child
+processes' included: the reference engine's worker and multiprocessing's resource tracker), the
+batches ClickHouse refused for memory (serve's warnings of a batch failed with
+``MEMORY_LIMIT_EXCEEDED``; the parts a refused batch is cut into are tried without one), the
+traces the reference engine took, and the peak RSS of serve and of its largest child (the
+worker); then routed against each other variant, round by round.
 
 ``--beside-ingest``: from the last Export of the runs until they are attributed, a sender also
 has Exports of 64 plain spans (no call among them) acknowledged one after the other, 20 ms
 apart, and their acknowledgement times are printed (p50, p99, max): what attributing the wide
-run does to ingest beside it (the reference engine runs in serve's process). Ingest then never
-pauses, so the runs wait the settle window instead of a quiet pass.
+run does to ingest beside it. Ingest then never pauses, so the runs wait the settle window
+instead of a quiet pass.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import tempfile
@@ -46,9 +52,31 @@ from bench.api.wide import T0, span_count, wide_run
 from bench.ingest.run import _median
 from bench.memory.run import _metric, _rss
 
-VARIANTS = {"routed": (), "sql first": ("--attribution-reference-spans", "1000000")}
+VARIANTS = {
+    "routed": (),
+    "in process": ("--attribution-reference-process", "off"),
+    "sql first": ("--attribution-reference-spans", "1000000"),
+}
 WIDE = bytes.fromhex("1f" * 16)
 ONE = bytes.fromhex("2f" * 16)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now living."""
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            found += _tree(int(child))
+    return found
+
+
+def _tree_cpu_s(pid: int, seen: dict[int, float]) -> float:
+    """CPU seconds of ``pid`` and its children, those that ended since an earlier call included
+    (``seen``: the last figure of each process asked about)."""
+    for each in _tree(pid):
+        with contextlib.suppress(FileNotFoundError):  # ended since it was listed
+            seen[each] = _cpu_s(each)
+    return sum(seen.values())
 
 
 def _served(http: str, name: str) -> float:
@@ -84,7 +112,8 @@ def one_round(workdir: Path, calls: int, variant: str, beside: bool) -> dict[str
     try:
         pid = serve.proc.pid
         _send(serve.grpc, payloads)
-        sent, cpu0 = time.perf_counter(), _cpu_s(pid)
+        cpus: dict[int, float] = {}
+        sent, cpu0 = time.perf_counter(), _tree_cpu_s(pid, cpus)
         stop, acks = threading.Event(), []
         ticker = threading.Thread(target=_ticks, args=(serve.grpc, stop, acks))
         if beside:
@@ -101,9 +130,10 @@ def one_round(workdir: Path, calls: int, variant: str, beside: bool) -> dict[str
                 ticker.join()
         result = {
             "seconds": time.perf_counter() - sent,
-            "cpu_s": _cpu_s(pid) - cpu0,
+            "cpu_s": _tree_cpu_s(pid, cpus) - cpu0,
             "by_reference": _served(serve.http, "latscope_attribution_by_reference_traces_total"),
             "peak_rss_mib": _rss(pid)[1] / 2**20,
+            "child_rss_mib": max((_rss(c)[1] for c in _tree(pid)[1:]), default=0) / 2**20,
         }
         if acks:
             result.update(ack_p50_ms=_pct(acks, 0.5) * 1e3, ack_p99_ms=_pct(acks, 0.99) * 1e3,
@@ -142,7 +172,7 @@ def main() -> None:
     print(f"wide runs through latscope serve, medians of {args.rounds} rounds; "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     head = ("spans", "variant", "s to attributed", "serve CPU s", "batches refused", "by reference",
-            "peak RSS MiB")  # fmt: skip
+            "peak RSS MiB", "child RSS MiB")  # fmt: skip
     if args.beside_ingest:
         head += ("ack p50 ms", "ack p99 ms", "ack max ms")
     print("  " + " ".join(f"{h:>16s}" for h in head))
@@ -152,17 +182,19 @@ def main() -> None:
             cells = [f"{span_count(calls):,}", variant]
             cells += [f"{_median([g[k] for g in got]):.2f}" for k in ("seconds", "cpu_s")]
             cells += [f"{_median([g[k] for g in got]):.0f}" for k in ("refused", "by_reference")]
-            cells.append(f"{_median([g['peak_rss_mib'] for g in got]):,.0f}")
+            cells += [
+                f"{_median([g[k] for g in got]):,.0f}" for k in ("peak_rss_mib", "child_rss_mib")
+            ]
             if args.beside_ingest:
                 cells += [f"{_median([g[k] for g in got]):.1f}"
                           for k in ("ack_p50_ms", "ack_p99_ms", "ack_max_ms")]  # fmt: skip
             print("  " + " ".join(f"{c:>16s}" for c in cells))
-        ratios = [
-            (a["seconds"] / b["seconds"], a["cpu_s"] / b["cpu_s"])
-            for a, b in zip(results[(calls, "routed")], results[(calls, "sql first")], strict=True)
-        ]
-        listed = ", ".join(f"{s:.2f} / {c:.2f}" for s, c in ratios)
-        print(f"  {span_count(calls):,} spans, routed / sql first (time / CPU), by round: {listed}")
+        keys = ("seconds", "cpu_s") + (("ack_p99_ms", "ack_max_ms") if args.beside_ingest else ())
+        for other in list(VARIANTS)[1:]:
+            pairs = zip(results[(calls, "routed")], results[(calls, other)], strict=True)
+            listed = ", ".join(" / ".join(f"{a[k] / b[k]:.2f}" for k in keys) for a, b in pairs)
+            print(f"  {span_count(calls):,} spans, routed / {other} "
+                  f"({' / '.join(keys)}), by round: {listed}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,0 +1,222 @@
+"""The reference engine as the attributor runs it, on a trace too wide for the SQL
+(``Attributor._by_reference``): the rows of a trace's calls, worked out in Python from its spans
+as the store returns them (``TRACE_SPANS`` read as Arrow).
+
+``reference_rows`` is the work. ``InProcess`` runs it in the caller's thread; ``Worker``, which
+``latscope serve`` and ``latscope collector`` use, in a process of its own. On a trace of 20,000
+spans the work takes a CPU second or more of Python: in the process that receives Exports it
+holds the GIL against the gRPC handlers meanwhile, and acknowledgements waited up to half a
+second (``bench.attribution.wide --beside-ingest``). The worker's process gets the spans as an
+Arrow table and gives back the rows as one: the ingest process only reads, copies and inserts
+them, in calls that release the GIL.
+
+Errors: a failure of the engine on a trace, a worker that died (killed, out of memory) or did
+not answer within its time limit, each raise ``ReferenceFailed`` saying so; the attributor sets
+the trace aside with that message. A worker that died or timed out is replaced at the next call.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from latscope.attribution.engine import attribute_requests
+from latscope.attribution.spans import span_records
+from latscope.attribution.table import attribution_row, rows_to_table
+
+log = logging.getLogger(__name__)
+
+__all__ = ["InProcess", "Reference", "ReferenceFailed", "Worker", "reference_rows"]
+
+#: A worker left without work this long ends; the next wide trace starts another (about 0.5 s).
+WORKER_IDLE_S = 60.0
+#: The longest one trace may take in the worker (its spans are capped by --max-trace-spans).
+WORKER_TIMEOUT_S = 600.0
+
+
+class ReferenceFailed(Exception):
+    """The reference engine gave no rows for a trace; the message says why."""
+
+
+def reference_rows(
+    spans: pa.Table,
+    trace_id: str,
+    around: tuple[int, int],
+    marker_us: int,
+    stall_threshold_ns: int,
+) -> tuple[pa.Table, int]:
+    """The attribution rows (``ATTRIBUTION_SCHEMA``) of the calls of ``trace_id`` among its
+    ``spans`` that start within ``around`` (ns, both ends in), each with SpansIngestedAt
+    ``marker_us``; and how many spans they were worked out from."""
+    lo, hi = around
+    columns = [column.to_pylist() for column in spans.columns]
+    records = [s for s in span_records(zip(*columns, strict=True)) if lo <= s.start_ns <= hi]
+    rows = [
+        attribution_row(a, span_count=len(records), ingested_us=marker_us)
+        for a in attribute_requests(trace_id, records, stall_threshold_ns=stall_threshold_ns)
+    ]
+    return rows_to_table(rows), len(records)
+
+
+class Reference(Protocol):
+    """Runs ``reference_rows``; raises ReferenceFailed when it gives no rows."""
+
+    def __call__(
+        self,
+        spans: pa.Table,
+        trace_id: str,
+        around: tuple[int, int],
+        marker_us: int,
+        stall_threshold_ns: int,
+    ) -> tuple[pa.Table, int]: ...
+
+    def close_if_idle(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class InProcess:
+    """``reference_rows`` in the caller's thread."""
+
+    def __call__(
+        self,
+        spans: pa.Table,
+        trace_id: str,
+        around: tuple[int, int],
+        marker_us: int,
+        stall_threshold_ns: int,
+    ) -> tuple[pa.Table, int]:
+        try:
+            return reference_rows(spans, trace_id, around, marker_us, stall_threshold_ns)
+        except Exception as exc:
+            log.exception("the reference engine fails on trace %s", trace_id)
+            raise ReferenceFailed(repr(exc)) from exc
+
+    def close_if_idle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _serve(conn: Connection) -> None:
+    """The worker's loop: a call's arguments in, ("ok", rows, spans) or ("error", why, traceback)
+    out, until the ingest process closes its end (or ends, killed or not)."""
+    while True:
+        try:
+            args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            answer: tuple[Any, ...] = ("ok", *reference_rows(*args))
+        except Exception as exc:
+            answer = ("error", repr(exc), traceback.format_exc())
+        conn.send(answer)
+
+
+class Worker:
+    """``reference_rows`` in a process of its own (spawned, not forked: the ingest process runs
+    threads inside the embedded ClickHouse and gRPC), started at the first call and ended after
+    ``idle_s`` without one (``close_if_idle``), so an ingest process without wide traces holds
+    no second interpreter. One call at a time (the attributor's one thread makes them)."""
+
+    def __init__(
+        self, *, idle_s: float = WORKER_IDLE_S, timeout_s: float = WORKER_TIMEOUT_S
+    ) -> None:
+        self.idle_s = idle_s
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._proc: BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._last = 0.0
+
+    @property
+    def running(self) -> bool:
+        """Whether the worker's process is up (between its first call and ``close``)."""
+        return self._proc is not None
+
+    def __call__(
+        self,
+        spans: pa.Table,
+        trace_id: str,
+        around: tuple[int, int],
+        marker_us: int,
+        stall_threshold_ns: int,
+    ) -> tuple[pa.Table, int]:
+        with self._lock:
+            try:
+                answer = self._ask((spans, trace_id, around, marker_us, stall_threshold_ns))
+            finally:
+                self._last = time.monotonic()
+        if answer[0] == "error":
+            log.error("the reference engine fails on trace %s:\n%s", trace_id, answer[2])
+            raise ReferenceFailed(answer[1])
+        return answer[1], answer[2]
+
+    def _ask(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        if self._conn is None:
+            self._start()
+        assert self._conn is not None
+        try:
+            self._conn.send(args)
+            if not self._conn.poll(self.timeout_s):
+                self._end()
+                raise ReferenceFailed(
+                    f"its process gave no answer in {self.timeout_s:g} s and was stopped"
+                )
+            answer: tuple[Any, ...] = self._conn.recv()
+            return answer
+        except (EOFError, OSError) as exc:  # the worker died (killed, out of memory)
+            code = self._end()
+            raise ReferenceFailed(f"its process ended (exit code {code})") from exc
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        ours, theirs = context.Pipe()
+        proc = context.Process(
+            target=_serve, args=(theirs,), name="latscope-reference", daemon=True
+        )
+        proc.start()
+        theirs.close()
+        self._proc, self._conn = proc, ours
+        log.info("the reference engine's process started (pid %s)", proc.pid)
+
+    def _end(self) -> int | None:
+        """Stop the worker's process (killed if it does not end at once); its exit code."""
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if conn is not None:
+            conn.close()  # the worker's recv() sees EOF and returns
+        if proc is None:
+            return None
+        proc.join(1.0)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+        return proc.exitcode
+
+    def close_if_idle(self) -> None:
+        """End the worker's process once it has had no call for ``idle_s``."""
+        if self._proc is None or time.monotonic() - self._last < self.idle_s:
+            return
+        if self._lock.acquire(blocking=False):
+            try:
+                self._end()
+            finally:
+                self._lock.release()
+
+    def close(self) -> None:
+        """End the worker's process, a call in it too (that call raises ReferenceFailed)."""
+        proc = self._proc
+        if proc is not None and proc.exitcode is None:
+            proc.kill()
+        with self._lock:
+            self._end()
