@@ -2,13 +2,14 @@
 (``Attributor._by_reference``): the rows of a trace's calls, worked out in Python from its spans
 as the store returns them (``TRACE_SPANS`` read as Arrow).
 
-``reference_rows`` is the work. ``InProcess`` runs it in the caller's thread; ``Worker``, which
-``latscope serve`` and ``latscope collector`` use, in a process of its own. On a trace of 20,000
-spans the work takes a CPU second or more of Python: in the process that receives Exports it
-holds the GIL against the gRPC handlers meanwhile, and acknowledgements waited up to half a
-second (``bench.attribution.wide --beside-ingest``). The worker's process gets the spans as an
-Arrow table and gives back the rows as one: the ingest process only reads, copies and inserts
-them, in calls that release the GIL.
+``reference_rows`` is the work, by the rulebook in force. ``InProcess`` runs it in the caller's
+thread; ``Worker``, which ``latscope serve`` and ``latscope collector`` use, in a process of its
+own, sent the caller's rulebook (``--rules``) with each trace. On a trace of 20,000 spans the
+work is a CPU second or more of Python, which in the process that receives Exports holds the
+GIL against the gRPC handlers: acknowledgements waited up to 0.8 s beside it
+(``bench.attribution.wide --beside-ingest``). The worker gets the spans as an Arrow table and
+gives back the rows as one; the ingest process reads, sends and inserts them in calls that
+spend little time holding the GIL.
 
 Errors: a failure of the engine on a trace, a worker that died (killed, out of memory) or did
 not answer within its time limit, each raise ``ReferenceFailed`` saying so; the attributor sets
@@ -28,6 +29,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from latscope.attribution import rules
 from latscope.attribution.engine import attribute_requests
 from latscope.attribution.spans import span_records
 from latscope.attribution.table import attribution_row, rows_to_table
@@ -108,13 +110,16 @@ class InProcess:
 
 
 def _serve(conn: Connection) -> None:
-    """The worker's loop: a call's arguments in, ("ok", rows, spans) or ("error", why, traceback)
-    out, until the ingest process closes its end (or ends, killed or not)."""
+    """The worker's loop: the rulebook in force and a call's arguments in, ("ok", rows, spans)
+    or ("error", why, traceback) out, until the ingest process closes its end (or ends, killed
+    or not)."""
     while True:
         try:
-            args = conn.recv()
+            book, *args = conn.recv()
         except (EOFError, OSError):
             return
+        if book != rules.active():  # the ingest process's --rules
+            rules.install(book)
         try:
             answer: tuple[Any, ...] = ("ok", *reference_rows(*args))
         except Exception as exc:
@@ -153,7 +158,9 @@ class Worker:
     ) -> tuple[pa.Table, int]:
         with self._lock:
             try:
-                answer = self._ask((spans, trace_id, around, marker_us, stall_threshold_ns))
+                answer = self._ask(
+                    (rules.active(), spans, trace_id, around, marker_us, stall_threshold_ns)
+                )
             finally:
                 self._last = time.monotonic()
         if answer[0] == "error":

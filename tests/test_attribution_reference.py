@@ -13,12 +13,15 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
+from latscope.attribution import rules
 from latscope.attribution.queries import TRACE_SPANS
 from latscope.attribution.reference import InProcess, ReferenceFailed, Worker
 from latscope.config import ConfigError, Settings
 from latscope.storage import SPANS_TABLE, Store
 from latscope.tokens import DEFAULT_STALL_NS
-from tests.attribution_support import MS, T0, calls_run, span_rows
+from tests.attribution_support import MS, T0, calls_run, span_rows, store_traces
+from tests.test_engine_rules import FASTGEN_RULES, fastgen_request
+from tests.upstream_traces import span_records
 
 ALL = (0, 2**63 - 1)
 
@@ -119,6 +122,25 @@ def test_a_worker_ends_when_idle_or_closed(store: Store) -> None:
     assert proc is not None and proc.is_alive()
     worker.close()
     assert not worker.running and proc.exitcode is not None
+
+
+def test_the_worker_attributes_by_the_rulebook_in_force(store: Store, worker: Worker) -> None:
+    """A rule file (``--rules``) installed in the attributor's process reaches the worker: an
+    engine only that file reads is a call there too, and not once the shipped book is back."""
+    built, truth = fastgen_request(7)
+    ((stored, _),) = store_traces(store, span_records(built.resource_spans)).items()
+    spans = store.query_arrow(TRACE_SPANS, {"trace_id": stored})
+    shipped = rules.active()
+    rules.install(rules.load([FASTGEN_RULES]))
+    try:
+        rows, _ = worker(spans, stored, ALL, 1, DEFAULT_STALL_NS)
+        want, _ = InProcess()(spans, stored, ALL, 1, DEFAULT_STALL_NS)
+    finally:
+        rules.install(shipped)
+    assert rows.to_pylist() == want.to_pylist()
+    assert rows.column("E2eNs").to_pylist() == [truth["e2e"]]
+    rows, _ = worker(spans, stored, ALL, 1, DEFAULT_STALL_NS)
+    assert rows.num_rows == 0
 
 
 def test_reference_process_is_on_or_off() -> None:
