@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import subprocess
+import sys
 import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -109,6 +110,22 @@ class InProcess:
         pass
 
 
+#: The worker's start: the caller's import path first (as multiprocessing's spawn sends it),
+#: then ``_serve``. Started this way rather than by multiprocessing's spawn, which runs the
+#: caller's main module again in the worker (a script without a ``__main__`` guard would start
+#: serve there) and imports what it imports. Ctrl-C reaches the caller's process group; the
+#: worker ends when the caller closes its end.
+_BOOT = """
+import signal, sys
+from multiprocessing.connection import Connection
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+conn = Connection(int(sys.argv[1]))
+sys.path[:] = conn.recv()
+from latscope.attribution.reference import _serve
+_serve(conn)
+"""
+
+
 def _serve(conn: Connection) -> None:
     """The worker's loop: the rulebook in force and a call's arguments in, ("ok", rows, spans)
     or ("error", why, traceback) out, until the ingest process closes its end (or ends, killed
@@ -128,8 +145,9 @@ def _serve(conn: Connection) -> None:
 
 
 class Worker:
-    """``reference_rows`` in a process of its own (spawned, not forked: the ingest process runs
-    threads inside the embedded ClickHouse and gRPC), started at the first call and ended after
+    """``reference_rows`` in a process of its own (a new interpreter, not a fork: the ingest
+    process runs threads inside the embedded ClickHouse and gRPC), started at the first call and
+    ended after
     ``idle_s`` without one (``close_if_idle``), so an ingest process without wide traces holds
     no second interpreter. One call at a time (the attributor's one thread makes them)."""
 
@@ -139,7 +157,7 @@ class Worker:
         self.idle_s = idle_s
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._proc: BaseProcess | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self._last = 0.0
 
@@ -186,13 +204,22 @@ class Worker:
             raise ReferenceFailed(f"its process ended (exit code {code})") from exc
 
     def _start(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        ours, theirs = context.Pipe()
-        proc = context.Process(
-            target=_serve, args=(theirs,), name="latscope-reference", daemon=True
-        )
-        proc.start()
-        theirs.close()
+        ours, theirs = multiprocessing.Pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            ours.close()
+            raise ReferenceFailed(
+                f"its process could not start ({exc}); --attribution-reference-process off "
+                "works it out in the attributor's thread"
+            ) from exc
+        finally:
+            theirs.close()
+        ours.send(sys.path)
         self._proc, self._conn = proc, ours
         log.info("the reference engine's process started (pid %s)", proc.pid)
 
@@ -204,11 +231,11 @@ class Worker:
             conn.close()  # the worker's recv() sees EOF and returns
         if proc is None:
             return None
-        proc.join(1.0)
-        if proc.exitcode is None:
+        try:
+            return proc.wait(1.0)
+        except subprocess.TimeoutExpired:
             proc.kill()
-            proc.join()
-        return proc.exitcode
+            return proc.wait()
 
     def close_if_idle(self) -> None:
         """End the worker's process once it has had no call for ``idle_s``."""
@@ -223,7 +250,7 @@ class Worker:
     def close(self) -> None:
         """End the worker's process, a call in it too (that call raises ReferenceFailed)."""
         proc = self._proc
-        if proc is not None and proc.exitcode is None:
+        if proc is not None and proc.poll() is None:
             proc.kill()
         with self._lock:
             self._end()

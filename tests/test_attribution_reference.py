@@ -113,15 +113,15 @@ def test_a_worker_ends_when_idle_or_closed(store: Store) -> None:
     proc = worker._proc
     assert proc is not None
     worker.close_if_idle()  # not idle long enough
-    assert worker.running and proc.is_alive()
+    assert worker.running and proc.poll() is None
     worker.idle_s = 0
     worker.close_if_idle()
-    assert not worker.running and proc.exitcode == 0  # ended of itself, its pipe closed
+    assert not worker.running and proc.returncode == 0  # ended of itself, its pipe closed
     worker(spans, trace_id, ALL, 1, DEFAULT_STALL_NS)  # a new one
     proc = worker._proc
-    assert proc is not None and proc.is_alive()
+    assert proc is not None and proc.poll() is None
     worker.close()
-    assert not worker.running and proc.exitcode is not None
+    assert not worker.running and proc.returncode is not None
 
 
 def test_the_worker_attributes_by_the_rulebook_in_force(store: Store, worker: Worker) -> None:
