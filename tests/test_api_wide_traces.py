@@ -5,6 +5,8 @@ REST and gRPC. How long the answers take is ``bench/api/traces.py``'s to say."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ import pytest
 
 from bench.api.wide import CALL_MS, GAP_MS, STEP_MS, TOOL_MS, span_count, wide_run
 from latscope.api.grpc_service import run_dict
+from latscope.api.routes.params import GZIP_MIN_BYTES
 from latscope.cli import main
 from latscope.cmd.explain import MAX_SPAN_ROWS
 from latscope.v1 import query_pb2, query_pb2_grpc
@@ -190,3 +193,35 @@ def test_explain_draws_a_wide_run_s_first_spans_and_counts_the_rest(served, caps
     assert f"{WIDE} inference call(s), {WIDE} tool call(s)" in out
     more = span_count(WIDE) - MAX_SPAN_ROWS
     assert f"… and {more} more spans (--json or the web page shows all)" in out
+
+
+def _raw(server: Server, path: str, accept: str) -> tuple[httpx.Headers, bytes]:
+    """The answer's headers and its body as sent (not decoded)."""
+    with httpx.stream(
+        "GET", server.url(path), headers={"Accept-Encoding": accept}, timeout=60
+    ) as r:
+        assert r.status_code == 200
+        return r.headers, b"".join(r.iter_raw())
+
+
+@pytest.mark.parametrize("route", ["", "/spans", "/run", "/requests"])
+def test_a_wide_trace_s_answers_go_gzip_compressed_to_clients_that_take_it(
+    served, route: str
+) -> None:
+    """Compressed, the answer is the same JSON; a client without gzip (or refusing it) gets it
+    plain, and a small answer goes plain whatever the client takes."""
+    wide = TRACES["wide"][0].hex()
+    plain_headers, plain = _raw(served, f"/v1/traces/{wide}{route}", "identity")
+    assert "content-encoding" not in plain_headers
+    assert int(plain_headers["content-length"]) == len(plain) >= GZIP_MIN_BYTES
+    for accept in ("gzip", "br, gzip;q=0.5", "*"):
+        headers, packed = _raw(served, f"/v1/traces/{wide}{route}", accept)
+        assert headers["content-encoding"] == "gzip" and headers["vary"] == "Accept-Encoding"
+        assert int(headers["content-length"]) == len(packed) < len(plain) / 5
+        assert gzip.decompress(packed) == plain
+    headers, body = _raw(served, f"/v1/traces/{wide}{route}", "gzip;q=0, deflate")
+    assert "content-encoding" not in headers and body == plain
+    one = TRACES["one"][0].hex()
+    headers, body = _raw(served, f"/v1/traces/{one}{route}", "gzip")
+    assert "content-encoding" not in headers and len(body) < GZIP_MIN_BYTES
+    assert _ok(served, f"/v1/traces/{one}{route}") == json.loads(body)

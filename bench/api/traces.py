@@ -21,10 +21,12 @@ trace that changed, costs.
 
 Then ingest beside them: a sender acknowledges Exports of 64 small spans one after the other for
 ``--ingest-s`` seconds alone (the baseline), then as long again while ``--concurrent`` clients
-each ask ``/v1/traces/{id}`` of the widest run over and over. Printed: the acknowledgement
-latencies of both (p50, p99, max), and the trace answers' statuses (200; 503 ``busy`` when more
-than the API queues) and latencies. Last, a trace past ``--max-trace-spans`` (a serve started
-with a cap under the widest run): the 422 ``trace_too_large`` answer's time.
+each ask ``/v1/traces/{id}`` of the widest run over and over, taking gzip (as httpx and browsers
+do: the answer comes compressed), then again with clients that take no compression. Printed:
+the acknowledgement latencies (p50, p99, max), and the trace answers' statuses (200; 503
+``busy`` when more than the API queues) and latencies. Last, a trace past
+``--max-trace-spans`` (a serve started with a cap under the widest run): the 422
+``trace_too_large`` answer's time.
 """
 
 from __future__ import annotations
@@ -246,15 +248,23 @@ def _acks(addr: str, seconds: float, seed: int) -> list[float]:
     return out
 
 
-def _ingest_beside(serve: Serve, trace_id: str, args: argparse.Namespace) -> None:
-    alone = _acks(serve.grpc, args.ingest_s, 1)
+def _line(name: str, xs: list[float]) -> str:
+    return (f"{name:<48} p50 {_pct(xs, 0.5) * 1e3:7.1f}  p99 {_pct(xs, 0.99) * 1e3:7.1f}  "
+            f"max {max(xs) * 1e3:7.1f} ms  ({len(xs)})")  # fmt: skip
+
+
+def _beside_askers(
+    serve: Serve, trace_id: str, args: argparse.Namespace, encoding: str, alone: list[float]
+) -> None:
+    """Acknowledgements while ``--concurrent`` clients taking ``encoding`` ask for the trace."""
     statuses: Counter[int] = Counter()
     answers: list[float] = []
     stop = threading.Event()
     lock = threading.Lock()
 
     def asker() -> None:
-        with httpx.Client(base_url=serve.http, timeout=300) as client:
+        headers = {"Accept-Encoding": encoding}
+        with httpx.Client(base_url=serve.http, timeout=300, headers=headers) as client:
             while not stop.is_set():
                 started = time.perf_counter()
                 r = client.get(f"/v1/traces/{trace_id}")
@@ -273,20 +283,21 @@ def _ingest_beside(serve: Serve, trace_id: str, args: argparse.Namespace) -> Non
     stop.set()
     for thread in askers:
         thread.join(600)
-
-    def line(name: str, xs: list[float]) -> str:
-        return (f"{name:<44} p50 {_pct(xs, 0.5) * 1e3:7.1f}  p99 {_pct(xs, 0.99) * 1e3:7.1f}  "
-                f"max {max(xs) * 1e3:7.1f} ms  ({len(xs)})")  # fmt: skip
-
-    print(f"\ningest beside {args.concurrent} clients asking /v1/traces/{{id}} of the widest run:")
-    print(line("Export acknowledged, ingest alone (baseline)", alone))
-    print(line(f"Export acknowledged, beside {args.concurrent} clients", beside))
+    print(_line(f"Export acknowledged, beside {args.concurrent} clients, {encoding}", beside))
     p50 = statistics.median(beside) / statistics.median(alone)
     p99 = _pct(beside, 0.99) / _pct(alone, 0.99)
-    print(f"{'  ratio of the p50s, of the p99s':<44} {p50:.2f}, {p99:.2f}")
+    print(f"{'  ratio of the p50s, of the p99s':<48} {p50:.2f}, {p99:.2f}")
     if answers:
-        print(line("trace answered (200)", answers))
-    print(f"trace answers by status: {dict(sorted(statuses.items()))}")
+        print(_line(f"trace answered (200), {encoding}", answers))
+    print(f"trace answers by status, {encoding}: {dict(sorted(statuses.items()))}")
+
+
+def _ingest_beside(serve: Serve, trace_id: str, args: argparse.Namespace) -> None:
+    alone = _acks(serve.grpc, args.ingest_s, 1)
+    print(f"\ningest beside {args.concurrent} clients asking /v1/traces/{{id}} of the widest run:")
+    print(_line("Export acknowledged, ingest alone (baseline)", alone))
+    for encoding in ("gzip", "identity"):
+        _beside_askers(serve, trace_id, args, encoding, alone)
 
 
 def main() -> None:
