@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import clickhouse_connect
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -214,10 +215,6 @@ class Store:
         ``memory_limit_bytes``: latscope's memory setting; an embedded engine started here takes
         its own limits from it (``engine_settings``). A server's limits are its own.
         """
-        # Imported here: the processes that only read this module's names (the reference
-        # engine's worker) do without the driver's import, a third of their start.
-        import clickhouse_connect
-
         scheme = urlsplit(dsn).scheme
         connect = None
         try:
