@@ -68,7 +68,7 @@ from prometheus_client import Counter, Gauge
 
 from latscope.attribution.cadence import busy_wait_s, next_look_s
 from latscope.attribution.queries import TRACE_SPANS
-from latscope.attribution.reference import InProcess, Reference, ReferenceFailed, Worker
+from latscope.attribution.reference import Reference, ReferenceFailed, Worker
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
 from latscope.attribution.setaside import (
     BATCH_ERRORS,
@@ -173,7 +173,7 @@ class Attributor(Poller):
         self.store = store
         #: Runs the reference engine on the traces too wide for the SQL: in this thread unless
         #: given (``latscope serve`` gives a ``Worker``, a process of its own).
-        self.reference: Reference = reference if reference is not None else InProcess()
+        self.reference: Reference = reference if reference is not None else Reference()
         #: The clock the waits between passes are timed on (s), and the store's (us, the clock
         #: of LatscopeIngestedAt) that settles traces: the store's own unless given. Tests give
         #: both to decide the cadence without sleeping.

@@ -2,7 +2,7 @@
 (``Attributor._by_reference``): the rows of a trace's calls, worked out in Python from its spans
 as the store returns them (``TRACE_SPANS`` read as Arrow).
 
-``reference_rows`` is the work, by the rulebook in force. ``InProcess`` runs it in the caller's
+``reference_rows`` is the work, by the rulebook in force. ``Reference`` runs it in the caller's
 thread; ``Worker``, which ``latscope serve`` and ``latscope collector`` use, in a process of its
 own, sent the caller's rulebook (``--rules``) with each trace. On a trace of 20,000 spans the
 work is a CPU second or more of Python, which in the process that receives Exports holds the
@@ -26,7 +26,7 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 
@@ -37,7 +37,7 @@ from latscope.attribution.table import attribution_row, rows_to_table
 
 log = logging.getLogger(__name__)
 
-__all__ = ["InProcess", "Reference", "ReferenceFailed", "Worker", "reference_rows"]
+__all__ = ["Reference", "ReferenceFailed", "Worker", "reference_rows"]
 
 #: A worker left without work this long ends; the next wide trace starts another (about 0.5 s).
 WORKER_IDLE_S = 60.0
@@ -69,25 +69,9 @@ def reference_rows(
     return rows_to_table(rows), len(records)
 
 
-class Reference(Protocol):
-    """Runs ``reference_rows``; raises ReferenceFailed when it gives no rows."""
-
-    def __call__(
-        self,
-        spans: pa.Table,
-        trace_id: str,
-        around: tuple[int, int],
-        marker_us: int,
-        stall_threshold_ns: int,
-    ) -> tuple[pa.Table, int]: ...
-
-    def close_if_idle(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class InProcess:
-    """``reference_rows`` in the caller's thread."""
+class Reference:
+    """Runs ``reference_rows`` in the caller's thread; raises ReferenceFailed when it gives no
+    rows."""
 
     def __call__(
         self,
@@ -97,17 +81,20 @@ class InProcess:
         marker_us: int,
         stall_threshold_ns: int,
     ) -> tuple[pa.Table, int]:
+        return self._rows(trace_id, (spans, trace_id, around, marker_us, stall_threshold_ns))
+
+    def _rows(self, trace_id: str, args: tuple[Any, ...]) -> tuple[pa.Table, int]:
         try:
-            return reference_rows(spans, trace_id, around, marker_us, stall_threshold_ns)
+            return reference_rows(*args)
         except Exception as exc:
             log.exception("the reference engine fails on trace %s", trace_id)
             raise ReferenceFailed(repr(exc)) from exc
 
     def close_if_idle(self) -> None:
-        pass
+        """Let go of what it holds between traces, once idle long enough."""
 
     def close(self) -> None:
-        pass
+        """Let go of what it holds."""
 
 
 #: The worker's start: the caller's import path first (as multiprocessing's spawn sends it),
@@ -144,12 +131,12 @@ def _serve(conn: Connection) -> None:
         conn.send(answer)
 
 
-class Worker:
+class Worker(Reference):
     """``reference_rows`` in a process of its own (a new interpreter, not a fork: the ingest
     process runs threads inside the embedded ClickHouse and gRPC), started at the first call and
-    ended after
-    ``idle_s`` without one (``close_if_idle``), so an ingest process without wide traces holds
-    no second interpreter. One call at a time (the attributor's one thread makes them)."""
+    ended after ``idle_s`` without one (``close_if_idle``), so an ingest process without wide
+    traces holds no second interpreter. One call at a time (the attributor's one thread makes
+    them)."""
 
     def __init__(
         self, *, idle_s: float = WORKER_IDLE_S, timeout_s: float = WORKER_TIMEOUT_S
@@ -166,19 +153,10 @@ class Worker:
         """Whether the worker's process is up (between its first call and ``close``)."""
         return self._proc is not None
 
-    def __call__(
-        self,
-        spans: pa.Table,
-        trace_id: str,
-        around: tuple[int, int],
-        marker_us: int,
-        stall_threshold_ns: int,
-    ) -> tuple[pa.Table, int]:
+    def _rows(self, trace_id: str, args: tuple[Any, ...]) -> tuple[pa.Table, int]:
         with self._lock:
             try:
-                answer = self._ask(
-                    (rules.active(), spans, trace_id, around, marker_us, stall_threshold_ns)
-                )
+                answer = self._ask((rules.active(), *args))
             finally:
                 self._last = time.monotonic()
         if answer[0] == "error":

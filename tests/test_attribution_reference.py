@@ -15,7 +15,7 @@ import pytest
 
 from latscope.attribution import rules
 from latscope.attribution.queries import TRACE_SPANS
-from latscope.attribution.reference import InProcess, ReferenceFailed, Worker
+from latscope.attribution.reference import Reference, ReferenceFailed, Worker
 from latscope.config import ConfigError, Settings
 from latscope.storage import SPANS_TABLE, Store
 from latscope.tokens import DEFAULT_STALL_NS
@@ -53,7 +53,7 @@ def test_the_worker_gives_the_rows_the_attributor_thread_gives(
 ) -> None:
     trace_id, spans = _stored(store, 40)
     args = (spans, trace_id, around, 1_234, DEFAULT_STALL_NS)
-    want_rows, want_spans = InProcess()(*args)
+    want_rows, want_spans = Reference()(*args)
     got_rows, got_spans = worker(*args)
     assert got_spans == want_spans == (121 if around == ALL else 12)
     assert got_rows.num_rows == (40 if around == ALL else 4)
@@ -134,7 +134,7 @@ def test_the_worker_attributes_by_the_rulebook_in_force(store: Store, worker: Wo
     rules.install(rules.load([FASTGEN_RULES]))
     try:
         rows, _ = worker(spans, stored, ALL, 1, DEFAULT_STALL_NS)
-        want, _ = InProcess()(spans, stored, ALL, 1, DEFAULT_STALL_NS)
+        want, _ = Reference()(spans, stored, ALL, 1, DEFAULT_STALL_NS)
     finally:
         rules.install(shipped)
     assert rows.to_pylist() == want.to_pylist()
