@@ -133,8 +133,13 @@ def _accepts_gzip(scope: Scope) -> bool:
             if name.strip().lower() not in ("gzip", "*"):
                 continue
             quality = params.strip().lower()
-            if not quality.startswith("q=") or quality[2:].strip() not in ("0", "0.0", "0.00"):
+            if not quality.startswith("q="):
                 return True
+            try:
+                if float(quality[2:]) > 0:
+                    return True
+            except ValueError:  # a malformed weight: the coding is not taken
+                continue
     return False
 
 
