@@ -18,6 +18,7 @@ the trace aside with that message. A worker that died or timed out is replaced a
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import subprocess
@@ -34,6 +35,7 @@ from latscope.attribution import rules
 from latscope.attribution.engine import attribute_requests
 from latscope.attribution.spans import span_records
 from latscope.attribution.table import attribution_row, rows_to_table
+from latscope.collector.memory import return_freed_heap
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,11 @@ def _serve(conn: Connection) -> None:
         except Exception as exc:
             answer = ("error", repr(exc), traceback.format_exc())
         conn.send(answer)
+        # What the trace took, handed back between traces: the worker waits, maybe a minute, at
+        # the size of its largest trace otherwise.
+        del args, answer
+        gc.collect()
+        return_freed_heap()
 
 
 class Worker(Reference):
