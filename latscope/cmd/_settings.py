@@ -33,6 +33,8 @@ _METAVARS = {
     "spool_dir": "PATH",
     "log_level": "LEVEL",
     "attributor": "on|off",
+    "attribution_early_when_quiet": "on|off",
+    "attribution_reference_process": "on|off",
 }
 
 
