@@ -172,10 +172,10 @@ class Worker(Reference):
         return answer[1], answer[2]
 
     def _ask(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        if self._conn is None:
-            self._start()
-        assert self._conn is not None
         try:
+            if self._conn is None:
+                self._start()
+            assert self._conn is not None
             self._conn.send(args)
             if not self._conn.poll(self.timeout_s):
                 self._end()
@@ -204,9 +204,9 @@ class Worker(Reference):
             ) from exc
         finally:
             theirs.close()
-        ours.send(sys.path)
         self._proc, self._conn = proc, ours
         log.info("the reference engine's process started (pid %s)", proc.pid)
+        ours.send(sys.path)
 
     def _end(self) -> int | None:
         """Stop the worker's process (killed if it does not end at once); its exit code."""

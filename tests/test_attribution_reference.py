@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -88,6 +89,32 @@ def test_a_killed_worker_fails_its_trace_and_a_new_one_takes_the_next(
     assert not worker.running
     rows, _ = worker(spans, trace_id, ALL, 1, DEFAULT_STALL_NS)
     assert rows.num_rows == 3 and _pid(worker) != pid
+
+
+@pytest.mark.parametrize(
+    ("executable", "why"),
+    [
+        ("/nonexistent/python", r"its process could not start \(.*No such file.*\); "
+         r"--attribution-reference-process off works it out"),
+        ("/bin/false", r"its process ended \(exit code 1\)"),
+    ],
+    ids=["no interpreter", "dies at once"],
+)  # fmt: skip
+def test_a_worker_that_cannot_start_fails_its_trace_saying_why(
+    store: Store, monkeypatch: pytest.MonkeyPatch, executable: str, why: str
+) -> None:
+    trace_id, spans = _stored(store, 3)
+    worker = Worker()
+    monkeypatch.setattr(sys, "executable", executable)
+    with pytest.raises(ReferenceFailed, match=why):
+        worker(spans, trace_id, ALL, 1, DEFAULT_STALL_NS)
+    assert not worker.running
+    monkeypatch.undo()
+    try:
+        rows, _ = worker(spans, trace_id, ALL, 1, DEFAULT_STALL_NS)
+    finally:
+        worker.close()
+    assert rows.num_rows == 3
 
 
 def test_a_worker_past_its_time_limit_is_stopped_and_replaced(store: Store) -> None:
