@@ -67,7 +67,7 @@ from typing import Any, NamedTuple
 from prometheus_client import Counter, Gauge
 
 from latscope.attribution.cadence import busy_wait_s, next_look_s
-from latscope.attribution.queries import TRACE_SPANS
+from latscope.attribution.queries import TRACE_SPANS_READ_BY_RULES
 from latscope.attribution.reference import Reference, ReferenceFailed, Worker
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
 from latscope.attribution.setaside import (
@@ -76,7 +76,7 @@ from latscope.attribution.setaside import (
     SetAsideTraces,
     set_aside_router,
 )
-from latscope.attribution.sql import STORED_STALL_NS
+from latscope.attribution.sql import STORED_STALL_NS, rule_keys
 from latscope.attribution.statements import LOCAL_SUFFIX, MAX_CUTS, Statements
 from latscope.config import (
     DEFAULT_BATCH_SPANS,
@@ -528,7 +528,10 @@ class Attributor(Poller):
                 f"{counted:,} spans, more than the reference engine takes (--max-trace-spans "
                 f"{self.max_trace_spans:,}); too wide for the SQL: {why}"
             )
-        stored = self.store.query_arrow(TRACE_SPANS, {"trace_id": trace_id})
+        # Only the attributes the rows are worked out from: prompts stay in ClickHouse.
+        stored = self.store.query_arrow(
+            TRACE_SPANS_READ_BY_RULES, {"trace_id": trace_id, "keys": rule_keys()}
+        )
         try:
             rows, spans = self.reference(
                 stored, trace_id, around, marker_us, self.stall_threshold_ns

@@ -126,6 +126,7 @@ __all__ = [
     "literal",
     "parse_int",
     "render",
+    "rule_keys",
     "rule_reads",
     "simple_select",
     "token_figures",
@@ -307,6 +308,14 @@ def rule_reads() -> tuple[Callable[[str], str], str]:
         else "CAST([], 'Array(String)')"
     )
     return partial(rule_attr, book_keys=uncoded), values
+
+
+def rule_keys() -> list[str]:
+    """Every span attribute key the attributor's statements read: the coded ones (``KEYS``) and
+    those of the rulebook in force. The attribution rows are worked out from these alone (the
+    tests hold the statements' rows equal to the reference engine's), so the reference engine
+    reads a wide trace's spans with these only (``queries.TRACE_SPANS_READ_BY_RULES``)."""
+    return list(dict.fromkeys([*KEYS.values(), *_engine_sql().attributes()]))
 
 
 def _engine_values() -> dict[str, str]:
