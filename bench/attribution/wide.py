@@ -24,6 +24,9 @@ batches ClickHouse refused for memory (serve's warnings of a batch failed with
 traces the reference engine took, and the peak RSS of serve and of its largest child (the
 worker); then routed against each other variant, round by round.
 
+``--prompt-kb N``: every span carries a prompt and a completion of N kB each (Exports of about
+8 MB), as agent runs traced with message content do.
+
 ``--beside-ingest``: from the last Export of the runs until they are attributed, a sender also
 has Exports of 64 plain spans (no call among them) acknowledged one after the other, 20 ms
 apart, and their acknowledgement times are printed (p50, p99, max): what attributing the wide
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import shutil
 import tempfile
 import threading
@@ -45,6 +49,7 @@ from pathlib import Path
 import grpc
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
 from bench.api.traces import EXPORT, Serve, _cpu_s, _pct, _send
@@ -103,10 +108,27 @@ def _ticks(addr: str, stop: threading.Event, acks: list[float]) -> None:
             time.sleep(0.02)
 
 
-def one_round(workdir: Path, calls: int, variant: str, beside: bool) -> dict[str, float]:
+def _with_prompts(messages: list[ExportTraceServiceRequest], kb: int) -> list[bytes]:
+    """The Exports serialized, each span carrying a prompt and a completion of ``kb`` kB each
+    (random hex: incompressible, as text nearly is for the engine's codec)."""
+    rng = random.Random(1)
+    for message in messages:
+        for rs in message.resource_spans:
+            for span in rs.scope_spans[0].spans:
+                for key in ("gen_ai.prompt", "gen_ai.completion"):
+                    text = rng.randbytes(kb * 512).hex()
+                    span.attributes.append(KeyValue(key=key, value=AnyValue(string_value=text)))
+    return [m.SerializeToString() for m in messages]
+
+
+def one_round(
+    workdir: Path, calls: int, variant: str, beside: bool, prompt_kb: int = 0
+) -> dict[str, float]:
     """A fresh serve sent the two runs: what attributing them took."""
     store = workdir / f"store-{calls}-{variant.replace(' ', '-')}"
-    payloads = [m.SerializeToString() for m in (*wide_run(WIDE, calls), *wide_run(ONE, 1))]
+    per_export = 2_000 if not prompt_kb else max(1, (8 << 20) // (2 * 1024 * prompt_kb))
+    runs = [*wide_run(WIDE, calls, per_export=per_export), *wide_run(ONE, 1)]
+    payloads = _with_prompts(runs, prompt_kb)
     serve = Serve(store, *VARIANTS[variant])
     lines: list[str] = []
     try:
@@ -156,6 +178,10 @@ def main() -> None:
     parser.add_argument(
         "--beside-ingest", action="store_true", help="time Exports acknowledged meanwhile"
     )
+    parser.add_argument(
+        "--prompt-kb", type=int, default=0,
+        help="each span carries a prompt and a completion of this many kB",
+    )  # fmt: skip
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="latscope-bench-wide-attribution-"))
     results: dict[tuple[int, str], list[dict[str, float]]] = {}
@@ -165,11 +191,12 @@ def main() -> None:
                 order = list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]
                 for variant in order:
                     results.setdefault((calls, variant), []).append(
-                        one_round(workdir, calls, variant, args.beside_ingest)
+                        one_round(workdir, calls, variant, args.beside_ingest, args.prompt_kb)
                     )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"wide runs through latscope serve, medians of {args.rounds} rounds; "
+    prompts = f", a {args.prompt_kb} kB prompt and completion a span" if args.prompt_kb else ""
+    print(f"wide runs through latscope serve, medians of {args.rounds} rounds{prompts}; "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     head = ("spans", "variant", "s to attributed", "serve CPU s", "batches refused", "by reference",
             "peak RSS MiB", "child RSS MiB")  # fmt: skip
