@@ -422,18 +422,9 @@ class Settings:
             raise ConfigError(
                 f"--attributor-tables: expected shared or local, got {self.attributor_tables!r}"
             )
-        if self.attribution_early_when_quiet not in ("on", "off"):
-            raise ConfigError(
-                "--attribution-early-when-quiet: expected on or off, "
-                f"got {self.attribution_early_when_quiet!r}"
-            )
-        if self.attribution_reference_process not in ("on", "off"):
-            raise ConfigError(
-                "--attribution-reference-process: expected on or off, "
-                f"got {self.attribution_reference_process!r}"
-            )
-        if self.attributor not in ("on", "off"):
-            raise ConfigError(f"--attributor: expected on or off, got {self.attributor!r}")
+        for name in ("attribution_early_when_quiet", "attribution_reference_process", "attributor"):
+            if (value := getattr(self, name)) not in ("on", "off"):
+                raise ConfigError(f"--{name.replace('_', '-')}: expected on or off, got {value!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ConfigError(
                 f"--log-level: expected debug|info|warning|error, got {self.log_level!r}"

@@ -376,39 +376,33 @@ def json_of(answer: Answer) -> bytes:
     and kept with its trace's state, its size counted with the state's text (``_Kept``): a wide
     trace's answer is tens of thousands of rows, and writing them again for every asker was most
     of a repeated answer's CPU, all of it holding the GIL that ingest needs too."""
-    shared = _SHARED.state(answer)
-    if shared is None:
-        return answer.__pydantic_serializer__.to_json(answer)
-    worked, name = shared
-    key = ("json", name)
-    kept: bytes | None = worked.pieces.get(key)
-    if kept is None:
-        text = answer.__pydantic_serializer__.to_json(answer)
-        # Two askers may write it at once: the first kept is the one counted and served. Counted
-        # under a lock: askers of two answers of one state add to its count at once.
-        with _SHARED.lock:
-            kept = worked.pieces.setdefault(key, text)
-            if kept is text:
-                worked.text += len(text)
-    return kept
+    return _kept_bytes(answer, "json", lambda: answer.__pydantic_serializer__.to_json(answer))
 
 
 def gzip_of(answer: Answer, text: bytes) -> bytes:
     """``text`` (``answer``'s JSON) compressed with gzip at level 1, the cheapest: a trace view of
     19,801 spans goes from 16.6 MB to 1.2 MB in 37 ms of CPU, in zlib without the GIL. Kept with
     a shared answer's state as its JSON is (``json_of``), so its askers compress it once."""
+    return _kept_bytes(answer, "gzip", lambda: gzip.compress(text, compresslevel=1, mtime=0))
+
+
+def _kept_bytes(answer: Answer, kind: str, make: Callable[[], bytes]) -> bytes:
+    """``make()``; for an answer askers share, made once and kept with its trace's state as the
+    piece (``kind``, the answer's name), its size counted with the state's text."""
     shared = _SHARED.state(answer)
     if shared is None:
-        return gzip.compress(text, compresslevel=1, mtime=0)
+        return make()
     worked, name = shared
-    key = ("gzip", name)
+    key = (kind, name)
     kept: bytes | None = worked.pieces.get(key)
     if kept is None:
-        packed = gzip.compress(text, compresslevel=1, mtime=0)
+        made = make()
+        # Two askers may make it at once: the first kept is the one counted and served. Counted
+        # under a lock: askers of two answers of one state add to its count at once.
         with _SHARED.lock:
-            kept = worked.pieces.setdefault(key, packed)
-            if kept is packed:
-                worked.text += len(packed)
+            kept = worked.pieces.setdefault(key, made)
+            if kept is made:
+                worked.text += len(made)
     return kept
 
 
