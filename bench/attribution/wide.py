@@ -18,11 +18,11 @@ in variants taking turns, ``--rounds`` times each:
 Printed per run size and variant (medians of the rounds): seconds from the last Export's
 acknowledgement until every call of both runs is attributed
 (``latscope_attributed_requests_total``), serve's CPU seconds over that time (its child
-processes' included: the reference engine's worker and multiprocessing's resource tracker), the
-batches ClickHouse refused for memory (serve's warnings of a batch failed with
-``MEMORY_LIMIT_EXCEEDED``; the parts a refused batch is cut into are tried without one), the
-traces the reference engine took, and the peak RSS of serve and of its largest child (the
-worker); then routed against each other variant, round by round.
+process included: the reference engine's worker), the batches ClickHouse refused for memory
+(serve's warnings of a batch failed with ``MEMORY_LIMIT_EXCEEDED``; the parts a refused batch
+is cut into are tried without one), the traces the reference engine took, and the peak RSS of
+serve and of its largest child (the worker); then routed against each other variant, round by
+round.
 
 ``--prompt-kb N``: every span carries a prompt and a completion of N kB each (Exports of about
 8 MB), as agent runs traced with message content do.
