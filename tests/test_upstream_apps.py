@@ -178,11 +178,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         serve.stop()
 
 
-def _server_time(records: list[dict], side: str) -> int:
-    """The server's time on the request, every attempt: arrival to the last response byte,
-    measured just inside the instrumentation's middleware (``inner``) or outside it
-    (``outer``); the server span lies between the two."""
-    return sum(r[f"{side}_end_ns"] - r[f"{side}_arrival_ns"] for r in records)
+def _server_time(records: list[dict], side: str, call: dict) -> int:
+    """The server's time on the request while the client waited for it, every attempt: arrival
+    to the last response byte, measured just inside the instrumentation's middleware (``inner``)
+    or outside it (``outer``; the server span lies between the two), within the client's call.
+    The client of a stream is done at the ``[DONE]`` event, and the server may send the
+    response's closing empty body after that: the client did not wait for it."""
+    start, end = call["start_ns"], call["start_ns"] + call["e2e_ns"]
+    return sum(
+        max(0, min(r[f"{side}_end_ns"], end) - max(r[f"{side}_arrival_ns"], start)) for r in records
+    )
 
 
 def _row_of(run: Run, call: dict) -> dict | None:
@@ -196,7 +201,7 @@ def _expected_buckets(call: dict, records: list[dict]) -> dict[str, Any]:
     """The buckets the apps' own measurements give: the server's stages where its engine
     slept through them, the server's time around them as other, the rest network (these two
     as a range: the server span lies between the inner and the outer measurement)."""
-    inner, outer = _server_time(records, "inner"), _server_time(records, "outer")
+    inner, outer = _server_time(records, "inner", call), _server_time(records, "outer", call)
     out: dict[str, Any] = {"network": (call["e2e_ns"] - outer, call["e2e_ns"] - inner)}
     last = records[-1]
     stages = last.get("stages")
