@@ -5,12 +5,12 @@ from __future__ import annotations
 from latscope.storage import SPANS_TABLE
 
 
-def _trace_spans(attributes: str) -> str:
+def _trace_spans(attributes: str, resource: str = "ResourceAttributes") -> str:
     return f"""
 SELECT
     SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
     toUnixTimestamp64Nano(Timestamp) AS StartNs, Duration, {attributes}, StatusCode,
-    ResourceAttributes,
+    {resource},
     Events.Name AS EventNames,
     arrayMap(t -> toUnixTimestamp64Nano(t), Events.Timestamp) AS EventTimes
 FROM {SPANS_TABLE}
@@ -25,4 +25,28 @@ TRACE_SPANS = _trace_spans("SpanAttributes")
 #: attribution rows are worked out from): a trace's prompts and completions stay in ClickHouse.
 TRACE_SPANS_READ_BY_RULES = _trace_spans(
     "mapFilter((k, v) -> has({keys:Array(String)}, k), SpanAttributes) AS RuleAttributes"
+)
+
+#: The most characters of an attribute value that a trace's answers show (``TRACE_SPANS_SHOWN``):
+#: past that, prompts, completions and retrieved documents stay in ClickHouse, so a trace of
+#: spans carrying them is read in tens of MB, not the GB it may hold.
+ATTRIBUTE_CHARS = 1024
+
+
+def _cut(attributes: str) -> str:
+    """``attributes`` with each value of more than ``{cut}`` characters cut to its first ``{cut}``
+    and ``...[N characters]`` (N its length), but the values of ``{keys}``, which stay whole."""
+    return f"""mapApply((k, v) -> (k, if(
+        length(v) <= {{cut:UInt32}} OR has({{keys:Array(String)}}, k)
+            OR lengthUTF8(v) <= {{cut:UInt32}},
+        v,
+        concat(substringUTF8(v, 1, {{cut:UInt32}}), '...[', toString(lengthUTF8(v)), ' characters]')
+    )), {attributes})"""
+
+
+#: ``TRACE_SPANS`` as a trace's answers show it: every attribute value and resource attribute
+#: value of more than ``{cut}`` characters cut (``_cut``) but those of ``{keys}`` (the rules'),
+#: from which the attribution is worked out.
+TRACE_SPANS_SHOWN = _trace_spans(
+    f"{_cut('SpanAttributes')} AS Attributes", f"{_cut('ResourceAttributes')} AS Resource"
 )

@@ -7,7 +7,8 @@ from dataclasses import replace
 from typing import Any
 
 from latscope.attribution.model import SpanRecord
-from latscope.attribution.queries import TRACE_SPANS
+from latscope.attribution.queries import ATTRIBUTE_CHARS, TRACE_SPANS_SHOWN
+from latscope.attribution.sql import rule_keys
 from latscope.semconv import SpanKind, StatusCode
 from latscope.storage import Store
 
@@ -23,14 +24,17 @@ def normalized(spans: Iterable[SpanRecord]) -> list[SpanRecord]:
 
 def load_trace(store: Store, trace_id: str) -> list[SpanRecord]:
     """Every stored span of ``trace_id`` (lowercase hex), oldest first; [] when none. Span kinds
-    and status codes in older exporters' spellings (``SPAN_KIND_SERVER``) read as current ones."""
-    return span_records(store.query_rows(TRACE_SPANS, {"trace_id": trace_id}))
+    and status codes in older exporters' spellings (``SPAN_KIND_SERVER``) read as current ones.
+    An attribute value longer than ``ATTRIBUTE_CHARS`` characters is cut, but those the rules
+    read (``sql.rule_keys``), from which the attribution is worked out."""
+    parameters = {"trace_id": trace_id, "keys": rule_keys(), "cut": ATTRIBUTE_CHARS}
+    return span_records(store.query_rows(TRACE_SPANS_SHOWN, parameters))
 
 
 def span_records(rows: Iterable[Sequence[Any]]) -> list[SpanRecord]:
-    """``TRACE_SPANS``'s rows as records, each span once (a retrying exporter may have sent one
-    twice). A Map may come as a dict (clickhouse-connect's rows) or as (key, value) pairs
-    (Arrow's ``to_pylist``)."""
+    """``TRACE_SPANS``'s (or ``TRACE_SPANS_SHOWN``'s) rows as records, each span once (a retrying
+    exporter may have sent one twice). A Map may come as a dict (clickhouse-connect's rows) or as
+    (key, value) pairs (Arrow's ``to_pylist``)."""
     seen: set[str] = set()
     spans = []
     for row in rows:

@@ -16,9 +16,18 @@ import grpc
 import httpx
 import pytest
 
-from bench.api.wide import CALL_MS, GAP_MS, STEP_MS, TOOL_MS, span_count, wide_run
+from bench.api.wide import (
+    CALL_MS,
+    GAP_MS,
+    STEP_MS,
+    TOOL_MS,
+    span_count,
+    wide_run,
+    with_prompts,
+)
 from latscope.api.grpc_service import run_dict
 from latscope.api.routes.params import GZIP_MIN_BYTES
+from latscope.attribution.queries import ATTRIBUTE_CHARS
 from latscope.cli import main
 from latscope.cmd.explain import MAX_SPAN_ROWS
 from latscope.v1 import query_pb2, query_pb2_grpc
@@ -31,6 +40,8 @@ WIDE = 200  # calls: 1,201 spans, under the cap
 PAST = 300  # calls: 1,801 spans, past it
 TRACES = {"one": (bytes.fromhex("0a" * 16), 1), "wide": (bytes.fromhex("0b" * 16), WIDE),
           "past": (bytes.fromhex("0c" * 16), PAST)}  # fmt: skip
+#: A run whose every span carries a prompt and a completion of ``PROMPT_KB`` kB (19 MB in all).
+PROMPTS, PROMPT_KB = (bytes.fromhex("0d" * 16), 100), 16
 
 
 def _first_call(trace_id: bytes, calls: int) -> str:
@@ -70,10 +81,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             for i, (trace_id, calls) in enumerate(TRACES.values()):
                 for message in wide_run(trace_id, calls, per_export=500, seed=i):
                     export(message.SerializeToString(), timeout=60)
+            for payload in with_prompts(wide_run(*PROMPTS, per_export=100, seed=9), PROMPT_KB):
+                export(payload, timeout=60)
 
         def stored() -> bool:
-            for name in ("one", "wide"):
-                trace_id, calls = TRACES[name]
+            for trace_id, calls in (TRACES["one"], TRACES["wide"], PROMPTS):
                 r = _get(server, f"/v1/traces/{trace_id.hex()}/spans")
                 if r.status_code != 200 or len(r.json()["spans"]) != span_count(calls):
                     return False
@@ -146,6 +158,28 @@ def test_the_trace_view_of_a_wide_run_is_its_run_and_every_span(served) -> None:
     assert Counter(s["depth"] for s in spans) == {0: 1, 1: 2 * WIDE, 2: WIDE, 3: 3 * WIDE}
     assert spans[0]["depth"] == 0 and spans[0]["start_ms"] == 0.0
     assert sum(1 for s in spans if s["request_id"]) == WIDE
+
+
+def test_a_run_carrying_prompts_is_answered_with_them_cut_and_attributed_whole(served) -> None:
+    """Each prompt and completion shown as its first ``ATTRIBUTE_CHARS`` characters and its
+    length: the answers are a small part of the 19 MB the spans hold, and each call is attributed
+    as the same call without them."""
+    trace_id, calls = PROMPTS
+    spans = _ok(served, f"/v1/traces/{trace_id.hex()}/spans")["spans"]
+    assert len(spans) == span_count(calls)
+    for span in spans:
+        for key in ("gen_ai.prompt", "gen_ai.completion"):
+            value = span["attributes"][key]
+            assert value.endswith(f"...[{PROMPT_KB * 1024} characters]")
+            assert len(value) == ATTRIBUTE_CHARS + len(f"...[{PROMPT_KB * 1024} characters]")
+    (alone,) = _ok(served, f"/v1/traces/{TRACES['one'][0].hex()}/requests")["requests"]
+    got = _ok(served, f"/v1/traces/{trace_id.hex()}/requests")["requests"]
+    assert len(got) == calls
+    assert all(c["buckets_ms"] == alone["buckets_ms"] for c in got)
+    assert all(c["itl_ms"] == alone["itl_ms"] and c["output_tokens"] == 64 for c in got)
+    for path in ("", "/spans", "/run", "/requests"):
+        body = _get(served, f"/v1/traces/{trace_id.hex()}{path}").content
+        assert len(body) < 2_000_000, (path, len(body))
 
 
 PAST_ROUTES = (

@@ -97,3 +97,17 @@ def wide_run(
             rs.scope_spans.add().spans.extend(spans[i : i + per_export])
             exports.append(req)
     return exports
+
+
+def with_prompts(messages: list[ExportTraceServiceRequest], kb: int) -> list[bytes]:
+    """The Exports serialized, each span carrying a prompt and a completion of ``kb`` kB each
+    (random hex: incompressible, as text nearly is for the engine's codec), none when ``kb`` is
+    0."""
+    rng = random.Random(1)
+    for message in messages if kb else ():
+        for rs in message.resource_spans:
+            for span in rs.scope_spans[0].spans:
+                for key in ("gen_ai.prompt", "gen_ai.completion"):
+                    text = rng.randbytes(kb * 512).hex()
+                    span.attributes.append(KeyValue(key=key, value=AnyValue(string_value=text)))
+    return [m.SerializeToString() for m in messages]

@@ -18,6 +18,7 @@ from latscope.attribution.answers.models.base import (
     row,
 )
 from latscope.attribution.answers.models.standing import STANDING_EXAMPLE, Standing
+from latscope.attribution.queries import ATTRIBUTE_CHARS
 
 
 class Attribution(Answer):
@@ -85,7 +86,14 @@ class Span(TypedDict):
     duration_ms: float
     depth: int
     status: str
-    attributes: dict[str, str]
+    attributes: Annotated[
+        dict[str, str],
+        Field(
+            description=f"a value of more than {ATTRIBUTE_CHARS:,} characters (a prompt, a "
+            f"completion) as its first {ATTRIBUTE_CHARS:,} and '...[N characters]', N its "
+            "length, but those the attribution rules read; the whole value stays in ClickHouse"
+        ),
+    ]
     events: list[SpanEvent]
 
 

@@ -1,0 +1,101 @@
+"""A trace as its answers read it (``load_trace``: ``queries.TRACE_SPANS_SHOWN``): each attribute
+value of more than ``ATTRIBUTE_CHARS`` characters cut, saying its length, but the values the rules
+read, so that a trace of spans carrying prompts is read small and attributed as stored."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from latscope.attribution import RequestAttribution, attribute_requests, load_trace, rules
+from latscope.attribution.queries import ATTRIBUTE_CHARS, TRACE_SPANS
+from latscope.attribution.spans import span_records as stored_records
+from latscope.attribution.sql import rule_keys
+from latscope.storage import Store
+from tests.agent_traces import agent_run
+from tests.attribution_support import store_traces
+from tests.engine_traces import ENGINE_BUILDERS
+from tests.test_engine_rules import FASTGEN_RULES, fastgen_request
+from tests.upstream_traces import BUILDERS, span_records
+
+
+def _shown(value: str) -> str:
+    if len(value) <= ATTRIBUTE_CHARS:
+        return value
+    return f"{value[:ATTRIBUTE_CHARS]}...[{len(value)} characters]"
+
+
+def _resource(a: RequestAttribution) -> dict[str, str]:
+    return {k: _shown(v) for k, v in a.resource_attributes.items()}
+
+
+def _long(spans: list, keys: set[str]) -> list:
+    """The spans with every attribute value the rules do not read made long (a prompt of 5,000
+    two-byte characters added, each other value 3,000 characters longer), a value of 1,000
+    two-byte characters (2,000 bytes: whole), and a long resource attribute."""
+    out = []
+    for s in spans:
+        attributes = {k: v if k in keys else v + "p" * 3000 for k, v in s.attributes.items()}
+        attributes |= {"gen_ai.prompt": "é" * 5000, "gen_ai.system_instructions": "ü" * 1000}
+        out.append(
+            dataclasses.replace(s, attributes=attributes, resource={**s.resource, "x": "r" * 2000})
+        )
+    return out
+
+
+def test_long_values_are_cut_and_every_shape_attributed_as_stored(store: Store) -> None:
+    shipped = rules.active()
+    try:
+        for book in (shipped, rules.load([FASTGEN_RULES])):
+            rules.install(book)
+            keys = set(rule_keys())
+            built = [b(3) for _, b in BUILDERS] + [b(3) for _, b in ENGINE_BUILDERS]
+            built += [agent_run(seed).built for seed in range(4)] + [fastgen_request(3)[0]]
+            requests = cut = 0
+            for records in (span_records(b.resource_spans) for b in built):
+                long = {t: _long(spans, keys) for t, spans in records.items()}
+                for stored in store_traces(store, long):
+                    full = stored_records(store.query_rows(TRACE_SPANS, {"trace_id": stored}))
+                    shown = load_trace(store, stored)
+                    assert [s.span_id for s in shown] == [s.span_id for s in full]
+                    for s, f in zip(shown, full, strict=True):
+                        assert s.attributes.keys() == f.attributes.keys()
+                        for k, v in f.attributes.items():
+                            assert s.attributes[k] == (v if k in keys else _shown(v)), k
+                            cut += s.attributes[k] != v
+                        assert s.resource == {k: _shown(v) for k, v in f.resource.items()}
+                    # The same figures; the resource as shown (above).
+                    want = [
+                        dataclasses.replace(a, resource_attributes=_resource(a))
+                        for a in attribute_requests(stored, full)
+                    ]
+                    assert attribute_requests(stored, shown) == want, stored
+                    requests += len(want)
+            assert requests > len(built) and cut > 0
+    finally:
+        rules.install(shipped)
+
+
+def test_the_rules_values_stay_whole_however_long(store: Store) -> None:
+    [(stored, (_, spans))] = store_traces(
+        store, {"t": _long(_one_span(), set(rule_keys()))}
+    ).items()
+    [span] = load_trace(store, stored)
+    offsets = spans[0].attributes["latscope.token_offsets_us"]
+    assert (
+        len(offsets) > ATTRIBUTE_CHARS and span.attributes["latscope.token_offsets_us"] == offsets
+    )
+    assert span.attributes["gen_ai.prompt"] == "é" * ATTRIBUTE_CHARS + "...[5000 characters]"
+    assert span.attributes["gen_ai.system_instructions"] == "ü" * 1000
+
+
+def _one_span() -> list:
+    from latscope.attribution import SpanRecord
+
+    offsets = "[" + ",".join(str(1000 * i) for i in range(400)) + "]"
+    return [
+        SpanRecord(
+            span_id="00000000000000a1", parent_span_id="", name="decode", kind="Internal",
+            service="s", start_ns=1_763_000_000_000_000_000, duration_ns=10**9,
+            attributes={"latscope.token_offsets_us": offsets},
+        )
+    ]  # fmt: skip
