@@ -6,6 +6,10 @@ from latscope.storage import SPANS_TABLE
 
 
 def _trace_spans(attributes: str, resource: str = "ResourceAttributes") -> str:
+    """A trace's spans in no order (``spans.span_records`` sorts them): ClickHouse sorts a
+    query's rows before computing what it selects, so an ``ORDER BY`` would hold every span's
+    stored attributes, prompts and all, at once (a 633 MB trace went past the query memory
+    limit), where a read without one streams them through the attributes' filter or cut."""
     return f"""
 SELECT
     SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
@@ -15,7 +19,6 @@ SELECT
     arrayMap(t -> toUnixTimestamp64Nano(t), Events.Timestamp) AS EventTimes
 FROM {SPANS_TABLE}
 WHERE TraceId = {{trace_id:String}}
-ORDER BY StartNs
 """
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from operator import attrgetter
 from typing import Any
 
 from latscope.attribution.model import SpanRecord
@@ -32,11 +33,11 @@ def load_trace(store: Store, trace_id: str) -> list[SpanRecord]:
 
 
 def span_records(rows: Iterable[Sequence[Any]]) -> list[SpanRecord]:
-    """``TRACE_SPANS``'s (or ``TRACE_SPANS_SHOWN``'s) rows as records, each span once (a retrying
-    exporter may have sent one twice). A Map may come as a dict (clickhouse-connect's rows) or as
-    (key, value) pairs (Arrow's ``to_pylist``)."""
+    """``TRACE_SPANS``'s (or ``TRACE_SPANS_SHOWN``'s) rows as records, oldest first, each span once
+    (a retrying exporter may have sent one twice). A Map may come as a dict (clickhouse-connect's
+    rows) or as (key, value) pairs (Arrow's ``to_pylist``)."""
     seen: set[str] = set()
-    spans = []
+    spans: list[SpanRecord] = []
     for row in rows:
         (span_id, parent, name, kind, service, start, dur, attrs, status, resource) = row[:10]
         ev_names, ev_times = row[10], row[11]
@@ -59,4 +60,5 @@ def span_records(rows: Iterable[Sequence[Any]]) -> list[SpanRecord]:
                 resource=resource if type(resource) is dict else dict(resource),
             )
         )
+    spans.sort(key=attrgetter("start_ns"))
     return spans
