@@ -2,6 +2,7 @@
 16 such requests at once do to ingest.
 
     .venv/bin/python -m bench.api.traces [--calls 1100 3300 6600] [--repeat 3] [--concurrent 16]
+        [--prompt-kb N]
 
 Starts ``latscope serve`` on a fresh embedded store, sends one agent run per ``--calls`` (6
 spans a call: 6,601 / 19,801 / 39,601 spans; ``bench/api/wide.py``) and a run of one call (the
@@ -18,6 +19,12 @@ HTTP, the answer read whole; best of ``--repeat`` serves). And each route cold: 
 its own on the same store, each answer worked out from the stored spans with nothing kept from
 the one before (CPU ms, best of ``--repeat``): what the first answer about a trace, or about a
 trace that changed, costs.
+
+``--prompt-kb N``: every span of the runs carries a prompt and a completion of N kB each (random
+text, as ``bench.attribution.wide --prompt-kb``); first, before any other answer, each route is
+asked once about the widest run while serve's RSS is sampled every 0.1 s: printed per route, the
+answer's time and size (as sent, gzip; and inflated) and serve's peak RSS, against its memory
+bound (``latscope.config.memory_bound_bytes``).
 
 Then ingest beside them: a sender acknowledges Exports of 64 small spans one after the other for
 ``--ingest-s`` seconds alone (the baseline), then as long again while ``--concurrent`` clients
@@ -51,8 +58,10 @@ from pathlib import Path
 import grpc
 import httpx
 
-from bench.api.wide import span_count, wide_run
+from bench.api.wide import span_count, wide_run, with_prompts
 from bench.ingest.traces import make_batch
+from bench.memory.run import _metric, _rss
+from latscope.config import Settings, memory_bound_bytes
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 T0 = 1_763_000_000_000_000_000
@@ -311,12 +320,64 @@ def _ingest_beside(serve: Serve, trace_id: str, args: argparse.Namespace) -> Non
         _beside_askers(serve, trace_id, args, encoding, alone)
 
 
+def _attributed(http: str, calls: int) -> None:
+    """Wait until serve has attributed ``calls`` calls."""
+    deadline = time.monotonic() + 600
+    while _metric(httpx.get(f"{http}/metrics").text, "latscope_attributed_requests_total") < calls:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{calls} calls not attributed in 600 s")
+        time.sleep(0.5)
+
+
+def _memory(serve: Serve, trace_id: str, spans: int) -> None:
+    """Each route asked once about ``trace_id`` (``/requests`` first: the rest need a call's
+    id), serve's RSS sampled meanwhile."""
+    bound = memory_bound_bytes(Settings().memory_limit_bytes) / 2**20
+    before = _rss(serve.proc.pid)[0] / 2**20
+    print(f"\nfirst answers about the {spans:,}-span run carrying prompts; serve's RSS "
+          f"{before:,.0f} MiB before, its bound {bound:,.0f} MiB")  # fmt: skip
+    peak, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss(serve.proc.pid)[0])
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        first = ""
+        with httpx.Client(base_url=serve.http, timeout=600) as client:
+            for path, name in sorted(ROUTES, key=lambda route: route[1] != "requests"):
+                peak[0] = _rss(serve.proc.pid)[0]
+                started = time.perf_counter()
+                with client.stream("GET", path.format(t=trace_id, r=first)) as r:
+                    sent = sum(len(chunk) for chunk in r.iter_raw())
+                took = time.perf_counter() - started
+                answer = client.get(path.format(t=trace_id, r=first))
+                assert r.status_code == answer.status_code == 200, (path, r.status_code)
+                size = len(answer.content)
+                if name == "requests":
+                    first = answer.json()["requests"][0]["request_id"]
+                high = peak[0] / 2**20
+                print(f"  {name:<24} {took * 1e3:>7.0f} ms  {sent / 2**20:>7.1f} MiB sent, "
+                      f"{size / 2**20:>7.1f} MiB inflated  peak RSS {high:>7,.0f} MiB")  # fmt: skip
+    finally:
+        stop.set()
+        sampler.join()
+    print(f"  serve's peak RSS since it started (VmHWM) {_rss(serve.proc.pid)[1] / 2**20:,.0f} MiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, nargs="+", default=[1100, 3300, 6600])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--concurrent", type=int, default=16)
     parser.add_argument("--ingest-s", type=float, default=10.0)
+    parser.add_argument(
+        "--prompt-kb", type=int, default=0,
+        help="each span carries a prompt and a completion of this many kB",
+    )  # fmt: skip
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="latscope-bench-traces-"))
     try:
@@ -332,13 +393,21 @@ def _run(root: Path, args: argparse.Namespace) -> None:
         runs = {rng.randbytes(16): calls for calls in [1, *args.calls]}
         spans = {tid.hex(): span_count(calls) for tid, calls in runs.items()}
         started = time.perf_counter()
+        kb = args.prompt_kb
+        per_export = 2_000 if not kb else max(1, (8 << 20) // (2 * 1024 * kb))
         for i, (tid, calls) in enumerate(runs.items()):
-            _send(serve.grpc, [e.SerializeToString() for e in wide_run(tid, calls, seed=i)])
-        _stored(serve.http, list(spans), spans)
-        print(f"sent and stored {sum(spans.values()):,} spans in {len(runs)} traces in "
+            _send(serve.grpc, with_prompts(wide_run(tid, calls, per_export=per_export, seed=i), kb))
+        if kb:  # every call attributed (so stored), without reading the spans' prompts
+            _attributed(serve.http, sum(runs.values()))
+        else:
+            _stored(serve.http, list(spans), spans)
+        prompts = f", a {kb} kB prompt and completion a span" if kb else ""
+        print(f"sent and stored {sum(spans.values()):,} spans in {len(runs)} traces{prompts} in "
               f"{time.perf_counter() - started:.0f} s; load average "
               f"{os.getloadavg()[0]:.2f}")  # fmt: skip
         ids = list(spans)
+        if kb:
+            _memory(serve, ids[-1], spans[ids[-1]])
         with httpx.Client(base_url=serve.http, timeout=600) as client:
             first = {}
             for t in ids:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import random
 import shutil
 import tempfile
 import threading
@@ -49,11 +48,10 @@ from pathlib import Path
 import grpc
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
 from bench.api.traces import EXPORT, Serve, _cpu_s, _pct, _send
-from bench.api.wide import T0, span_count, wide_run
+from bench.api.wide import T0, span_count, wide_run, with_prompts
 from bench.ingest.run import _median
 from bench.memory.run import _metric, _rss
 
@@ -108,19 +106,6 @@ def _ticks(addr: str, stop: threading.Event, acks: list[float]) -> None:
             time.sleep(0.02)
 
 
-def _with_prompts(messages: list[ExportTraceServiceRequest], kb: int) -> list[bytes]:
-    """The Exports serialized, each span carrying a prompt and a completion of ``kb`` kB each
-    (random hex: incompressible, as text nearly is for the engine's codec)."""
-    rng = random.Random(1)
-    for message in messages:
-        for rs in message.resource_spans:
-            for span in rs.scope_spans[0].spans:
-                for key in ("gen_ai.prompt", "gen_ai.completion"):
-                    text = rng.randbytes(kb * 512).hex()
-                    span.attributes.append(KeyValue(key=key, value=AnyValue(string_value=text)))
-    return [m.SerializeToString() for m in messages]
-
-
 def one_round(
     workdir: Path, calls: int, variant: str, beside: bool, prompt_kb: int = 0
 ) -> dict[str, float]:
@@ -128,7 +113,7 @@ def one_round(
     store = workdir / f"store-{calls}-{variant.replace(' ', '-')}"
     per_export = 2_000 if not prompt_kb else max(1, (8 << 20) // (2 * 1024 * prompt_kb))
     runs = [*wide_run(WIDE, calls, per_export=per_export), *wide_run(ONE, 1)]
-    payloads = _with_prompts(runs, prompt_kb)
+    payloads = with_prompts(runs, prompt_kb)
     serve = Serve(store, *VARIANTS[variant])
     lines: list[str] = []
     try:
