@@ -33,7 +33,7 @@ TRACE_SPANS_READ_BY_RULES = _trace_spans(
 #: The most characters of an attribute value that a trace's answers show (``TRACE_SPANS_SHOWN``):
 #: past that, prompts, completions and retrieved documents stay in ClickHouse, so a trace of
 #: spans carrying them is read in tens of MB, not the GB it may hold.
-ATTRIBUTE_CHARS = 1024
+ATTRIBUTE_CHARS = 256
 
 
 def _cut(attributes: str) -> str:

@@ -37,12 +37,14 @@ def _resource(a: RequestAttribution) -> dict[str, str]:
 
 def _long(spans: list, keys: set[str]) -> list:
     """The spans with every attribute value the rules do not read made long (a prompt of 5,000
-    two-byte characters added, each other value 3,000 characters longer), a value of 1,000
-    two-byte characters (2,000 bytes: whole), and a long resource attribute."""
+    two-byte characters added, each other value 3,000 characters longer), a value of
+    ``ATTRIBUTE_CHARS`` two-byte characters (twice as many bytes: whole), and a long resource
+    attribute."""
     out = []
     for s in spans:
         attributes = {k: v if k in keys else v + "p" * 3000 for k, v in s.attributes.items()}
-        attributes |= {"gen_ai.prompt": "é" * 5000, "gen_ai.system_instructions": "ü" * 1000}
+        attributes["gen_ai.prompt"] = "é" * 5000
+        attributes["gen_ai.system_instructions"] = "ü" * ATTRIBUTE_CHARS
         out.append(
             dataclasses.replace(s, attributes=attributes, resource={**s.resource, "x": "r" * 2000})
         )
@@ -92,7 +94,7 @@ def test_the_rules_values_stay_whole_however_long(store: Store) -> None:
         len(offsets) > ATTRIBUTE_CHARS and span.attributes["latscope.token_offsets_us"] == offsets
     )
     assert span.attributes["gen_ai.prompt"] == "é" * ATTRIBUTE_CHARS + "...[5000 characters]"
-    assert span.attributes["gen_ai.system_instructions"] == "ü" * 1000
+    assert span.attributes["gen_ai.system_instructions"] == "ü" * ATTRIBUTE_CHARS
 
 
 def _one_span() -> list:
