@@ -26,7 +26,7 @@ from bench.api.wide import (
     with_prompts,
 )
 from latscope.api.grpc_service import run_dict
-from latscope.api.routes.params import GZIP_MIN_BYTES
+from latscope.api.routes.params import BODY_CHUNK, GZIP_MIN_BYTES
 from latscope.attribution.queries import ATTRIBUTE_CHARS
 from latscope.cli import main
 from latscope.cmd.explain import MAX_SPAN_ROWS
@@ -236,6 +236,15 @@ def _raw(server: Server, path: str, accept: str) -> tuple[httpx.Headers, bytes]:
     ) as r:
         assert r.status_code == 200
         return r.headers, b"".join(r.iter_raw())
+
+
+def test_an_answer_larger_than_a_piece_arrives_whole(served) -> None:
+    """Sent to the HTTP server in pieces of ``BODY_CHUNK`` bytes, the trace view arrives as one
+    body of its ``Content-Length``, the same JSON."""
+    wide = TRACES["wide"][0].hex()
+    headers, plain = _raw(served, f"/v1/traces/{wide}", "identity")
+    assert int(headers["content-length"]) == len(plain) > 2 * BODY_CHUNK
+    assert json.loads(plain) == _ok(served, f"/v1/traces/{wide}")
 
 
 @pytest.mark.parametrize("route", ["", "/spans", "/run", "/requests"])
