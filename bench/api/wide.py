@@ -5,7 +5,9 @@ and its queue, prefill and decode phases, 64 token offsets on decode) followed b
 
 ``wide_run(trace_id, calls)`` gives the Exports (at most ``per_export`` spans each) and the
 trace's span count; every span is at ``T0`` plus a few ms per step, so ``latscope serve`` takes
-them only with its span time window off (``--max-span-age-s 0``).
+them only with its span time window off (``--max-span-age-s 0``). ``with_prompts(exports, kb)``
+serializes them with a prompt and a completion of ``kb`` kB on every span (``bench.api.traces``
+and ``bench.attribution.wide``, ``--prompt-kb``).
 """
 
 from __future__ import annotations
