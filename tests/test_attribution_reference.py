@@ -10,6 +10,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 
 import pyarrow as pa
 import pytest
@@ -21,11 +22,10 @@ from latscope.attribution.sql import rule_keys
 from latscope.config import ConfigError, Settings
 from latscope.storage import SPANS_TABLE, Store
 from latscope.tokens import DEFAULT_STALL_NS
-from tests.agent_traces import agent_run
 from tests.attribution_support import MS, T0, calls_run, span_rows, store_traces
-from tests.engine_traces import ENGINE_BUILDERS
+from tests.shapes_support import shapes_by_rulebook
 from tests.test_engine_rules import FASTGEN_RULES, fastgen_request
-from tests.upstream_traces import BUILDERS, Built, span_records
+from tests.upstream_traces import span_records
 
 ALL = (0, 2**63 - 1)
 
@@ -173,22 +173,14 @@ def test_the_worker_attributes_by_the_rulebook_in_force(store: Store, worker: Wo
     assert rows.num_rows == 0
 
 
-def _every_shape() -> list[tuple[str, Built]]:
-    shapes = [(f"upstream {label}", build(3)) for label, build in BUILDERS]
-    shapes += [(f"engine {label}", build(3)) for label, build in ENGINE_BUILDERS]
-    return shapes + [(f"agent {seed}", agent_run(seed).built) for seed in range(6)]
-
-
 def test_the_rule_attributes_give_the_rows_every_attribute_gives(store: Store) -> None:
     """The attributor reads a wide trace's spans for the reference engine with the attributes
     the statements read only (``sql.rule_keys``), leaving prompts in ClickHouse: over every
     upstream client's, serving engine's and agent run's shape, with the rulebook of a user's
     file too, the rows are those worked out from every attribute."""
-    shipped = rules.active()
-    try:
-        for book in (shipped, rules.load([FASTGEN_RULES])):
-            rules.install(book)
-            built = [b for _, b in _every_shape()] + [fastgen_request(3)[0]]
+    # Closed when the test ends, pass or fail: the shipped rulebook is installed again.
+    with closing(shapes_by_rulebook()) as books:
+        for built in books:
             rows = dropped = 0
             for records in (span_records(b.resource_spans) for b in built):
                 for stored, _ in store_traces(store, records).items():
@@ -204,8 +196,6 @@ def test_the_rule_attributes_give_the_rows_every_attribute_gives(store: Store) -
                     assert got.to_pylist() == want.to_pylist(), stored
                     rows += want.num_rows
             assert rows > len(built) and dropped > 0
-    finally:
-        rules.install(shipped)
 
 
 def test_reference_process_is_on_or_off() -> None:

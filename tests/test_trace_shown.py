@@ -7,8 +7,9 @@ from __future__ import annotations
 import dataclasses
 import random
 import uuid
+from contextlib import closing
 
-from latscope.attribution import RequestAttribution, attribute_requests, load_trace, rules
+from latscope.attribution import RequestAttribution, attribute_requests, load_trace
 from latscope.attribution.queries import (
     ATTRIBUTE_CHARS,
     TRACE_SPANS,
@@ -18,11 +19,9 @@ from latscope.attribution.queries import (
 from latscope.attribution.spans import span_records as stored_records
 from latscope.attribution.sql import rule_keys
 from latscope.storage import SPANS_TABLE, Store
-from tests.agent_traces import agent_run
 from tests.attribution_support import calls_run, span_rows, store_traces
-from tests.engine_traces import ENGINE_BUILDERS
-from tests.test_engine_rules import FASTGEN_RULES, fastgen_request
-from tests.upstream_traces import BUILDERS, span_records
+from tests.shapes_support import shapes_by_rulebook
+from tests.upstream_traces import span_records
 
 
 def _shown(value: str) -> str:
@@ -52,13 +51,10 @@ def _long(spans: list, keys: set[str]) -> list:
 
 
 def test_long_values_are_cut_and_every_shape_attributed_as_stored(store: Store) -> None:
-    shipped = rules.active()
-    try:
-        for book in (shipped, rules.load([FASTGEN_RULES])):
-            rules.install(book)
+    # Closed when the test ends, pass or fail: the shipped rulebook is installed again.
+    with closing(shapes_by_rulebook()) as books:
+        for built in books:
             keys = set(rule_keys())
-            built = [b(3) for _, b in BUILDERS] + [b(3) for _, b in ENGINE_BUILDERS]
-            built += [agent_run(seed).built for seed in range(4)] + [fastgen_request(3)[0]]
             requests = cut = 0
             for records in (span_records(b.resource_spans) for b in built):
                 long = {t: _long(spans, keys) for t, spans in records.items()}
@@ -80,8 +76,6 @@ def test_long_values_are_cut_and_every_shape_attributed_as_stored(store: Store) 
                     assert attribute_requests(stored, shown) == want, stored
                     requests += len(want)
             assert requests > len(built) and cut > 0
-    finally:
-        rules.install(shipped)
 
 
 def test_the_rules_values_stay_whole_however_long(store: Store) -> None:
