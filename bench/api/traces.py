@@ -40,6 +40,7 @@ queues) and latencies. Last, a trace past
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -58,7 +59,7 @@ from pathlib import Path
 import grpc
 import httpx
 
-from bench.api.wide import span_count, wide_run, with_prompts
+from bench.api.wide import prompt_exports, span_count, wide_run, with_prompts
 from bench.ingest.traces import make_batch
 from bench.memory.run import _metric, _rss
 from latscope.config import Settings, memory_bound_bytes
@@ -352,16 +353,16 @@ def _memory(serve: Serve, trace_id: str, spans: int) -> None:
                 peak[0] = _rss(serve.proc.pid)[0]
                 started = time.perf_counter()
                 with client.stream("GET", path.format(t=trace_id, r=first)) as r:
-                    sent = sum(len(chunk) for chunk in r.iter_raw())
+                    sent = b"".join(r.iter_raw())
                 took = time.perf_counter() - started
-                answer = client.get(path.format(t=trace_id, r=first))
-                assert r.status_code == answer.status_code == 200, (path, r.status_code)
-                size = len(answer.content)
+                assert r.status_code == 200, (path, r.status_code)
+                gzipped = r.headers.get("content-encoding") == "gzip"
+                body = gzip.decompress(sent) if gzipped else sent
                 if name == "requests":
-                    first = answer.json()["requests"][0]["request_id"]
-                high = peak[0] / 2**20
-                print(f"  {name:<24} {took * 1e3:>7.0f} ms  {sent / 2**20:>7.1f} MiB sent, "
-                      f"{size / 2**20:>7.1f} MiB inflated  peak RSS {high:>7,.0f} MiB")  # fmt: skip
+                    first = json.loads(body)["requests"][0]["request_id"]
+                mib = (len(sent) / 2**20, len(body) / 2**20, peak[0] / 2**20)
+                print(f"  {name:<24} {took * 1e3:>7.0f} ms  {mib[0]:>7.1f} MiB sent, "
+                      f"{mib[1]:>7.1f} MiB inflated  peak RSS {mib[2]:>7,.0f} MiB")  # fmt: skip
     finally:
         stop.set()
         sampler.join()
@@ -394,7 +395,7 @@ def _run(root: Path, args: argparse.Namespace) -> None:
         spans = {tid.hex(): span_count(calls) for tid, calls in runs.items()}
         started = time.perf_counter()
         kb = args.prompt_kb
-        per_export = 2_000 if not kb else max(1, (8 << 20) // (2 * 1024 * kb))
+        per_export = prompt_exports(kb)
         for i, (tid, calls) in enumerate(runs.items()):
             _send(serve.grpc, with_prompts(wide_run(tid, calls, per_export=per_export, seed=i), kb))
         if kb:  # every call attributed (so stored), without reading the spans' prompts

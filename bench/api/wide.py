@@ -6,8 +6,8 @@ and its queue, prefill and decode phases, 64 token offsets on decode) followed b
 ``wide_run(trace_id, calls)`` gives the Exports (at most ``per_export`` spans each) and the
 trace's span count; every span is at ``T0`` plus a few ms per step, so ``latscope serve`` takes
 them only with its span time window off (``--max-span-age-s 0``). ``with_prompts(exports, kb)``
-serializes them with a prompt and a completion of ``kb`` kB on every span (``bench.api.traces``
-and ``bench.attribution.wide``, ``--prompt-kb``).
+serializes them with a prompt and a completion of ``kb`` kB on every span, ``prompt_exports(kb)``
+spans an Export (``bench.api.traces`` and ``bench.attribution.wide``, ``--prompt-kb``).
 """
 
 from __future__ import annotations
@@ -99,6 +99,12 @@ def wide_run(
             rs.scope_spans.add().spans.extend(spans[i : i + per_export])
             exports.append(req)
     return exports
+
+
+def prompt_exports(kb: int) -> int:
+    """Spans an Export carries when each carries a prompt and a completion of ``kb`` kB: about 8
+    MB an Export (``wide_run``'s default of 2,000 without them)."""
+    return 2_000 if not kb else max(1, (8 << 20) // (2 * 1024 * kb))
 
 
 def with_prompts(messages: list[ExportTraceServiceRequest], kb: int) -> list[bytes]:

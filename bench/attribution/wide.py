@@ -51,7 +51,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
 from bench.api.traces import EXPORT, Serve, _cpu_s, _pct, _send
-from bench.api.wide import T0, span_count, wide_run, with_prompts
+from bench.api.wide import T0, prompt_exports, span_count, wide_run, with_prompts
 from bench.ingest.run import _median
 from bench.memory.run import _metric, _rss
 
@@ -111,7 +111,7 @@ def one_round(
 ) -> dict[str, float]:
     """A fresh serve sent the two runs: what attributing them took."""
     store = workdir / f"store-{calls}-{variant.replace(' ', '-')}"
-    per_export = 2_000 if not prompt_kb else max(1, (8 << 20) // (2 * 1024 * prompt_kb))
+    per_export = prompt_exports(prompt_kb)
     runs = [*wide_run(WIDE, calls, per_export=per_export), *wide_run(ONE, 1)]
     payloads = with_prompts(runs, prompt_kb)
     serve = Serve(store, *VARIANTS[variant])
