@@ -1,6 +1,7 @@
 """The reference engine as the attributor runs it, on a trace too wide for the SQL
 (``Attributor._by_reference``): the rows of a trace's calls, worked out in Python from its spans
-as the store returns them (``TRACE_SPANS`` read as Arrow).
+as the store returns them (``TRACE_SPANS_READ_BY_RULES`` read as Arrow: the rules' attributes
+only, in no order; ``span_records`` sorts them).
 
 ``reference_rows`` is the work, by the rulebook in force. ``Reference`` runs it in the caller's
 thread; ``Worker``, which ``latscope serve`` and ``latscope collector`` use, in a process of its
