@@ -171,19 +171,45 @@ def test_kept_traces_hold_at_most_the_span_cap_and_the_text_bound(store, monkeyp
     assert trace.trace_run(store, one) is not again
 
 
+def test_past_the_text_bound_answers_bytes_go_before_their_trace(store, monkeypatch) -> None:
+    trace_id = uuid.uuid4().hex
+    store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))
+    view = trace.trace_explain(store, trace_id)
+    (worked,) = (w for w in trace_state._KEPT._states.values() if view in w.pieces.values())
+    view_json = trace_state.json_of(view)
+    spans = trace.trace_spans(store, trace_id)
+    spans_json = trace_state.json_of(spans)
+    assert worked.kept == worked.text + len(view_json) + len(spans_json) and worked.text > 0
+    # Room for the spans' text and one answer's JSON: the view's, asked for less recently, goes.
+    monkeypatch.setattr(
+        trace_state, "KEPT_TEXT", worked.text + max(len(view_json), len(spans_json))
+    )
+    assert trace_state.json_of(spans) is spans_json
+    assert trace.trace_explain(store, trace_id) is view  # the trace's state is kept
+    assert list(worked.made) == [("json", "spans answer")]
+    assert worked.kept == worked.text + len(spans_json)
+    again = trace_state.json_of(view)
+    assert again == view_json and again is not view_json
+    assert trace_state.json_of(spans) is spans_json
+    # The spans' text alone past the bound: the state goes once its answer is done.
+    monkeypatch.setattr(trace_state, "KEPT_TEXT", worked.text - 1)
+    assert trace.trace_explain(store, trace_id) is view
+    assert trace.trace_explain(store, trace_id) is not view
+
+
 def test_a_shared_answer_is_written_once_and_counted_with_its_trace(store: Store) -> None:
     trace_id = uuid.uuid4().hex
     store.insert_arrow(SPANS_TABLE, span_rows(trace_id, server_spans()))
     answer = trace.trace_explain(store, trace_id)
     (worked,) = (w for w in trace_state._KEPT._states.values() if answer in w.pieces.values())
-    text = worked.text
+    kept = worked.kept
     body = trace_state.json_of(answer)
     assert body == answer.model_dump_json().encode()
-    assert worked.text == text + len(body)
+    assert worked.kept == kept + len(body)
     # Asked again in the same state: the same answer, its JSON not written again.
     again = trace.trace_explain(store, trace_id)
     assert again is answer and trace_state.json_of(again) is body
-    assert worked.text == text + len(body)
+    assert worked.kept == kept + len(body)
     # An answer built for one asker (a call's attribution) is written for each.
     (call,) = trace.trace_requests(store, trace_id).requests
     one = trace.request_attribution(store, call.request_id)

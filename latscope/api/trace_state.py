@@ -168,11 +168,33 @@ class _Worked:
         self.pieces: dict[Hashable, Any] = {}
         #: The characters of its spans' attribute values, once they are read.
         self.text = 0
+        #: The bytes of its answers' JSON and gzip kept (``_kept_bytes``), by piece, the least
+        #: recently asked for first, and their sum.
+        self.made: OrderedDict[Hashable, int] = OrderedDict()
+        self.made_bytes = 0
+
+    @property
+    def kept(self) -> int:
+        """What it holds, as ``KEPT_TEXT`` counts it: its spans' text and its answers' bytes."""
+        return self.text + self.made_bytes
+
+    def let_go_of_bytes(self, most: int) -> int:
+        """Drop the answers' bytes least recently asked for until ``most`` are freed or none is
+        left; the bytes freed. Under ``_SHARED.lock``."""
+        freed = 0
+        while self.made and freed < most:
+            key, size = self.made.popitem(last=False)
+            self.pieces.pop(key, None)
+            freed += size
+        self.made_bytes -= freed
+        return freed
 
 
-#: The most characters of attribute values the kept states' spans hold together: a trace of
-#: spans carrying prompts is not kept past its answers, so what stays in memory between answers
-#: is bounded whatever the spans carry.
+#: The most characters of attribute values and bytes of answers' JSON and gzip the kept states
+#: hold together. Past it the answers' bytes go first (they are written again from the answer
+#: in a fraction of the time reading the trace again takes), the least recently asked for first,
+#: then the oldest states; a trace whose spans alone carry more (prompts) is not kept past its
+#: answers. So what stays in memory between answers is bounded whatever the spans carry.
 KEPT_TEXT = 64 << 20
 
 
@@ -203,12 +225,27 @@ class _Kept:
             self._trim(budget, None)
 
     def _trim(self, budget: int, keep: _Worked | None) -> None:
-        spans = text = 0
+        spans = 0
         for k, w in list(self._states.items()):
-            spans, text = spans + w.spans, text + w.text
-            if (spans > budget or text > KEPT_TEXT) and w is not keep:
+            spans += w.spans
+            if spans > budget and w is not keep:
                 del self._states[k]
-                spans, text = spans - w.spans, text - w.text
+                spans -= w.spans
+        over = sum(w.kept for w in self._states.values()) - KEPT_TEXT
+        if over <= 0:
+            return
+        oldest_first = list(reversed(self._states.items()))
+        with _SHARED.lock:
+            for _, w in oldest_first:
+                over -= w.let_go_of_bytes(over)
+                if over <= 0:
+                    return
+        for k, w in oldest_first:
+            if w is not keep:
+                del self._states[k]
+                over -= w.text
+                if over <= 0:
+                    return
 
     def clear(self) -> None:
         with self._lock:
@@ -394,15 +431,19 @@ def _kept_bytes(answer: Answer, kind: str, make: Callable[[], bytes]) -> bytes:
         return make()
     worked, name = shared
     key = (kind, name)
-    kept: bytes | None = worked.pieces.get(key)
-    if kept is None:
-        made = make()
-        # Two askers may make it at once: the first kept is the one counted and served. Counted
-        # under a lock: askers of two answers of one state add to its count at once.
-        with _SHARED.lock:
-            kept = worked.pieces.setdefault(key, made)
-            if kept is made:
-                worked.text += len(made)
+    with _SHARED.lock:
+        kept: bytes | None = worked.pieces.get(key)
+        if kept is not None:
+            worked.made.move_to_end(key)
+            return kept
+    made = make()
+    # Two askers may make it at once: the first kept is the one counted and served. Counted under
+    # a lock: askers of two answers of one state add to its count at once, and trimming drops.
+    with _SHARED.lock:
+        kept = worked.pieces.setdefault(key, made)
+        if kept is made:
+            worked.made[key] = len(made)
+            worked.made_bytes += len(made)
     return kept
 
 
