@@ -38,12 +38,17 @@ ATTRIBUTE_CHARS = 256
 
 def _cut(attributes: str) -> str:
     """``attributes`` with each value of more than ``{cut}`` characters cut to its first ``{cut}``
-    and ``...[N characters]`` (N its length), but the values of ``{keys}``, which stay whole."""
+    and ``...[N characters]`` (N its length), but the values of ``{keys}``, which stay whole.
+
+    Counting a value's characters reads all of it: only a value of ``{cut}`` to 4 x ``{cut}``
+    bytes (UTF-8 takes 1 to 4 a character) is counted to be tested, and ``leftUTF8`` reads only
+    what it keeps (``substringUTF8`` read the whole value), so a long value is read once after it
+    is decompressed, for its count."""
     return f"""mapApply((k, v) -> (k, if(
         length(v) <= {{cut:UInt32}} OR has({{keys:Array(String)}}, k)
-            OR lengthUTF8(v) <= {{cut:UInt32}},
+            OR (length(v) <= 4 * {{cut:UInt32}} AND lengthUTF8(v) <= {{cut:UInt32}}),
         v,
-        concat(substringUTF8(v, 1, {{cut:UInt32}}), '...[', toString(lengthUTF8(v)), ' characters]')
+        concat(leftUTF8(v, {{cut:UInt32}}), '...[', toString(lengthUTF8(v)), ' characters]')
     )), {attributes})"""
 
 

@@ -91,6 +91,23 @@ def test_the_rules_values_stay_whole_however_long(store: Store) -> None:
     assert span.attributes["gen_ai.system_instructions"] == "ü" * ATTRIBUTE_CHARS
 
 
+def test_values_are_cut_at_their_characters_whatever_their_bytes(store: Store) -> None:
+    n = ATTRIBUTE_CHARS
+    values = {
+        "one": "a" * n, "one+": "a" * (n + 1),
+        "two": "é" * n, "two+": "é" * (n + 1),
+        "four": "😀" * n, "four+": "😀" * (n + 1),  # 4 x n bytes: whole; one more: cut
+        "mixed": "😀é" * (n // 2) + "a", "mixed-": "😀é" * (n // 2),
+    }  # fmt: skip
+    [span] = _one_span()
+    span = dataclasses.replace(span, attributes={**span.attributes, **values})
+    [(stored, _)] = store_traces(store, {"t": [span]}).items()
+    [shown] = load_trace(store, stored)
+    assert {k: shown.attributes[k] for k in values} == {k: _shown(v) for k, v in values.items()}
+    assert shown.attributes["four+"] == "😀" * n + f"...[{n + 1} characters]"
+    assert sum(shown.attributes[k] == v for k, v in values.items()) == 4
+
+
 def _one_span() -> list:
     from latscope.attribution import SpanRecord
 
