@@ -21,11 +21,13 @@ pytestmark = pytest.mark.subprocess
 
 TOKEN = "s3cret-token"
 TRACE = "ab" * 16
+SPAN = "cd" * 8
 V1_ROUTES = [
     f"/v1/requests/{TRACE}/attribution",
     f"/v1/requests/{TRACE}",
     f"/v1/requests/{TRACE}/tokens",
     f"/v1/traces/{TRACE}/spans",
+    f"/v1/traces/{TRACE}/spans/{SPAN}",
     "/v1/export/requests",
     f"/v1/traces/{TRACE}/requests",
     f"/v1/traces/{TRACE}/run",
@@ -65,7 +67,8 @@ def test_the_spec_lists_every_v1_route(guarded: Server) -> None:
 
     def template(path: str) -> str:
         name = "{request_id}" if path.startswith("/v1/requests/") else "{trace_id}"
-        return path.replace(TRACE, name).replace("conv-1", "{conversation_id}")
+        path = path.replace(TRACE, name).replace(SPAN, "{span_id}")
+        return path.replace("conv-1", "{conversation_id}")
 
     assert {p for p in spec["paths"] if p.startswith("/v1/")} == {
         template(p) for p in V1_ROUTES

@@ -70,6 +70,7 @@ def test_openapi_is_complete(served: tuple[Server, list]) -> None:
         "/v1/requests/{request_id}",
         "/v1/requests/{request_id}/tokens",
         "/v1/traces/{trace_id}/spans",
+        "/v1/traces/{trace_id}/spans/{span_id}",
         "/v1/traces/{trace_id}/requests",
         "/v1/traces/{trace_id}/run",
         "/v1/traces/{trace_id}",

@@ -15,11 +15,16 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from bench.api.wide import (
     CALL_MS,
     GAP_MS,
     STEP_MS,
+    T0,
     TOOL_MS,
     span_count,
     wide_run,
@@ -269,3 +274,109 @@ def test_a_wide_trace_s_answers_go_gzip_compressed_to_clients_that_take_it(
     headers, body = _raw(served, f"/v1/traces/{one}{route}", "gzip")
     assert "content-encoding" not in headers and len(body) < GZIP_MIN_BYTES
     assert _ok(served, f"/v1/traces/{one}{route}") == json.loads(body)
+
+
+def _sent(payloads: list[bytes]) -> dict[str, tuple[Span, dict[str, str]]]:
+    """Each span of the Exports by its id (hex), with its resource's attributes."""
+    out = {}
+    for payload in payloads:
+        message = ExportTraceServiceRequest.FromString(payload)
+        for rs in message.resource_spans:
+            resource = {kv.key: _text(kv.value) for kv in rs.resource.attributes}
+            for span in rs.scope_spans[0].spans:
+                out[span.span_id.hex()] = (span, resource)
+    return out
+
+
+def _text(value: AnyValue) -> str:
+    return value.string_value if value.HasField("string_value") else str(value.int_value)
+
+
+def test_a_span_is_read_whole_as_it_was_sent(served) -> None:
+    """``/v1/traces/{t}/spans/{s}``: a span of the run carrying prompts with every value whole,
+    as sent, where the trace's answers show it cut; and a span of a trace past the cap."""
+    trace_id, _ = PROMPTS
+    sent = _sent(with_prompts(wide_run(*PROMPTS, per_export=100, seed=9), PROMPT_KB))
+    shown = {s["span_id"]: s for s in _ok(served, f"/v1/traces/{trace_id.hex()}/spans")["spans"]}
+    assert shown.keys() == sent.keys()
+    for span_id in [*list(sent)[:3], *list(sent)[-3:]]:
+        span, resource = sent[span_id]
+        # Any case: ids are hex.
+        got = _ok(served, f"/v1/traces/{trace_id.hex().upper()}/spans/{span_id.upper()}")
+        want_attributes = {kv.key: _text(kv.value) for kv in span.attributes}
+        assert got == {
+            "trace_id": trace_id.hex(), "span_id": span_id,
+            "parent_span_id": span.parent_span_id.hex(), "name": span.name,
+            "kind": shown[span_id]["kind"], "service": resource["service.name"],
+            "start_unix_ns": span.start_time_unix_nano,
+            "duration_ms": (span.end_time_unix_nano - span.start_time_unix_nano) / 1e6,
+            "status": "Unset", "status_message": "", "attributes": want_attributes,
+            "resource": resource, "events": [], "links": [],
+        }  # fmt: skip
+        prompt = got["attributes"]["gen_ai.prompt"]
+        assert len(prompt) == PROMPT_KB * 1024
+        cut = shown[span_id]["attributes"]["gen_ai.prompt"]
+        assert cut == f"{prompt[:ATTRIBUTE_CHARS]}...[{len(prompt)} characters]"
+    past, calls = TRACES["past"]
+    span_id = wide_run(past, calls, seed=2)[0].resource_spans[0].scope_spans[0].spans[0].span_id
+    got = _ok(served, f"/v1/traces/{past.hex()}/spans/{span_id.hex()}")
+    assert got["span_id"] == span_id.hex() and got["name"].startswith("invoke_agent")
+
+
+def test_a_span_keeps_its_events_links_status_and_resource(served) -> None:
+    trace_id, span_id, linked = bytes(range(16)), bytes(range(8)), bytes(range(16, 32))
+    span = Span(
+        trace_id=trace_id, span_id=span_id, parent_span_id=b"\x07" * 8, name="retrieve",
+        kind=Span.SPAN_KIND_CLIENT, start_time_unix_nano=T0, end_time_unix_nano=T0 + 5_000_000,
+        attributes=[KeyValue(key="db.query.text", value=AnyValue(string_value="é" * 3000))],
+        events=[Span.Event(time_unix_nano=T0 + 1_000, name="hit", attributes=[
+            KeyValue(key="doc", value=AnyValue(string_value="d" * 500))])],
+        links=[Span.Link(trace_id=linked, span_id=b"\x09" * 8, attributes=[
+            KeyValue(key="why", value=AnyValue(string_value="follows"))])],
+        status=Status(code=Status.STATUS_CODE_ERROR, message="index offline"),
+    )  # fmt: skip
+    resource = Resource(attributes=[
+        KeyValue(key="service.name", value=AnyValue(string_value="rag")),
+        KeyValue(key="k8s.pod.name", value=AnyValue(string_value="rag-0"))])  # fmt: skip
+    message = ExportTraceServiceRequest(resource_spans=[
+        ResourceSpans(resource=resource, scope_spans=[ScopeSpans(spans=[span])])])  # fmt: skip
+    with grpc.insecure_channel(served.grpc) as channel:
+        export = channel.unary_unary(
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            request_serializer=None, response_deserializer=None,
+        )  # fmt: skip
+        export(message.SerializeToString(), timeout=60)
+    path = f"/v1/traces/{trace_id.hex()}/spans/{span_id.hex()}"
+    deadline = time.monotonic() + 60
+    while (r := _get(served, path)).status_code == 404:
+        assert r.json()["error"] == "span_not_found"
+        assert time.monotonic() < deadline, "the span was not stored"
+        time.sleep(0.2)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert (got["kind"], got["service"], got["status"], got["status_message"]) == (
+        "Client", "rag", "Error", "index offline")  # fmt: skip
+    assert got["attributes"] == {"db.query.text": "é" * 3000}
+    assert got["resource"] == {"service.name": "rag", "k8s.pod.name": "rag-0"}
+    assert got["events"] == [
+        {"name": "hit", "at_unix_ns": T0 + 1_000, "attributes": {"doc": "d" * 500}}
+    ]
+    assert got["links"] == [
+        {"trace_id": linked.hex(), "span_id": "09" * 8, "attributes": {"why": "follows"}}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "error"),
+    [
+        ("/v1/traces/" + "0b" * 16 + "/spans/xyz", 400, "invalid_span_id"),
+        ("/v1/traces/" + "0b" * 16 + "/spans/" + "0" * 17, 400, "invalid_span_id"),
+        ("/v1/traces/xyz/spans/" + "0" * 16, 400, "invalid_trace_id"),
+        ("/v1/traces/" + "0b" * 16 + "/spans/" + "0" * 16, 404, "span_not_found"),
+        ("/v1/traces/" + "ef" * 16 + "/spans/" + "0" * 16, 404, "span_not_found"),
+    ],
+)
+def test_a_span_asked_wrong_is_a_clear_error(served, path: str, status: int, error: str) -> None:
+    r = _get(served, path)
+    assert r.status_code == status, r.text
+    assert r.json()["error"] == error and r.json()["detail"]

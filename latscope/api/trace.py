@@ -43,6 +43,7 @@ from latscope.api.schemas import (
     RunTool,
     Span,
     Standing,
+    StoredSpan,
     TokenTimeline,
     TraceExplain,
     TraceRequests,
@@ -63,14 +64,17 @@ from latscope.attribution import (
     find_requests,
 )
 from latscope.attribution.engine import timed_decode, timeline
+from latscope.attribution.queries import SPAN_STORED
 from latscope.attribution.runs import RunExplanation
 from latscope.config import DEFAULT_MAX_TRACE_SPANS
-from latscope.semconv import LatscopeAttributes
+from latscope.semconv import LatscopeAttributes, SpanKind, StatusCode
 from latscope.storage import Store
 from latscope.tokens import DEFAULT_STALL_NS
 
 TRACE_ID_PATTERN = r"^[0-9a-fA-F]{32}$"
 REQUEST_ID_PATTERN = r"^[0-9a-fA-F]{32}(-[0-9a-fA-F]{16})?$"
+SPAN_ID_PATTERN = r"^[0-9a-fA-F]{16}$"
+_SPAN_ID = re.compile(SPAN_ID_PATTERN)
 _TRACE_ID = re.compile(TRACE_ID_PATTERN)
 _REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 #: The attributor's default stall threshold; the API passes the configured one
@@ -308,6 +312,44 @@ def trace_spans(
             )
 
         return t.answer("spans answer", answer)
+
+
+def stored_span(store: Store, trace_id: str, span_id: str) -> StoredSpan:
+    """``GET /v1/traces/{trace_id}/spans/{span_id}``: the span as stored, every value whole. One
+    span's read: outside the trace answers' slots and cap (a span of a trace past the cap is read
+    all the same)."""
+    trace_id = check_trace_id(trace_id)
+    if not _SPAN_ID.match(span_id):
+        raise InvalidParameter("invalid_span_id", "span_id must be 16 hexadecimal characters")
+    span_id = span_id.lower()
+    rows = store.query_rows(SPAN_STORED, {"trace_id": trace_id, "span_id": span_id})
+    if not rows:
+        raise NotFound("span_not_found", f"no span {span_id} stored in trace {trace_id}")
+    row = rows[0]
+    (parent, name, kind, service, start, duration, status, message, attributes, resource) = row[:10]
+    names, times, event_attributes, link_traces, link_spans, link_attributes = row[10:]
+    return StoredSpan(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent,
+        name=name,
+        kind=SpanKind.normalize(kind),
+        service=service,
+        start_unix_ns=int(start),
+        duration_ms=int(duration) / 1e6,
+        status=StatusCode.normalize(status),
+        status_message=message,
+        attributes=dict(attributes),
+        resource=dict(resource),
+        events=[
+            {"name": n, "at_unix_ns": int(t), "attributes": dict(a)}
+            for n, t, a in zip(names, times, event_attributes, strict=True)
+        ],
+        links=[
+            {"trace_id": t, "span_id": sp, "attributes": dict(a)}
+            for t, sp, a in zip(link_traces, link_spans, link_attributes, strict=True)
+        ],
+    )
 
 
 def _timeline(request: Request, result: RequestAttribution, stall_ms: float) -> dict[str, Any]:

@@ -34,6 +34,15 @@ TraceId = Annotated[
         json_schema_extra={"pattern": trace.TRACE_ID_PATTERN},
     ),
 ]
+SpanId = Annotated[
+    str,
+    Path(
+        description="16 hexadecimal characters (W3C span id)",
+        examples=["00f067aa0ba902b7"],
+        max_length=32,
+        json_schema_extra={"pattern": trace.SPAN_ID_PATTERN},
+    ),
+]
 # The patterns are documented, and checked by the answering function with a 400 that says what
 # to write (a framework 422 would say only that the pattern failed).
 RequestId = Annotated[

@@ -16,6 +16,7 @@ from latscope.api.routes.params import (
     Model,
     RequestId,
     Service,
+    SpanId,
     StallMs,
     TraceId,
     served,
@@ -26,6 +27,7 @@ from latscope.api.schemas import (
     Live,
     RequestTokens,
     Run,
+    StoredSpan,
     TraceExplain,
     TraceRequests,
     TraceSpans,
@@ -89,6 +91,18 @@ def add_trace_routes(router: APIRouter, store: Store, settings: Settings) -> Non
         """Every span of a trace, server spans moved onto the client's clock, depth-first: each
         span's children under it, siblings by start (as a waterfall lists them)."""
         return served(trace.trace_spans(store, trace_id, max_spans=cap))
+
+    @router.get(
+        "/traces/{trace_id}/spans/{span_id}",
+        tags=["traces"],
+        response_model=StoredSpan,
+        responses=ONE,
+    )
+    def stored_span(trace_id: TraceId, span_id: SpanId) -> Response:
+        """One span as stored, every attribute value whole (a prompt the trace's answers show
+        cut), with its resource, events and links; read alone, so a span of a trace past
+        ``--max-trace-spans`` too."""
+        return served(trace.stored_span(store, trace_id, span_id))
 
     @router.get(
         "/traces/{trace_id}/requests",

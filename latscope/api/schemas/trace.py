@@ -91,7 +91,8 @@ class Span(TypedDict):
         Field(
             description=f"a value of more than {ATTRIBUTE_CHARS:,} characters (a prompt, a "
             f"completion) as its first {ATTRIBUTE_CHARS:,} and '...[N characters]', N its "
-            "length, but those the attribution rules read; the whole value stays in ClickHouse"
+            "length, but those the attribution rules read; "
+            "/v1/traces/{trace_id}/spans/{span_id} gives the span with every value whole"
         ),
     ]
     events: list[SpanEvent]
@@ -131,6 +132,61 @@ class TraceSpans(Answer):
     start_unix_ms: float
     clock_skew_ms: float
     spans: list[Span]
+
+
+@row
+class StoredEvent(TypedDict):
+    name: str
+    at_unix_ns: int
+    attributes: dict[str, str]
+
+
+@row
+class StoredLink(TypedDict):
+    trace_id: str
+    span_id: str
+    attributes: dict[str, str]
+
+
+class StoredSpan(Answer):
+    """One span as stored: every attribute value whole (a prompt, a completion), its resource,
+    events and links; times on the span's own clock."""
+
+    model_config = _example(
+        {
+            "trace_id": TRACE_ID_EXAMPLE,
+            "span_id": "00f067aa0ba902b7",
+            "parent_span_id": "53995c3f42cd8ad8",
+            "name": "chat llama-3",
+            "kind": "Client",
+            "service": "chat-app",
+            "start_unix_ns": 1763000000000000000,
+            "duration_ms": 812.5,
+            "status": "Ok",
+            "status_message": "",
+            "attributes": {"gen_ai.request.model": "llama-3", "gen_ai.prompt": "Summarize ..."},
+            "resource": {"service.name": "chat-app", "k8s.pod.name": "chat-7d9f-x2"},
+            "events": [
+                {"name": "gen_ai.first_token", "at_unix_ns": 1763000000180000000, "attributes": {}}
+            ],
+            "links": [],
+        }
+    )
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    kind: str
+    service: str
+    start_unix_ns: int = Field(description="the span's start as stored, on its own clock")
+    duration_ms: float
+    status: str
+    status_message: str
+    attributes: dict[str, str] = Field(description="every value whole, as stored")
+    resource: dict[str, str]
+    events: list[StoredEvent]
+    links: list[StoredLink]
 
 
 class Stall(Answer):
