@@ -25,7 +25,9 @@ attributor and the rollup builder alone.
    attributor inside ClickHouse pays), and the attributor's CPU as a multiple of it (the
    machine's speed moves both). Then the statement's costs: ClickHouse's analysis of it
    (`EXPLAIN QUERY TREE`), one trace (the fixed cost of a pass with work) and the marginal cost
-   per request (a batch of N traces minus one trace, over N - 1).
+   per request (a batch of N traces minus one trace, over N - 1); and the single-call statement's
+   marginal cost up to the end of each of its steps (reading the spans, the GROUP BY by trace,
+   each trace's row, the final SELECT: each read out to `FORMAT Null`), then writing its rows.
 3. **Checks**: every request attributed (in both stores), and for a sample the rows equal what the
    reference engine (`attribute_requests`) gives for the stored spans.
 4. **The rollup builder**: every hour of those rows built (`Rollups.run_until_idle()`), CPU seconds
@@ -377,6 +379,64 @@ def statement_costs(store: Any) -> dict[str, dict[str, float]]:
     return out
 
 
+#: The single-call statement's steps ``stage_costs`` parts it into: each is every common table
+#: expression up to the one named (``None``: the final SELECT), read out to ``FORMAT Null``.
+STEPS = (
+    ("reading the batch's spans", "simple_spans"),
+    ("the GROUP BY by trace", "simple_traces"),
+    ("each trace's request and row", "rows"),
+    ("the final SELECT", None),
+)
+
+
+def stage_costs(store: Any) -> list[tuple[str, float]]:
+    """Where the single-call statement by resource id (the one the collector's spans take) spends
+    its marginal CPU per request: its steps (``STEPS``), then the whole statement inserting into a
+    copy of the attribution table (merges stopped), best of 5 each. Seconds per request beyond
+    one, up to the end of each step (every step before it included)."""
+    from latscope.attribution.sql import simple_select
+    from latscope.attribution.statements import INSERT_SETTINGS
+    from latscope.attribution.table import ATTRIBUTION_SCHEMA
+    from latscope.storage import SPANS_TABLE
+    from latscope.tokens import DEFAULT_STALL_NS
+
+    first_ids = (
+        f"SELECT TraceId AS trace_id FROM {SPANS_TABLE} "
+        "WHERE TraceId <= {last:String} GROUP BY TraceId"
+    )
+    ids = [
+        r[0]
+        for r in store.query_rows(
+            f"SELECT DISTINCT TraceId FROM {SPANS_TABLE} ORDER BY TraceId LIMIT {MARGINAL_TRACES}"
+        )
+    ]
+    sql = simple_select(first_ids, SPANS_TABLE, "1", True, True)
+    body, settings = sql.rsplit("\nSETTINGS", 1)
+    ctes = body[: body.rindex("\nSELECT")]
+
+    def marginal(text: str) -> float:
+        def run(last: str) -> float:
+            params = {"last": last, "stall_ns": DEFAULT_STALL_NS, "through_us": 0, "after_us": 0}
+            return _cpu_of(lambda: store.command(text, params))[0]
+
+        one = min(run(ids[0]) for _ in range(5))
+        return (min(run(ids[-1]) for _ in range(5)) - one) / (len(ids) - 1)
+
+    out = []
+    for what, name in STEPS:
+        select = f"{ctes}\nSELECT * FROM {name}" if name else body
+        out.append((what, marginal(f"{select}\nSETTINGS{settings}\nFORMAT Null")))
+    columns = ", ".join(ATTRIBUTION_SCHEMA.names)
+    store.command("CREATE TABLE latscope_bench_rows AS latscope_attribution")
+    try:
+        store.command("SYSTEM STOP MERGES latscope_bench_rows")
+        into = f"INSERT INTO latscope_bench_rows ({columns}) {INSERT_SETTINGS}\n"
+        out.append(("writing the rows (a copy of the attribution table)", marginal(into + sql)))
+    finally:
+        store.command("DROP TABLE latscope_bench_rows SYNC")
+    return out
+
+
 def check_rows(store: Any, requests: int, seed: int = 5) -> tuple[int, int]:
     """(requests attributed, sample compared): every request has one live row, and for a sample
     of traces the rows equal the reference engine's over the stored spans."""
@@ -442,6 +502,8 @@ class Alone:
     repeats: list[float]
     #: CPU seconds of the bare read after each run (the first run's first).
     bare: list[float]
+    #: The single-call statement's marginal CPU seconds per request by step (``stage_costs``).
+    stages: list[tuple[str, float]]
 
 
 @contextlib.contextmanager
@@ -591,6 +653,7 @@ def alone(store_dir: Path, requests: int, runs: int) -> Alone:
             rollups = Rollups(store, settle_s=0.0, margin_s=0.0)
             rollup_cpu, hours = _cpu_of(rollups.run_until_idle)
             costs = statement_costs(store)
+            stages = stage_costs(store)
             bare = [bare_read(store, columns)]
             # The same work again (the machine's load swings between runs): a new attributor starts
             # from an empty attribution table, so it attributes every request again.
@@ -599,8 +662,9 @@ def alone(store_dir: Path, requests: int, runs: int) -> Alone:
                 repeats.append(_attribute_again(store, requests))
                 bare.append(bare_read(store, columns))
             return Alone(
-                written, cpu, passes[0], costs, hours, rollup_cpu, statements, repeats, bare
-            )
+                written, cpu, passes[0], costs, hours, rollup_cpu, statements, repeats, bare,
+                stages,
+            )  # fmt: skip
     finally:
         store.close()
 
@@ -877,6 +941,11 @@ def main() -> None:
             f"one trace {cost['one'] * 1e3:.0f} ms CPU; marginal {cost['marginal'] * 1e6:.1f} us "
             f"CPU per request (batch of {cost['traces']:,})"
         )
+    print(
+        f"  single-call by id, marginal us CPU per request up to the end of each step (batch of "
+        f"{MARGINAL_TRACES:,}, each step's rows read out to FORMAT Null): "
+        + ", ".join(f"{name} {cost * 1e6:.1f}" for name, cost in solo.stages)
+    )
     print(
         f"rollup builder: {solo.hours} hours of {requests // HOURS:,} requests in "
         f"{solo.rollup_cpu:.2f} CPU s: {solo.rollup_cpu / max(solo.hours, 1):.2f} CPU s per hour "
