@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "heatmap": "latscope.cmd.heatmap",
     "coldstart": "latscope.cmd.coldstart",
     "explain": "latscope.cmd.explain",
+    "span": "latscope.cmd.span",
     "conversation": "latscope.cmd.conversation",
     "export": "latscope.cmd.export",
     "slo": "latscope.cmd.slo",

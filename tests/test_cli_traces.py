@@ -133,6 +133,24 @@ def test_explain_an_unknown_call_names_the_calls(served, capsys) -> None:
     assert "request_not_found" in err and agent.requests[0].request_id in err
 
 
+def test_span_shows_one_span_whole_as_the_api_gives_it(served, capsys) -> None:
+    server, runs = served
+    agent = runs[0]
+    rid = agent.requests[1].request_id
+    span_id = rid.split("-")[1]
+    code, out, _ = run(capsys, "span", agent.trace_id, span_id, "--url", server.http, "--json")
+    stored = api(server, f"/v1/traces/{agent.trace_id}/spans/{span_id}")
+    assert code == 0 and json.loads(out) == stored and stored["attributes"]
+    code, out, err = run(capsys, "span", agent.trace_id, span_id, "--url", server.http)
+    assert code == 0, err
+    assert f"span {span_id}  {stored['name']}  Client" in out
+    lines = out.splitlines()
+    for key, value in stored["attributes"].items():
+        assert any(line.split() == [key, value] for line in lines), (key, value)
+    code, out, err = run(capsys, "span", agent.trace_id, "0" * 16, "--url", server.http)
+    assert code == 2 and out == "" and "span_not_found" in err
+
+
 def _top(
     monkeypatch: pytest.MonkeyPatch, run_: AgentRun, *argv: str
 ) -> tuple[threading.Thread, list[int]]:

@@ -43,8 +43,8 @@ buckets that add up: network, queue, preprocess, prefill, decode, postprocess, o
 milliseconds. Windows take RFC 3339 or a span before now (15m, 2h, 7d). Start with diagnose (the
 usual cause, where and since when) or slo (which objective burns, and into which bucket), then
 tail, why and compare to narrow it down; explain_request and explain_run open one request or one
-agent run, conversation a whole session across traces; slowest and services list ids and names
-to ask about."""
+agent run (long attribute values cut; span reads one span whole), conversation a whole session
+across traces; slowest and services list ids and names to ask about."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,7 @@ TOOLS: tuple[McpTool, ...] = (
     McpTool("slo", "slo", "Error budget, burn rates and where the budget went"),
     McpTool("explain_request", "explain", "One request: buckets, percentile, spans, tokens"),
     McpTool("explain_run", "run", "An agent run (a trace): critical path in LLM, tool, app"),
+    McpTool("span", "span", "One span as stored: every attribute value whole (a prompt)"),
     McpTool("conversation", "conversation", "An agent's session across traces, turn by turn"),
     McpTool("conversations", "conversations", "The conversations of a window"),
     McpTool("slowest", "requests", "The slowest requests of a window, with their ids"),
