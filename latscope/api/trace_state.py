@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import gzip
+import os
 import threading
 import time
 import weakref
@@ -39,8 +40,18 @@ from latscope.attribution.engine import Timeline, TraceIndex, ranked_pieces, tim
 from latscope.attribution.runs import RunExplanation
 from latscope.storage import SPANS_TABLE, Store
 
-#: Trace answers worked out at once in this process; more wait for a slot.
-TRACE_SLOTS = 2
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity where the platform says)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+#: Trace answers worked out at once in this process; more wait for a slot. Half the cores (one
+#: on two): a wide trace's answers, asked for over and over, then leave the other half to ingest
+#: (16 clients asking for a 39,601-span trace view on two cores: Exports acknowledged at p50
+#: 48-58 ms with one slot, 77-79 with two, alone 26-33; docs/benchmarks.md).
+TRACE_SLOTS = max(1, _cores() // 2)
 #: Trace answers waiting for a slot at most; past that one is refused at once (503 ``busy``), so
 #: requests for wide traces cannot take every thread of the HTTP server's pool.
 TRACE_WAITING = 16
