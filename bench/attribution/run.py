@@ -328,16 +328,13 @@ def _cpu_of(fn: Any) -> tuple[float, Any]:
     return time.process_time() - cpu0, out
 
 
-def statement_costs(store: Any) -> dict[str, dict[str, float]]:
-    """CPU seconds of each attribution SELECT (the single-call path's and the general one's):
-    its analysis alone, one trace, and per request beyond one (best of 3 each)."""
-    from latscope.attribution.sql import attribution_select, simple_select
+def _first_traces(store: Any) -> tuple[str, list[str]]:
+    """The batch of the statements' marginal costs: a sub-query of the first traces by id up to
+    the ``last`` parameter, as the attributor's own batch is a sub-query (an array parameter of
+    thousands of ids is pasted into the statement's text, and ClickHouse's analysis of that text
+    then costs more than attributing them); and the first ``MARGINAL_TRACES`` trace ids."""
     from latscope.storage import SPANS_TABLE
-    from latscope.tokens import DEFAULT_STALL_NS
 
-    # The first traces by id up to a bound: a sub-query, as the attributor's own batch is. (An
-    # array parameter of thousands of ids is pasted into the statement's text, and ClickHouse's
-    # analysis of that text then costs more than attributing them.)
     first_ids = (
         f"SELECT TraceId AS trace_id FROM {SPANS_TABLE} "
         "WHERE TraceId <= {last:String} GROUP BY TraceId"
@@ -348,6 +345,17 @@ def statement_costs(store: Any) -> dict[str, dict[str, float]]:
             f"SELECT DISTINCT TraceId FROM {SPANS_TABLE} ORDER BY TraceId LIMIT {MARGINAL_TRACES}"
         )
     ]
+    return first_ids, ids
+
+
+def statement_costs(store: Any) -> dict[str, dict[str, float]]:
+    """CPU seconds of each attribution SELECT (the single-call path's and the general one's):
+    its analysis alone, one trace, and per request beyond one (best of 3 each)."""
+    from latscope.attribution.sql import attribution_select, simple_select
+    from latscope.storage import SPANS_TABLE
+    from latscope.tokens import DEFAULT_STALL_NS
+
+    first_ids, ids = _first_traces(store)
 
     def best(fn: Any) -> float:
         return min(_cpu_of(fn)[0] for _ in range(3))
@@ -400,16 +408,7 @@ def stage_costs(store: Any) -> list[tuple[str, float]]:
     from latscope.storage import SPANS_TABLE
     from latscope.tokens import DEFAULT_STALL_NS
 
-    first_ids = (
-        f"SELECT TraceId AS trace_id FROM {SPANS_TABLE} "
-        "WHERE TraceId <= {last:String} GROUP BY TraceId"
-    )
-    ids = [
-        r[0]
-        for r in store.query_rows(
-            f"SELECT DISTINCT TraceId FROM {SPANS_TABLE} ORDER BY TraceId LIMIT {MARGINAL_TRACES}"
-        )
-    ]
+    first_ids, ids = _first_traces(store)
     sql = simple_select(first_ids, SPANS_TABLE, "1", True, True)
     body, settings = sql.rsplit("\nSETTINGS", 1)
     ctes = body[: body.rindex("\nSELECT")]
