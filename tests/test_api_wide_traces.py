@@ -32,6 +32,7 @@ from bench.api.wide import (
 )
 from latscope.api.grpc_service import run_dict
 from latscope.api.routes.params import BODY_CHUNK, GZIP_MIN_BYTES
+from latscope.api.trace_state import SHOWN_BYTES_PER_SPAN
 from latscope.attribution.queries import ATTRIBUTE_CHARS
 from latscope.cli import main
 from latscope.cmd.explain import MAX_SPAN_ROWS
@@ -380,3 +381,46 @@ def test_a_span_asked_wrong_is_a_clear_error(served, path: str, status: int, err
     r = _get(served, path)
     assert r.status_code == status, r.text
     assert r.json()["error"] == error and r.json()["detail"]
+
+
+def test_a_trace_whose_values_pass_the_byte_budget_is_refused_naming_it(served) -> None:
+    """200 values of 300 characters a span: each cut to 256, a 100-span trace still reads as
+    more than ``SHOWN_BYTES_PER_SPAN`` bytes a span at ``--max-trace-spans`` (``CAP``), so its
+    answers are a 422 naming the budget, refused by ClickHouse before Python holds the rows; one
+    of its spans still reads whole."""
+    trace_id = bytes.fromhex("0e" * 16)
+    spans = [
+        Span(
+            trace_id=trace_id, span_id=(i + 1).to_bytes(8, "big"), name=f"step {i}",
+            kind=Span.SPAN_KIND_INTERNAL, start_time_unix_nano=T0 + i * 1_000_000,
+            end_time_unix_nano=T0 + (i + 1) * 1_000_000,
+            attributes=[KeyValue(key=f"doc.{k}", value=AnyValue(string_value=f"{k:03d}" * 100))
+                        for k in range(200)],
+        )
+        for i in range(100)
+    ]  # fmt: skip
+    resource = Resource(
+        attributes=[KeyValue(key="service.name", value=AnyValue(string_value="rag"))]
+    )
+    message = ExportTraceServiceRequest(resource_spans=[
+        ResourceSpans(resource=resource, scope_spans=[ScopeSpans(spans=spans)])])  # fmt: skip
+    assert 100 * 200 * ATTRIBUTE_CHARS > CAP * SHOWN_BYTES_PER_SPAN
+    with grpc.insecure_channel(served.grpc) as channel:
+        channel.unary_unary(
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            request_serializer=None, response_deserializer=None,
+        )(message.SerializeToString(), timeout=60)  # fmt: skip
+    last = f"/v1/traces/{trace_id.hex()}/spans/{spans[-1].span_id.hex()}"
+    deadline = time.monotonic() + 60
+    while _get(served, last).status_code == 404:
+        assert time.monotonic() < deadline, "the trace was not stored"
+        time.sleep(0.2)
+    for path in ("", "/spans", "/run", "/requests"):
+        r = _get(served, f"/v1/traces/{trace_id.hex()}{path}")
+        assert r.status_code == 422, (path, r.text)
+        body = r.json()
+        assert body["error"] == "trace_too_large"
+        assert f"more than {CAP * SHOWN_BYTES_PER_SPAN:,} bytes" in body["detail"]
+        assert "/spans/{span_id}" in body["detail"]
+    whole = _ok(served, last)
+    assert whole["attributes"]["doc.7"] == "007" * 100 and len(whole["attributes"]) == 200

@@ -1,13 +1,14 @@
 """One trace's state, worked out once and shared by every answer about it.
 
 An answer about a trace (``latscope.api.trace``) first reads the trace's state: its spans
-counted up to the cap and a fingerprint of which are stored (``_reading``). Everything worked
-out from that state (the spans, their index, the calls, each call's attribution, the run) is a
-piece of a ``_Trace``, computed once under the state's lock while other askers wait, each until
-its own query deadline; so is the JSON of each answer askers share (``json_of``). The last traces
-answered are kept (``_Kept``), up to the span cap together; ``_Gate`` bounds how many answers are
-worked out at once and how many wait, and ``_CyclesLater`` pauses Python's cyclic garbage
-collector while answers run.
+counted up to the cap and a fingerprint of which are stored (``_reading``); its spans are read
+up to a byte budget (``SHOWN_BYTES_PER_SPAN`` a span of the cap), ClickHouse refusing past it.
+Everything worked out from that state (the spans, their index, the calls, each call's
+attribution, the run) is a piece of a ``_Trace``, computed once under the state's lock while other
+askers wait, each until its own query deadline; so is the JSON of each answer askers share
+(``json_of``). The last traces answered are kept (``_Kept``), up to the span cap and
+``KEPT_TEXT`` together; ``_Gate`` bounds how many answers are worked out at once and how many
+wait, and ``_CyclesLater`` pauses Python's cyclic garbage collector while answers run.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ from latscope.attribution import (
     rules,
 )
 from latscope.attribution.engine import Timeline, TraceIndex, ranked_pieces, timeline
+from latscope.attribution.queries import ATTRIBUTE_CHARS
 from latscope.attribution.runs import RunExplanation
-from latscope.storage import SPANS_TABLE, Store
+from latscope.attribution.spans import TOO_MANY_BYTES
+from latscope.config import DEFAULT_MAX_TRACE_SPANS
+from latscope.storage import SPANS_TABLE, Store, StoreError
 
 
 def _cores() -> int:
@@ -165,6 +169,31 @@ class TraceTooLarge(QueryError):
         )
 
 
+#: Bytes of a trace's spans as its answers read them (``load_trace``: ids, names, times and the
+#: attribute values cut), on average a span of ``--max-trace-spans``: 128 MiB at its default. A
+#: span reads as about 1 KB (an LLM call's or a tool's, prompts cut); a trace whose spans carry
+#: hundreds of values each, cut or not, is refused past it before Python holds any of it.
+SHOWN_BYTES_PER_SPAN = 2_560
+
+
+class TraceTooHeavy(QueryError):
+    """A trace's spans read as more bytes than this process answers a trace with."""
+
+    def __init__(self, trace_id: str, max_bytes: int, max_spans: int) -> None:
+        super().__init__(
+            422,
+            "trace_too_large",
+            f"trace {trace_id} reads as more than {max_bytes:,} bytes of spans and attribute "
+            f"values (each value cut to {ATTRIBUTE_CHARS} characters), the most latscope answers "
+            f"a trace with ({SHOWN_BYTES_PER_SPAN:,} bytes a span at --max-trace-spans "
+            f"{max_spans:,}). Its inference calls are attributed all the same: "
+            "/v1/requests?since=...&service=... lists the slowest. One span reads whole at "
+            f"/v1/traces/{trace_id}/spans/{{span_id}}; to see this trace, raise "
+            f"--max-trace-spans or read its spans from ClickHouse ({SPANS_TABLE} WHERE TraceId = "
+            f"'{trace_id}').",
+        )
+
+
 class _Worked:
     """One state of a trace (``_STATE``) and what is worked out of it, by name: its spans, their
     index, its calls, each call's attribution, the run, the answers built. Every answer about
@@ -276,6 +305,8 @@ class _Trace:
     deadline: float
     what: str
     store: Store | None = None
+    #: ``--max-trace-spans``: with ``SHOWN_BYTES_PER_SPAN``, the most bytes its spans read as.
+    max_spans: int = DEFAULT_MAX_TRACE_SPANS
 
     def piece(self, name: Hashable, work: Callable[[], _T]) -> _T:
         """The piece ``name`` of the trace's state: ``work()``'s, worked out once."""
@@ -320,7 +351,7 @@ class _Trace:
         store = self.store
 
         def work() -> list[SpanRecord]:
-            spans = _load(store, self.trace_id)
+            spans = _load(store, self.trace_id, self.max_spans)
             self.worked.text = sum(
                 sum(map(len, s.attributes.values())) + sum(map(len, s.resource.values()))
                 for s in spans
@@ -473,7 +504,8 @@ def _reading(store: Store, trace_id: str, what: str, max_spans: int) -> Iterator
         if not counted:
             raise _not_found(trace_id)
         key = (weakref.ref(store), trace_id, counted, int(fingerprint))
-        loaded = _Trace(trace_id, _KEPT.state(key, counted, max_spans), deadline, what, store)
+        state = _KEPT.state(key, counted, max_spans)
+        loaded = _Trace(trace_id, state, deadline, what, store, max_spans)
         try:
             loaded.check()
             yield loaded
@@ -485,8 +517,14 @@ def _not_found(trace_id: str) -> NotFound:
     return NotFound("trace_not_found", f"no spans stored for trace {trace_id}")
 
 
-def _load(store: Store, trace_id: str) -> list[SpanRecord]:
-    spans = load_trace(store, trace_id)
+def _load(store: Store, trace_id: str, max_spans: int) -> list[SpanRecord]:
+    max_bytes = max_spans * SHOWN_BYTES_PER_SPAN
+    try:
+        spans = load_trace(store, trace_id, max_bytes=max_bytes)
+    except StoreError as exc:
+        if TOO_MANY_BYTES not in str(exc):
+            raise
+        raise TraceTooHeavy(trace_id, max_bytes, max_spans) from None
     if not spans:
         raise _not_found(trace_id)
     return spans
