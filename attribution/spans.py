@@ -23,17 +23,13 @@ def normalized(spans: Iterable[SpanRecord]) -> list[SpanRecord]:
     ]
 
 
-#: What ClickHouse's refusal of a read past ``max_result_bytes`` says (its error's name).
-TOO_MANY_BYTES = "TOO_MANY_ROWS_OR_BYTES"
-
-
 def load_trace(store: Store, trace_id: str, *, max_bytes: int = 0) -> list[SpanRecord]:
     """Every stored span of ``trace_id`` (lowercase hex), oldest first; [] when none. Span kinds
     and status codes in older exporters' spellings (``SPAN_KIND_SERVER``) read as current ones.
     An attribute value longer than ``ATTRIBUTE_CHARS`` characters is cut, but those the rules
     read (``sql.rule_keys``), from which the attribution is worked out. ``max_bytes`` (0: no
-    bound): ClickHouse refuses the read once its rows pass that many bytes (a ``StoreError``
-    naming ``TOO_MANY_BYTES``), before they reach Python."""
+    bound): ClickHouse refuses the read once its rows pass that many bytes
+    (``StoreResultTooLarge``), before they reach Python."""
     parameters = {"trace_id": trace_id, "keys": rule_keys(), "cut": ATTRIBUTE_CHARS}
     sql = TRACE_SPANS_SHOWN
     if max_bytes:

@@ -109,6 +109,11 @@ class StoreOutOfMemory(StoreError):
     than the limit (the attributor's SQL over a very wide trace) never does."""
 
 
+class StoreResultTooLarge(StoreError):
+    """ClickHouse refused a query whose rows passed the ``max_result_bytes`` it was sent with
+    (TOO_MANY_ROWS_OR_BYTES, ``result_overflow_mode = 'throw'``)."""
+
+
 @dataclass(frozen=True)
 class DDLFile:
     version: int
@@ -407,6 +412,8 @@ class Store:
                 raise StoreUnavailable(message) from exc
             if "MEMORY_LIMIT_EXCEEDED" in message:
                 raise StoreOutOfMemory(message) from exc
+            if "TOO_MANY_ROWS_OR_BYTES" in message:
+                raise StoreResultTooLarge(message) from exc
             raise StoreError(message) from exc
 
 

@@ -9,6 +9,8 @@ import random
 import uuid
 from contextlib import closing
 
+import pytest
+
 from latscope.attribution import RequestAttribution, attribute_requests, load_trace
 from latscope.attribution.queries import (
     ATTRIBUTE_CHARS,
@@ -18,7 +20,7 @@ from latscope.attribution.queries import (
 )
 from latscope.attribution.spans import span_records as stored_records
 from latscope.attribution.sql import rule_keys
-from latscope.storage import SPANS_TABLE, Store
+from latscope.storage import SPANS_TABLE, Store, StoreResultTooLarge
 from tests.attribution_support import calls_run, span_rows, store_traces
 from tests.shapes_support import shapes_by_rulebook
 from tests.upstream_traces import span_records
@@ -106,6 +108,13 @@ def test_values_are_cut_at_their_characters_whatever_their_bytes(store: Store) -
     assert {k: shown.attributes[k] for k in values} == {k: _shown(v) for k, v in values.items()}
     assert shown.attributes["four+"] == "😀" * n + f"...[{n + 1} characters]"
     assert sum(shown.attributes[k] == v for k, v in values.items()) == 4
+
+
+def test_a_read_past_its_byte_bound_is_refused_by_the_store(store: Store) -> None:
+    [(stored, _)] = store_traces(store, {"t": _long(_one_span(), set(rule_keys()))}).items()
+    with pytest.raises(StoreResultTooLarge, match="TOO_MANY_ROWS_OR_BYTES"):
+        load_trace(store, stored, max_bytes=1_000)
+    assert len(load_trace(store, stored, max_bytes=1_000_000)) == len(load_trace(store, stored))
 
 
 def _one_span() -> list:

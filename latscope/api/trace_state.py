@@ -40,9 +40,8 @@ from latscope.attribution import (
 from latscope.attribution.engine import Timeline, TraceIndex, ranked_pieces, timeline
 from latscope.attribution.queries import ATTRIBUTE_CHARS
 from latscope.attribution.runs import RunExplanation
-from latscope.attribution.spans import TOO_MANY_BYTES
 from latscope.config import DEFAULT_MAX_TRACE_SPANS
-from latscope.storage import SPANS_TABLE, Store, StoreError
+from latscope.storage import SPANS_TABLE, Store, StoreResultTooLarge
 
 
 def _cores() -> int:
@@ -521,9 +520,7 @@ def _load(store: Store, trace_id: str, max_spans: int) -> list[SpanRecord]:
     max_bytes = max_spans * SHOWN_BYTES_PER_SPAN
     try:
         spans = load_trace(store, trace_id, max_bytes=max_bytes)
-    except StoreError as exc:
-        if TOO_MANY_BYTES not in str(exc):
-            raise
+    except StoreResultTooLarge:
         raise TraceTooHeavy(trace_id, max_bytes, max_spans) from None
     if not spans:
         raise _not_found(trace_id)
