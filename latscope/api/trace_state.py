@@ -208,14 +208,13 @@ class _Worked:
         #: The characters of its spans' attribute values, once they are read.
         self.text = 0
         #: The bytes of its answers' JSON and gzip kept (``_kept_bytes``), by piece, the least
-        #: recently asked for first, and their sum.
+        #: recently asked for first (a few pieces a state).
         self.made: OrderedDict[Hashable, int] = OrderedDict()
-        self.made_bytes = 0
 
     @property
     def kept(self) -> int:
         """What it holds, as ``KEPT_TEXT`` counts it: its spans' text and its answers' bytes."""
-        return self.text + self.made_bytes
+        return self.text + sum(self.made.values())
 
     def let_go_of_bytes(self, most: int) -> int:
         """Drop the answers' bytes least recently asked for until ``most`` are freed or none is
@@ -225,7 +224,6 @@ class _Worked:
             key, size = self.made.popitem(last=False)
             self.pieces.pop(key, None)
             freed += size
-        self.made_bytes -= freed
         return freed
 
 
@@ -484,7 +482,6 @@ def _kept_bytes(answer: Answer, kind: str, make: Callable[[], bytes]) -> bytes:
         kept = worked.pieces.setdefault(key, made)
         if kept is made:
             worked.made[key] = len(made)
-            worked.made_bytes += len(made)
     return kept
 
 
