@@ -348,18 +348,31 @@ def _first_traces(store: Any) -> tuple[str, list[str]]:
     return first_ids, ids
 
 
+def _batch_params(last: str) -> dict[str, Any]:
+    """The statements' parameters over ``_first_traces``' batch up to the trace id ``last``."""
+    from latscope.tokens import DEFAULT_STALL_NS
+
+    return {"last": last, "stall_ns": DEFAULT_STALL_NS, "through_us": 0, "after_us": 0}
+
+
+def _one_and_marginal(ask: Any, ids: list[str], rounds: int) -> tuple[float, float]:
+    """CPU seconds of ``ask(params)`` over the batch of the first trace alone, and per trace
+    beyond one over the batch of all of ``ids`` (best of ``rounds`` each)."""
+
+    def best(last: str) -> float:
+        return min(_cpu_of(lambda: ask(_batch_params(last)))[0] for _ in range(rounds))
+
+    one = best(ids[0])
+    return one, (best(ids[-1]) - one) / (len(ids) - 1)
+
+
 def statement_costs(store: Any) -> dict[str, dict[str, float]]:
     """CPU seconds of each attribution SELECT (the single-call path's and the general one's):
     its analysis alone, one trace, and per request beyond one (best of 3 each)."""
     from latscope.attribution.sql import attribution_select, simple_select
     from latscope.storage import SPANS_TABLE
-    from latscope.tokens import DEFAULT_STALL_NS
 
     first_ids, ids = _first_traces(store)
-
-    def best(fn: Any) -> float:
-        return min(_cpu_of(fn)[0] for _ in range(3))
-
     out = {}
     statements = (
         ("single-call", simple_select(first_ids, SPANS_TABLE, "1")),
@@ -368,22 +381,12 @@ def statement_costs(store: Any) -> dict[str, dict[str, float]]:
         ("general", attribution_select(first_ids, SPANS_TABLE, "1")),
     )
     for name, sql in statements:
-
-        def run(trace_ids: list[str], sql: str = sql) -> Any:
-            params = {"last": trace_ids[-1], "stall_ns": DEFAULT_STALL_NS, "through_us": 0}
-            return store.query_arrow(sql, {**params, "after_us": 0})
-
-        run(ids[:1])  # warm-up
-        params = {"last": ids[0], "stall_ns": DEFAULT_STALL_NS, "through_us": 0, "after_us": 0}
-        analysis = best(lambda: store.query_rows("EXPLAIN QUERY TREE " + sql, params))  # noqa: B023
-        one = best(lambda: run(ids[:1]))
-        many = best(lambda: run(ids))
-        out[name] = {
-            "analysis": analysis,
-            "one": one,
-            "marginal": (many - one) / (len(ids) - 1),
-            "traces": len(ids),
-        }
+        params = _batch_params(ids[0])
+        store.query_arrow(sql, params)  # warm-up
+        explain = "EXPLAIN QUERY TREE " + sql
+        analysis = min(_cpu_of(lambda: store.query_rows(explain, params))[0] for _ in range(3))  # noqa: B023
+        one, marginal = _one_and_marginal(lambda p: store.query_arrow(sql, p), ids, rounds=3)  # noqa: B023
+        out[name] = {"analysis": analysis, "one": one, "marginal": marginal, "traces": len(ids)}
     return out
 
 
@@ -406,7 +409,6 @@ def stage_costs(store: Any) -> list[tuple[str, float]]:
     from latscope.attribution.statements import INSERT_SETTINGS
     from latscope.attribution.table import ATTRIBUTION_SCHEMA
     from latscope.storage import SPANS_TABLE
-    from latscope.tokens import DEFAULT_STALL_NS
 
     first_ids, ids = _first_traces(store)
     sql = simple_select(first_ids, SPANS_TABLE, "1", True, True)
@@ -414,12 +416,7 @@ def stage_costs(store: Any) -> list[tuple[str, float]]:
     ctes = body[: body.rindex("\nSELECT")]
 
     def marginal(text: str) -> float:
-        def run(last: str) -> float:
-            params = {"last": last, "stall_ns": DEFAULT_STALL_NS, "through_us": 0, "after_us": 0}
-            return _cpu_of(lambda: store.command(text, params))[0]
-
-        one = min(run(ids[0]) for _ in range(5))
-        return (min(run(ids[-1]) for _ in range(5)) - one) / (len(ids) - 1)
+        return _one_and_marginal(lambda p: store.command(text, p), ids, rounds=5)[1]
 
     out = []
     for what, name in STEPS:
