@@ -324,6 +324,26 @@ def test_a_span_is_read_whole_as_it_was_sent(served) -> None:
     assert got["span_id"] == span_id.hex() and got["name"].startswith("invoke_agent")
 
 
+def _sent_alone(served: Server, resource: Resource, spans: list[Span]) -> httpx.Response:
+    """``spans`` under ``resource`` sent in one Export over OTLP/gRPC; the answer about the last
+    of them (``/v1/traces/{t}/spans/{s}``) once it is stored."""
+    message = ExportTraceServiceRequest(resource_spans=[
+        ResourceSpans(resource=resource, scope_spans=[ScopeSpans(spans=spans)])])  # fmt: skip
+    with grpc.insecure_channel(served.grpc) as channel:
+        channel.unary_unary(
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            request_serializer=None, response_deserializer=None,
+        )(message.SerializeToString(), timeout=60)  # fmt: skip
+    last = spans[-1]
+    path = f"/v1/traces/{last.trace_id.hex()}/spans/{last.span_id.hex()}"
+    deadline = time.monotonic() + 60
+    while (r := _get(served, path)).status_code == 404:
+        assert r.json()["error"] == "span_not_found"
+        assert time.monotonic() < deadline, "the spans were not stored"
+        time.sleep(0.2)
+    return r
+
+
 def test_a_span_keeps_its_events_links_status_and_resource(served) -> None:
     trace_id, span_id, linked = bytes(range(16)), bytes(range(8)), bytes(range(16, 32))
     span = Span(
@@ -339,20 +359,7 @@ def test_a_span_keeps_its_events_links_status_and_resource(served) -> None:
     resource = Resource(attributes=[
         KeyValue(key="service.name", value=AnyValue(string_value="rag")),
         KeyValue(key="k8s.pod.name", value=AnyValue(string_value="rag-0"))])  # fmt: skip
-    message = ExportTraceServiceRequest(resource_spans=[
-        ResourceSpans(resource=resource, scope_spans=[ScopeSpans(spans=[span])])])  # fmt: skip
-    with grpc.insecure_channel(served.grpc) as channel:
-        export = channel.unary_unary(
-            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-            request_serializer=None, response_deserializer=None,
-        )  # fmt: skip
-        export(message.SerializeToString(), timeout=60)
-    path = f"/v1/traces/{trace_id.hex()}/spans/{span_id.hex()}"
-    deadline = time.monotonic() + 60
-    while (r := _get(served, path)).status_code == 404:
-        assert r.json()["error"] == "span_not_found"
-        assert time.monotonic() < deadline, "the span was not stored"
-        time.sleep(0.2)
+    r = _sent_alone(served, resource, [span])
     assert r.status_code == 200, r.text
     got = r.json()
     assert (got["kind"], got["service"], got["status"], got["status_message"]) == (
@@ -402,19 +409,8 @@ def test_a_trace_whose_values_pass_the_byte_budget_is_refused_naming_it(served) 
     resource = Resource(
         attributes=[KeyValue(key="service.name", value=AnyValue(string_value="rag"))]
     )
-    message = ExportTraceServiceRequest(resource_spans=[
-        ResourceSpans(resource=resource, scope_spans=[ScopeSpans(spans=spans)])])  # fmt: skip
     assert 100 * 200 * ATTRIBUTE_CHARS > CAP * SHOWN_BYTES_PER_SPAN
-    with grpc.insecure_channel(served.grpc) as channel:
-        channel.unary_unary(
-            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-            request_serializer=None, response_deserializer=None,
-        )(message.SerializeToString(), timeout=60)  # fmt: skip
-    last = f"/v1/traces/{trace_id.hex()}/spans/{spans[-1].span_id.hex()}"
-    deadline = time.monotonic() + 60
-    while _get(served, last).status_code == 404:
-        assert time.monotonic() < deadline, "the trace was not stored"
-        time.sleep(0.2)
+    _sent_alone(served, resource, spans)
     for path in ("", "/spans", "/run", "/requests"):
         r = _get(served, f"/v1/traces/{trace_id.hex()}{path}")
         assert r.status_code == 422, (path, r.text)
@@ -422,5 +418,5 @@ def test_a_trace_whose_values_pass_the_byte_budget_is_refused_naming_it(served) 
         assert body["error"] == "trace_too_large"
         assert f"more than {CAP * SHOWN_BYTES_PER_SPAN:,} bytes" in body["detail"]
         assert "/spans/{span_id}" in body["detail"]
-    whole = _ok(served, last)
+    whole = _ok(served, f"/v1/traces/{trace_id.hex()}/spans/{spans[-1].span_id.hex()}")
     assert whole["attributes"]["doc.7"] == "007" * 100 and len(whole["attributes"]) == 200
