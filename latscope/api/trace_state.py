@@ -152,6 +152,17 @@ def _timed_out(what: str) -> QueryError:
     )  # fmt: skip
 
 
+def _elsewhere(trace_id: str, raising: str) -> str:
+    """Where else a trace too large to answer is seen, and how to see it (``raising``: what
+    raising ``--max-trace-spans`` costs or brings)."""
+    return (
+        "Its inference calls are attributed all the same: /v1/requests?since=...&service=... "
+        "lists the slowest, and /v1/export/requests their rows. To see this trace, raise "
+        f"--max-trace-spans ({raising}) or read its spans from ClickHouse ({SPANS_TABLE} WHERE "
+        f"TraceId = '{trace_id}')."
+    )
+
+
 class TraceTooLarge(QueryError):
     """A trace holds more spans than this process answers a trace with."""
 
@@ -160,11 +171,8 @@ class TraceTooLarge(QueryError):
             422,
             "trace_too_large",
             f"trace {trace_id} holds more than {max_spans:,} spans, the most latscope answers a "
-            f"trace with (--max-trace-spans; {spans:,} counted so far). Its inference calls are "
-            "attributed all the same: /v1/requests?since=...&service=... lists the slowest, and "
-            "/v1/export/requests their rows. To see this trace, raise --max-trace-spans (an "
-            "answer takes 0.04-0.15 CPU s more per 1,000 spans) or read its spans from "
-            f"ClickHouse ({SPANS_TABLE} WHERE TraceId = '{trace_id}').",
+            f"trace with (--max-trace-spans; {spans:,} counted so far). "
+            + _elsewhere(trace_id, "an answer takes 0.04-0.15 CPU s more per 1,000 spans"),
         )
 
 
@@ -185,11 +193,10 @@ class TraceTooHeavy(QueryError):
             f"trace {trace_id} reads as more than {max_bytes:,} bytes of spans and attribute "
             f"values (each value cut to {ATTRIBUTE_CHARS} characters), the most latscope answers "
             f"a trace with ({SHOWN_BYTES_PER_SPAN:,} bytes a span at --max-trace-spans "
-            f"{max_spans:,}). Its inference calls are attributed all the same: "
-            "/v1/requests?since=...&service=... lists the slowest. One span reads whole at "
-            f"/v1/traces/{trace_id}/spans/{{span_id}}; to see this trace, raise "
-            f"--max-trace-spans or read its spans from ClickHouse ({SPANS_TABLE} WHERE TraceId = "
-            f"'{trace_id}').",
+            f"{max_spans:,}). One span reads whole at /v1/traces/{trace_id}/spans/{{span_id}}. "
+            + _elsewhere(
+                trace_id, f"each span more lets a trace read {SHOWN_BYTES_PER_SPAN:,} bytes more"
+            ),
         )
 
 
