@@ -32,9 +32,10 @@ Version (a late span, or an insert that was in flight when the early pass read).
 pass the wait is then capped by when the newest span is ``complete_s`` old, not settled.
 
 Early when quiet (``early_when_quiet``, on unless early attribution is): a pass that finds ingest
-paused (no span for ``poll_s``) takes an early window up to the newest span all the same, since
-the CPU it costs is idle then; the slices that reach into such a window are taken with the
-statements that skip the traces it attributed (``_statements``).
+paused (no span for ``poll_s``, or for less after a burst: ``cadence.pause_s``) takes an early
+window up to the newest span all the same, since the CPU it costs is idle then; the slices that
+reach into such a window are taken with the statements that skip the traces it attributed
+(``_statements``).
 
 Each row records in SpansIngestedAt the watermark its pass brought the attributor to, and so
 tells the rows of one pass from every other's: the slice's end for its last batch, and for each
@@ -66,7 +67,7 @@ from typing import Any, NamedTuple
 
 from prometheus_client import Counter, Gauge
 
-from latscope.attribution.cadence import busy_wait_s, next_look_s
+from latscope.attribution.cadence import busy_wait_s, next_look_s, pause_s
 from latscope.attribution.queries import TRACE_SPANS_READ_BY_RULES
 from latscope.attribution.reference import Reference, ReferenceFailed, Worker
 from latscope.attribution.rollups import NOW_US_SQL, Rollups
@@ -130,6 +131,16 @@ class _Batch(NamedTuple):
     named: bool = False
 
 
+class _Quiet(NamedTuple):
+    """The newest span after the watermark: how long ago it was stored (s), its ingest time
+    (us), and how many spans after the watermark no pass has taken (stored after the last early
+    window)."""
+
+    s: float
+    newest_us: int
+    waiting: int
+
+
 class _Early(NamedTuple):
     """A pass's early window ``(lo_us, hi_us]`` of ingest time: the first start and last end of
     its spans, and whether every one has a resource id."""
@@ -188,7 +199,7 @@ class Attributor(Poller):
         if complete_s and not 0 < complete_s < settle_s:
             raise ValueError(f"complete_s must be in (0, settle_s), got {complete_s}")
         self.complete_us = int(complete_s * 1e6) if complete_s else None
-        #: With early attribution off: a pass that finds ingest paused (no span for ``poll_s``)
+        #: With early attribution off: a pass that finds ingest paused (``cadence.pause_s``)
         #: takes the complete traces up to the newest span early all the same (the CPU it costs
         #: is idle then), so the last requests of a burst are not left to wait a settle window.
         self.early_when_quiet = early_when_quiet
@@ -236,8 +247,7 @@ class Attributor(Poller):
         #: When the next pass is due (s, on ``clock``); between passes the loop wakes every
         #: ``idle_poll_s`` to see whether ingest has paused.
         self._due = 0.0
-        #: When to look next whether ingest has paused (s, on ``clock``; inf: a poll after the
-        #: pass).
+        #: When to look next whether ingest has paused (s, on ``clock``; inf: at the next poll).
         self._look = math.inf
         #: The single-call path reads the token figures the collector stored with each span
         #: when they counted the stalls at this threshold (sql.STORED_STALL_NS), else it
@@ -277,12 +287,12 @@ class Attributor(Poller):
 
     def poll(self) -> None:
         """The background loop's wake-up: a pass when one is due, or before, once ingest has
-        paused (no span for ``idle_poll_s``); otherwise nothing."""
+        paused (no span for ``cadence.pause_s``); otherwise nothing."""
         self.reference.close_if_idle()
         if self.clock() < self._due and self.watermark_us is not None:
-            quiet_s = self._quiet_s(self._now_us())
-            if quiet_s is None or quiet_s < self.idle_poll_s:
-                self._look = self.clock() + next_look_s(self.idle_poll_s, quiet_s)
+            quiet = self._quiet(self._now_us())
+            if not self._paused(quiet):
+                self._look_after(quiet)
                 return
         # A pass that fails is retried after the idle poll.
         self._due = self.clock() + self.idle_poll_s
@@ -310,17 +320,26 @@ class Attributor(Poller):
             return self._store_clock_us()
         return int(self.store.query_rows(NOW_US_SQL)[0][0])
 
-    def _quiet(self, now_us: int) -> tuple[float, int] | None:
-        """Seconds from the newest span after the watermark being stored to ``now_us`` (the
-        store's clock), and its ingest time (us); None when there is none."""
-        newest_us, pending = self.store.query_rows(
-            self._sql.quiet, self._params(after_us=self.watermark_us)
+    def _quiet(self, now_us: int) -> _Quiet | None:
+        """The newest span after the watermark, seen at ``now_us`` (the store's clock); None when
+        there is none."""
+        assert self.watermark_us is not None
+        since_us = max(self.watermark_us, self._early_us or 0)
+        newest_us, pending, waiting = self.store.query_rows(
+            self._sql.quiet, self._params(after_us=self.watermark_us, since_us=since_us)
         )[0]
-        return ((now_us - int(newest_us)) / 1e6, int(newest_us)) if int(pending) else None
+        if not int(pending):
+            return None
+        return _Quiet((now_us - int(newest_us)) / 1e6, int(newest_us), int(waiting))
 
-    def _quiet_s(self, now_us: int) -> float | None:
-        quiet = self._quiet(now_us)
-        return None if quiet is None else quiet[0]
+    def _look_after(self, quiet: _Quiet | None) -> None:
+        """Set the next look whether ingest has paused, after one that found ``quiet``."""
+        quiet_s, waiting = (None, 0) if quiet is None else (quiet.s, quiet.waiting)
+        self._look = self.clock() + next_look_s(self.idle_poll_s, quiet_s, waiting)
+
+    def _paused(self, quiet: _Quiet | None) -> bool:
+        """Whether ingest has paused (``cadence.pause_s``)."""
+        return quiet is not None and quiet.s >= pause_s(self.idle_poll_s, quiet.waiting)
 
     def _statements(self, after_us: int, early: bool) -> Statements:
         """The statements for a batch of the slice after ``after_us``: with early attribution
@@ -603,8 +622,8 @@ class Attributor(Poller):
         if complete_us is None and self.early_when_quiet:
             # Ingest has paused: the early window runs to the newest span.
             quiet = self._quiet(now_us)
-            if quiet is not None and quiet[0] >= self.idle_poll_s:
-                complete_us = quiet[1]
+            if quiet is not None and self._paused(quiet):
+                complete_us = quiet.newest_us
         written = 0
         # The current slice's batches still to do, planned once per slice (kept across passes
         # while the watermark has not moved past it).
@@ -695,14 +714,25 @@ class Attributor(Poller):
         ready_s = (self.settle_us if self.complete_us is None else self.complete_us) / 1e6
         # The wait before the next pass (Poller reads poll_s after each pass, cadence.py).
         self.poll_s = self.idle_poll_s
+        quiet = self._quiet(now_us)
+        paused = self._paused(quiet)
+        if not paused:
+            # Look whether ingest paused from when it could have, not from the next pass.
+            self._look_after(quiet)
         if written:
             busy_s = busy_wait_s(
                 self.clock() - started,
                 idle_poll_s=self.idle_poll_s,
                 busy_poll_max_s=self.busy_poll_max_s,
                 ready_s=ready_s,
-                quiet_s=self._quiet_s(now_us),
-                early_next=complete_us is None and self.early_when_quiet,
+                quiet_s=None if quiet is None else quiet.s,
+                paused=paused,
+                # A quiet pass takes spans up to the newest there was when it began: one that
+                # began while ingest went on (a quick pause) leaves the spans stored since.
+                early_next=self.complete_us is None
+                and self.early_when_quiet
+                and quiet is not None
+                and (complete_us is None or quiet.newest_us > complete_us),
             )
             self.poll_s = busy_s
             log.debug(

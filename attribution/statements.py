@@ -229,11 +229,13 @@ SELECT n, first_ns, last_ns, arrayMap(i -> ids[i + 1], starts), starts, unnamed 
 SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), count()
 FROM {spans}
 WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""")
-        #: When the newest span after the watermark came (us, on the store's clock), and whether
-        #: there is one: after a pass with work (when will it settle), and between passes (has
-        #: ingest paused).
+        #: When the newest span after the watermark came (us, on the store's clock), whether
+        #: there is one, and how many were stored after ``since_us`` (the last early window's
+        #: end): after a pass with work (when will it settle), and between passes (has ingest
+        #: paused).
         self.quiet = _no_jit(f"""
-SELECT toUnixTimestamp64Micro(max(LatscopeIngestedAt)), count() > 0
+SELECT toUnixTimestamp64Micro(max(LatscopeIngestedAt)), count() > 0,
+    countIf(LatscopeIngestedAt > fromUnixTimestamp64Micro({{since_us:Int64}}))
 FROM {spans}
 WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""")
         # A batch: the settled traces of the slice in a range of trace ids.

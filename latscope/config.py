@@ -141,7 +141,8 @@ class Settings:
     attribution_early_when_quiet: str = field(
         default="on",
         metadata={
-            "help": "on or off: when ingest has paused (no span for --attribution-poll-s), a pass "
+            "help": "on or off: when ingest has paused (no span for --attribution-poll-s, or "
+            "for 0.5 s after a burst of 100,000 spans or more), a pass "
             "attributes the complete traces at once instead of a settle window after their last "
             "span, as early attribution does (its CPU cost falls on idle time then)"
         },

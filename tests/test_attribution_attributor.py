@@ -155,8 +155,8 @@ def test_during_a_long_wait_the_loop_passes_as_soon_as_ingest_pauses(
 ) -> None:
     """A busy pass under load waits long (here until the newest span settles); the loop still
     looks whether ingest has paused (at most a poll apart, and when the newest span will have
-    gone a poll without a newer one), and once it has it passes then instead of when the wait
-    ends."""
+    gone a poll without a newer one, from the pass's end on), and once it has it passes then
+    instead of when the wait ends."""
     from latscope.attribution.cadence import LOOK_LATE_S
 
     monkeypatch.setattr("latscope.attribution.cadence.BUSY_PAUSE", 1000.0)
@@ -173,7 +173,9 @@ def test_during_a_long_wait_the_loop_passes_as_soon_as_ingest_pauses(
     assert store.query_rows(rows, {"t": [a]})[0][0] == 1
     # The wait ends when `c` settles, not a settle window after the pass (which took 50 ms).
     assert clock.monotonic() + att.poll_s == pytest.approx(c_stored + settle_s), att.poll_s
-    assert att.next_wake_s() == idle_poll_s  # but wakes every poll to look
+    # but looks whether ingest paused: when `c` will have gone a poll without a newer span
+    looks_at = clock.monotonic() + att.next_wake_s()
+    assert looks_at == pytest.approx(c_stored + idle_poll_s + LOOK_LATE_S), looks_at - c_stored
     watermark = att.watermark_us
     att.poll()  # spans came less than a poll ago: no pass (a pass moves the watermark)
     assert att.watermark_us == watermark

@@ -15,8 +15,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from latscope.attribution import cadence
 from latscope.attribution.attributor import QUIET_EARLY_SPANS, Attributor
-from latscope.attribution.cadence import MIN_POLL_S
+from latscope.attribution.cadence import LOOK_LATE_S, MIN_POLL_S, QUICK_PAUSE_S
 from latscope.config import ConfigError, Settings
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
 from tests.attribution_support import MS, T0, server_spans, span_rows
@@ -344,6 +345,73 @@ def test_a_pass_that_ends_after_ingest_paused_calls_the_quiet_pass_at_once(
     att.run_until_idle()
     assert late and _rows(store, settled) == (1, 4)
     assert att.poll_s == (MIN_POLL_S if early_when_quiet else att.idle_poll_s)
+
+
+@pytest.mark.slow
+def test_a_quiet_pass_that_ends_after_newer_spans_paused_calls_the_next_at_once(
+    store: Store, clock: StoreClock
+) -> None:
+    """A quiet pass took the early window up to the newest span there was when it began; spans
+    stored during it, and ingest paused since: the next pass takes them at once (MIN_POLL_S)."""
+    att = _attributor(store, clock, "quiet")
+    first, second = uuid.uuid4().hex, uuid.uuid4().hex
+    clock.store(first, [CLIENT, *server_spans()])
+    clock.advance(att.idle_poll_s + 0.01)
+    stored = []
+
+    def now_us() -> int:
+        if _rows(store, first)[0] and not stored:  # the pass's end: it wrote the first's row
+            stored.append(clock.store(second, [CLIENT, *server_spans()]))
+            clock.advance(att.idle_poll_s)
+        return clock.now_us()
+
+    att._store_clock_us = now_us
+    att.run_until_idle()
+    assert stored and _rows(store, first) == (1, 4) and _rows(store, second) == (0, 0)
+    assert att.poll_s == MIN_POLL_S
+    clock.advance(att.poll_s)
+    att.run_until_idle()
+    assert _rows(store, second) == (1, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bound", [8, 9])
+def test_with_many_spans_waiting_a_short_pause_is_a_quiet_one(
+    store: Store, clock: StoreClock, monkeypatch: pytest.MonkeyPatch, bound: int
+) -> None:
+    """Early attribution off, a poll of 1 s: once QUICK_PAUSE_SPANS spans wait that no pass has
+    taken, ingest has paused when the newest is QUICK_PAUSE_S old. Two complete traces (8 spans)
+    are attributed then with a bound of 8, and a poll after them with 9; the loop looks at that
+    time. The spans a quiet pass took wait no longer: a third trace alone waits a poll."""
+    monkeypatch.setattr(cadence, "QUICK_PAUSE_SPANS", bound)
+    att = Attributor(
+        store, settle_s=SETTLE_S, poll_s=1.0, clock=clock.monotonic, store_clock_us=clock.now_us
+    )
+    # From a settle window after the clock's start: the shared store's spans, before, wait
+    # no more.
+    clock.advance(SETTLE_S)
+    att.watermark_us = clock.now_us() - att.settle_us
+    att.run_until_idle()  # (no span yet)
+    ids = [uuid.uuid4().hex, uuid.uuid4().hex]
+    for trace_id in ids:
+        clock.store(trace_id, [CLIENT, *server_spans()])
+    att.poll()  # a look: the newest span is new
+    quick = bound <= 2 * 4
+    assert att.next_wake_s() == pytest.approx(QUICK_PAUSE_S + LOOK_LATE_S if quick else 1.0)
+    clock.advance(QUICK_PAUSE_S + LOOK_LATE_S)
+    att.poll()
+    assert [_rows(store, t) for t in ids] == [(1, 4) if quick else (0, 0)] * 2
+    clock.advance(1.0 - QUICK_PAUSE_S)
+    att.poll()
+    assert [_rows(store, t) for t in ids] == [(1, 4)] * 2
+    third = uuid.uuid4().hex
+    clock.store(third, [CLIENT, *server_spans()])
+    clock.advance(QUICK_PAUSE_S + LOOK_LATE_S)
+    att.run_until_idle()
+    assert _rows(store, third) == (0, 0)
+    clock.advance(1.0 - QUICK_PAUSE_S)
+    att.run_until_idle()
+    assert _rows(store, third) == (1, 4)
 
 
 @pytest.mark.slow
