@@ -136,7 +136,7 @@ class _Quiet(NamedTuple):
     (us), and how many spans after the watermark no pass has taken (stored after the last early
     window)."""
 
-    s: float
+    age_s: float
     newest_us: int
     waiting: int
 
@@ -334,12 +334,12 @@ class Attributor(Poller):
 
     def _look_after(self, quiet: _Quiet | None) -> None:
         """Set the next look whether ingest has paused, after one that found ``quiet``."""
-        quiet_s, waiting = (None, 0) if quiet is None else (quiet.s, quiet.waiting)
+        quiet_s, waiting = (None, 0) if quiet is None else (quiet.age_s, quiet.waiting)
         self._look = self.clock() + next_look_s(self.idle_poll_s, quiet_s, waiting)
 
     def _paused(self, quiet: _Quiet | None) -> bool:
         """Whether ingest has paused (``cadence.pause_s``)."""
-        return quiet is not None and quiet.s >= pause_s(self.idle_poll_s, quiet.waiting)
+        return quiet is not None and quiet.age_s >= pause_s(self.idle_poll_s, quiet.waiting)
 
     def _statements(self, after_us: int, early: bool) -> Statements:
         """The statements for a batch of the slice after ``after_us``: with early attribution
@@ -725,7 +725,7 @@ class Attributor(Poller):
                 idle_poll_s=self.idle_poll_s,
                 busy_poll_max_s=self.busy_poll_max_s,
                 ready_s=ready_s,
-                quiet_s=None if quiet is None else quiet.s,
+                quiet_s=None if quiet is None else quiet.age_s,
                 paused=paused,
                 # A quiet pass takes spans up to the newest there was when it began: one that
                 # began while ingest went on (a quick pause) leaves the spans stored since.
