@@ -11,6 +11,12 @@ them as they do leaves a small last pass when the newest settles instead of all 
 long wait it looks (one small query) whether ingest has paused, and if so passes at once: a look
 that finds the newest span younger than ``poll_s`` sets the next one for when it will be
 ``poll_s`` old (at most ``poll_s`` later), so a pause is seen as it reaches ``poll_s``.
+
+A burst's end is seen sooner: while at least ``QUICK_PAUSE_SPANS`` spans wait that no pass has
+taken, ingest has paused once the newest is ``QUICK_PAUSE_S`` old. So many spans pay a quiet
+pass's fixed cost many times over, and a pass that takes them sooner ends the burst's tail
+sooner; a trickle never has that many waiting, and keeps to ``poll_s`` (each pause it saw would
+be a pass of a few requests for the same fixed cost).
 """
 
 from __future__ import annotations
