@@ -80,7 +80,8 @@ def busy_wait_s(
         # settles is small.
         busy_s = min(busy_s, idle_poll_s)
         if early_next:
-            # It paused during this pass (which took no early window): the next one takes the
-            # early window up to the newest span, and waiting would only make it later.
+            # It paused during this pass (which took no early window, or one that ends before
+            # the newest span): the next one takes the early window up to the newest span, and
+            # waiting would only make it later.
             busy_s = MIN_POLL_S
     return busy_s
