@@ -45,7 +45,7 @@ def pause_s(idle_poll_s: float, waiting: int) -> float:
     return min(idle_poll_s, QUICK_PAUSE_S) if waiting >= QUICK_PAUSE_SPANS else idle_poll_s
 
 
-def next_look_s(idle_poll_s: float, quiet_s: float | None, waiting: int = 0) -> float:
+def next_look_s(idle_poll_s: float, quiet_s: float | None, waiting: int) -> float:
     """Seconds to the next look whether ingest has paused, after a look that found the newest
     span ``quiet_s`` old (None: no span after the watermark) and ``waiting`` spans no pass has
     taken: when it will have gone ``pause_s`` without a newer one (a look a poll apart would see
