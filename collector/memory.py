@@ -6,8 +6,11 @@ while the process's heap is above a limit, so that receivers push back (``RESOUR
 HTTP 429) and senders retry, instead of the process growing until the kernel kills it. Sampling
 the heap suits Go; here the memory that grows with load is known exactly, so it is counted:
 
-* an Export's bytes, from the moment its handler runs until it is answered (gRPC and HTTP bodies
-  alike; an HTTP body whose ``Content-Length`` does not fit is refused before it is read);
+* an Export's bytes, from before it is read until it is answered: an HTTP body by its
+  ``Content-Length`` (one that does not fit is refused unread), a gRPC message, whose size is
+  not known before it is read, by the largest of the last Exports (``ExportSizes``), then by its
+  own size once read; a gRPC Export that does not fit is refused unread too, so the Exports
+  handler threads are reading are counted, not only those they hold;
 * while it is parsed in Python (OTLP/JSON, or protobuf without the C decoder), an estimate of
   the objects parsing creates;
 * its decoded columns, from decoding until they are inserted into ClickHouse, or dropped from
@@ -85,7 +88,41 @@ class MemoryLimit:
             self.release(nbytes)
 
 
-__all__ = ["MemoryLimit", "return_freed_heap"]
+class ExportSizes:
+    """What to count for a gRPC Export before it is read: the largest of the last ``window``
+    Exports' sizes (``first`` before there are that many).
+
+    gRPC tells an Export's size only once its handler has read the message whole. Counting
+    nothing until then let each of serve's handler threads hold one Export past the limit (15-16
+    MB Exports from 96 senders: up to 32 of them, uncounted); counting the largest recent size
+    bounds what reads take to the limit, and senders of the same Exports as before see no
+    difference. An Export bigger than any recent one is counted in full as soon as it is read.
+
+    >>> sizes = ExportSizes(first=100, window=2)
+    >>> sizes.estimate(), sizes.add(10), sizes.estimate(), sizes.add(20), sizes.estimate()
+    (100, None, 100, None, 20)
+    """
+
+    def __init__(self, first: int, window: int = 64) -> None:
+        self._sizes = [first] * window
+        self._next = 0
+        self._max = first
+        self._lock = threading.Lock()
+
+    def estimate(self) -> int:
+        return self._max
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            old, self._sizes[self._next] = self._sizes[self._next], nbytes
+            self._next = (self._next + 1) % len(self._sizes)
+            if nbytes >= self._max:
+                self._max = nbytes
+            elif old == self._max:
+                self._max = max(self._sizes)
+
+
+__all__ = ["ExportSizes", "MemoryLimit", "return_freed_heap"]
 
 
 def _malloc_trim() -> Callable[[int], int] | None:

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -42,7 +42,7 @@ from latscope.collector.mapping import (
     decode_spans,
     table_bytes,
 )
-from latscope.collector.memory import MemoryLimit
+from latscope.collector.memory import ExportSizes, MemoryLimit
 from latscope.collector.writer import BatchWriter, JournalWriter, Refused, Ticket
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,15 @@ class Outcome:
 
     rejected: int = 0
     message: str = ""
+
+
+#: What a gRPC trace Export is counted as before it is read, until Exports have been read
+#: (``ExportSizes``): more than the OpenTelemetry SDK's batches of 512 spans take.
+FIRST_EXPORT_BYTES = 1 << 20
+#: At most this share of the memory limit is what an Export is counted as before it is read:
+#: an Export bigger than the limit (refused once read) or a small limit must not leave every
+#: Export after it refused unread.
+UNREAD_SHARE = 8
 
 
 class Ingest:
@@ -90,6 +99,8 @@ class Ingest:
         self.span_window = span_window
         self.token = token
         self.memory = memory or MemoryLimit(1 << 62)
+        #: What a gRPC trace Export is counted as before it is read (``receiving``).
+        self.export_sizes = ExportSizes(FIRST_EXPORT_BYTES)
         #: When the last Export arrived (monotonic s): shutdown waits for senders to go quiet.
         self.last_arrival = 0.0
         # One Export is mapped at a time. The GIL serialises this work anyway, and letting a
@@ -118,6 +129,31 @@ class Ingest:
             yield
         finally:
             self.memory.release(nbytes)
+
+    @contextlib.contextmanager
+    def receiving(self, signal: str = "traces") -> Iterator[Callable[[int], None]]:
+        """Count an Export whose size is not known yet (a gRPC message not read) against the
+        memory limit while the block runs: the largest recent Export's size before it is read
+        (at most 1 / ``UNREAD_SHARE`` of the limit), then its own once the block calls the
+        function it is given with that size. Raises ``Refused`` at once when the first does not
+        fit (the Export is then never read), and from that call when the Export read is bigger
+        and does not fit."""
+        held = min(self.export_sizes.estimate(), self.memory.limit // UNREAD_SHARE)
+        if not self.memory.reserve(held):
+            raise self.memory_refusal(signal)
+
+        def received(nbytes: int) -> None:
+            nonlocal held
+            self.export_sizes.add(nbytes)
+            if nbytes > held and not self.memory.reserve(nbytes - held):
+                raise self.memory_refusal(signal)
+            self.memory.release(held - nbytes)  # nothing when more was reserved above
+            held = nbytes
+
+        try:
+            yield received
+        finally:
+            self.memory.release(held)
 
     def fits(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more would fit the memory limit now (checked before reading)."""
@@ -297,15 +333,26 @@ def trace_response(outcome: Outcome) -> trace_service_pb2.ExportTraceServiceResp
 
 
 class TraceReceiver:
-    """OTLP/gRPC ``TraceService/Export``, registered to take the request as unparsed bytes."""
+    """OTLP/gRPC ``TraceService/Export``, registered to take the request as unparsed bytes.
+
+    The method is registered as client-streaming: on the wire a unary call is a stream of one
+    message, so every OTLP exporter calls it as before, and the handler runs before that message
+    is read. It is counted against the memory limit first (``Ingest.receiving``), and an Export
+    that does not fit is refused unread, its bytes never taken from the connection."""
 
     def __init__(self, ingest: Ingest) -> None:
         self.ingest = ingest
 
-    def Export(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+    def Export(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         _check(self.ingest, context)
         try:
-            with self.ingest.holding(len(request)):
+            with self.ingest.receiving() as received:
+                request = next(requests, None)
+                if request is None:
+                    context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, "the call carried no Export message"
+                    )
+                received(len(request))
                 outcome = self.ingest.export_trace_bytes(request)
         except MalformedExport as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -318,7 +365,7 @@ class TraceReceiver:
     def register(self, server: grpc.Server) -> None:
         """Add the Export method to ``server`` with no request parse and no response encoding."""
         handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
-            "Export": grpc.unary_unary_rpc_method_handler(self.Export)
+            "Export": grpc.stream_unary_rpc_method_handler(self.Export)
         }
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(TRACE_SERVICE, handlers),)

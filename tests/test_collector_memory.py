@@ -9,6 +9,7 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -19,6 +20,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from latscope.collector import receiver
 from latscope.collector.mapping import decode_spans, table_bytes
+from latscope.collector.memory import MemoryLimit
+from latscope.collector.writer import Refused
 from latscope.storage import Store
 from tests.collector_harness import (
     FlakyStore,
@@ -191,6 +194,84 @@ def test_one_export_larger_than_the_whole_limit_is_invalid_not_retried_forever(
         assert count_spans(store, service) == 10
     finally:
         c.stop()
+
+
+def test_a_grpc_export_that_does_not_fit_is_refused_before_its_message_is_read(
+    store: Store, tmp_path: Path
+) -> None:
+    # An Export is counted as the largest recent one before it is read: with less than that
+    # left, a call is refused before its message exists (the client has not sent it: the
+    # answer comes first). Once memory is free again, the same sender's Exports are stored.
+    c = start_collector(store, tmp_path / "spool", memory_limit_bytes=8 << 20)
+    service = f"svc-{uuid.uuid4().hex[:12]}"
+    memory = c.collector.memory
+    try:
+        with grpc.insecure_channel(c.grpc) as channel:
+            unary = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+            recent = _export(service, 200, attr_bytes=2048).SerializeToString()  # ~420 kB
+            unary(recent, timeout=30)
+            small = _export(service, 10, seed=1).SerializeToString()
+            assert len(small) < 2000
+            c.wait_stored()
+            # Less left than the recent Export, more than the small one.
+            held = memory.available - len(recent) // 2
+            assert memory.reserve(held)
+            sent = threading.Event()
+            release = threading.Event()
+
+            def message_later() -> Iterator[bytes]:
+                release.wait(30)
+                sent.set()
+                yield small
+
+            streaming = channel.stream_unary(
+                EXPORT, request_serializer=None, response_deserializer=None
+            )
+            with pytest.raises(grpc.RpcError) as err:
+                streaming(message_later(), timeout=20)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "memory limit" in (err.value.details() or "")
+            assert not sent.is_set()
+            release.set()
+            memory.release(held)
+            unary(small, timeout=30)
+        c.wait_stored()
+        assert count_spans(store, service) == 210
+    finally:
+        release.set()
+        c.stop()
+
+
+def test_a_grpc_export_counted_before_it_is_read_is_then_counted_as_its_size() -> None:
+    # The count before the read is the largest of the last 64 Exports (1 MiB before any), at
+    # most an eighth of the limit; once read, the Export's own size replaces it, refused if
+    # that does not fit.
+    memory = MemoryLimit(800_000)
+    ingest = receiver.Ingest(None, None, None, memory=memory)  # type: ignore[arg-type]
+    with ingest.receiving() as received:
+        assert memory.held == 100_000  # 1 MiB, capped at an eighth
+        received(3_000)
+        assert memory.held == 3_000
+    assert memory.held == 0
+    for _ in range(64):
+        ingest.export_sizes.add(2_000)
+    with ingest.receiving() as received:
+        assert memory.held == 2_000
+        received(60_000)  # bigger: counted in full, and the largest recent one
+        assert memory.held == 60_000
+        assert memory.reserve(700_000)
+        with pytest.raises(Refused), ingest.receiving():
+            pytest.fail("counted: 40,000 left, the estimate is 60,000")  # pragma: no cover
+        memory.release(700_000)
+        with ingest.receiving():
+            assert memory.held == 120_000
+    assert memory.held == 0
+    with ingest.receiving() as received:
+        assert memory.reserve(730_000)
+        with pytest.raises(Refused):
+            received(80_000)  # read, 20,000 more than counted, 10,000 left
+        memory.release(730_000)
+    assert memory.held == 0
 
 
 def test_decoded_rows_are_counted_as_the_arrow_buffers_they_hold() -> None:
