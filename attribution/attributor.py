@@ -611,6 +611,20 @@ class Attributor(Poller):
             return None
         return _Early(lo, complete_us, int(first_ns), int(last_ns), not int(unnamed))
 
+    def _early_beyond_settled(self, at: int, upto: int, complete_us: int) -> _Early | None:
+        """With the watermark ``at`` at or past the settle bound ``upto`` (resumed from rows a
+        run wrote within this settle window, say with a shorter one), there is no settled slice
+        to take the early window beside: the window from the watermark goes alone, in a batch of
+        the empty slice at the watermark, which stays. Its marker is a free time within
+        ``MAX_CUTS`` after the watermark, so a restart resumes at the watermark or before."""
+        early = self._early_window(at, complete_us)
+        free, _ = self._markers(at, at + MAX_CUTS)
+        if early is None or not free:
+            return None
+        self._taken.add(free[0])
+        self._batches[:] = [_Batch(at, at, upto, free[0], "", "", 0, *early[2:])]
+        return early
+
     def run_until_idle(self, *, max_batches: int = 1000) -> int:
         """Attribute every settled trace up to now (bounded batches); returns requests written."""
         started = self.clock()
@@ -629,8 +643,10 @@ class Attributor(Poller):
         # while the watermark has not moved past it).
         batches = self._batches
         early: _Early | None = None
+        if not batches and complete_us is not None and self.watermark_us >= upto:
+            early = self._early_beyond_settled(self.watermark_us, upto, complete_us)
         for _ in range(max_batches):
-            if self.watermark_us >= upto or (self.stopping and written):
+            if (self.watermark_us >= upto and not batches) or (self.stopping and written):
                 break
             if not batches and self.set_aside.any_due():
                 written += self._retry(

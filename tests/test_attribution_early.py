@@ -203,6 +203,34 @@ def test_a_span_stored_into_a_window_already_passed_is_attributed_once_settled(
 
 
 @pytest.mark.slow
+def test_an_attributor_resumed_inside_its_settle_window_takes_the_early_window(
+    store: Store, clock: StoreClock, mode: str
+) -> None:
+    """A run with no settle window wrote rows just now; an attributor that resumes from them has
+    its watermark past its own settle bound, so it has no settled slice to take the early window
+    beside: it takes it alone, and the trace is not written again when it settles."""
+    first = uuid.uuid4().hex
+    clock.store(first, [CLIENT, *server_spans()])
+    clock.advance(0.01)
+    before = Attributor(store, settle_s=0, clock=clock.monotonic, store_clock_us=clock.now_us)
+    before.watermark_us = clock.now_us() - 20_000
+    assert before.run_until_idle() >= 1
+    assert _rows(store, first) == (1, 4)
+    att = _attributor(store, clock, mode)
+    att.watermark_us = None  # resumes from the rows: past its settle bound
+    trace_id = uuid.uuid4().hex
+    stored = clock.store(trace_id, [CLIENT, *server_spans()])
+    clock.advance(COMPLETE_S + 0.2)
+    att.run_until_idle()
+    assert att.watermark_us is not None and att.watermark_us > clock.now_us() - att.settle_us
+    assert _rows(store, trace_id) == (1, 4)
+    _advance_to(clock, stored + SETTLE_S + 0.2)
+    att.run_until_idle()
+    assert _rows(store, trace_id) == (1, 4)
+    assert _rows(store, first) == (1, 4)
+
+
+@pytest.mark.slow
 def test_n_early_attributors_split_a_store_and_write_exactly_the_rows_of_one(
     store: Store, clock: StoreClock, mode: str
 ) -> None:
