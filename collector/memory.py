@@ -6,11 +6,11 @@ while the process's heap is above a limit, so that receivers push back (``RESOUR
 HTTP 429) and senders retry, instead of the process growing until the kernel kills it. Sampling
 the heap suits Go; here the memory that grows with load is known exactly, so it is counted:
 
-* an Export's bytes, from before it is read until it is answered: an HTTP body by its
-  ``Content-Length`` (one that does not fit is refused unread), a gRPC message, whose size is
-  not known before it is read, by the largest of the last Exports (``ExportSizes``), then by its
-  own size once read; a gRPC Export that does not fit is refused unread too, so the Exports
-  handler threads are reading are counted, not only those they hold;
+* an Export's bytes until it is answered: an HTTP body as it arrives (one whose
+  ``Content-Length`` does not fit is refused unread); a gRPC message, whose size is not known
+  before it is read, as the largest of the last Exports (``ExportSizes``) until it is read, then
+  as its own size, and refused unread when that does not fit, so what handler threads are
+  reading is counted, not only what they hold;
 * while it is parsed in Python (OTLP/JSON, or protobuf without the C decoder), an estimate of
   the objects parsing creates;
 * its decoded columns, from decoding until they are inserted into ClickHouse, or dropped from
