@@ -98,6 +98,10 @@ class Bound:
     http: str
 
 
+#: The HTTP/2 flow-control window of an OTLP/gRPC stream (``grpc_options``).
+STREAM_WINDOW_BYTES = 256 * 1024
+
+
 def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", settings.grpc_max_message_bytes),
@@ -112,6 +116,11 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
         # of them the handlers' own Exports), uncounted by the collector's limit. Off, a waiting
         # stream's window stays small, and a handler's read opens it to its message's size.
         ("grpc.http2.bdp_probe", 0),
+        # The window a stream starts with, fixed (BDP probing off): gRPC's 64 KiB made an Export
+        # of the OpenTelemetry SDK's size (~300 kB) wait for a window update every 64 KiB; with
+        # 256 KiB ingest took 0.81-0.88 of the CPU per span (bench/ingest, "small-window"), and
+        # an Export waiting for a handler holds at most that much, uncounted.
+        ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
     ]
 
 

@@ -326,9 +326,12 @@ VARIANTS = {
     # purge that keeps serve's memory bound costs.
     "unpurged": {"purge": False},
     # Synced, with gRPC's BDP probing on (its default; serve turns it off so that an Export
-    # waiting for a handler is not received whole): what the small window of a waiting stream
+    # waiting for a handler is not received whole): what the fixed window of a waiting stream
     # costs.
-    "bdp-probe": {"bdp_probe": True},
+    "bdp-probe": {"grpc": {"grpc.http2.bdp_probe": 1}},
+    # Synced, with gRPC's own initial stream window (64 KiB) instead of serve's 256 KiB: what
+    # the window updates within an Export cost.
+    "small-window": {"grpc": {"grpc.http2.lookahead_bytes": 64 * 1024}},
 }
 
 
@@ -377,10 +380,11 @@ def collector_round(
     for component in parts.components:
         component.start()
     grpc_options = serve.grpc_options
-    if VARIANTS[variant].get("bdp_probe"):
+    options = VARIANTS[variant].get("grpc", {})
+    if options:
         serve.grpc_options = lambda s: [
-            *(o for o in grpc_options(s) if o[0] != "grpc.http2.bdp_probe"),
-            ("grpc.http2.bdp_probe", 1),
+            *(o for o in grpc_options(s) if o[0] not in options),
+            *options.items(),
         ]
     try:
         grpc_server, addr = start_grpc(settings, parts)
