@@ -118,8 +118,9 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.http2.bdp_probe", 0),
         # The window a stream starts with, fixed (BDP probing off): gRPC's 64 KiB made an Export
         # of the OpenTelemetry SDK's size (~300 kB) wait for a window update every 64 KiB; with
-        # 256 KiB ingest took 0.81-0.88 of the CPU per span (bench/ingest, "small-window"), and
-        # an Export waiting for a handler holds at most that much, uncounted.
+        # 256 KiB ingest took a median 0.88 of the CPU per span (bench/ingest, "small-window",
+        # 12 rounds, 0.79-1.17), and an Export waiting for a handler holds at most that much,
+        # uncounted.
         ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
     ]
 
