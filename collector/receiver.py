@@ -131,8 +131,8 @@ class Ingest:
             self.memory.release(nbytes)
 
     @contextlib.contextmanager
-    def receiving(self, signal: str = "traces") -> Iterator[Callable[[int], None]]:
-        """Count an Export whose size is not known yet (a gRPC message not read) against the
+    def receiving(self) -> Iterator[Callable[[int], None]]:
+        """Count a trace Export whose size is not known yet (a gRPC message not read) against the
         memory limit while the block runs: the largest recent Export's size before it is read
         (at most 1 / ``UNREAD_SHARE`` of the limit), then its own once the block calls the
         function it is given with that size. Raises ``Refused`` at once when the first does not
@@ -140,13 +140,13 @@ class Ingest:
         and does not fit."""
         held = min(self.export_sizes.estimate(), self.memory.limit // UNREAD_SHARE)
         if not self.memory.reserve(held):
-            raise self.memory_refusal(signal)
+            raise self.memory_refusal("traces")
 
         def received(nbytes: int) -> None:
             nonlocal held
             self.export_sizes.add(nbytes)
             if nbytes > held and not self.memory.reserve(nbytes - held):
-                raise self.memory_refusal(signal)
+                raise self.memory_refusal("traces")
             self.memory.release(held - nbytes)  # nothing when more was reserved above
             held = nbytes
 
