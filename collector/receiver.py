@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import grpc
 import pyarrow as pa
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from latscope.auth import UNAUTHORIZED, bearer_ok, metadata_authorization
@@ -44,6 +45,7 @@ from latscope.collector.mapping import (
 )
 from latscope.collector.memory import ExportSizes, MemoryLimit
 from latscope.collector.writer import BatchWriter, JournalWriter, Refused, Ticket
+from latscope.rpc import parse_error, refuse_malformed
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +101,10 @@ class Ingest:
         self.span_window = span_window
         self.token = token
         self.memory = memory or MemoryLimit(1 << 62)
-        #: What a gRPC trace Export is counted as before it is read (``receiving``).
-        self.export_sizes = ExportSizes(FIRST_EXPORT_BYTES)
+        #: What a gRPC Export is counted as before it is read (``receiving``), by signal.
+        self.export_sizes = {
+            signal: ExportSizes(FIRST_EXPORT_BYTES) for signal in ("traces", "metrics")
+        }
         #: When the last Export arrived (monotonic s): shutdown waits for senders to go quiet.
         self.last_arrival = 0.0
         # One Export is mapped at a time. The GIL serialises this work anyway, and letting a
@@ -131,22 +135,23 @@ class Ingest:
             self.memory.release(nbytes)
 
     @contextlib.contextmanager
-    def receiving(self) -> Iterator[Callable[[int], None]]:
-        """Count a trace Export whose size is not known yet (a gRPC message not read) against the
-        memory limit while the block runs: the largest recent Export's size before it is read
-        (at most 1 / ``UNREAD_SHARE`` of the limit), then its own once the block calls the
+    def receiving(self, signal: str) -> Iterator[Callable[[int], None]]:
+        """Count a gRPC Export of ``signal`` whose size is not known yet (its message not read)
+        against the memory limit while the block runs: the largest recent Export's before it is
+        read (at most 1 / ``UNREAD_SHARE`` of the limit), then its own once the block calls the
         function it is given with that size. Raises ``Refused`` at once when the first does not
         fit (the Export is then never read), and from that call when the Export read is bigger
         and does not fit."""
-        held = min(self.export_sizes.estimate(), self.memory.limit // UNREAD_SHARE)
+        sizes = self.export_sizes[signal]
+        held = min(sizes.estimate(), self.memory.limit // UNREAD_SHARE)
         if not self.memory.reserve(held):
-            raise self.memory_refusal("traces")
+            raise self.memory_refusal(signal)
 
         def received(nbytes: int) -> None:
             nonlocal held
-            self.export_sizes.add(nbytes)
+            sizes.add(nbytes)
             if nbytes > held and not self.memory.reserve(nbytes - held):
-                raise self.memory_refusal("traces")
+                raise self.memory_refusal(signal)
             self.memory.release(held - nbytes)  # nothing when more was reserved above
             held = nbytes
 
@@ -321,6 +326,7 @@ def _abort(context: grpc.ServicerContext, error: Refused) -> None:
 
 
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 
 
 def trace_response(outcome: Outcome) -> trace_service_pb2.ExportTraceServiceResponse:
@@ -346,7 +352,7 @@ class TraceReceiver:
     def Export(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         _check(self.ingest, context)
         try:
-            with self.ingest.receiving() as received:
+            with self.ingest.receiving("traces") as received:
                 request = next(requests, None)
                 if request is None:
                     context.abort(
@@ -374,21 +380,32 @@ class TraceReceiver:
         server.add_registered_method_handlers(TRACE_SERVICE, handlers)
 
 
-class MetricsReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
-    """OTLP/gRPC ``MetricsService/Export``: gauges, sums and histograms into the metric tables."""
+class MetricsReceiver:
+    """OTLP/gRPC ``MetricsService/Export``: gauges, sums and histograms into the metric tables.
+
+    Registered as the trace method is (``TraceReceiver``): client-streaming, the request as
+    bytes, so an Export is counted against the memory limit (as its parse) before it is read and
+    parsed, and refused unread when that does not fit; one that does not parse is answered
+    ``INVALID_ARGUMENT`` (``latscope.rpc.refuse_malformed``)."""
 
     def __init__(self, ingest: Ingest) -> None:
         self.ingest = ingest
 
-    def Export(
-        self,
-        request: metrics_service_pb2.ExportMetricsServiceRequest,
-        context: grpc.ServicerContext,
-    ) -> metrics_service_pb2.ExportMetricsServiceResponse:
+    def Export(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         _check(self.ingest, context)
         try:
-            # Parsed by gRPC already: held as the parse, for as long as it is mapped.
-            with self.ingest.holding(request.ByteSize() * PARSE_EXPANSION, "metrics"):
+            with self.ingest.receiving("metrics") as received:
+                data = next(requests, None)
+                if data is None:
+                    context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, "the call carried no Export message"
+                    )
+                # Held as its parse, for as long as it is mapped.
+                received(len(data) * PARSE_EXPANSION)
+                try:
+                    request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)
+                except DecodeError as exc:
+                    refuse_malformed(context, f"{METRICS_SERVICE}/Export", parse_error(exc))
                 outcome = self.ingest.export_metrics(request)
         except Refused as error:
             _abort(context, error)
@@ -396,10 +413,21 @@ class MetricsReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
         if outcome.rejected:
             response.partial_success.rejected_data_points = outcome.rejected
             response.partial_success.error_message = outcome.message
-        return response
+        return response.SerializeToString()
+
+    def register(self, server: grpc.Server) -> None:
+        """Add the Export method to ``server``, taking the request as bytes."""
+        handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
+            "Export": grpc.stream_unary_rpc_method_handler(self.Export)
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(METRICS_SERVICE, handlers),)
+        )
+        server.add_registered_method_handlers(METRICS_SERVICE, handlers)
 
 
 __all__ = [
+    "METRICS_SERVICE",
     "TRACE_SERVICE",
     "Ingest",
     "MetricsReceiver",

@@ -7,8 +7,6 @@ import logging
 import time
 from pathlib import Path
 
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-
 from latscope.collector import mapping
 from latscope.collector.http import otlp_http_router
 from latscope.collector.mapping import EXPONENTIAL_HISTOGRAM_TABLE, HISTOGRAM_TABLE, Limits
@@ -18,7 +16,6 @@ from latscope.collector.spool import Spool, SpoolError
 from latscope.collector.writer import BatchWriter, JournalWriter, WriterConfig
 from latscope.config import Settings
 from latscope.parts import Parts
-from latscope.rpc import register
 from latscope.storage import METRICS_TABLE, SPANS_TABLE, Store
 
 log = logging.getLogger("latscope.collector")
@@ -129,11 +126,7 @@ def collector_parts(settings: Settings, store: Store) -> Parts:
     return Parts(
         grpc_servicers=[
             TraceReceiver(collector.ingest).register,
-            lambda server: register(
-                metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server,
-                MetricsReceiver(collector.ingest),
-                server,
-            ),
+            MetricsReceiver(collector.ingest).register,
         ],
         http_routers=[
             otlp_http_router(

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -64,6 +64,19 @@ class _Malformed:
         self.reason = reason
 
 
+def parse_error(exc: Exception) -> str:
+    """Why a request did not parse, from the parser's exception."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def refuse_malformed(context: grpc.ServicerContext, method: str, reason: str) -> NoReturn:
+    """Answer a request of ``method`` (``service/Method``) that did not parse
+    ``INVALID_ARGUMENT``, logged at most once a minute per method and ``reason``."""
+    message = f"{method}: the request is not a valid message ({reason})"
+    MALFORMED.warning(f"{method} {reason}", f"malformed gRPC request: {message}")
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
 def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
     if deserializer is None:
         return None
@@ -72,7 +85,7 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
         try:
             return deserializer(data)
         except Exception as exc:  # protobuf's DecodeError, or whatever a parser raises
-            return _Malformed(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            return _Malformed(parse_error(exc))
 
     return parse
 
@@ -81,9 +94,7 @@ def _guarded(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
     @functools.wraps(behavior)  # keeps experimental_thread_pool, which grpcio reads
     def run(request: Any, context: grpc.ServicerContext) -> Any:
         if isinstance(request, _Malformed):
-            message = f"{method}: the request is not a valid message ({request.reason})"
-            MALFORMED.warning(f"{method} {request.reason}", f"malformed gRPC request: {message}")
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+            refuse_malformed(context, method, request.reason)
         return behavior(request, context)
 
     return run
@@ -128,4 +139,4 @@ def register(add_to_server: Callable[[Any, Any], None], servicer: Any, server: A
         server.add_registered_method_handlers(name, guarded)
 
 
-__all__ = ["MALFORMED", "ThrottledLog", "register"]
+__all__ = ["MALFORMED", "ThrottledLog", "parse_error", "refuse_malformed", "register"]

@@ -31,6 +31,7 @@ from tests.collector_harness import (
 )
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+METRICS_EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 T0 = 1_763_000_000_000_000_000
 PROTOBUF = {"content-type": "application/x-protobuf"}
 
@@ -201,7 +202,8 @@ def test_a_grpc_export_that_does_not_fit_is_refused_before_its_message_is_read(
 ) -> None:
     # An Export is counted as the largest recent one before it is read: with less than that
     # left, a call is refused before its message exists (the client has not sent it: the
-    # answer comes first). Once memory is free again, the same sender's Exports are stored.
+    # answer comes first), a metrics Export too (counted as its parse, 1 MiB before any). Once
+    # memory is free again, the same sender's Exports are stored.
     c = start_collector(store, tmp_path / "spool", memory_limit_bytes=8 << 20)
     service = f"svc-{uuid.uuid4().hex[:12]}"
     memory = c.collector.memory
@@ -224,14 +226,15 @@ def test_a_grpc_export_that_does_not_fit_is_refused_before_its_message_is_read(
                 sent.set()
                 yield small
 
-            streaming = channel.stream_unary(
-                EXPORT, request_serializer=None, response_deserializer=None
-            )
-            with pytest.raises(grpc.RpcError) as err:
-                streaming(message_later(), timeout=20)
-            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "memory limit" in (err.value.details() or "")
-            assert not sent.is_set()
+            for method in (EXPORT, METRICS_EXPORT):
+                streaming = channel.stream_unary(
+                    method, request_serializer=None, response_deserializer=None
+                )
+                with pytest.raises(grpc.RpcError) as err:
+                    streaming(message_later(), timeout=20)
+                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, method
+                assert "memory limit" in (err.value.details() or "")
+                assert not sent.is_set()
             release.set()
             memory.release(held)
             unary(small, timeout=30)
@@ -248,25 +251,25 @@ def test_a_grpc_export_counted_before_it_is_read_is_then_counted_as_its_size() -
     # that does not fit.
     memory = MemoryLimit(800_000)
     ingest = receiver.Ingest(None, None, None, memory=memory)  # type: ignore[arg-type]
-    with ingest.receiving() as received:
+    with ingest.receiving("traces") as received:
         assert memory.held == 100_000  # 1 MiB, capped at an eighth
         received(3_000)
         assert memory.held == 3_000
     assert memory.held == 0
     for _ in range(64):
-        ingest.export_sizes.add(2_000)
-    with ingest.receiving() as received:
+        ingest.export_sizes["traces"].add(2_000)
+    with ingest.receiving("traces") as received:
         assert memory.held == 2_000
         received(60_000)  # bigger: counted in full, and the largest recent one
         assert memory.held == 60_000
         assert memory.reserve(700_000)
-        with pytest.raises(Refused), ingest.receiving():
+        with pytest.raises(Refused), ingest.receiving("traces"):
             pytest.fail("counted: 40,000 left, the estimate is 60,000")  # pragma: no cover
         memory.release(700_000)
-        with ingest.receiving():
+        with ingest.receiving("traces"):
             assert memory.held == 120_000
     assert memory.held == 0
-    with ingest.receiving() as received:
+    with ingest.receiving("traces") as received:
         assert memory.reserve(730_000)
         with pytest.raises(Refused):
             received(80_000)  # read, 20,000 more than counted, 10,000 left
