@@ -338,6 +338,21 @@ def trace_response(outcome: Outcome) -> trace_service_pb2.ExportTraceServiceResp
     return response
 
 
+def _register_export(
+    server: grpc.Server,
+    service: str,
+    export: Callable[[Iterator[bytes], grpc.ServicerContext], bytes],
+) -> None:
+    """Add ``service``'s Export method to ``server``, client-streaming (a unary call is a stream
+    of one message on the wire), with no request parse and no response encoding."""
+    handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
+        "Export": grpc.stream_unary_rpc_method_handler(export)
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    # Registered methods are matched by the gRPC core instead of a Python lookup per call.
+    server.add_registered_method_handlers(service, handlers)
+
+
 class TraceReceiver:
     """OTLP/gRPC ``TraceService/Export``, registered to take the request as unparsed bytes.
 
@@ -369,15 +384,7 @@ class TraceReceiver:
         return trace_response(outcome).SerializeToString()
 
     def register(self, server: grpc.Server) -> None:
-        """Add the Export method to ``server`` with no request parse and no response encoding."""
-        handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
-            "Export": grpc.stream_unary_rpc_method_handler(self.Export)
-        }
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(TRACE_SERVICE, handlers),)
-        )
-        # Registered methods are matched by the gRPC core instead of a Python lookup per call.
-        server.add_registered_method_handlers(TRACE_SERVICE, handlers)
+        _register_export(server, TRACE_SERVICE, self.Export)
 
 
 class MetricsReceiver:
@@ -416,14 +423,7 @@ class MetricsReceiver:
         return response.SerializeToString()
 
     def register(self, server: grpc.Server) -> None:
-        """Add the Export method to ``server``, taking the request as bytes."""
-        handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
-            "Export": grpc.stream_unary_rpc_method_handler(self.Export)
-        }
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(METRICS_SERVICE, handlers),)
-        )
-        server.add_registered_method_handlers(METRICS_SERVICE, handlers)
+        _register_export(server, METRICS_SERVICE, self.Export)
 
 
 __all__ = [
