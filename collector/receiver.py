@@ -68,8 +68,9 @@ class Outcome:
     message: str = ""
 
 
-#: What a gRPC trace Export is counted as before it is read, until Exports have been read
-#: (``ExportSizes``): more than the OpenTelemetry SDK's batches of 512 spans take.
+#: What a gRPC Export is counted as before it is read, until Exports of its signal have been
+#: read (``ExportSizes``): more than a trace Export of the OpenTelemetry SDK's batches of 512
+#: spans takes.
 FIRST_EXPORT_BYTES = 1 << 20
 #: At most this share of the memory limit is what an Export is counted as before it is read:
 #: an Export bigger than the limit (refused once read) or a small limit must not leave every
@@ -353,6 +354,15 @@ def _register_export(
     server.add_registered_method_handlers(service, handlers)
 
 
+def _message(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+    """The one message of a call to an Export method registered by ``_register_export``, read
+    now; a call that carried none is answered ``INVALID_ARGUMENT``."""
+    message = next(requests, None)
+    if message is None:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no Export message")
+    return message
+
+
 class TraceReceiver:
     """OTLP/gRPC ``TraceService/Export``, registered to take the request as unparsed bytes.
 
@@ -368,11 +378,7 @@ class TraceReceiver:
         _check(self.ingest, context)
         try:
             with self.ingest.receiving("traces") as received:
-                request = next(requests, None)
-                if request is None:
-                    context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT, "the call carried no Export message"
-                    )
+                request = _message(requests, context)
                 received(len(request))
                 outcome = self.ingest.export_trace_bytes(request)
         except MalformedExport as exc:
@@ -402,11 +408,7 @@ class MetricsReceiver:
         _check(self.ingest, context)
         try:
             with self.ingest.receiving("metrics") as received:
-                data = next(requests, None)
-                if data is None:
-                    context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT, "the call carried no Export message"
-                    )
+                data = _message(requests, context)
                 # Held as its parse, for as long as it is mapped.
                 received(len(data) * PARSE_EXPANSION)
                 try:
