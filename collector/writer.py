@@ -177,7 +177,7 @@ class WriterConfig:
     #: rows waiting in memory before ``submit`` refuses more
     max_queue_rows: int = 200_000
     #: flush when a batch holds this many rows ...
-    batch_rows: int = 20_000
+    batch_rows: int = 40_000
     #: ... or when its oldest rows have waited this long
     batch_timeout_s: float = 0.2
     #: after a failed insert, spool without trying ClickHouse for this long

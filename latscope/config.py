@@ -221,7 +221,7 @@ class Settings:
         default=200_000, metadata={"help": "spans queued in memory before RESOURCE_EXHAUSTED"}
     )
     batch_max_spans: int = field(
-        default=20_000, metadata={"help": "flush a batch to ClickHouse at this many spans ..."}
+        default=40_000, metadata={"help": "flush a batch to ClickHouse at this many spans ..."}
     )
     batch_timeout_s: float = field(
         default=0.2, metadata={"help": "... or when its oldest span has waited this long"}
