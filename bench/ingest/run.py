@@ -1,6 +1,6 @@
 """Ingest benchmark: OTLP/gRPC load on loopback into the collector and the embedded ClickHouse.
 
-    .venv/bin/python -m bench.ingest.run [--exports 300] [--streams 16] [--requests 64]
+    .venv/bin/python -m bench.ingest.run [--exports 1500] [--streams 16] [--requests 64]
 
 A load generator (a separate process, so its CPU is not the collector's) sends pre-built
 Exports of realistic LLM request traces (7 spans per request, ~15 attributes each) over N
@@ -12,9 +12,9 @@ cost per span (in a collector's own process, pyarrow importing pandas on its fir
 is 0.4 CPU s; here the decode paths, measured first, import it). Printed: spans/s
 (wall clock, from the first Export sent to the last span queryable), collector CPU seconds per
 100k spans and spans per collector CPU-second (whole process: every thread, chDB's included),
-that CPU by thread (from /proc/self/task), the background merges that follow the run until the
-table settles, p99 Export latency, the ratio to the baseline and bytes per span on disk after
-OPTIMIZE FINAL.
+that CPU by thread (from /proc/self/task), the spans table's active parts at the run's end, the
+background merges that follow the run until the table settles, p99 Export latency, the ratio to
+the baseline and bytes per span on disk after OPTIMIZE FINAL.
 """
 
 from __future__ import annotations
@@ -265,7 +265,8 @@ class Round:
     groups: Counter[str]
     settle_s: float
     settle_cpu_s: float
-    parts_left: int
+    parts_at_end: int  # active parts of the spans table once the last span is stored
+    parts_left: int  # ... and once the merges after the run have settled
 
     @property
     def per_cpu_s(self) -> float:
@@ -332,6 +333,9 @@ VARIANTS = {
     # Synced, with gRPC's own initial stream window (64 KiB) instead of serve's 256 KiB: what
     # the window updates within an Export cost.
     "small-window": {"grpc": {"grpc.http2.lookahead_bytes": 64 * 1024}},
+    # Synced, each segment closed at 20,000 spans instead of 40,000 (``--batch-max-spans``):
+    # what inserting (and then merging) parts half the size costs.
+    "batch-20k": {"batch_rows": 20_000},
 }
 
 
@@ -369,6 +373,9 @@ def collector_round(
         writer._sync_works = False
     if VARIANTS[variant].get("purge") is False:
         writer.config = dataclasses.replace(writer.config, purge_after_insert=False)
+    if "batch_rows" in VARIANTS[variant]:
+        rows = VARIANTS[variant]["batch_rows"]
+        writer.config = dataclasses.replace(writer.config, batch_rows=rows)
     in_place = store._inserts
     if VARIANTS[variant].get("in_place") is False:
         store._inserts = None
@@ -402,6 +409,7 @@ def collector_round(
         time.sleep(0.002)
     elapsed = time.perf_counter() - started
     cpu = _cpu() - cpu0
+    parts_at_end = active_parts(store, SPANS_TABLE)
     groups = cpu_by_group(threads0, _threads(), cpu)
     groups[GROUPS[2][0]] -= insert_cpu[0]
     groups[GROUPS[3][0]] += insert_cpu[0]
@@ -419,7 +427,7 @@ def collector_round(
     stop_components(parts, time.monotonic() + 30)
     return Round(
         variant, run["spans"], elapsed, cpu, run["p99_ms"], groups, settle_s, settle_cpu,
-        active_parts(store, SPANS_TABLE),
+        parts_at_end, active_parts(store, SPANS_TABLE),
     )  # fmt: skip
 
 
@@ -496,8 +504,8 @@ def bench(args: argparse.Namespace) -> None:
         per100k = 1e5 / r.spans
         print(f"{r.variant:9s} -> chDB  : {r.spans / r.wall_s:>10,.0f} spans/s   "
               f"{r.cpu_s * per100k:.3f} CPU s/100k spans   p99 {r.p99_ms:.1f} ms   "
-              f"{r.per_cpu_s:,.0f} spans per CPU-second; with the merges after it "
-              f"({r.settle_s:.0f} s, {r.parts_left} parts left) "
+              f"{r.per_cpu_s:,.0f} spans per CPU-second ({r.parts_at_end} parts at the end); "
+              f"with the merges after it ({r.settle_s:.0f} s, {r.parts_left} parts left) "
               f"{r.with_merges:,.0f}")  # fmt: skip
     print("collector CPU by thread, s per 100k spans, median of each variant's rounds:")
     print(f"  {'':56s} " + " ".join(f"{v:>9s}" for v in variants))
@@ -532,7 +540,7 @@ def bench(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--exports", type=int, default=300)
+    parser.add_argument("--exports", type=int, default=1500)
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--requests", type=int, default=64, help="requests (x7 spans) per Export")
     parser.add_argument("--loadgen", metavar="ADDR", help=argparse.SUPPRESS)
@@ -552,9 +560,8 @@ def main() -> None:
     parser.add_argument(
         "--compare",
         action="store_true",
-        help="alternate the variants (synced, unsynced, via-file, before) over the same store; "
-        "print each "
-        "one's CPU per span against synced, round by round",
+        help=f"alternate the variants ({', '.join(VARIANTS)}) over the same store; print "
+        "each one's CPU per span against synced, round by round",
     )
     parser.add_argument(
         "--variants",
