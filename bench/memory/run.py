@@ -21,6 +21,7 @@ moves with it).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
@@ -139,6 +140,9 @@ def _retry_delay(exc: grpc.RpcError) -> float:
 
 def bench(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="latscope-bench-memory-"))
+    # Removed at exit, also when the run fails half-way (a serve that does not start, a store
+    # that cannot be read back).
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     store_dir = workdir / "store"
     cmd = [
         sys.executable, "-m", "latscope.cli", "serve", "--store", f"chdb://{store_dir}",
