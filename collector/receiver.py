@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import grpc
 import pyarrow as pa
 from google.protobuf.duration_pb2 import Duration
-from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
@@ -413,7 +412,7 @@ class MetricsReceiver:
                 received(len(data) * PARSE_EXPANSION)
                 try:
                     request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(data)
-                except DecodeError as exc:
+                except Exception as exc:  # protobuf's DecodeError, as gRPC's parse would catch
                     refuse_malformed(context, f"{METRICS_SERVICE}/Export", parse_error(exc))
                 outcome = self.ingest.export_metrics(request)
         except Refused as error:
