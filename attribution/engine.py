@@ -26,18 +26,19 @@ tested against it. The rules are documented in docs/attribution.md; in short:
    around the inference span (the HTTP framework's span around vLLM's ``llm_request``; the span
    itself when there is none), cut at the end of the response when the ASGI instrumentation
    recorded when its last body message was sent: work after the response is not the request's.
-4. **Clock skew.** Attempts are on the server's clock, the client span on the client's. When
-   the windows' hull fits inside the client span as recorded, nothing moves (skew 0). When it
-   is shorter than the client span but does not fit: a misfit no larger than the room the
-   network legs leave is teardown or unequal legs (moved the least that fits, skew 0), a larger
-   one is skew (the hull is centred, as Jaeger's adjuster does). When the hull is longer, the
-   client span is *headers-only* only on evidence: the server's phases or response ran past
-   the client's end even with the server started at the client's start, and the client does
-   not say it read the whole response (latscope's client records its last byte; a GenAI
-   operation ends with the call). Then the server started half-way through the client span and
-   the request runs to the server's end plus the same return leg. Otherwise the excess is work
-   after the response (the server is moved only when it started before the client).
-   ``clock_skew_ns`` is how far the server's clock runs ahead.
+4. **Clock skew.** Attempts are on the server's clock, the client span on the client's. When the
+   windows' hull fits inside the client span as recorded, nothing moves (skew 0); nor when the
+   server started after the client and its phases and response ended before the client's end (the
+   span's end past it is teardown, clipped). When the hull is shorter than the client span but
+   does not fit: a misfit no larger than the room the network legs leave is unequal legs (moved
+   the least that fits, skew 0), a larger one is skew (the hull is centred, as Jaeger's adjuster
+   does). When the hull is longer, the client span is *headers-only* only on evidence: the
+   server's phases or response ran past the client's end even with the server started at the
+   client's start, and the client does not say it read the whole response (latscope's client
+   records its last byte; a GenAI operation ends with the call). Then the server started half-way
+   through the client span and the request runs to the server's end plus the same return leg.
+   Otherwise the excess is work after the response (the server is moved only when it started
+   before the client). ``clock_skew_ns`` is how far the server's clock runs ahead.
 5. **Sweep.** The timeline is the client span (extended when headers-only; else the window).
    Every instant goes to the highest-priority phase covering it (``PHASE_PRIORITY``), else to a
    KV-cache transfer stage (``other``, also counted as ``kv_transfer_ns``), else to ``other``

@@ -138,15 +138,20 @@ def timeline(request: Request) -> Timeline:
     hull = hull_hi - hull_lo
     if hull_lo >= lo and hull_hi <= hi:
         return Timeline(lo, hi, 0, False)
+    reach = _reach(request)
+    if hull_lo >= lo and reach is not None and reach <= hi:
+        # The server's record of its work (its start, its phases, its response) fits as
+        # recorded: what runs past the client's end is its span closing after the response
+        # (teardown), clipped, not a clock skew.
+        return Timeline(lo, hi, 0, False)
     if hull <= dur:
         misfit = max(lo - hull_lo, hull_hi - hi)
         if misfit <= dur - hull:
-            # Within the room the network legs leave: a server span that ends a little after the
-            # client's (teardown) or legs of unequal length, not a clock skew to report.
+            # Within the room the network legs leave: legs of unequal length, not a clock skew
+            # to report.
             return Timeline(lo, hi, lo - hull_lo if hull_lo < lo else hi - hull_hi, False)
         offset = lo + (dur - hull) // 2 - hull_lo
         return Timeline(lo, hi, offset, False, -offset)
-    reach = _reach(request)
     if not _says_whole_response(request) and reach is not None and reach - hull_lo > dur:
         # Headers-only: the server sent the headers as it started, half-way through the client
         # span; the response then came back over the same leg.

@@ -173,8 +173,10 @@ def timeline(
     the whole response when ``whole``. ``timeline_window`` reads them, a layer later."""
     half, hull, c_hi, fits, room = _timeline_parts(client, c_lo, c_dur, hull_lo, hull_hi)
     headers = f"(NOT {whole} AND {reach} IS NOT NULL AND {reach} - {hull_lo} > {c_dur})"
+    # The server's start and its record of work fit as recorded: the rest is teardown, clipped.
+    settled = f"({hull_lo} >= {c_lo} AND {reach} IS NOT NULL AND {reach} <= {c_hi})"
     return (
-        f"multiIf({fits}, 0, "
+        f"multiIf({fits} OR {settled}, 0, "
         f"{room}, if({hull_lo} < {c_lo}, {c_lo} - {hull_lo}, {c_hi} - {hull_hi}), "
         f"{hull} <= {c_dur}, {c_lo} + intDiv({c_dur} - {hull}, 2) - {hull_lo}, "
         # headers-only: the server started half-way through the client span
