@@ -128,11 +128,27 @@ typedef struct {
     Py_ssize_t rows, rejected;
     PyObject *first_problem;
     PyObject *render;      /* Python callable: AnyValue bytes -> str (arrays, kvlists) */
+    PyThreadState *ts;     /* while the decode runs without the GIL: this thread's state */
     const char *why;       /* E_MALFORMED: what was wrong */
     int err;
 } Ctx;
 
 #define BAD(c, text) ((c)->err = E_MALFORMED, (c)->why = (text), -1)
+
+/* The decode runs without the GIL (decode_traces): the few steps that call Python's API (a
+ * double's repr, an array or kvlist rendered by Python, the first rejection's text) take it
+ * back for that call. */
+static inline void gil_take(Ctx *c)
+{
+    if (c->ts != NULL)
+        PyEval_RestoreThread(c->ts);
+}
+
+static inline void gil_give(Ctx *c)
+{
+    if (c->ts != NULL)
+        c->ts = PyEval_SaveThread();
+}
 
 static int grow(Ctx *c, Buf *b, size_t extra)
 {
@@ -622,6 +638,8 @@ static char *fmt_int(char *end, int64_t value)
 
 /* Go's strconv.FormatFloat(v, 'f', -1, 64): Python's shortest repr, exponent written out
  * (mapping.format_double). */
+static int fmt_finite(Ctx *c, Buf *o, double v, Py_ssize_t *length);
+
 static int fmt_double(Ctx *c, Buf *o, double v, Py_ssize_t *length)
 {
     if (isnan(v)) {
@@ -632,6 +650,14 @@ static int fmt_double(Ctx *c, Buf *o, double v, Py_ssize_t *length)
         *length = 4;
         return add_str(c, o, v > 0 ? "+Inf" : "-Inf", 4);
     }
+    gil_take(c);
+    int rc = fmt_finite(c, o, v, length);
+    gil_give(c);
+    return rc;
+}
+
+static int fmt_finite(Ctx *c, Buf *o, double v, Py_ssize_t *length)
+{
     char *repr = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
     if (repr == NULL) {
         c->err = E_PY;
@@ -733,8 +759,18 @@ static int fmt_base64(Ctx *c, Buf *o, const uint8_t *s, size_t n, Py_ssize_t *le
     return push_off(c, o, d->len);
 }
 
+static int render_complex(Ctx *c, Buf *o, Py_ssize_t *length);
+
 /* Arrays and kvlists: JSON through mapping.value_to_string, given the merged AnyValue bytes. */
 static int fmt_complex(Ctx *c, Buf *o, Py_ssize_t *length)
+{
+    gil_take(c);
+    int rc = render_complex(c, o, length);
+    gil_give(c);
+    return rc;
+}
+
+static int render_complex(Ctx *c, Buf *o, Py_ssize_t *length)
 {
     size_t total = 0;
     for (size_t i = 0; i < c->values.len; i++)
@@ -1263,12 +1299,22 @@ static PyObject *short_repr(Slice s)
     return r;
 }
 
+static int word_problem(Ctx *c, Slice span_id, const Problem *pr, int resource);
+
 /* The first rejection's text, worded as mapping.py words it. */
 static int note_problem(Ctx *c, Slice span_id, const Problem *pr, int resource)
 {
     c->rejected++;
     if (c->first_problem != NULL)
         return 0;
+    gil_take(c);
+    int rc = word_problem(c, span_id, pr, resource);
+    gil_give(c);
+    return rc;
+}
+
+static int word_problem(Ctx *c, Slice span_id, const Problem *pr, int resource)
+{
     PyObject *inner = NULL, *key = NULL;
     switch (pr->kind) {
     case P_TRACE:
@@ -1977,8 +2023,13 @@ static PyObject *decode_traces(PyObject *module, PyObject *args)
     for (int i = 0; i < NB && !rc; i++)
         if (IS_OFFSETS[i])
             rc = push_off(&c, &c.b[i], 0);
-    if (!rc)
+    if (!rc) {
+        /* The bytes stay valid (the view holds them) while other threads run Python. */
+        c.ts = PyEval_SaveThread();
         rc = do_request(&c, (const uint8_t *)view.buf, (size_t)view.len);
+        PyEval_RestoreThread(c.ts);
+        c.ts = NULL;
+    }
     PyBuffer_Release(&view);
     Py_DECREF(c.render);
     if (rc) {

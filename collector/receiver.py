@@ -107,9 +107,10 @@ class Ingest:
         }
         #: When the last Export arrived (monotonic s): shutdown waits for senders to go quiet.
         self.last_arrival = 0.0
-        # One Export is mapped at a time. The GIL serialises this work anyway, and letting a
-        # dozen handler threads interleave through the Python mapping cost about a third more
-        # CPU per span in bench/ingest (GIL hand-offs and cache churn).
+        # One Export is mapped at a time. The C decoder runs without the GIL, so the other
+        # handler threads receive meanwhile; decodes running at once cost about three times the
+        # CPU per span (most of it system time, hundreds of context switches an Export), and
+        # handler threads interleaving through the Python mapping about a third more.
         self._mapping = threading.Lock()
 
     def _limits(self) -> Limits:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import httpx
@@ -158,6 +159,29 @@ def test_c_decoder_matches_the_python_mapping(
 )
 def test_c_decoder_survives_random_and_damaged_bytes(data: bytes) -> None:
     assert_same(data, Limits())
+
+
+@native
+@settings(max_examples=examples(40), suppress_health_check=list(HealthCheck), deadline=None)
+@given(batch=st.lists(exports(), min_size=4, max_size=4), limits=limits)
+def test_exports_decoded_in_threads_at_once_each_decode_as_alone(
+    batch: list[ExportTraceServiceRequest], limits: Limits
+) -> None:
+    """The C decoder runs without the GIL and takes it back for a double's repr, an array's or a
+    kvlist's JSON and the first rejection's text: Exports decoded by eight threads at once, with
+    no lock between them, each give what they give decoded alone."""
+    data = [e.SerializeToString() for e in batch] * 6
+    alone = [_decode(d, limits, True) for d in data]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda d: _decode(d, limits, True), data))
+    for a, t, d in zip(alone, together, data, strict=True):
+        if isinstance(a, str) or isinstance(t, str):
+            assert a == t, d
+            continue
+        assert a[:3] == t[:3], d
+        assert a[3].schema == t[3].schema
+        for name in a[3].column_names:
+            assert a[3][name].equals(t[3][name]), (name, d)
 
 
 def _ld(field: int, payload: bytes) -> bytes:
