@@ -636,10 +636,10 @@ static char *fmt_int(char *end, int64_t value)
     return p;
 }
 
-/* Go's strconv.FormatFloat(v, 'f', -1, 64): Python's shortest repr, exponent written out
- * (mapping.format_double). */
 static int fmt_finite(Ctx *c, Buf *o, double v, Py_ssize_t *length);
 
+/* Go's strconv.FormatFloat(v, 'f', -1, 64): Python's shortest repr, exponent written out
+ * (mapping.format_double). */
 static int fmt_double(Ctx *c, Buf *o, double v, Py_ssize_t *length)
 {
     if (isnan(v)) {
@@ -2024,7 +2024,8 @@ static PyObject *decode_traces(PyObject *module, PyObject *args)
         if (IS_OFFSETS[i])
             rc = push_off(&c, &c.b[i], 0);
     if (!rc) {
-        /* The bytes stay valid (the view holds them) while other threads run Python. */
+        /* The view keeps the bytes (immutable: the callers pass bytes) while other threads
+         * run Python. */
         c.ts = PyEval_SaveThread();
         rc = do_request(&c, (const uint8_t *)view.buf, (size_t)view.len);
         PyEval_RestoreThread(c.ts);
