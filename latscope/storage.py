@@ -74,8 +74,10 @@ _CACHE_SHARES = {
 def engine_settings(memory_limit_bytes: int) -> dict[str, int]:
     """The embedded ClickHouse's server settings for latscope's memory setting.
 
-    Merges: two at a time at most (ClickHouse interleaves up to twice its pool's threads, and
-    each merge holds its parts' read buffers for as long as it runs).
+    Merges: one at a time (a pool of one thread, and no second merge interleaved on it). Each
+    merge holds read buffers for every part it takes for as long as it runs, and the spans table
+    merges ten parts at a time (deploy/clickhouse/018_spans_merge_width.sql): two such merges of
+    spans carrying prompts took the engine past its limit.
 
     >>> engine_settings(256 * 1024**2)["max_server_memory_usage"] // 1024**2
     768
@@ -87,6 +89,7 @@ def engine_settings(memory_limit_bytes: int) -> dict[str, int]:
         "index_uncompressed_cache_size": 0,
         **{name: server // share for name, share in _CACHE_SHARES.items()},
         "background_merges_mutations_concurrency_ratio": 1,
+        "background_pool_size": 1,
     }
 
 

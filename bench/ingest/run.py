@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -336,6 +338,9 @@ VARIANTS = {
     # Synced, each segment closed at 20,000 spans instead of 40,000 (``--batch-max-spans``):
     # what inserting (and then merging) parts half the size costs.
     "batch-20k": {"batch_rows": 20_000},
+    # Synced, the spans table merging five parts at a time (ClickHouse's default) instead of ten
+    # (deploy/clickhouse/018_spans_merge_width.sql): what the wider merges save.
+    "merge-base-5": {"table": {"merge_selector_base": 5}},
 }
 
 
@@ -352,6 +357,9 @@ def collector_round(
     from latscope.storage import SPANS_TABLE
 
     store.command(f"TRUNCATE TABLE {SPANS_TABLE}")
+    table = VARIANTS[variant].get("table", {})
+    table_before = _table_settings(store, SPANS_TABLE, table)
+    _set_table(store, SPANS_TABLE, table)
     settings = _settings(args, store.dsn, workdir / f"spool-{number}")
     # CPU the insert thread spends inside chDB's insert (the rest of that thread is Python).
     insert_cpu = [0.0]
@@ -425,10 +433,33 @@ def collector_round(
     settle_cpu = _cpu() - cpu1
     grpc_server.stop(5).wait()
     stop_components(parts, time.monotonic() + 30)
+    _set_table(store, SPANS_TABLE, table_before)
     return Round(
         variant, run["spans"], elapsed, cpu, run["p99_ms"], groups, settle_s, settle_cpu,
         parts_at_end, active_parts(store, SPANS_TABLE),
     )  # fmt: skip
+
+
+def _table_settings(store: Any, table: str, names: Iterable[str]) -> dict[str, str]:
+    """The table's own values of the MergeTree settings ``names`` (as its DDL set them)."""
+    engine = store.query_rows(
+        "SELECT engine_full FROM system.tables"
+        " WHERE database = currentDatabase() AND name = {t:String}",
+        {"t": table},
+    )[0][0]
+    found = {}
+    for name in names:
+        match = re.search(rf"\b{name} = ([^,\s]+)", engine)
+        if match is None:
+            raise SystemExit(f"{table} sets no {name}: a variant would not know what to restore")
+        found[name] = match.group(1)
+    return found
+
+
+def _set_table(store: Any, table: str, settings: dict[str, Any]) -> None:
+    if settings:
+        pairs = ", ".join(f"{k} = {v}" for k, v in settings.items())
+        store.command(f"ALTER TABLE {table} MODIFY SETTING {pairs}")
 
 
 def _settings(args: argparse.Namespace, dsn: str, spool: Path) -> Any:

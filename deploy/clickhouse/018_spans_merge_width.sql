@@ -1,0 +1,12 @@
+-- Spans merged ten parts at a time where ClickHouse's default merges five.
+--
+-- Under sustained ingest a quarter of the collector's CPU per span went to the merges that follow
+-- its inserts: every merge rewrites (decompresses and compresses again) each row of the parts it
+-- takes. ClickHouse's merge selector picks ranges of about merge_selector_base parts of similar
+-- size, so a row is rewritten about log_base(final part / inserted part) times; at 10 that is
+-- about half as often as at 5 (docs/benchmarks.md, "Collector").
+--
+-- A wider merge holds read buffers for more parts at once: with spans that carry prompts, two
+-- such merges at once took the embedded engine past its memory limit, so the embedded store
+-- runs one merge at a time (latscope.storage.engine_settings).
+ALTER TABLE otel_traces MODIFY SETTING merge_selector_base = 10;
