@@ -457,6 +457,7 @@ def _table_settings(store: Any, table: str, names: Iterable[str]) -> dict[str, s
 
 
 def _set_table(store: Any, table: str, settings: dict[str, Any]) -> None:
+    """Set the table's MergeTree ``settings`` (none: nothing to do)."""
     if settings:
         pairs = ", ".join(f"{k} = {v}" for k, v in settings.items())
         store.command(f"ALTER TABLE {table} MODIFY SETTING {pairs}")
