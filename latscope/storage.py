@@ -69,6 +69,12 @@ _CACHE_SHARES = {
     "query_condition_cache_size": 32,
     "compiled_expression_cache_size": 32,
 }
+#: A query of the engine runs on a thread for each this share of its limit that is free (at most
+#: ``max_threads``, a thread a core): ClickHouse's own minimum, 1 GiB of free memory a thread
+#: (``max_threads_min_free_memory_per_thread``), ran every query on one thread under the limit of
+#: 768 MiB the default memory setting gives (docs/benchmarks.md, "Query threads").
+QUERY_THREAD_SHARE = 8
+_FREE_PER_THREAD = "max_threads_min_free_memory_per_thread"
 
 
 def engine_settings(memory_limit_bytes: int) -> dict[str, int]:
@@ -77,10 +83,13 @@ def engine_settings(memory_limit_bytes: int) -> dict[str, int]:
     Merges: one at a time (a pool of one thread, and no second merge interleaved on it). Each
     merge holds read buffers for every part it takes for as long as it runs, and the spans table
     merges ten parts at a time (deploy/clickhouse/018_spans_merge_width.sql): two such merges of
-    spans carrying prompts took the engine past its limit.
+    spans carrying prompts took the engine past its limit. Queries: a thread for each
+    ``QUERY_THREAD_SHARE`` of the limit that is free, so they use the cores while the engine has
+    memory to spare, and one thread as it fills.
 
-    >>> engine_settings(256 * 1024**2)["max_server_memory_usage"] // 1024**2
-    768
+    >>> settings = engine_settings(256 * 1024**2)
+    >>> settings["max_server_memory_usage"] // 1024**2, settings[_FREE_PER_THREAD] // 1024**2
+    (768, 96)
     """
     server = ENGINE_MEMORY_SHARE * memory_limit_bytes
     return {
@@ -90,6 +99,7 @@ def engine_settings(memory_limit_bytes: int) -> dict[str, int]:
         **{name: server // share for name, share in _CACHE_SHARES.items()},
         "background_merges_mutations_concurrency_ratio": 1,
         "background_pool_size": 1,
+        _FREE_PER_THREAD: server // QUERY_THREAD_SHARE,
     }
 
 
