@@ -66,10 +66,16 @@ def _threads(store: Any, chosen: list[int | None]) -> Iterator[None]:
 
 
 def _open(path: Path) -> Any:
+    """The store at ``path`` as serve opens it: its engine's limits from the default setting."""
     from latscope.config import Settings
-    from latscope.storage import SPANS_TABLE, Store
+    from latscope.storage import ENGINE_MEMORY_SHARE, SPANS_TABLE, Store
 
-    store = Store.open(f"chdb://{path}", memory_limit_bytes=Settings().memory_limit_bytes)
+    setting = Settings().memory_limit_bytes
+    store = Store.open(f"chdb://{path}", memory_limit_bytes=setting)
+    (limit,) = store.query_rows(
+        "SELECT value FROM system.server_settings WHERE name = 'max_server_memory_usage'"
+    )[0]
+    assert int(limit) == ENGINE_MEMORY_SHARE * setting, (limit, setting)
     store.apply_schema()
     store.command(f"SYSTEM STOP MERGES {SPANS_TABLE}")
     return store
@@ -159,7 +165,7 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
     print(f"load average {os.getloadavg()[0]:.2f}; medians of {args.rounds} rounds, wall / CPU s")
-    print(f"the attributor, {args.requests:,} requests ({args.requests / 1000:,.0f}k):")
+    print(f"the attributor, {args.requests:,} requests:")
     for way in ("quiet pass", "settled traces"):
         base_wall, base_cpu = _medians(attribution[(way, "one thread")])
         for name in THREADS:
