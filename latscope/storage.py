@@ -70,9 +70,9 @@ _CACHE_SHARES = {
     "compiled_expression_cache_size": 32,
 }
 #: A query of the engine runs on a thread for each this share of its limit that is free (at most
-#: ``max_threads``, a thread a core): ClickHouse's own minimum, 1 GiB of free memory a thread
-#: (``max_threads_min_free_memory_per_thread``), ran every query on one thread under the limit of
-#: 768 MiB the default memory setting gives (docs/benchmarks.md, "Query threads").
+#: ``max_threads``, a thread a core). ClickHouse's own minimum, 1 GiB of free memory a thread
+#: (``max_threads_min_free_memory_per_thread``), would run every query on one thread under the
+#: limit of 768 MiB the default memory setting gives (docs/benchmarks.md, "Query threads").
 QUERY_THREAD_SHARE = 8
 _FREE_PER_THREAD = "max_threads_min_free_memory_per_thread"
 

@@ -41,7 +41,7 @@ def test_a_query_of_the_engine_under_the_default_memory_setting_runs_on_two_thre
     tmp_path: Path,
 ) -> None:
     # The default setting gives the engine 768 MiB, under ClickHouse's own 1 GiB of free memory a
-    # query thread: without latscope's share, the read ran as one stream ("NumbersRange 0 → 1").
+    # query thread: without latscope's share, the read is one stream ("NumbersRange 0 → 1").
     default = Settings().memory_limit_bytes
     probe = _probe(tmp_path / "store", default)
     assert probe["limit"] == ENGINE_MEMORY_SHARE * default

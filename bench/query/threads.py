@@ -5,7 +5,7 @@
 
 Both parts run over stores opened with serve's default memory setting (the engine's limit 768
 MiB), the spans table's merges stopped, each measure on the engine's threads and with
-``max_threads = 1`` (ClickHouse's own rule gave every query one thread under that limit), the
+``max_threads = 1`` (what ClickHouse's own rule gives every query under that limit), the
 two alternating round by round; printed: medians of wall and CPU seconds of this process.
 
 1. The attributor: ``--requests`` of the attribution benchmark's requests (7 spans each) sent to
