@@ -38,6 +38,12 @@ from typing import Any
 THREADS: dict[str, int | None] = {"engine's threads": None, "one thread": 1}
 
 
+def _in_turn(round_: int) -> list[str]:
+    """``THREADS``' names in the order of round ``round_``: each first every other round."""
+    names = list(THREADS)
+    return names if round_ % 2 == 0 else names[::-1]
+
+
 def _timed(fn: Callable[[], Any]) -> tuple[tuple[float, float], Any]:
     """Wall and CPU seconds of ``fn()``, and what it returned."""
     wall, cpu = time.perf_counter(), time.process_time()
@@ -103,8 +109,7 @@ def attributor_part(workdir: Path, requests: int, rounds: int) -> dict[tuple[str
     with _threads(store, chosen):
         for r in range(rounds):
             for way in ("quiet pass", "settled traces"):
-                names = list(THREADS) if r % 2 == 0 else list(THREADS)[::-1]
-                for name in names:
+                for name in _in_turn(r):
                     chosen[0] = THREADS[name]
                     store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
                     if way == "quiet pass":
@@ -137,7 +142,7 @@ def trace_part(workdir: Path, calls: int, rounds: int) -> tuple[int, dict[str, l
     out: dict[str, list] = {}
     with _threads(store, chosen):
         for r in range(rounds):
-            for name in list(THREADS) if r % 2 == 0 else list(THREADS)[::-1]:
+            for name in _in_turn(r):
                 chosen[0] = THREADS[name]
                 timed, rows = _timed(partial(store.query_rows, TRACE_SPANS_SHOWN, params))
                 assert len(rows) == span_count(calls), len(rows)
