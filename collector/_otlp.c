@@ -13,9 +13,10 @@
  *   - a known field with an unexpected wire type is an unknown field (skipped), as in upb;
  *   - a singular message field sent twice is merged, a scalar sent twice keeps the last value.
  *
- * Output: one Arrow buffer per offsets/data/values array of SPANS_SCHEMA, in the order of the
- * B_* enum below (mapping.py assembles the table). Rare, fiddly values (arrays and kvlists,
- * rendered as JSON) are handed back to Python one value at a time.
+ * Output: one Arrow buffer per offsets/data/values array of DECODED_SPANS_SCHEMA (the B_* enum
+ * below), handed to Arrow as one struct array of the Arrow C data interface (batch_of), which
+ * mapping.py imports. Rare, fiddly values (arrays and kvlists, rendered as JSON) are handed back
+ * to Python one value at a time.
  *
  * Built by setuptools at install time (pyproject.toml, ext-modules); after editing this file,
  * run `pip install -e .` again to rebuild the extension an editable install imports.
@@ -38,7 +39,7 @@ typedef struct {
     size_t len, cap;
 } Buf;
 
-/* Every buffer of the output, in the order mapping.py reads them. String columns are an
+/* Every buffer of the output (batch_of places each in its column). String columns are an
  * offsets buffer (int32, n+1 entries) followed by a data buffer; maps are row offsets, then
  * the key and value string columns; lists are row offsets followed by their children. Columns
  * written only once a span is accepted come first; from B_ATT_O on, a rejected span rolls
@@ -1937,36 +1938,168 @@ static int do_request(Ctx *c, const uint8_t *p, size_t n)
 
 /* -- Python ----------------------------------------------------------------------------------- */
 
-typedef struct {
-    PyObject_HEAD
-    char *p;
-    Py_ssize_t len;
-} BufferObject;
+/* -- the Arrow C data interface ----------------------------------------------------------- */
 
-static int buffer_get(PyObject *self, Py_buffer *view, int flags)
-{
-    BufferObject *b = (BufferObject *)self;
-    static char empty[8];
-    return PyBuffer_FillInfo(view, self, b->p ? b->p : empty, b->len, 1, flags);
-}
-
-static void buffer_dealloc(PyObject *self)
-{
-    free(((BufferObject *)self)->p);
-    Py_TYPE(self)->tp_free(self);
-}
-
-static PyBufferProcs buffer_procs = {buffer_get, NULL};
-
-static PyTypeObject BufferType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "latscope.collector._otlp.Buffer",
-    .tp_basicsize = sizeof(BufferObject),
-    .tp_dealloc = buffer_dealloc,
-    .tp_as_buffer = &buffer_procs,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Memory of one decoded column buffer, handed to Arrow without a copy.",
+/* The decoded columns leave as one struct array of the Arrow C data interface
+ * (https://arrow.apache.org/docs/format/CDataInterface.html), which mapping.py imports with
+ * DECODED_SPANS_SCHEMA: one call, where wrapping each buffer and array in Python costs about a
+ * hundred. Its nodes point into the decoder's buffers, which the root's release frees. */
+struct ArrowArray {
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
 };
+
+/* The tree batch_of builds is fixed: 45 nodes holding 43 children in all. */
+#define MAX_NODES 48
+#define MAX_KIDS 48
+
+/* Everything the array holds, in one allocation beside the decoder's buffers. */
+typedef struct {
+    struct ArrowArray nodes[MAX_NODES];
+    const void *bufs[MAX_NODES][3];
+    struct ArrowArray *kids[MAX_KIDS];
+    char *mem[NB];
+    size_t len[NB];
+    int n_nodes, n_kids;
+} Batch;
+
+/* A buffer nothing was written to has no storage; Arrow wants a pointer all the same. */
+static const int64_t NO_BYTES[1];
+
+static void child_release(struct ArrowArray *a) { a->release = NULL; }
+
+static void batch_release(struct ArrowArray *a)
+{
+    Batch *bt = a->private_data;
+    for (int i = 0; i < NB; i++)
+        free(bt->mem[i]);
+    a->release = NULL;
+    free(bt);
+}
+
+static const void *buf_of(const Batch *bt, int i) { return bt->mem[i] ? bt->mem[i] : NO_BYTES; }
+
+/* A node of `length` values over buffers b0, b1 (-1: none), with `kids` children to come. */
+static struct ArrowArray *node(Batch *bt, int64_t length, int nbufs, int b0, int b1, int kids)
+{
+    struct ArrowArray *a = &bt->nodes[bt->n_nodes];
+    const void **bufs = bt->bufs[bt->n_nodes++];
+    bufs[0] = NULL; /* no validity bitmap: the decoder writes no nulls */
+    if (nbufs > 1)
+        bufs[1] = buf_of(bt, b0);
+    if (nbufs > 2)
+        bufs[2] = buf_of(bt, b1);
+    a->length = length;
+    a->null_count = 0;
+    a->offset = 0;
+    a->n_buffers = nbufs;
+    a->n_children = kids;
+    a->buffers = bufs;
+    a->children = kids ? &bt->kids[bt->n_kids] : NULL;
+    bt->n_kids += kids;
+    a->dictionary = NULL;
+    a->release = child_release;
+    a->private_data = NULL;
+    return a;
+}
+
+/* Values of a string, map or list column: its offsets buffer's entries less one. */
+static int64_t counted(const Batch *bt, int offsets) { return (int64_t)(bt->len[offsets] / 4) - 1; }
+
+static void string_node(Batch *bt, struct ArrowArray **slot, int offsets)
+{
+    *slot = node(bt, counted(bt, offsets), 3, offsets, offsets + 1, 0);
+}
+
+/* A map column: row offsets, then the key and the value string columns. */
+static void map_node(Batch *bt, struct ArrowArray **slot, int offsets)
+{
+    struct ArrowArray *m = node(bt, counted(bt, offsets), 2, offsets, -1, 1);
+    struct ArrowArray *entries = node(bt, counted(bt, offsets + 1), 1, -1, -1, 2);
+    m->children[0] = entries;
+    string_node(bt, &entries->children[0], offsets + 1);
+    string_node(bt, &entries->children[1], offsets + 3);
+    *slot = m;
+}
+
+/* A list column over the row offsets `offsets`; its child is the caller's to fill. */
+static struct ArrowArray *list_node(Batch *bt, struct ArrowArray **slot, int64_t rows, int offsets)
+{
+    struct ArrowArray *l = node(bt, rows, 2, offsets, -1, 1);
+    *slot = l;
+    return l;
+}
+
+/* The decoder's buffers (taken from c) as DECODED_SPANS_SCHEMA's struct array; NULL when out of
+ * memory (c keeps its buffers then). */
+static struct ArrowArray *batch_of(Ctx *c)
+{
+    Batch *bt = calloc(1, sizeof(Batch));
+    struct ArrowArray *root = malloc(sizeof(struct ArrowArray));
+    if (bt == NULL || root == NULL) {
+        free(bt);
+        free(root);
+        return NULL;
+    }
+    for (int i = 0; i < NB; i++) {
+        bt->mem[i] = c->b[i].p;
+        bt->len[i] = c->b[i].len;
+        c->b[i].p = NULL;
+    }
+    int64_t rows = c->rows;
+    struct ArrowArray *top = node(bt, rows, 1, -1, -1, 23);
+    struct ArrowArray **col = top->children;
+    static const int IDS_TO_SERVICE[] = {B_TID_O, B_SID_O, B_PAR_O, B_TST_O, B_NAME_O, B_KIND_O,
+                                         B_SVC_O};
+    int k = 0;
+    col[k++] = node(bt, rows, 2, B_TS, -1, 0);
+    for (int i = 0; i < 7; i++)
+        string_node(bt, &col[k++], IDS_TO_SERVICE[i]);
+    struct ArrowArray *resource = node(bt, rows, 2, B_RES_IX, -1, 0);
+    map_node(bt, &resource->dictionary, B_RESD_O);
+    col[k++] = resource;
+    string_node(bt, &col[k++], B_SCN_O);
+    string_node(bt, &col[k++], B_SCV_O);
+    map_node(bt, &col[k++], B_ATT_O);
+    col[k++] = node(bt, rows, 2, B_DUR, -1, 0);
+    string_node(bt, &col[k++], B_STC_O);
+    string_node(bt, &col[k++], B_STM_O);
+    int64_t events = counted(bt, B_EVN_O);
+    list_node(bt, &col[k++], rows, B_EV_O)->children[0] = node(bt, events, 2, B_EV_TS, -1, 0);
+    string_node(bt, list_node(bt, &col[k++], rows, B_EV_O)->children, B_EVN_O);
+    map_node(bt, list_node(bt, &col[k++], rows, B_EV_O)->children, B_EVA_O);
+    string_node(bt, list_node(bt, &col[k++], rows, B_LN_O)->children, B_LNT_O);
+    string_node(bt, list_node(bt, &col[k++], rows, B_LN_O)->children, B_LNS_O);
+    string_node(bt, list_node(bt, &col[k++], rows, B_LN_O)->children, B_LNST_O);
+    map_node(bt, list_node(bt, &col[k++], rows, B_LN_O)->children, B_LNA_O);
+    int64_t figures = (int64_t)(bt->len[B_TF_D] / sizeof(double));
+    list_node(bt, &col[k++], rows, B_TF_O)->children[0] = node(bt, figures, 2, B_TF_D, -1, 0);
+    /* The root is the caller's to free (the consumer moves it); its content is the top node. */
+    *root = *top;
+    root->release = batch_release;
+    root->private_data = bt;
+    return root;
+}
+
+static void capsule_free(PyObject *capsule)
+{
+    struct ArrowArray *a = PyCapsule_GetPointer(capsule, "arrow_array");
+    if (a == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    if (a->release != NULL)
+        a->release(a); /* never imported */
+    free(a);
+}
 
 static PyObject *MalformedExport;
 static PyObject *TooLarge;
@@ -1991,9 +2124,10 @@ static void ctx_free(Ctx *c)
 
 PyDoc_STRVAR(decode_doc,
 "decode_traces(data, max_attributes, max_value, max_bytes, oldest_start=0, latest_end=0)\n"
-"    -> (rows, rejected, problem, buffers)\n"
+"    -> (rows, rejected, problem, array, address)\n"
 "\n"
-"Decode one serialized ExportTraceServiceRequest into the spans table's column buffers.\n"
+"Decode one serialized ExportTraceServiceRequest into the spans table's columns: array, a\n"
+"capsule holding an ArrowArray (C data interface) of DECODED_SPANS_SCHEMA's struct, at address.\n"
 "Raises MalformedExport when data is not a valid Export, or would need more than max_bytes.");
 
 static PyObject *decode_traces(PyObject *module, PyObject *args)
@@ -2064,29 +2198,25 @@ static PyObject *decode_traces(PyObject *module, PyObject *args)
             }
         }
     }
-    PyObject *buffers = PyTuple_New(NB);
-    if (buffers == NULL) {
+    struct ArrowArray *array = batch_of(&c);
+    PyObject *capsule = array ? PyCapsule_New(array, "arrow_array", capsule_free) : NULL;
+    if (capsule == NULL) {
+        if (array != NULL) {
+            array->release(array);
+            free(array);
+        } else {
+            PyErr_NoMemory();
+        }
         ctx_free(&c);
         return NULL;
     }
-    for (int i = 0; i < NB; i++) {
-        BufferObject *o = PyObject_New(BufferObject, &BufferType);
-        if (o == NULL) {
-            Py_DECREF(buffers);
-            ctx_free(&c);
-            return NULL;
-        }
-        o->p = c.b[i].p;
-        o->len = (Py_ssize_t)c.b[i].len;
-        c.b[i].p = NULL;
-        PyTuple_SET_ITEM(buffers, i, (PyObject *)o);
-    }
     PyObject *problem = c.first_problem ? c.first_problem : PyUnicode_FromString("");
     c.first_problem = NULL;
-    PyObject *result =
-        problem ? Py_BuildValue("nnNN", c.rows, c.rejected, problem, buffers) : NULL;
+    PyObject *result = problem ? Py_BuildValue("nnNNK", c.rows, c.rejected, problem, capsule,
+                                               (unsigned long long)(uintptr_t)array)
+                               : NULL;
     if (result == NULL && problem == NULL)
-        Py_DECREF(buffers);
+        Py_DECREF(capsule);
     ctx_free(&c);
     return result;
 }
@@ -2123,8 +2253,6 @@ PyMODINIT_FUNC PyInit__otlp(void)
         PyErr_SetString(PyExc_ImportError, "the OTLP decoder needs a little-endian host");
         return NULL;
     }
-    if (PyType_Ready(&BufferType) < 0)
-        return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;

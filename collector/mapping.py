@@ -859,7 +859,7 @@ def decode_spans(
     limits = limits or Limits()
     if (NATIVE if native is None else native) and _otlp is not None:
         try:
-            rows, rejected, problem, buffers = _otlp.decode_traces(
+            rows, rejected, problem, array, address = _otlp.decode_traces(
                 data,
                 limits.max_attributes,
                 limits.max_attribute_value,
@@ -871,7 +871,7 @@ def decode_spans(
             raise ExportTooLarge(str(exc)) from None
         except _otlp.MalformedExport as exc:
             raise MalformedExport(str(exc)) from None
-        return DecodedSpans(table_from_buffers(rows, buffers), rows, rejected, problem)
+        return DecodedSpans(table_from_array(array, address), rows, rejected, problem)
     try:
         request = ExportTraceServiceRequest.FromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
@@ -886,63 +886,16 @@ def decode_spans(
     return decoded
 
 
-def table_from_buffers(rows: int, buffers: tuple[Any, ...]) -> pa.Table:
-    """The C decoder's buffers as a ``DECODED_SPANS_SCHEMA`` table, without copying them.
+def table_from_array(array: Any, address: int) -> pa.Table:
+    """The C decoder's columns as a ``DECODED_SPANS_SCHEMA`` table, without copying them.
 
-    The buffers come in column order: fixed-width values, or the offsets of a string, list or map
-    column followed by its children (see the ``B_*`` list in ``_otlp.c``).
+    ``array`` holds an ArrowArray of the C data interface at ``address``: a struct of the schema's
+    columns, over the decoder's buffers (see ``batch_of`` in ``_otlp.c``). Arrow takes it over
+    here; the capsule then only frees the struct that held it.
     """
-    b = iter([pa.py_buffer(x) for x in buffers])
-
-    def strings() -> pa.Array:
-        offsets, data = next(b), next(b)
-        return pa.Array.from_buffers(pa.string(), offsets.size // 4 - 1, [None, offsets, data])
-
-    def map_() -> pa.Array:
-        offsets = next(b)
-        entries = pa.StructArray.from_arrays([strings(), strings()], fields=_MAP_FIELDS)
-        n = offsets.size // 4 - 1
-        return pa.Array.from_buffers(_MAP, n, [None, offsets], children=[entries])
-
-    def listed(offsets: pa.Buffer, child: pa.Array) -> pa.Array:
-        return pa.Array.from_buffers(pa.list_(child.type), rows, [None, offsets], children=[child])
-
-    def indices() -> pa.Array:
-        return pa.Array.from_buffers(pa.int32(), rows, [None, next(b)])
-
-    ts = pa.Array.from_buffers(_TS, rows, [None, next(b)])
-    duration = pa.Array.from_buffers(pa.uint64(), rows, [None, next(b)])
-    ids_to_service = [strings() for _ in range(7)]  # TraceId ... ServiceName
-    resource = _dictionary(indices(), map_())
-    scope_to_status = [strings() for _ in range(4)]  # ScopeName ... StatusMessage
-    attributes = map_()
-    ev, ev_ts = next(b), next(b)
-    ev_name = strings()
-    ev_attrs = map_()
-    ln = next(b)
-    ln_trace, ln_span, ln_state = strings(), strings(), strings()
-    ln_attrs = map_()
-    tf = next(b)
-    tf_values = next(b)
-    figures = pa.Array.from_buffers(pa.float64(), tf_values.size // 8, [None, tf_values])
-    arrays = [
-        ts,
-        *ids_to_service,
-        resource,
-        *scope_to_status[:2],
-        attributes,
-        duration,
-        *scope_to_status[2:],
-        listed(ev, pa.Array.from_buffers(_TS, len(ev_name), [None, ev_ts])),
-        listed(ev, ev_name),
-        listed(ev, ev_attrs),
-        listed(ln, ln_trace),
-        listed(ln, ln_span),
-        listed(ln, ln_state),
-        listed(ln, ln_attrs),
-        listed(tf, figures),
-    ]
-    return pa.Table.from_arrays(arrays, schema=DECODED_SPANS_SCHEMA)
+    batch = pa.RecordBatch._import_from_c(address, DECODED_SPANS_SCHEMA)
+    del array  # imported: the buffers are the batch's now
+    return pa.Table.from_batches([batch])
 
 
 # -- metrics -----------------------------------------------------------------------------------
@@ -1240,7 +1193,7 @@ __all__ = [
     "spans_table",
     "stored_token_figures",
     "table_bytes",
-    "table_from_buffers",
+    "table_from_array",
     "value_to_string",
 ]
 
