@@ -127,6 +127,10 @@ typedef struct {
     int64_t *tokens;       /* scratch for a span's token offsets, then their gaps */
     size_t tokens_cap;
     Py_ssize_t rows, rejected;
+    /* The current resource's attributes once written out on a row (the Arrow bytes of a map
+     * entry: keys, values, two offsets a pair and one a row), and the sum over the rows so far:
+     * what inserting the resource dictionary expanded costs (mapping.expanded_bytes). */
+    uint64_t res_entry, res_rows_bytes;
     PyObject *first_problem;
     PyObject *render;      /* Python callable: AnyValue bytes -> str (arrays, kvlists) */
     PyThreadState *ts;     /* while the decode runs without the GIL: this thread's state */
@@ -1742,6 +1746,7 @@ static int do_span(Ctx *c, Slice span, int depth, const Scope *sc)
     if (need(c, &b[B_RES_IX], 4))
         return -1;
     put_i32(&b[B_RES_IX], c->res_ix);
+    c->res_rows_bytes += c->res_entry;
     c->rows++;
     return 0;
 }
@@ -1900,6 +1905,8 @@ static int do_resource_spans(Ctx *c, Slice rs, int depth)
             }
         }
     }
+    /* What the dictionary entry a span of this resource makes copies, once per row. */
+    c->res_entry = c->res[1].len + c->res[3].len + 8 * n_offsets(&c->res[0]) + 4;
     r.p = rs.p;
     while (r.p < r.end) {
         uint32_t f;
@@ -2089,6 +2096,40 @@ static struct ArrowArray *batch_of(Ctx *c)
     return root;
 }
 
+/* The bytes of the batch with its resource dictionary written out on every row, as
+ * mapping.expanded_bytes counts them from the table (pyarrow's nbytes per column, which counts
+ * an offsets buffer of n + 1 entries as n): what sizes an insert's slices, known here without a
+ * pass over the table. */
+static uint64_t offsets_bytes(const Batch *bt, int offsets) { return bt->len[offsets] - 4; }
+
+static uint64_t string_bytes(const Batch *bt, int offsets)
+{
+    return offsets_bytes(bt, offsets) + bt->len[offsets + 1];
+}
+
+static uint64_t map_bytes(const Batch *bt, int offsets)
+{
+    return offsets_bytes(bt, offsets) + string_bytes(bt, offsets + 1) +
+           string_bytes(bt, offsets + 3);
+}
+
+static uint64_t expanded_of(const Batch *bt, uint64_t res_rows_bytes)
+{
+    static const int STRINGS[] = {B_TID_O, B_SID_O, B_PAR_O, B_TST_O, B_NAME_O, B_KIND_O,
+                                  B_SVC_O, B_SCN_O, B_SCV_O, B_STC_O, B_STM_O};
+    uint64_t n = bt->len[B_TS] + bt->len[B_DUR] + bt->len[B_RES_IX] + res_rows_bytes;
+    for (size_t i = 0; i < sizeof(STRINGS) / sizeof(STRINGS[0]); i++)
+        n += string_bytes(bt, STRINGS[i]);
+    n += map_bytes(bt, B_ATT_O);
+    /* Each list column counts its row offsets (shared by a record's columns) and its child. */
+    n += 3 * offsets_bytes(bt, B_EV_O) + bt->len[B_EV_TS] + string_bytes(bt, B_EVN_O) +
+         map_bytes(bt, B_EVA_O);
+    n += 4 * offsets_bytes(bt, B_LN_O) + string_bytes(bt, B_LNT_O) + string_bytes(bt, B_LNS_O) +
+         string_bytes(bt, B_LNST_O) + map_bytes(bt, B_LNA_O);
+    n += offsets_bytes(bt, B_TF_O) + bt->len[B_TF_D];
+    return n;
+}
+
 static void capsule_free(PyObject *capsule)
 {
     struct ArrowArray *a = PyCapsule_GetPointer(capsule, "arrow_array");
@@ -2124,10 +2165,11 @@ static void ctx_free(Ctx *c)
 
 PyDoc_STRVAR(decode_doc,
 "decode_traces(data, max_attributes, max_value, max_bytes, oldest_start=0, latest_end=0)\n"
-"    -> (rows, rejected, problem, array, address)\n"
+"    -> (rows, rejected, problem, array, address, expanded)\n"
 "\n"
 "Decode one serialized ExportTraceServiceRequest into the spans table's columns: array, a\n"
-"capsule holding an ArrowArray (C data interface) of DECODED_SPANS_SCHEMA's struct, at address.\n"
+"capsule holding an ArrowArray (C data interface) of DECODED_SPANS_SCHEMA's struct, at address;\n"
+"expanded, its bytes with the resource dictionary written out per row (expanded_bytes).\n"
 "Raises MalformedExport when data is not a valid Export, or would need more than max_bytes.");
 
 static PyObject *decode_traces(PyObject *module, PyObject *args)
@@ -2212,8 +2254,9 @@ static PyObject *decode_traces(PyObject *module, PyObject *args)
     }
     PyObject *problem = c.first_problem ? c.first_problem : PyUnicode_FromString("");
     c.first_problem = NULL;
-    PyObject *result = problem ? Py_BuildValue("nnNNK", c.rows, c.rejected, problem, capsule,
-                                               (unsigned long long)(uintptr_t)array)
+    unsigned long long expanded = expanded_of(array->private_data, c.res_rows_bytes);
+    PyObject *result = problem ? Py_BuildValue("nnNNKK", c.rows, c.rejected, problem, capsule,
+                                               (unsigned long long)(uintptr_t)array, expanded)
                                : NULL;
     if (result == NULL && problem == NULL)
         Py_DECREF(capsule);

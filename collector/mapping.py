@@ -767,14 +767,16 @@ def resource_rows(found: dict[int, pa.Scalar], ids: Iterable[int] | None = None)
     )
 
 
-def insert_slices(table: pa.Table, max_bytes: int) -> list[pa.Table]:
-    """``table`` cut into consecutive slices of at most about ``max_bytes`` expanded bytes each.
+def insert_slices(table: pa.Table, max_bytes: int, size: int | None = None) -> list[pa.Table]:
+    """``table`` cut into consecutive slices of at most about ``max_bytes`` expanded bytes each;
+    ``size``: its ``expanded_bytes``, when known already (the C decoder's count of its Exports).
 
     The cut depends only on the table and ``max_bytes``, so a replay of the same rows is cut the
     same way (each slice keeps its deduplication token).
     """
     rows = table.num_rows
-    size = expanded_bytes(table)
+    if size is None:
+        size = expanded_bytes(table)
     if rows <= 1 or size <= max_bytes:
         return [table]
     per_slice = max(1, rows * max_bytes // size)
@@ -823,6 +825,8 @@ class DecodedSpans:
     rows: int
     rejected: int
     first_problem: str
+    #: ``expanded_bytes(table)``, as the C decoder counts it while decoding (None: not counted)
+    expanded: int | None = None
 
     @property
     def nbytes(self) -> int:
@@ -859,7 +863,7 @@ def decode_spans(
     limits = limits or Limits()
     if (NATIVE if native is None else native) and _otlp is not None:
         try:
-            rows, rejected, problem, array, address = _otlp.decode_traces(
+            rows, rejected, problem, array, address, expanded = _otlp.decode_traces(
                 data,
                 limits.max_attributes,
                 limits.max_attribute_value,
@@ -871,7 +875,8 @@ def decode_spans(
             raise ExportTooLarge(str(exc)) from None
         except _otlp.MalformedExport as exc:
             raise MalformedExport(str(exc)) from None
-        return DecodedSpans(table_from_array(array, address), rows, rejected, problem)
+        table = table_from_array(array, address)
+        return DecodedSpans(table, rows, rejected, problem, expanded)
     try:
         request = ExportTraceServiceRequest.FromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:

@@ -197,7 +197,9 @@ class Ingest:
                         raise self.memory_refusal("traces") from None
                     raise
                 held = self._take(decoded.table)
-            ticket = self._submit("traces", self.spans, decoded, decoded.table, data, held)
+            ticket = self._submit(
+                "traces", self.spans, decoded, decoded.table, data, held, decoded.expanded
+            )
         return self._outcome(ticket, "traces", decoded, "span")
 
     def export_traces(self, request: trace_service_pb2.ExportTraceServiceRequest) -> Outcome:
@@ -267,6 +269,7 @@ class Ingest:
         table: pa.Table,
         raw: bytes | None = None,
         held: int = 0,
+        expanded: int | None = None,
     ) -> Ticket | None:
         telemetry.RECEIVED.labels(signal).inc(cols.rows + cols.rejected)
         if cols.rejected:
@@ -277,7 +280,7 @@ class Ingest:
         try:
             if isinstance(writer, JournalWriter):
                 assert raw is not None
-                return writer.submit(table, raw, held=held)
+                return writer.submit(table, raw, held=held, expanded=expanded)
             return writer.submit(table)
         except Refused:
             self.memory.release(held)  # the writer did not take the rows

@@ -292,15 +292,18 @@ class _StoreWriter:
         self._quarantined.log("%s: ClickHouse refused a row alone; kept in %s (latscope "
                               "quarantine list): %s", self.name, path, reason)  # fmt: skip
 
-    def _insert_sliced(self, table: pa.Table, token: str, *, split_any: bool = False) -> bool:
+    def _insert_sliced(
+        self, table: pa.Table, token: str, *, split_any: bool = False, size: int | None = None
+    ) -> bool:
         """Insert a segment's rows in slices of at most ``insert_bytes`` expanded bytes: what
         ClickHouse holds for one insert stays bounded whatever the spans or resources carry.
+        ``size``: the rows' expanded bytes, when known (``insert_slices``).
 
         A lone slice keeps the segment's token; several get ``<token>-<i>``. The cut depends on
         the rows alone, so a replay after a failure midway sends the same slices with the same
         tokens, and ClickHouse drops the ones it already has.
         """
-        slices = insert_slices(table, self.config.insert_bytes)
+        slices = insert_slices(table, self.config.insert_bytes, size)
         for i, part in enumerate(slices):
             tok = token if len(slices) == 1 else f"{token}-{i}"
             # One contiguous chunk per column, a slice at a time (so one slice is copied at
@@ -568,6 +571,9 @@ class JournalWriter(_StoreWriter):
         # memory (inserted, or dropped to wait in the spool); by table, as submitted.
         self.memory = memory
         self._held: dict[int, int] = {}
+        # Their expanded bytes, as the decoder counted them (mapping.DecodedSpans.expanded): a
+        # segment in memory is sliced without a pass over its rows.
+        self._expanded: dict[int, int] = {}
         self._segment_bytes = 0
         self._pending: list[tuple[bytes, pa.Table, Ticket]] = []
         self._pending_rows = 0
@@ -623,11 +629,14 @@ class JournalWriter(_StoreWriter):
 
     # -- intake --------------------------------------------------------------------------------
 
-    def submit(self, table: pa.Table, raw: bytes, *, held: int = 0) -> Ticket:
+    def submit(
+        self, table: pa.Table, raw: bytes, *, held: int = 0, expanded: int | None = None
+    ) -> Ticket:
         """Journal an Export (``raw``) whose rows are ``table``; raises ``Refused`` when full.
 
         ``held``: the bytes ``table`` holds against the memory limit; once submitted, the
-        writer releases them when the rows leave memory.
+        writer releases them when the rows leave memory. ``expanded``: ``table``'s
+        ``expanded_bytes``, when the decoder counted it.
         """
         rows = table.num_rows
         ticket = Ticket(rows)
@@ -644,6 +653,8 @@ class JournalWriter(_StoreWriter):
                 )
             self._pending.append((raw, table, ticket))
             self._held[id(table)] = held
+            if expanded is not None:
+                self._expanded[id(table)] = expanded
             self._pending_rows += rows
             self._depth.set(self._memory_rows + self._pending_rows)
             self._cond.notify_all()
@@ -807,6 +818,8 @@ class JournalWriter(_StoreWriter):
     def _release(self, tables: list[pa.Table]) -> None:
         """The tables left memory: give their bytes back to the limit (lock held or not)."""
         freed = sum(self._held.pop(id(t), 0) for t in tables)
+        for t in tables:
+            self._expanded.pop(id(t), None)
         if self.memory is not None:
             self.memory.release(freed)
 
@@ -946,7 +959,9 @@ class JournalWriter(_StoreWriter):
     def _insert_table(
         self, entry: SpoolEntry, tables: list[pa.Table] | None, table: pa.Table
     ) -> None:
-        if self._insert_sliced(table, entry.token) or self._count_failure(entry, table):
+        sizes = [self._expanded.get(id(t)) for t in tables] if tables is not None else [None]
+        size = None if None in sizes else sum(s for s in sizes if s is not None)
+        if self._insert_sliced(table, entry.token, size=size) or self._count_failure(entry, table):
             self._removed(entry, tables)
             if tables is None:
                 telemetry.REPLAYED.labels(self.signal).inc(table.num_rows)

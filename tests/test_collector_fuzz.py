@@ -17,7 +17,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from bench.ingest.traces import make_batch
 from latscope.collector import mapping
-from latscope.collector.mapping import Limits, MalformedExport, decode_spans, table_from_array
+from latscope.collector.mapping import (
+    Limits,
+    MalformedExport,
+    decode_spans,
+    expanded_bytes,
+    table_from_array,
+)
 from latscope.storage import Store
 from tests.collector_exports import exports, limits, mutate, reencode, varint
 from tests.collector_harness import Collector, start_collector, store_fixture  # noqa: F401
@@ -101,6 +107,9 @@ def _decode(data: bytes, limits: Limits, native: bool) -> tuple | str:
         return "malformed"
     if native:
         d.table.validate(full=True)  # offsets, UTF-8, lengths: what Arrow and ClickHouse assume
+        # Counted while decoding, it must be what the table's own count gives: a segment in
+        # memory and the same segment replayed from the spool are sliced (and tokened) alike.
+        assert d.expanded == expanded_bytes(d.table), (d.expanded, expanded_bytes(d.table))
     return d.rows, d.rejected, d.first_problem, d.table
 
 
@@ -214,7 +223,7 @@ def test_an_export_that_expands_past_the_limit_is_malformed() -> None:
     resource = _ld(1, _ld(1, _ld(1, b"k") + _ld(2, _ld(1, b"v" * 4000))))
     span = _ld(2, _ld(1, b"\x01" * 16) + _ld(2, b"\x02" * 8))
     data = _ld(1, resource + _ld(2, span * 300))
-    rows, _, _, array, address = _otlp.decode_traces(data, 1024, 65536, 1 << 30)
+    rows, _, _, array, address, _ = _otlp.decode_traces(data, 1024, 65536, 1 << 30)
     assert rows == 300
     assert table_from_array(array, address).get_total_buffer_size() < 4000 + 300 * 200
     # Columns past max_bytes stop the decoder: TooLarge, a MalformedExport.

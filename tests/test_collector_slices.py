@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from latscope.collector import mapping
 from latscope.collector.mapping import combine, decode_spans, expanded_bytes, insert_slices
 from tests.collector_exports import exports
 
@@ -40,6 +41,10 @@ def test_a_segment_s_expanded_size_counts_each_row_s_resource(
 ) -> None:
     table = _segment(requests)
     assert expanded_bytes(table) == _by_hand(table)
+    # The C decoder counts the same while decoding (the Python mapping leaves it to the table).
+    counted = [decode_spans(r.SerializeToString()).expanded for r in requests]
+    if mapping.NATIVE:
+        assert sum(c for c in counted if c is not None) == _by_hand(table)
     # Joined into one chunk per column, the rows and their size stay the same.
     joined = combine(table)
     assert joined.to_pylist() == table.to_pylist()
@@ -65,3 +70,8 @@ def test_a_segment_past_the_limit_is_cut_the_same_way_every_time(
     # Rebuilt from the same Exports (a replay of the spooled segment): the same cut.
     again = insert_slices(_segment(requests), limit)
     assert [s.num_rows for s in again] == [s.num_rows for s in slices]
+    # Sized by the decoder's counts (a segment still in memory): the same cut again.
+    counted = sum(decode_spans(r.SerializeToString()).expanded or 0 for r in requests)
+    if mapping.NATIVE:
+        sized = insert_slices(table, limit, counted)
+        assert [s.num_rows for s in sized] == [s.num_rows for s in slices]
