@@ -1943,9 +1943,7 @@ static int do_request(Ctx *c, const uint8_t *p, size_t n)
     return 0;
 }
 
-/* -- Python ----------------------------------------------------------------------------------- */
-
-/* -- the Arrow C data interface ----------------------------------------------------------- */
+/* -- the Arrow C data interface --------------------------------------------------------------- */
 
 /* The decoded columns leave as one struct array of the Arrow C data interface
  * (https://arrow.apache.org/docs/format/CDataInterface.html), which mapping.py imports with
@@ -2141,6 +2139,8 @@ static void capsule_free(PyObject *capsule)
         a->release(a); /* never imported */
     free(a);
 }
+
+/* -- Python ----------------------------------------------------------------------------------- */
 
 static PyObject *MalformedExport;
 static PyObject *TooLarge;
