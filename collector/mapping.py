@@ -44,7 +44,6 @@ except ImportError:  # built without a C compiler: decode_spans falls back to Sp
     _otlp = None
 
 _MAP = pa.map_(pa.string(), pa.string())
-_MAP_FIELDS = [_MAP.key_field, _MAP.item_field]
 _TS = pa.timestamp("ns")
 _FIGURES = pa.list_(pa.float64())
 # The resource attributes the spans of one ResourceSpans share are held once, as an Arrow
@@ -894,13 +893,12 @@ def decode_spans(
 def table_from_array(array: Any, address: int) -> pa.Table:
     """The C decoder's columns as a ``DECODED_SPANS_SCHEMA`` table, without copying them.
 
-    ``array`` holds an ArrowArray of the C data interface at ``address``: a struct of the schema's
-    columns, over the decoder's buffers (see ``batch_of`` in ``_otlp.c``). Arrow takes it over
-    here; the capsule then only frees the struct that held it.
+    ``array``, the capsule that holds an ArrowArray of the C data interface at ``address`` (a
+    struct of the schema's columns over the decoder's buffers, ``batch_of`` in ``_otlp.c``), is
+    taken to keep it alive until Arrow has moved it out here; the capsule then only frees the
+    struct that held it.
     """
-    batch = pa.RecordBatch._import_from_c(address, DECODED_SPANS_SCHEMA)
-    del array  # imported: the buffers are the batch's now
-    return pa.Table.from_batches([batch])
+    return pa.Table.from_batches([pa.RecordBatch._import_from_c(address, DECODED_SPANS_SCHEMA)])
 
 
 # -- metrics -----------------------------------------------------------------------------------

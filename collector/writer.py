@@ -959,8 +959,9 @@ class JournalWriter(_StoreWriter):
     def _insert_table(
         self, entry: SpoolEntry, tables: list[pa.Table] | None, table: pa.Table
     ) -> None:
-        sizes = [self._expanded.get(id(t)) for t in tables] if tables is not None else [None]
-        size = None if None in sizes else sum(s for s in sizes if s is not None)
+        size = None  # read back from the spool: sized from its rows
+        if tables is not None and all(id(t) in self._expanded for t in tables):
+            size = sum(self._expanded[id(t)] for t in tables)
         if self._insert_sliced(table, entry.token, size=size) or self._count_failure(entry, table):
             self._removed(entry, tables)
             if tables is None:
