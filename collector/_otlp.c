@@ -1970,6 +1970,7 @@ struct ArrowArray {
 typedef struct {
     struct ArrowArray nodes[MAX_NODES];
     const void *bufs[MAX_NODES][3];
+    size_t sizes[MAX_NODES][3]; /* the bytes of each node's buffers */
     struct ArrowArray *kids[MAX_KIDS];
     char *mem[NB];
     size_t len[NB];
@@ -1996,12 +1997,17 @@ static const void *buf_of(const Batch *bt, int i) { return bt->mem[i] ? bt->mem[
 static struct ArrowArray *node(Batch *bt, int64_t length, int nbufs, int b0, int b1, int kids)
 {
     struct ArrowArray *a = &bt->nodes[bt->n_nodes];
-    const void **bufs = bt->bufs[bt->n_nodes++];
+    const void **bufs = bt->bufs[bt->n_nodes];
+    size_t *sizes = bt->sizes[bt->n_nodes++];
     bufs[0] = NULL; /* no validity bitmap: the decoder writes no nulls */
-    if (nbufs > 1)
+    if (nbufs > 1) {
         bufs[1] = buf_of(bt, b0);
-    if (nbufs > 2)
+        sizes[1] = bt->len[b0];
+    }
+    if (nbufs > 2) {
         bufs[2] = buf_of(bt, b1);
+        sizes[2] = bt->len[b1];
+    }
     a->length = length;
     a->null_count = 0;
     a->offset = 0;
@@ -2094,37 +2100,30 @@ static struct ArrowArray *batch_of(Ctx *c)
     return root;
 }
 
-/* The bytes of the batch with its resource dictionary written out on every row, as
- * mapping.expanded_bytes counts them from the table (pyarrow's nbytes per column, which counts
- * an offsets buffer of n + 1 entries as n): what sizes an insert's slices, known here without a
- * pass over the table. */
-static uint64_t offsets_bytes(const Batch *bt, int offsets) { return bt->len[offsets] - 4; }
-
-static uint64_t string_bytes(const Batch *bt, int offsets)
+/* The bytes of a column's node and of what it holds, as pyarrow's nbytes counts them: each
+ * buffer's, but an offsets buffer of n + 1 entries (a string's, a list's or a map's) as n. */
+static uint64_t node_bytes(const Batch *bt, const struct ArrowArray *a)
 {
-    return offsets_bytes(bt, offsets) + bt->len[offsets + 1];
+    const size_t *sizes = bt->sizes[a - bt->nodes];
+    int offsets = a->n_buffers == 3 || a->n_children > 0;
+    uint64_t n = a->n_buffers > 1 ? sizes[1] - (offsets ? 4 : 0) : 0;
+    if (a->n_buffers > 2)
+        n += sizes[2];
+    for (int64_t i = 0; i < a->n_children; i++)
+        n += node_bytes(bt, a->children[i]);
+    return n;
 }
 
-static uint64_t map_bytes(const Batch *bt, int offsets)
-{
-    return offsets_bytes(bt, offsets) + string_bytes(bt, offsets + 1) +
-           string_bytes(bt, offsets + 3);
-}
-
+/* The batch's bytes with its resource dictionary written out on every row, as
+ * mapping.expanded_bytes counts them from the table: what sizes an insert's slices, known here
+ * without a pass over the table. The dictionary column's node counts its indices; the entries
+ * the rows refer to were summed as the spans were accepted (res_rows_bytes). */
 static uint64_t expanded_of(const Batch *bt, uint64_t res_rows_bytes)
 {
-    static const int STRINGS[] = {B_TID_O, B_SID_O, B_PAR_O, B_TST_O, B_NAME_O, B_KIND_O,
-                                  B_SVC_O, B_SCN_O, B_SCV_O, B_STC_O, B_STM_O};
-    uint64_t n = bt->len[B_TS] + bt->len[B_DUR] + bt->len[B_RES_IX] + res_rows_bytes;
-    for (size_t i = 0; i < sizeof(STRINGS) / sizeof(STRINGS[0]); i++)
-        n += string_bytes(bt, STRINGS[i]);
-    n += map_bytes(bt, B_ATT_O);
-    /* Each list column counts its row offsets (shared by a record's columns) and its child. */
-    n += 3 * offsets_bytes(bt, B_EV_O) + bt->len[B_EV_TS] + string_bytes(bt, B_EVN_O) +
-         map_bytes(bt, B_EVA_O);
-    n += 4 * offsets_bytes(bt, B_LN_O) + string_bytes(bt, B_LNT_O) + string_bytes(bt, B_LNS_O) +
-         string_bytes(bt, B_LNST_O) + map_bytes(bt, B_LNA_O);
-    n += offsets_bytes(bt, B_TF_O) + bt->len[B_TF_D];
+    const struct ArrowArray *top = &bt->nodes[0];
+    uint64_t n = res_rows_bytes;
+    for (int64_t i = 0; i < top->n_children; i++)
+        n += node_bytes(bt, top->children[i]);
     return n;
 }
 
