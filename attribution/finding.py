@@ -99,7 +99,8 @@ class Request:
     """The spans of one inference call: its client (if seen), its attempts oldest first (start,
     then span id), each attempt's phases as ``(bucket, span)``, its window (``windows``: the
     model service's outermost SERVER span around it, itself when none) and, where recorded, when
-    that window's response ended (``response_ends``, on the server's clock)."""
+    that window's response content and its last message ended (``response_ends``, on the
+    server's clock; ``_response_span``)."""
 
     client: SpanRecord | None
     attempts: tuple[SpanRecord, ...]
@@ -108,7 +109,7 @@ class Request:
     #: nearest first.
     client_chain: tuple[SpanRecord, ...] = ()
     windows: dict[str, SpanRecord] = field(default_factory=dict)
-    response_ends: dict[str, int] = field(default_factory=dict)
+    response_ends: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: The attempts under a serving system's span (Dynamo's frontend, TensorRT-LLM's
     #: disaggregated proxy): that span is their window, and each is a part of its try.
     in_system: frozenset[str] = frozenset()
@@ -140,8 +141,15 @@ class Request:
     def bounds(self, attempt: SpanRecord) -> tuple[int, int]:
         """The attempt's window on the server's clock, cut at the end of its response."""
         w = self.window(attempt)
-        end = self.response_ends.get(w.span_id)
-        return w.start_ns, (w.end_ns if end is None else min(w.end_ns, max(end, w.start_ns)))
+        ends = self.response_ends.get(w.span_id)
+        return w.start_ns, (w.end_ns if ends is None else min(w.end_ns, max(ends[1], w.start_ns)))
+
+    def content_end(self, attempt: SpanRecord) -> int | None:
+        """When the attempt's response content ended, within its window on the server's clock
+        (None: no response message recorded)."""
+        w = self.window(attempt)
+        ends = self.response_ends.get(w.span_id)
+        return None if ends is None else min(w.end_ns, max(ends[0], w.start_ns))
 
 
 class TraceIndex:
@@ -185,6 +193,16 @@ def _phase_owner(index: TraceIndex, span: SpanRecord) -> tuple[str, str] | None:
                 return None
             return stage, node.span_id
     return None
+
+
+def _response_span(ends: Sequence[int]) -> tuple[int, int]:
+    """When a response's content ended and when its last message did, from its body messages'
+    ends: a streamed response (several messages) ends with one that only closes it (Starlette's
+    ``StreamingResponse`` sends an empty body after the last event), which a client that stops
+    at the stream's last event does not wait for (the openai SDK closes a stream at
+    ``[DONE]``)."""
+    ordered = sorted(ends)
+    return ordered[-2] if len(ordered) > 1 else ordered[-1], ordered[-1]
 
 
 def _response_owner(index: TraceIndex, span: SpanRecord) -> str | None:
@@ -279,14 +297,15 @@ def find_requests(spans: Sequence[SpanRecord], index: TraceIndex | None = None) 
     ``index``: the spans' ``TraceIndex``, when the caller has it already."""
     index = index or TraceIndex(spans)
     owned: dict[str, list[tuple[str, SpanRecord]]] = {}
-    response_ends: dict[str, int] = {}
+    sends: dict[str, list[int]] = {}
     for s in spans:
         found = _phase_owner(index, s)
         if found is not None:
             owned.setdefault(found[1], []).append((found[0], s))
         owner = _response_owner(index, s)
         if owner is not None:
-            response_ends[owner] = max(response_ends.get(owner, s.end_ns), s.end_ns)
+            sends.setdefault(owner, []).append(s.end_ns)
+    response_ends = {owner: _response_span(ends) for owner, ends in sends.items()}
     _first_stages(owned, index)
     chains: dict[str, tuple[SpanRecord, ...]] = {}
 

@@ -103,13 +103,10 @@ def _says_whole_response(request: Request) -> bool:
 
 def _reach(request: Request) -> int | None:
     """The latest instant (server clock) the server's own record says the response was still
-    going: the end of its last phase, or of its last response-body message; None without."""
+    going: the end of its last phase, or of its response's content (``finding._response_span``:
+    not a stream's closing message); None without."""
     ends = [e for a in request.attempts for _, _, e in attempt_phases(request, a)]
-    ends += [
-        request.bounds(a)[1]
-        for a in request.attempts
-        if request.window(a).span_id in request.response_ends
-    ]
+    ends += [e for a in request.attempts if (e := request.content_end(a)) is not None]
     return max(ends, default=None)
 
 

@@ -7,7 +7,14 @@ from collections.abc import Iterator
 import pytest
 
 from latscope.attribution import sweep
-from latscope.semconv import ClientAttributes, LatscopeAttributes, SpanKind, VllmAttributes
+from latscope.semconv import (
+    ClientAttributes,
+    GenAIAttributes,
+    HttpAttributes,
+    LatscopeAttributes,
+    SpanKind,
+    VllmAttributes,
+)
 from tests.attribution_support import MS, T0, TraceBuilder, both, check_sql_with
 from tests.serve_support import embedded_store
 from tests.skeleton_support import EXPECTED, LAYOUT
@@ -115,6 +122,52 @@ def test_a_server_span_closing_after_the_client_is_clipped_not_moved(tail_ms: in
     # network: 0..40 only; other: 40-45, 145-150, and 950..1000 (the server's own, up to the
     # client's end).
     assert _ms(a) == {**EXPECTED, "network": 40, "other": 60}
+
+
+def _stream(tb: TraceBuilder, sends: list[float]) -> None:
+    """A streamed chat completion as the openai SDK under openai-v2 and a FastAPI server write
+    it: the GenAI span from 0 to 1000 ms, the server's span from 40 ms to past its last
+    message, and the ASGI instrumentation's ``http send`` spans of the response's body
+    messages ending at ``sends`` (the last one Starlette's empty message closing the stream)."""
+    c = tb.client(0, 1000, attrs={GenAIAttributes.OPERATION_NAME: "chat"})
+    s = tb.server(
+        40, max(sends) + 1, parent=c, attrs={HttpAttributes.ROUTE: "/v1/chat/completions"}
+    )
+    for end in sends:
+        tb.add(
+            SpanKind.INTERNAL,
+            end - 0.02,
+            end,
+            parent=s,
+            attrs={HttpAttributes.ASGI_EVENT_TYPE: HttpAttributes.ASGI_RESPONSE_BODY},
+            name="POST /v1/chat/completions http send",
+        )
+
+
+@pytest.mark.parametrize("close_ms", [1001, 1005, 1030, 1200])
+def test_a_streams_closing_message_after_the_client_left_is_clipped_not_moved(
+    close_ms: int,
+) -> None:
+    """The openai SDK closes a stream at its ``[DONE]`` event; the server's message closing the
+    body can go out after the client's span ended (a busy server): the content fits as
+    recorded, so nothing moves and the server's time is cut at the client's end."""
+    tb = TraceBuilder()
+    _stream(tb, [100, 500, 990, 995, close_ms])
+    a = both("t", tb.spans)
+    assert a.clock_skew_ns == 0
+    assert a.e2e_ns == 1000 * MS
+    assert _ms(a)["network"] == 40 and _ms(a)["other"] == 960
+
+
+def test_a_streams_content_after_the_client_left_still_moves_the_server() -> None:
+    """Only the closing message is left out: the ``[DONE]`` event itself past the client's end
+    is the server's clock running ahead, and the server's time is moved to fit (here within the
+    room the network legs leave: no skew reported)."""
+    tb = TraceBuilder()
+    _stream(tb, [100, 500, 1003, 1005])
+    a = both("t", tb.spans)
+    assert a.clock_skew_ns == 0
+    assert _ms(a)["network"] == 35 and _ms(a)["other"] == 965
 
 
 def test_small_skew_that_still_fits_is_not_adjusted() -> None:

@@ -6,10 +6,11 @@ real ``latscope serve``; every figure latscope stores is compared with what the 
 themselves (tests/upstream_apps/). Hand-built copies of these shapes (tests/upstream_traces.py)
 are the fast unit tests; this is the proof.
 
-The cases: plain and streamed calls, a retry after a 500, work after the response, a vLLM-style
-engine span inside the API server's span, SGLang's request root, SGLang's prefill/decode split
-with a KV-cache transfer, an agent (two calls in parallel, a retrieval call, a tool call, a last
-call), and short calls while every core is busy. ``pytest -s`` prints the table of truth against
+The cases: plain and streamed calls, a stream whose closing message goes out after the client
+closed it, a retry after a 500, work after the response, a vLLM-style engine span inside the API
+server's span, SGLang's request root, SGLang's prefill/decode split with a KV-cache transfer, an
+agent (two calls in parallel, a retrieval call, a tool call, a last call), and short calls while
+every core is busy. ``pytest -s`` prints the table of truth against
 latscope for every case and instrumentation.
 """
 

@@ -44,10 +44,9 @@ request_clients AS (
         starts[client] AS c_lo,
         ends[client] - starts[client] AS c_dur,
         arrayMap(w -> starts[w], windows) AS w_lo,
-        arrayMap(w -> if(has(response_owner, w), least(ends[w], greatest(starts[w],
-            arrayMax(arrayMap(j -> ends[j], arrayFilter(j -> response_owner[j] = w, idx))))),
-            ends[w]), windows) AS w_hi,
-        arrayMap(w -> has(response_owner, w), windows) AS w_responds,
+        -- Each window's response-body messages' ends, latest first (empty: none recorded).
+        arrayMap(w -> arrayReverseSort(arrayMap(j -> ends[j],
+            arrayFilter(j -> response_owner[j] = w, idx))), windows) AS w_sends,
         -- The client covers the whole response: a GenAI operation, or latscope's client, which
         -- records when it read the last byte.
         client != 0 AND (model_calls[client] OR arrayExists(x -> x IS NOT NULL,
@@ -55,6 +54,19 @@ request_clients AS (
                 payloads[client1][$K_LAST_BYTE], payloads[client2][$K_LAST_BYTE]])))
             AS whole_response
     FROM request_fields
+),
+-- Each window cut at the end of its response's last message (w_hi), and where its content ended
+-- (w_content, finding._response_span: a stream's closing message left out).
+request_windows AS (
+    SELECT
+        * EXCEPT (w_sends),
+        arrayMap((w, e) -> if(empty(e), ends[w], least(ends[w], greatest(starts[w], e[1]))),
+            windows, w_sends) AS w_hi,
+        arrayMap(e -> notEmpty(e), w_sends) AS w_responds,
+        arrayMap((w, e) -> if(empty(e), ends[w],
+            least(ends[w], greatest(starts[w], e[least(2, length(e))]))), windows, w_sends)
+            AS w_content
+    FROM request_clients
 ),
 -- The request's tries, built up one column a layer: each reads the columns before it as
 -- columns (see attribution/sql/__init__.py, "Layers").
@@ -65,7 +77,7 @@ request_tries AS (
         -- workers of a disaggregated request); a retry starts when every earlier one has ended.
         arrayMap(k -> k = 1 OR w_lo[k] >= arrayMax(arraySlice(w_hi, 1, k - 1)),
             range(1, n_attempts + 1)) AS new_try
-    FROM request_clients
+    FROM request_windows
 ),
 try_numbers AS (
     SELECT

@@ -41,12 +41,13 @@ attempt_phases AS (
 ),
 hulls AS (
     SELECT
-        * EXCEPT (w_responds),
+        * EXCEPT (w_responds, w_content),
         arrayMin(w_lo) AS hull_lo,
         arrayMax(w_hi) AS hull_hi,
-        -- How far the phases and the response run on the server's clock (NULL: no record).
+        -- How far the phases and the response's content run on the server's clock (NULL: no
+        -- record).
         arrayConcat(arrayFlatten(arrayMap(ps -> arrayMap(p -> p.3, ps), a_phases)),
-            arrayFilter((h, r) -> r, w_hi, w_responds)) AS reach_ends,
+            arrayFilter((c, r) -> r, w_content, w_responds)) AS reach_ends,
         if(empty(reach_ends), NULL, arrayMax(reach_ends)) AS reach
     FROM attempt_phases
 ),

@@ -58,6 +58,13 @@ class GenAIOperations(SpanProcessor):
             self.last[threading.get_ident()] = span
 
 
+PROXY_HOP_S = 0.012
+
+
+def _proxy_hop(request: Any) -> None:
+    time.sleep(PROXY_HOP_S)
+
+
 def instrument(name: str, provider: TracerProvider) -> None:
     if name == "openai-v2":
         from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
@@ -81,15 +88,18 @@ class App:
         instrument(args.instrumentation, self.provider)
         self.http = httpx2.Client(timeout=30)
         HTTPX2ClientInstrumentor.instrument_client(self.http, tracer_provider=self.provider)
+        # Through a proxy hop: every request leaves PROXY_HOP_S late (the network's to latscope).
+        self.proxied = httpx2.Client(timeout=30, event_hooks={"request": [_proxy_hop]})
+        HTTPX2ClientInstrumentor.instrument_client(self.proxied, tracer_provider=self.provider)
         self.tracer = self.provider.get_tracer("agent-app")
         self.truth = args.truth
         self.prefix = args.instrumentation
 
-    def client(self, base: str, **headers: str) -> openai.OpenAI:
+    def client(self, base: str, http: httpx2.Client | None = None, **headers: str) -> openai.OpenAI:
         return openai.OpenAI(
             base_url=base + "/v1",
             api_key="test",
-            http_client=self.http,
+            http_client=http or self.http,
             max_retries=2,
             default_headers=headers,
         )
@@ -165,6 +175,12 @@ class App:
         plain = self.client(server, **{"x-stage-ms": "0,0,30", "x-api-ms": "3"})
         self.one(plain, f"{p}/plain", stream=False)
         self.one(plain, f"{p}/stream", stream=True)
+        # The closing message goes out after the client closed the stream, by less than the
+        # network's time: moving the server's time to fit it would take network for server time.
+        late = self.client(
+            server, self.proxied, **{"x-stage-ms": "0,0,30", "x-api-ms": "3", "x-close-ms": "5"}
+        )
+        self.one(late, f"{p}/stream-late-close", stream=True)
         retry = self.client(server, **{"x-fail-first": "1", "x-stage-ms": "0,0,20"})
         self.one(retry, f"{p}/retry", stream=False)
         for base, label in ((server, "current"), (old_server, "0.41b0")):

@@ -13,8 +13,10 @@ server's span, as vLLM writes it; ``sglang``: SGLang's request root and stage sl
 them), ``x-stage-ms``
 (``queue,prefill,decode`` for the engine, or the plain handler's sleep), ``x-tokens`` (output
 tokens, streamed evenly over decode), ``x-after-ms`` (work after the response, as a background
-task). SGLang's routes (under ``/sglang``) are not traced by the framework: SGLang's roots take the
-caller's ``traceparent`` themselves. ``POST /search`` is a plain HTTP service (retrieval).
+task), ``x-close-ms`` (a stream's closing message that long after its ``[DONE]`` event, as a
+blocked event loop sends it: the openai client has closed the stream by then). SGLang's routes
+(under ``/sglang``) are not traced by the framework: SGLang's roots take the caller's
+``traceparent`` themselves. ``POST /search`` is a plain HTTP service (retrieval).
 
 For every response the server appends one JSON line to ``--truth``: the case, the attempt, when
 the request arrived and when the last byte of its response was handed to the server (ns, its
@@ -261,6 +263,9 @@ def build(truth: Path, tracers: dict[str, TracerProvider], service: str) -> Any:
                     yield chunk(i, text)
                 for line in last_chunks(tokens):
                     yield line
+                # The event loop busy elsewhere (blocked, so Starlette does not see the client's
+                # disconnect and cancel the stream first): the closing message goes out late.
+                time.sleep(ms(h.get("x-close-ms")) / 1e3)
 
             return StreamingResponse(sse(), media_type="text/event-stream", background=background)
         async for _ in generate():
