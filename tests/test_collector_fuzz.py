@@ -4,6 +4,7 @@ decoder agrees with the Python mapping (the reference) on every Export, valid or
 from __future__ import annotations
 
 import random
+import struct
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +23,7 @@ from latscope.collector.mapping import (
     MalformedExport,
     decode_spans,
     expanded_bytes,
+    format_double,
     table_from_array,
 )
 from latscope.storage import Store
@@ -189,6 +191,40 @@ def test_exports_decoded_in_threads_at_once_each_decode_as_alone(
         together = list(pool.map(lambda d: _decode(d, limits, True), data))
     for a, t, d in zip(alone, together, data, strict=True):
         _assert_equal(t, a, d)
+
+
+def _doubles(rng: random.Random, n: int) -> list[float]:
+    """Doubles of every kind: short decimals at every scale (most attribute values), values
+    needing 16 or 17 digits, any 64-bit pattern (NaN and infinities among them), and the edges
+    of where Python's repr writes an exponent."""
+    out = [0.0, -0.0, 0.7, 0.1 + 0.2, 1e-4, 1e-5, 9999999999999998.0, 1e16, 1e21, 1e22, 1e23]
+    out += [1.5e-7, 5e-324, 1.7976931348623157e308, 2.0**53, 2.675, 1 / 3, -2.5]
+    while len(out) < n:
+        out.append(round(rng.random(), rng.randint(0, 17)) * 10.0 ** rng.randint(-25, 20))
+        out.append(rng.randint(0, 10 ** rng.randint(1, 16)) / 10 ** rng.randint(0, 22))
+        out.append(struct.unpack("<d", rng.randbytes(8))[0])
+        out[-3:] = [v * rng.choice((1, -1)) for v in out[-3:]]
+    return out
+
+
+@native
+def test_every_double_is_written_as_the_reference_writes_it() -> None:
+    """A double attribute's text from the C decoder is ``format_double``'s, for 30,000 doubles
+    in Exports of 100 attributes a span."""
+    values = _doubles(random.Random(11), 30_000)
+    for i in range(0, len(values), 100):
+        request = ExportTraceServiceRequest()
+        span = request.resource_spans.add().scope_spans.add().spans.add(
+            trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="s",
+            start_time_unix_nano=1_763_000_000_000_000_000,
+            end_time_unix_nano=1_763_000_000_000_000_001,
+        )  # fmt: skip
+        part = values[i : i + 100]
+        for j, v in enumerate(part):
+            span.attributes.add(key=f"k{j}").value.double_value = v
+        decoded = decode_spans(request.SerializeToString(), Limits(max_attributes=128))
+        got = dict(decoded.table.column("SpanAttributes")[0].as_py())
+        assert [got[f"k{j}"] for j in range(len(part))] == [format_double(v) for v in part]
 
 
 def _ld(field: int, payload: bytes) -> bytes:
