@@ -343,3 +343,41 @@ def test_while_an_insert_runs_the_open_segment_grows_into_one_insert(
         flaky.gate.set()
         c.stop()
     assert count_spans(store, service) == 5 * 7
+
+
+def test_an_export_arriving_within_the_grace_is_no_quiet_collector(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After journaling an Export with nothing else in flight, the journal thread waits
+    # QUIET_GRACE_S for another before it inserts at once and acknowledges after the insert (a
+    # quiet collector). Steady clients arrive a few ms apart: one arriving in the wait makes it
+    # a busy collector's Export, acknowledged once journaled and inserted with what follows. A
+    # client alone still reads what it sent once acknowledged. (The grace made long here.)
+    import threading
+
+    from latscope.collector import writer as journal
+
+    monkeypatch.setattr(journal, "QUIET_GRACE_S", 2.0)
+    service = f"svc-{uuid.uuid4().hex[:12]}"
+    counting = FlakyStore(store)
+    c = start_collector(counting, tmp_path / "spool")
+    spans = c.collector.spans
+    try:
+        first = threading.Thread(target=_send, args=(c, service, 1))
+        first.start()
+        deadline = time.monotonic() + 30
+        while not spans._in_grace:
+            assert time.monotonic() < deadline, "no wait for another Export"
+            time.sleep(0.005)
+        with spans.arriving():  # another Export on its way
+            arrived = time.monotonic()
+            first.join(30)
+            assert time.monotonic() - arrived < 1.0, "the arrival did not end the wait"
+            assert counting.tables.count("otel_traces") == 0  # acknowledged once journaled
+        _wait_drained(c)
+        assert count_spans(store, service) == 7
+        # Alone: the wait passes, the Export is inserted, then acknowledged.
+        assert _send(c, service, 1, seed=1) == 1
+        assert count_spans(store, service) == 14
+    finally:
+        c.stop()

@@ -1,20 +1,23 @@
 """Ingest benchmark: OTLP/gRPC load on loopback into the collector and the embedded ClickHouse.
 
     .venv/bin/python -m bench.ingest.run [--exports 1500] [--streams 16] [--requests 64]
+        [--rate SPANS_PER_S]
 
 A load generator (a separate process, so its CPU is not the collector's) sends pre-built
 Exports of realistic LLM request traces (7 spans per request, ~15 attributes each) over N
-concurrent gRPC streams. The same run measures the decode paths alone on one thread, a
-parse-only receiver (gRPC decodes the protobuf and answers) as the baseline, then the real
-collector end to end: every span acknowledged and queryable in ClickHouse. Each receiver takes
-one Export before the measured run: what a collector pays once, at its first Export, is not a
-cost per span (in a collector's own process, pyarrow importing pandas on its first compute call
-is 0.4 CPU s; here the decode paths, measured first, import it). Printed: spans/s
-(wall clock, from the first Export sent to the last span queryable), collector CPU seconds per
-100k spans and spans per collector CPU-second (whole process: every thread, chDB's included),
-that CPU by thread (from /proc/self/task), the spans table's active parts at the run's end, the
-background merges that follow the run until the table settles, p99 Export latency, the ratio to
-the baseline and bytes per span on disk after OPTIMIZE FINAL.
+concurrent gRPC streams, each as soon as the one before on its stream is acknowledged, or with
+``--rate`` at that many spans a second (a steady load below what the collector can take). The
+same run measures the decode paths alone on one thread, a parse-only receiver (gRPC decodes the
+protobuf and answers) as the baseline, then the real collector end to end: every span
+acknowledged and queryable in ClickHouse. Each receiver takes one Export before the measured
+run: what a collector pays once, at its first Export, is not a cost per span (in a collector's
+own process, pyarrow importing pandas on its first compute call is 0.4 CPU s; here the decode
+paths, measured first, import it). Printed: spans/s (wall clock, from the first Export sent to
+the last span queryable), collector CPU seconds per 100k spans and spans per collector
+CPU-second (whole process: every thread, chDB's included), that CPU by thread (from
+/proc/self/task), the spans table's active parts at the run's end, the background merges that
+follow the run until the table settles, p99 Export latency, the ratio to the baseline and bytes
+per span on disk after OPTIMIZE FINAL.
 """
 
 from __future__ import annotations
@@ -118,8 +121,12 @@ def cpu_by_group(
     return groups
 
 
-def loadgen(addr: str, exports: int, streams: int, requests: int, seed: int) -> None:
-    """Child process: build unique Exports, then send each once over ``streams`` threads."""
+def loadgen(
+    addr: str, exports: int, streams: int, requests: int, seed: int, rate: float = 0.0
+) -> None:
+    """Child process: build unique Exports, then send each once over ``streams`` threads; at
+    ``rate`` spans a second when set (each Export sent no sooner than its turn), else as fast
+    as the acknowledgements come."""
     rng = random.Random(seed)
     payloads = [
         make_batch(rng, T0 + i * 10**9, requests).SerializeToString() for i in range(exports)
@@ -132,13 +139,17 @@ def loadgen(addr: str, exports: int, streams: int, requests: int, seed: int) -> 
     latencies: list[float] = []
     lock = threading.Lock()
     it = iter(payloads)
+    started = time.perf_counter()
+    turns = iter(range(exports))
 
     def worker() -> None:
         while True:
             with lock:
-                payload = next(it, None)
+                payload, turn = next(it, None), next(turns, 0)
             if payload is None:
                 return
+            if rate:
+                time.sleep(max(0.0, started + turn * requests * 7 / rate - time.perf_counter()))
             while True:
                 t = time.perf_counter()
                 try:
@@ -151,7 +162,6 @@ def loadgen(addr: str, exports: int, streams: int, requests: int, seed: int) -> 
             with lock:
                 latencies.append(time.perf_counter() - t)
 
-    started = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(streams)]
     for th in threads:
         th.start()
@@ -177,7 +187,8 @@ class _Load:
         self.child = subprocess.Popen(
             [sys.executable, "-m", "bench.ingest.run", "--loadgen", addr,
              "--exports", str(args.exports), "--streams", str(args.streams),
-             "--requests", str(args.requests), "--seed", str(args.seed if seed is None else seed)],
+             "--requests", str(args.requests), "--seed", str(args.seed if seed is None else seed),
+             "--rate", str(args.rate)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.child.stdin and self.child.stdout
@@ -521,7 +532,8 @@ def bench(args: argparse.Namespace) -> None:
     store.close()
 
     load1 = os.getloadavg()[0]
-    print(f"exports {args.exports} x {args.requests * 7} spans, {args.streams} streams; "
+    pace = f"at {args.rate:,.0f} spans/s" if args.rate else "as fast as acknowledged"
+    print(f"exports {args.exports} x {args.requests * 7} spans, {args.streams} streams {pace}; "
           f"C decoder {'on' if NATIVE else 'NOT BUILT'}; batches of {defaults.batch_max_spans} "
           f"spans / {defaults.batch_timeout_s} s; {args.rounds} round(s) of "
           f"{', '.join(variants)}; load average {load1:.2f}")  # fmt: skip
@@ -576,6 +588,13 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--requests", type=int, default=64, help="requests (x7 spans) per Export")
     parser.add_argument("--loadgen", metavar="ADDR", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        metavar="SPANS_PER_S",
+        help="send at this many spans a second (default: as fast as they are acknowledged)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--batch-max-spans", type=int, help="the collector's (default: its own)")
     parser.add_argument("--batch-timeout-s", type=float, help="the collector's (default: its own)")
@@ -603,7 +622,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.loadgen:
-        loadgen(args.loadgen, args.exports, args.streams, args.requests, args.seed)
+        loadgen(args.loadgen, args.exports, args.streams, args.requests, args.seed, args.rate)
     else:
         bench(args)
 
