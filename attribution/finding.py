@@ -138,18 +138,22 @@ class Request:
     def window(self, attempt: SpanRecord) -> SpanRecord:
         return self.windows.get(attempt.span_id, attempt)
 
+    def _response_end(self, w: SpanRecord, which: int) -> int | None:
+        """When window ``w``'s response content (``which`` 0) or last message (1) ended, within
+        the window on the server's clock (None: no response message recorded)."""
+        ends = self.response_ends.get(w.span_id)
+        return None if ends is None else min(w.end_ns, max(ends[which], w.start_ns))
+
     def bounds(self, attempt: SpanRecord) -> tuple[int, int]:
         """The attempt's window on the server's clock, cut at the end of its response."""
         w = self.window(attempt)
-        ends = self.response_ends.get(w.span_id)
-        return w.start_ns, (w.end_ns if ends is None else min(w.end_ns, max(ends[1], w.start_ns)))
+        end = self._response_end(w, 1)
+        return w.start_ns, (w.end_ns if end is None else end)
 
     def content_end(self, attempt: SpanRecord) -> int | None:
         """When the attempt's response content ended, within its window on the server's clock
         (None: no response message recorded)."""
-        w = self.window(attempt)
-        ends = self.response_ends.get(w.span_id)
-        return None if ends is None else min(w.end_ns, max(ends[0], w.start_ns))
+        return self._response_end(self.window(attempt), 0)
 
 
 class TraceIndex:

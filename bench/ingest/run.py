@@ -138,14 +138,13 @@ def loadgen(
     call = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
     latencies: list[float] = []
     lock = threading.Lock()
-    it = iter(payloads)
+    it = enumerate(payloads)
     started = time.perf_counter()
-    turns = iter(range(exports))
 
     def worker() -> None:
         while True:
             with lock:
-                payload, turn = next(it, None), next(turns, 0)
+                turn, payload = next(it, (0, None))
             if payload is None:
                 return
             if rate:

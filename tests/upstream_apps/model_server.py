@@ -263,9 +263,11 @@ def build(truth: Path, tracers: dict[str, TracerProvider], service: str) -> Any:
                     yield chunk(i, text)
                 for line in last_chunks(tokens):
                     yield line
-                # The event loop busy elsewhere (blocked, so Starlette does not see the client's
-                # disconnect and cancel the stream first): the closing message goes out late.
-                time.sleep(ms(h.get("x-close-ms")) / 1e3)
+                if h.get("x-close-ms"):
+                    # The event loop busy elsewhere (blocked, so Starlette does not see the
+                    # client's disconnect and cancel the stream first): the closing message
+                    # goes out late.
+                    time.sleep(ms(h.get("x-close-ms")) / 1e3)
 
             return StreamingResponse(sse(), media_type="text/event-stream", background=background)
         async for _ in generate():
