@@ -184,8 +184,11 @@ def _server_time(records: list[dict], side: str, call: dict) -> int:
     to the last response byte, measured just inside the instrumentation's middleware (``inner``)
     or outside it (``outer``; the server span lies between the two), within the client's call.
     The client of a stream is done at the ``[DONE]`` event, and the server may send the
-    response's closing empty body after that: the client did not wait for it."""
-    start, end = call["start_ns"], call["start_ns"] + call["e2e_ns"]
+    response's closing empty body after that: the client did not wait for it, so what the server
+    sends after the instrumentation's span of the call ended (the client closing the stream,
+    later on a busy machine) is not counted."""
+    start = call["start_ns"]
+    end = min(start + call["e2e_ns"], call["span_start_ns"] + call["span_e2e_ns"])
     return sum(
         max(0, min(r[f"{side}_end_ns"], end) - max(r[f"{side}_arrival_ns"], start)) for r in records
     )
