@@ -43,7 +43,12 @@ def _cut(attributes: str) -> str:
     Counting a value's characters reads all of it: only a value of ``{cut}`` to 4 x ``{cut}``
     bytes (UTF-8 takes 1 to 4 a character) is counted to be tested, and ``leftUTF8`` reads only
     what it keeps (``substringUTF8`` read the whole value), so a long value is read once after it
-    is decompressed, for its count."""
+    is decompressed, for its count.
+
+    Read with ``SHOWN_SETTINGS``: ClickHouse's short-circuit evaluation of the ``if`` copies the
+    values each branch takes out of the whole column first, which cost more than both branches
+    over every value (19,801 spans carrying 633 MB of prompts: 207 ms against 145, the bare read
+    of the values 126; docs/benchmarks.md, "Wide traces")."""
     return f"""mapApply((k, v) -> (k, if(
         length(v) <= {{cut:UInt32}} OR has({{keys:Array(String)}}, k)
             OR (length(v) <= 4 * {{cut:UInt32}} AND lengthUTF8(v) <= {{cut:UInt32}}),
@@ -58,6 +63,8 @@ def _cut(attributes: str) -> str:
 TRACE_SPANS_SHOWN = _trace_spans(
     f"{_cut('SpanAttributes')} AS Attributes", f"{_cut('ResourceAttributes')} AS Resource"
 )
+#: The settings ``TRACE_SPANS_SHOWN`` is read with (``_cut``).
+SHOWN_SETTINGS = {"short_circuit_function_evaluation": "'disable'"}
 
 
 #: One span of a trace as stored, every value whole (the first copy of a span stored twice).

@@ -8,7 +8,7 @@ from operator import attrgetter
 from typing import Any
 
 from latscope.attribution.model import SpanRecord
-from latscope.attribution.queries import ATTRIBUTE_CHARS, TRACE_SPANS_SHOWN
+from latscope.attribution.queries import ATTRIBUTE_CHARS, SHOWN_SETTINGS, TRACE_SPANS_SHOWN
 from latscope.attribution.sql import rule_keys
 from latscope.semconv import SpanKind, StatusCode
 from latscope.storage import Store
@@ -31,9 +31,10 @@ def load_trace(store: Store, trace_id: str, *, max_bytes: int = 0) -> list[SpanR
     bound): ClickHouse refuses the read once its rows pass that many bytes
     (``StoreResultTooLarge``), before they reach Python."""
     parameters = {"trace_id": trace_id, "keys": rule_keys(), "cut": ATTRIBUTE_CHARS}
-    sql = TRACE_SPANS_SHOWN
+    settings = dict(SHOWN_SETTINGS)
     if max_bytes:
-        sql += f"SETTINGS max_result_bytes = {int(max_bytes)}, result_overflow_mode = 'throw'\n"
+        settings |= {"max_result_bytes": str(int(max_bytes)), "result_overflow_mode": "'throw'"}
+    sql = TRACE_SPANS_SHOWN + "SETTINGS " + ", ".join(f"{k} = {v}" for k, v in settings.items())
     return span_records(store.query_rows(sql, parameters))
 
 
