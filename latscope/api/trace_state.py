@@ -464,39 +464,43 @@ def json_of(answer: Answer) -> bytes:
 def gzip_kept(answer: Answer) -> bytes | None:
     """``answer``'s JSON compressed with gzip, when an asker of this shared answer compressed it
     already (``keep_gzip``); else None."""
-    shared = _SHARED.state(answer)
-    if shared is None:
-        return None
-    worked, name = shared
-    with _SHARED.lock:
-        kept: bytes | None = worked.pieces.get(("gzip", name))
-        if kept is not None:
-            worked.made.move_to_end(("gzip", name))
-        return kept
+    return _kept(answer, "gzip")
 
 
 def keep_gzip(answer: Answer, packed: bytes) -> None:
     """Keep ``packed`` (``answer``'s JSON compressed with gzip) with a shared answer's state as
     its JSON is (``json_of``), so its next askers are sent it as it is; nothing for an answer
     that is not shared."""
-    if _SHARED.state(answer) is not None:
-        _kept_bytes(answer, "gzip", lambda: packed)
+    _kept_bytes(answer, "gzip", lambda: packed)
 
 
-def _kept_bytes(answer: Answer, kind: str, make: Callable[[], bytes]) -> bytes:
-    """``make()``; for an answer askers share, made once and kept with its trace's state as the
-    piece (``kind``, the answer's name), its size counted with the state's text."""
+def _kept(answer: Answer, kind: str) -> bytes | None:
+    """The piece (``kind``, the answer's name) kept with a shared answer's state; None when there
+    is none, or the answer is not shared."""
     shared = _SHARED.state(answer)
     if shared is None:
-        return make()
+        return None
     worked, name = shared
     key = (kind, name)
     with _SHARED.lock:
         kept: bytes | None = worked.pieces.get(key)
         if kept is not None:
             worked.made.move_to_end(key)
-            return kept
+        return kept
+
+
+def _kept_bytes(answer: Answer, kind: str, make: Callable[[], bytes]) -> bytes:
+    """``make()``; for an answer askers share, made once and kept with its trace's state as the
+    piece (``kind``, the answer's name), its size counted with the state's text."""
+    kept = _kept(answer, kind)
+    if kept is not None:
+        return kept
     made = make()
+    shared = _SHARED.state(answer)
+    if shared is None:
+        return made
+    worked, name = shared
+    key = (kind, name)
     # Two askers may make it at once: the first kept is the one counted and served. Counted under
     # a lock: askers of two answers of one state add to its count at once, and trimming drops.
     with _SHARED.lock:
