@@ -302,8 +302,21 @@ class _Writer:
         self.tb = TraceBuilder(rng)
         self.agent = Host("agent", 0)
 
+        jitter: list[int] = []
+
         def offset() -> int:
-            return rng.randint(-5_000, 5_000) * MS + rng.randint(0, MS) if k.skew else 0
+            """A host's clock offset from the agent's: 0, or a multiple of 100 ms up to 5 s either
+            way plus a part of a millisecond the run's hosts share, so any two hosts' clocks are
+            the same or at least 99 ms apart. A server clock a few ms ahead of its client's makes
+            a server span that ends past its client's by less than its tail after the response
+            while its work fits inside, which the spans cannot tell from a span closing after
+            the response went out, and latscope reads as the latter (docs/attribution.md, "Clock
+            skew and headers-only clients")."""
+            if not k.skew:
+                return 0
+            hundreds = round(rng.randint(-5_000, 5_000), -2)
+            jitter.append(rng.randint(0, MS))
+            return hundreds * MS + jitter[0] if hundreds else 0
 
         self.models = [Host(f"llm-{i}", offset()) for i in range(k.model_hosts)]
         self.gateway = Host("llm-gateway", offset())
