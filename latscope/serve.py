@@ -29,7 +29,13 @@ from fastapi import FastAPI
 from latscope.api import create_app
 from latscope.config import Settings, parse_hostport
 from latscope.parts import Parts
-from latscope.storage import Store, StoreUnavailable, redact_dsn
+from latscope.storage import (
+    ENGINE_MEMORY_SHARE,
+    Store,
+    StoreOutOfMemory,
+    StoreUnavailable,
+    redact_dsn,
+)
 
 log = logging.getLogger("latscope.serve")
 
@@ -271,6 +277,18 @@ def open_store(settings: Settings) -> tuple[Store, int]:
     return store, store.apply_schema()
 
 
+def _memory_hint(exc: Exception, settings: Settings) -> str:
+    """What to do when the embedded store refused to start for its memory limit."""
+    if not isinstance(exc, StoreOutOfMemory) or not settings.store.startswith("chdb:"):
+        return ""
+    engine = ENGINE_MEMORY_SHARE * settings.memory_limit_bytes
+    return (
+        f"\nlatscope: the embedded ClickHouse's memory limit ({ENGINE_MEMORY_SHARE} x "
+        f"--memory-limit-bytes: {engine / 2**20:,.1f} MiB) is less than it takes to open the "
+        "store; raise --memory-limit-bytes"
+    )
+
+
 def run(
     settings: Settings,
     *,
@@ -303,10 +321,10 @@ def run(
         return 1
     try:
         store, version = open_store(settings)
-    except StoreUnavailable as exc:
+    except (StoreUnavailable, StoreOutOfMemory) as exc:
         grpc_server.stop(None)
         sock.close()
-        print(f"latscope: {exc}", file=sys.stderr)
+        print(f"latscope: {exc}{_memory_hint(exc, settings)}", file=sys.stderr)
         return 1
     parts = make_parts(settings, store)
     for component in parts.components:

@@ -34,7 +34,7 @@ from tests.collector_harness import (
     start_collector,
     store_fixture,  # noqa: F401 (fixture)
 )
-from tests.serve_support import Server, start_serve
+from tests.serve_support import Server, start_serve, store_sql
 
 T0 = 1_763_000_000_000_000_000
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -415,15 +415,43 @@ def test_a_request_id_and_a_trace_id_fit_the_published_patterns(first: Server) -
     assert r.status_code == 400 and r.json()["detail"]
 
 
+@pytest.mark.subprocess
+def test_a_memory_limit_too_small_to_open_the_store_says_what_to_raise(tmp_path: Path) -> None:
+    """An embedded store that cannot even apply its schema under the engine's limit stops serve
+    at once (exit 1), saying the engine's limit and the setting to raise, without a traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "latscope.cli", "serve", "--store", f"chdb://{tmp_path / 'store'}",
+         "--otlp-grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--memory-limit-bytes", "1000"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "MEMORY_LIMIT_EXCEEDED" in proc.stderr
+    assert "(3 x --memory-limit-bytes: 0.0 MiB)" in proc.stderr
+    assert "raise --memory-limit-bytes" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_a_query_refused_for_memory_is_a_503_to_retry(tmp_path: Path) -> None:
     """A query ClickHouse refuses for its memory limit is a 503 ``store_busy`` with Retry-After
-    (the same question may pass once an insert or a merge is done), not a 500. Here the limit is
-    far too small for any query, so every query is refused; the process still answers."""
-    server = start_serve(tmp_path / "store", "--memory-limit-bytes", "4000000")
+    (the same question may pass once an insert or a merge is done), not a 500. Here the engine's
+    limit (48 MiB) leaves room for the process at rest, not for an exact summary of 2,000,000
+    stored requests (every value of each figure held at once); the process still answers."""
+    store = tmp_path / "store"
+    store_sql(
+        store,
+        "INSERT INTO latscope_attribution (Timestamp, TraceId, RequestSpanId, ServiceName, "
+        "Model, E2eNs, QueueNs, DecodeNs, SpansIngestedAt, Version) "
+        "SELECT toDateTime64('2025-11-01 00:00:00', 9, 'UTC') "
+        "+ toIntervalMillisecond(number * 40), hex(number), hex(number), 'svc', 'm', "
+        "number, number, number, now64(6), 1 "
+        "FROM numbers(2000000)",
+        "SELECT count() FROM latscope_attribution",
+    )
+    server = start_serve(store, "--memory-limit-bytes", str(16 << 20), "--attributor", "off")
     try:
         r = httpx.get(
             server.url(
                 "/v1/attribution/summary?since=2025-11-01T00:00:00Z&until=2025-11-02T00:00:00Z"
+                "&exact=true"
             ),
             timeout=30,
         )
