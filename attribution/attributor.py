@@ -297,7 +297,9 @@ class Attributor(Poller):
         # A pass that fails is retried after the idle poll.
         self._due = self.clock() + self.idle_poll_s
         self._look = math.inf
-        self.run_until_idle()
+        # Ingest and the API's queries first (Store.background).
+        with self.store.background():
+            self.run_until_idle()
 
     def stop(self, deadline: float) -> None:
         """Stop passes (the one running ends by ``deadline``), then the reference engine's

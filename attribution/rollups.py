@@ -541,6 +541,11 @@ class Rollups(Poller):
             hours.append(hour)
         return hours, cutoff
 
+    def poll(self) -> None:
+        # Ingest and the API's queries first (Store.background).
+        with self.store.background():
+            self.run_until_idle()
+
     def run_until_idle(self) -> int:
         """Build every hour that is due (until stopped); returns how many hours were built."""
         hours, cutoff = self.due()

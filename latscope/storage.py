@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import queue
 import re
 import threading
@@ -41,6 +42,10 @@ _CLIENT_TIMEOUT_MARGIN_S = 10.0
 #: inserts: the API, the attributor and the rollup builder query at once; more would only
 #: share the same cores.
 QUERY_HANDLES = 4
+#: The Linux nice value of background work (``Store.background``), and the capability the engine
+#: needs to set it on its threads (and latscope to set them back).
+BACKGROUND_NICE = 19
+_CAP_SYS_NICE = 23
 
 SPANS_TABLE = "otel_traces"
 ATTRIBUTION_TABLE = "latscope_attribution"
@@ -205,6 +210,12 @@ class Store:
         self._idle: queue.LifoQueue[Any] = queue.LifoQueue()
         self._handles: list[Any] = []
         self._pool_lock = threading.Lock()
+        #: Background work at low priority (``background``): only in an embedded engine, and
+        #: only where this process may set its threads' priorities back.
+        self.background_priority = self.embedded and connect is not None and _may_renice()
+        self._local = threading.local()
+        self._background_idle: queue.LifoQueue[Any] = queue.LifoQueue()
+        self._background_handles: list[Any] = []
 
     @property
     def locked(self) -> bool:
@@ -268,6 +279,24 @@ class Store:
             message = _scrub(f"cannot open store {redact_dsn(dsn)}: {exc}", dsn)
             raise StoreUnavailable(message) from None
         return cls(client, dsn, query_timeout_s=query_timeout_s, connect=connect)
+
+    @contextlib.contextmanager
+    def background(self) -> Iterator[None]:
+        """The queries and commands this thread makes inside run as background work: in an
+        embedded engine, on handles that ask for ``os_thread_priority = BACKGROUND_NICE``, so each
+        engine thread working on one, the caller's included, runs at Linux nice 19 while it does
+        and ingest's inserts and the API's queries take the cores first. A thread the engine
+        starts meanwhile (its pools grow on demand) inherits nice 19 from the thread that starts
+        it and would keep it, to run later inserts at low priority: after each call every thread
+        of the process left at nice 19 is set back (``_restore_priorities``). Elsewhere (a
+        server, or a process without CAP_SYS_NICE) it changes nothing: a server's threads are
+        its own to set back."""
+        was = getattr(self._local, "background", False)
+        self._local.background = True
+        try:
+            yield
+        finally:
+            self._local.background = was
 
     # -- schema --------------------------------------------------------------------------------
 
@@ -360,11 +389,37 @@ class Store:
             with self._serialised():
                 yield self.client, self._limits
             return
+        if self.background_priority and getattr(self._local, "background", False):
+            handle = self._take_background_handle()
+            try:
+                yield handle, None
+            finally:
+                _restore_priorities()
+                self._background_idle.put(handle)
+            return
         handle = self._take_handle()
         try:
             yield handle, None
         finally:
             self._idle.put(handle)
+
+    def _take_background_handle(self) -> Any:
+        """A handle whose queries run at background priority: one per thread working in
+        ``background`` at once (the attributor's and the rollup builder's)."""
+        try:
+            return self._background_idle.get_nowait()
+        except queue.Empty:
+            pass
+        assert self._connect is not None
+        try:
+            handle = self._connect()
+            handle.command(f"SET max_execution_time = {self._limits['max_execution_time']}")
+            handle.command(f"SET os_thread_priority = {BACKGROUND_NICE}")
+        except Exception as exc:
+            raise StoreUnavailable(_scrub(f"cannot open a query handle: {exc}", self.dsn)) from exc
+        with self._pool_lock:
+            self._background_handles.append(handle)
+        return handle
 
     def _take_handle(self) -> Any:
         try:
@@ -398,6 +453,8 @@ class Store:
     def close(self) -> None:
         with self._pool_lock:
             handles, self._handles = [h for h in self._handles if h is not None], []
+            handles += self._background_handles
+            self._background_handles = []
         if self._inserts is not None:
             handles.append(self._inserts)
         for client in [*handles, self.client]:
@@ -581,3 +638,29 @@ def redact_dsn(dsn: str) -> str:
     'http://latscope:***@ch:8123/latscope'
     """
     return _scrub(dsn, dsn)
+
+
+def _may_renice() -> bool:
+    """Whether this process has CAP_SYS_NICE (Linux; False elsewhere): ClickHouse applies
+    ``os_thread_priority`` only with it, and setting a thread's priority back needs it."""
+    try:
+        with open("/proc/self/status") as f:
+            caps = next((line for line in f if line.startswith("CapEff:")), "CapEff: 0")
+    except OSError:
+        return False
+    return bool(int(caps.split()[1], 16) >> _CAP_SYS_NICE & 1)
+
+
+def _restore_priorities() -> None:
+    """Every thread of this process at ``BACKGROUND_NICE`` back to the process's own priority:
+    those the engine started during a background call inherited it (a thread working on another
+    background call at that moment only loses its low priority for the rest of that call)."""
+    own = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                nice = int(f.read().rsplit(")", 1)[1].split()[16])
+            if nice == BACKGROUND_NICE != own:
+                os.setpriority(os.PRIO_PROCESS, int(tid), own)
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+            continue
