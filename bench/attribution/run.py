@@ -14,6 +14,10 @@ attributor and the rollup builder alone.
    default): complete traces are attributed S seconds after their last span instead. The pair
    of runs (off, then on) is made `--serve-pairs` times (3), alternating, and the median ratio
    printed beside each pair's: the machine's load moves a single pair's ratio by +-0.1.
+   `--normal-priority` adds a third run to each pair: on, with serve started without the
+   CAP_SYS_NICE capability (dropped from its bounding set before it starts, as a container
+   without it runs), where the attributor's statements run at ingest's priority instead of as
+   background work (`latscope.storage.Store.background`).
 2. **The attributor alone**, in this process (chDB runs in-process, so `time.process_time()` is
    its CPU): the "off" run's store, filled once, with the spans table's merges stopped (the
    process that opens a store serve wrote may merge what serve left, in the middle of a timed
@@ -62,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import math
 import os
 import random
@@ -172,10 +177,32 @@ def send_all(addr: str, exports: list[bytes], senders: int) -> None:
 # -- serve ---------------------------------------------------------------------------------------
 
 
-class Serve:
-    """``latscope serve`` on loopback ports over a fresh store in ``workdir``."""
+#: Linux: prctl's PR_CAPBSET_DROP, and the capability ClickHouse needs to apply a statement's
+#: ``os_thread_priority``.
+_PR_CAPBSET_DROP = 24
+CAP_SYS_NICE = 23
 
-    def __init__(self, workdir: Path, *args: str) -> None:
+
+def _drop_cap_sys_nice() -> None:
+    """In the child before it starts serve: CAP_SYS_NICE out of the bounding set, so serve runs
+    without it (as root: an exec grants the bounding set, less it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_CAPBSET_DROP, CAP_SYS_NICE, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_SYS_NICE)")
+
+
+def has_cap_sys_nice(pid: int | str = "self") -> bool:
+    """Whether process ``pid`` has CAP_SYS_NICE (its effective set)."""
+    with open(f"/proc/{pid}/status") as f:
+        caps = next(line for line in f if line.startswith("CapEff:"))
+    return bool(int(caps.split()[1], 16) >> CAP_SYS_NICE & 1)
+
+
+class Serve:
+    """``latscope serve`` on loopback ports over a fresh store in ``workdir``; ``nice``: with
+    CAP_SYS_NICE where this process has it (False: without, ``_drop_cap_sys_nice``)."""
+
+    def __init__(self, workdir: Path, *args: str, nice: bool = True) -> None:
         self.store_dir = workdir / "store"
         cmd = [
             sys.executable, "-m", "latscope.cli", "serve",
@@ -186,7 +213,11 @@ class Serve:
             *args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=None if nice else _drop_cap_sys_nice,
         )
         assert self.proc.stdout is not None
         self.lines: list[str] = []
@@ -246,17 +277,26 @@ class ServeRun:
     cpu_s: float  # serve's CPU over done_s
     store_dir: Path
     passes: int  # attributor passes that wrote rows (seen as steps of its counter)
+    background: bool  # serve had CAP_SYS_NICE: the attributor's statements at background priority
 
 
 def serve_run(
-    attributor: str, exports: list[bytes], requests: int, args: argparse.Namespace, workdir: Path
+    attributor: str,
+    exports: list[bytes],
+    requests: int,
+    args: argparse.Namespace,
+    workdir: Path,
+    *,
+    nice: bool = True,
 ) -> ServeRun:
     serve = Serve(
         workdir,
         *("--attributor", attributor, "--attribution-settle-s", str(args.settle_s)),
         *("--attribution-complete-s", str(args.complete_s)),
         *("--attribution-early-when-quiet", args.early_when_quiet),
+        nice=nice,
     )
+    background = has_cap_sys_nice(serve.proc.pid)
     spans = requests * SPANS
     try:
         cpu0 = serve.cpu_s()
@@ -285,7 +325,7 @@ def serve_run(
         sender.join()
     finally:
         serve.stop()
-    return ServeRun(attributor, spans, stored_s, done_s, cpu, serve.store_dir, passes)
+    return ServeRun(attributor, spans, stored_s, done_s, cpu, serve.store_dir, passes, background)
 
 
 @dataclass
@@ -793,6 +833,12 @@ def main() -> None:
         default="on",
         help="serve's --attribution-early-when-quiet (its default: on)",
     )
+    parser.add_argument(
+        "--normal-priority",
+        action="store_true",
+        help="a third serve run in each pair: on, without CAP_SYS_NICE (the attributor's "
+        "statements at ingest's priority)",
+    )
     parser.add_argument("--timeout-s", type=float, default=600.0)
     parser.add_argument(
         "--serve-pairs",
@@ -842,12 +888,18 @@ def main() -> None:
           f"({args.early_when_quiet} when ingest pauses)")  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="latscope-attrbench-"))
     try:
-        pairs: list[tuple[ServeRun, ServeRun, float, tuple[int, int]]] = []
+        pairs: list[tuple[ServeRun, ServeRun, ServeRun | None, float, tuple[int, int]]] = []
         for i in range(max(1, args.serve_pairs)):
             off = serve_run("off", exports, requests, args, workdir / f"off-{i}")
             on = serve_run("on", exports, requests, args, workdir / f"on-{i}")
+            normal = None
+            if args.normal_priority:
+                normal = serve_run(
+                    "on", exports, requests, args, workdir / f"normal-{i}", nice=False
+                )
+                shutil.rmtree(workdir / f"normal-{i}", ignore_errors=True)
             load1 = os.getloadavg()[0]
-            pairs.append((off, on, load1, check_store(on.store_dir, requests)))
+            pairs.append((off, on, normal, load1, check_store(on.store_dir, requests)))
             shutil.rmtree(workdir / f"on-{i}", ignore_errors=True)
             if i:  # the first "off" store serves the parts below
                 shutil.rmtree(workdir / f"off-{i}", ignore_errors=True)
@@ -878,27 +930,43 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    print(f"\nlatscope serve, {requests * SPANS:,} spans, {len(pairs)} pairs of runs (off, on):")
-    print(f"{'':24s}{'spans/s to done':>17s}{'to stored':>12s}{'serve CPU s':>13s}"
+    runs = "off, on, on at normal priority" if args.normal_priority else "off, on"
+    print(f"\nlatscope serve, {requests * SPANS:,} spans, {len(pairs)} sets of runs ({runs}):")
+    print(f"{'':30s}{'spans/s to done':>17s}{'to stored':>12s}{'serve CPU s':>13s}"
           f"{'spans per CPU s':>17s}")  # fmt: skip
-    for i, (off, on, load1, _) in enumerate(pairs, 1):
-        for run in (off, on):
+    for i, (off, on, normal, load1, _) in enumerate(pairs, 1):
+        for run in (off, on, normal):
+            if run is None:
+                continue
             label = f"{i}: attributor {run.attributor}"
-            print(f"{label:24s}{run.spans / run.done_s:>17,.0f}{run.spans / run.stored_s:>12,.0f}"
+            if run.attributor == "on":
+                label += " (background)" if run.background else " (normal)"
+            print(f"{label:30s}{run.spans / run.done_s:>17,.0f}{run.spans / run.stored_s:>12,.0f}"
                   f"{run.cpu_s:>13.1f}{run.spans / run.cpu_s:>17,.0f}")  # fmt: skip
+        for name, run in (("on", on), ("on at normal priority", normal)):
+            if run is None:
+                continue
+            print(
+                f"{'':3s}ratio {name} / off: spans/s to done {off.done_s / run.done_s:.2f}, to "
+                f"stored {off.stored_s / run.stored_s:.2f}; CPU {run.cpu_s / off.cpu_s:.2f}x; "
+                f"attributed {run.done_s - run.stored_s:.1f} s after the last span was stored, "
+                f"{run.passes} attributor passes with work"
+            )
+        print(f"{'':3s}load average {load1:.2f}")
+    on_sets = [(off, on) for off, on, _, _, _ in pairs]
+    normal_sets = [(off, normal) for off, _, normal, _, _ in pairs if normal is not None]
+    for name, chosen in (("on", on_sets), ("on at normal priority", normal_sets)):
+        if not chosen:
+            continue
+        ratio = statistics.median(off.done_s / run.done_s for off, run in chosen)
+        stored = statistics.median(off.stored_s / run.stored_s for off, run in chosen)
         print(
-            f"{'':3s}ratio on / off: spans/s to done {off.done_s / on.done_s:.2f}, to stored "
-            f"{off.stored_s / on.stored_s:.2f}; CPU {on.cpu_s / off.cpu_s:.2f}x; attributed "
-            f"{on.done_s - on.stored_s:.1f} s after the last span was stored, "
-            f"{on.passes} attributor passes with work; load average {load1:.2f}"
+            f"ratio {name} / off, median of {len(chosen)}: spans/s to done {ratio:.2f} (target "
+            f">= 0.9), to stored {stored:.2f} (settle window {args.settle_s} s)"
         )
-    ratio = statistics.median(off.done_s / on.done_s for off, on, _, _ in pairs)
-    stored = statistics.median(off.stored_s / on.stored_s for off, on, _, _ in pairs)
-    print(
-        f"ratio on / off, median of {len(pairs)}: spans/s to done {ratio:.2f} (target >= 0.9), "
-        f"to stored {stored:.2f} (settle window {args.settle_s} s)"
-    )
-    for _, _, _, (attributed, compared) in pairs:
+    if not all(on.background for _, on, _, _, _ in pairs):
+        print("note: serve had no CAP_SYS_NICE: no run had the attributor at background priority")
+    for _, _, _, _, (attributed, compared) in pairs:
         print(
             f"checks: {attributed:,} requests attributed, each once (of {requests:,}); "
             f"{compared} requests of {SAMPLE} traces equal to the reference engine's"
