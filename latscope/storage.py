@@ -45,7 +45,7 @@ QUERY_HANDLES = 4
 #: The Linux nice value of background work (``Store.background``), and the capability the engine
 #: needs to set it on its threads (and latscope to set them back).
 BACKGROUND_NICE = 19
-_CAP_SYS_NICE = 23
+CAP_SYS_NICE = 23
 
 SPANS_TABLE = "otel_traces"
 ATTRIBUTION_TABLE = "latscope_attribution"
@@ -211,8 +211,9 @@ class Store:
         self._handles: list[Any] = []
         self._pool_lock = threading.Lock()
         #: Background work at low priority (``background``): only in an embedded engine, and
-        #: only where this process may set its threads' priorities back.
-        self.background_priority = self.embedded and connect is not None and _may_renice()
+        #: only with CAP_SYS_NICE, which ClickHouse needs to apply ``os_thread_priority`` and
+        #: this process to set its threads' priorities back.
+        self.background_priority = self.embedded and connect is not None and has_cap_sys_nice()
         self._local = threading.local()
         self._background_idle: queue.LifoQueue[Any] = queue.LifoQueue()
         self._background_handles: list[Any] = []
@@ -410,15 +411,21 @@ class Store:
             return self._background_idle.get_nowait()
         except queue.Empty:
             pass
+        handle = self._open_handle(f"SET os_thread_priority = {BACKGROUND_NICE}")
+        with self._pool_lock:
+            self._background_handles.append(handle)
+        return handle
+
+    def _open_handle(self, *commands: str) -> Any:
+        """A new handle on the embedded engine, with the time limit SET, then ``commands``."""
         assert self._connect is not None
         try:
             handle = self._connect()
             handle.command(f"SET max_execution_time = {self._limits['max_execution_time']}")
-            handle.command(f"SET os_thread_priority = {BACKGROUND_NICE}")
+            for command in commands:
+                handle.command(command)
         except Exception as exc:
             raise StoreUnavailable(_scrub(f"cannot open a query handle: {exc}", self.dsn)) from exc
-        with self._pool_lock:
-            self._background_handles.append(handle)
         return handle
 
     def _take_handle(self) -> Any:
@@ -432,14 +439,12 @@ class Store:
                 self._handles.append(None)  # the slot is taken while the handle opens
         if not grow:
             return self._idle.get()
-        assert self._connect is not None
         try:
-            handle = self._connect()
-            handle.command(f"SET max_execution_time = {self._limits['max_execution_time']}")
-        except Exception as exc:
+            handle = self._open_handle()
+        except StoreUnavailable:
             with self._pool_lock:
                 self._handles.remove(None)
-            raise StoreUnavailable(_scrub(f"cannot open a query handle: {exc}", self.dsn)) from exc
+            raise
         with self._pool_lock:
             self._handles[self._handles.index(None)] = handle
         return handle
@@ -640,15 +645,14 @@ def redact_dsn(dsn: str) -> str:
     return _scrub(dsn, dsn)
 
 
-def _may_renice() -> bool:
-    """Whether this process has CAP_SYS_NICE (Linux; False elsewhere): ClickHouse applies
-    ``os_thread_priority`` only with it, and setting a thread's priority back needs it."""
+def has_cap_sys_nice(pid: int | str = "self") -> bool:
+    """Whether process ``pid`` has CAP_SYS_NICE in its effective set (Linux; False elsewhere)."""
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             caps = next((line for line in f if line.startswith("CapEff:")), "CapEff: 0")
     except OSError:
         return False
-    return bool(int(caps.split()[1], 16) >> _CAP_SYS_NICE & 1)
+    return bool(int(caps.split()[1], 16) >> CAP_SYS_NICE & 1)
 
 
 def _restore_priorities() -> None:

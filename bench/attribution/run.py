@@ -177,25 +177,18 @@ def send_all(addr: str, exports: list[bytes], senders: int) -> None:
 # -- serve ---------------------------------------------------------------------------------------
 
 
-#: Linux: prctl's PR_CAPBSET_DROP, and the capability ClickHouse needs to apply a statement's
-#: ``os_thread_priority``.
+#: Linux: prctl's PR_CAPBSET_DROP.
 _PR_CAPBSET_DROP = 24
-CAP_SYS_NICE = 23
 
 
 def _drop_cap_sys_nice() -> None:
     """In the child before it starts serve: CAP_SYS_NICE out of the bounding set, so serve runs
     without it (as root: an exec grants the bounding set, less it)."""
+    from latscope.storage import CAP_SYS_NICE
+
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_CAPBSET_DROP, CAP_SYS_NICE, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_SYS_NICE)")
-
-
-def has_cap_sys_nice(pid: int | str = "self") -> bool:
-    """Whether process ``pid`` has CAP_SYS_NICE (its effective set)."""
-    with open(f"/proc/{pid}/status") as f:
-        caps = next(line for line in f if line.startswith("CapEff:"))
-    return bool(int(caps.split()[1], 16) >> CAP_SYS_NICE & 1)
 
 
 class Serve:
@@ -289,6 +282,8 @@ def serve_run(
     *,
     nice: bool = True,
 ) -> ServeRun:
+    from latscope.storage import has_cap_sys_nice
+
     serve = Serve(
         workdir,
         *("--attributor", attributor, "--attribution-settle-s", str(args.settle_s)),
@@ -296,7 +291,7 @@ def serve_run(
         *("--attribution-early-when-quiet", args.early_when_quiet),
         nice=nice,
     )
-    background = has_cap_sys_nice(serve.proc.pid)
+    background = has_cap_sys_nice(serve.proc.pid)  # as the store tells (Store.background)
     spans = requests * SPANS
     try:
         cpu0 = serve.cpu_s()
