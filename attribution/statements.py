@@ -57,6 +57,23 @@ _SERVER_KINDS = _spellings(SpanKind.SERVER)
 _CLIENT_KINDS = _spellings(SpanKind.CLIENT)
 
 
+def _early_traces(window: str, spans: str, mine: str) -> str:
+    """The traces with spans in the early ``window`` and none after it (one row per span)."""
+    return f"""
+SELECT TraceId FROM {spans}
+WHERE {window} {mine}
+  AND TraceId NOT IN (
+      SELECT TraceId FROM {spans}
+      WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{early_hi_us:Int64}}))"""
+
+
+def _versions(settled: str, table: str, bounds: str) -> str:
+    """The live rows' (trace, Version) of the traces of ``settled``."""
+    return f"""
+SELECT TraceId, Version FROM {table}
+WHERE TraceId IN ({settled}) AND {bounds} AND IsDeleted = 0"""
+
+
 def _early_batch(
     settled: str, window: str, spans: str, table: str, mine: str, bounds: str, *, versioned: bool
 ) -> str:
@@ -73,16 +90,17 @@ def _early_batch(
     it was attributed from) is its count of distinct spans now: a trace attributed early and
     unchanged since is not attributed twice, and one that got a span meanwhile is, including a
     span whose insert was still in flight when the early pass read (stored with an ingest time
-    inside a window already passed). So the settle window stays the margin for such inserts."""
+    inside a window already passed). So the settle window stays the margin for such inserts.
+
+    The single-call path takes a superset of this batch instead and the same tests after its
+    GROUP BY, where it has the spans they read (``_early_check``)."""
     settled_part = (
         f"""
 SELECT trace_id FROM (
     SELECT TraceId AS trace_id, toUInt64(uniqExact(SpanId)) AS n FROM {spans}
     WHERE TraceId IN ({settled}) AND {bounds}
     GROUP BY TraceId)
-WHERE (trace_id, n) NOT IN (
-    SELECT TraceId, Version FROM {table}
-    WHERE TraceId IN ({settled}) AND {bounds} AND IsDeleted = 0)"""
+WHERE (trace_id, n) NOT IN ({_versions(settled, table, bounds)})"""
         if versioned
         else settled
     )
@@ -98,18 +116,45 @@ SELECT trace_id FROM (
            groupArray(ParentSpanId) AS parents,
            groupArrayIf(SpanId, SpanKind IN ({_list(_CLIENT_KINDS)})) AS clients
     FROM {spans}
-    WHERE TraceId IN (
-        SELECT TraceId FROM {spans}
-        WHERE {window} {mine}
-          AND TraceId NOT IN (
-              SELECT TraceId FROM {spans}
-              WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{early_hi_us:Int64}})))
+    WHERE TraceId IN ({_early_traces(window, spans, mine)})
       AND {bounds}
     GROUP BY TraceId)
 WHERE has(parents, '')
   AND length(arrayDistinct(arrayConcat(ids, [''], parents)))
       = length(arrayDistinct(arrayConcat(ids, [''])))
   AND length(arrayDistinct(arrayConcat(parents, clients))) = length(arrayDistinct(parents))"""
+
+
+def _early_check(
+    settled: str, window: str, spans: str, table: str, mine: str, bounds: str, *, versioned: bool
+) -> tuple[str, str]:
+    """``_early_batch`` for the single-call path: a superset of it (the settled traces and the
+    early window's, unchecked) and the ``trace_check`` (``simple_select``) that keeps its traces,
+    by the same tests over the aggregates of the path's GROUP BY: the spans of those traces are
+    read and grouped once, by the statement, not a second time to find its batch.
+
+    An early trace's tree is tested on the spans' id hashes (``id_hashes``, as the path counts
+    its spans): a collision can only find a missing parent stored, and take a trace early whose
+    span is still to come, which is then attributed again when it comes, as when any guess of
+    completeness is wrong. Its count of distinct spans is the path's ``n``, which is the Version
+    its row gets. A trace this check keeps that ``_early_batch`` would not is only such a
+    collision; the traces it drops are left to the general path, which takes ``_early_batch``."""
+    early = _early_traces(window, spans, mine)
+    parents = "groupArrayIf(cityHash64(parent_id), parent_id != '')"
+    clients = "arrayMap(i -> cityHash64(i), client_ids)"
+    complete = (
+        f"countIf(parent_id = '') > 0"
+        f" AND length(arrayDistinct(arrayConcat(id_hashes, {parents}))) = n"
+        f" AND length(arrayDistinct(arrayConcat({parents}, {clients})))"
+        f" = length(arrayDistinct({parents}))"
+    )
+    unchanged = (
+        f"(trace_id, toUInt64(n)) NOT IN ({_versions(settled, table, bounds)})"
+        if versioned
+        else "1"
+    )
+    check = f"AND if(trace_id IN ({early}), {complete}, {unchanged})"
+    return f"{settled}\nUNION ALL{early}", check
 
 
 def _count_with_call(traces: str, spans: str, bounds: str) -> str:
@@ -266,7 +311,11 @@ SELECT count(), toUnixTimestamp64Nano(min(Timestamp)), max({span_end}),
        countIf(LatscopeResourceId = 0)
 FROM {spans}
 WHERE {early_window} {mine}""")
+        simple_batch, trace_check = batch, ""
         if early:
+            simple_batch, trace_check = _early_check(
+                batch, early_window, spans, table, mine, bounds, versioned=versioned
+            )
             batch = _early_batch(
                 batch, early_window, spans, table, mine, bounds, versioned=versioned
             )
@@ -280,13 +329,15 @@ WHERE {early_window} {mine}""")
         )
         #: The single-call path over the batch (attribution/sql/simple_*.sql): one row per trace
         #: of the common shape, none for the others.
-        self.insert_simple = into + simple_select(batch, spans, bounds, stored_figures)
+        self.insert_simple = into + simple_select(
+            simple_batch, spans, bounds, stored_figures, trace_check=trace_check
+        )
         #: The same, for a batch whose slice has every span's resource id: the server span's
         #: resource is carried as its id and its attributes looked up after the GROUP BY
         #: (deploy/clickhouse/012_resource_ids.sql). A trace whose resource is not found there
         #: is left to the general path.
         self.insert_simple_ids = into + simple_select(
-            batch,
+            simple_batch,
             spans,
             bounds,
             stored_figures,
@@ -294,6 +345,7 @@ WHERE {early_window} {mine}""")
             # On a cluster node's local tables, its own copy (every node holds them all).
             resources_table=RESOURCES_TABLE
             + (LOCAL_SUFFIX if spans.endswith(LOCAL_SUFFIX) else ""),
+            trace_check=trace_check,
         )
         # The batch's traces left without a row, less those given to the reference engine.
         skip = "NOT has({skip_ids:Array(String)}, %s)"

@@ -436,6 +436,7 @@ def simple_select(
     stored_figures: bool = True,
     resource_ids: bool = False,
     resources_table: str = RESOURCES_TABLE,
+    trace_check: str = "",
 ) -> str:
     """``attribution_select`` for the traces of ``batch_sql`` that hold one call of the common
     shape (``simple_2_traces.sql`` says which); the other traces give no row here and are left to
@@ -445,8 +446,14 @@ def simple_select(
     without, they are always computed from its token offsets. ``resource_ids``: the server span's
     resource is carried as its id and its attributes looked up in ``resources_table``
     (``resources_by_id``, which takes the ``after_us`` parameter); a trace whose resource has no
-    id or no row there is left to ``attribution_select``."""
-    values = _values(spans_table, span_bounds, stored_figures, resource_ids)
+    id or no row there is left to ``attribution_select``. ``trace_check``: a condition (``AND
+    ...``) over ``simple_2_traces.sql``'s aggregates that a trace of ``batch_sql`` must meet as
+    well, when that batch is a superset of the traces to attribute (the attributor's early
+    statements: ``latscope.attribution.statements``)."""
+    values = {
+        **_values(spans_table, span_bounds, stored_figures, resource_ids),
+        "TRACE_CHECK": trace_check,
+    }
     ctes = [f"batch AS ({batch_sql})"] + [render(_stage(s), values).strip() for s in SIMPLE_STAGES]
     if resource_ids:
         ctes.insert(0, resources_by_id(resources_table))

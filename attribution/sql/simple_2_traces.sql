@@ -14,6 +14,9 @@
 -- unless the parents run in a cycle through it: a trace whose client or the client's parent has
 -- such a phase for its parent is left to the general path.
 --
+-- $TRACE_CHECK: what else a trace of the batch must meet to be taken (simple_select's
+-- ``trace_check``), over the aggregates here; empty for a batch whose every trace is taken.
+--
 -- Span ids are counted and looked up by a 64-bit hash (SipHash of each string in uniqExact, and
 -- groupArray's generic strings, were a tenth of the statement): a collision can only make n
 -- smaller than the rows (then n_rows = n fails) or find S's parent stored when it is not (then
@@ -67,4 +70,5 @@ simple_traces AS (
         AND (empty(call_phases) OR client = 0
             OR NOT (has(call_phases, cityHash64(clients[client].1))
                 OR has(call_phases, cityHash64(clients[indexOf(client_ids, clients[client].1)].1))))
+        $TRACE_CHECK
 )

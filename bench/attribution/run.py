@@ -540,14 +540,21 @@ class Alone:
 @contextlib.contextmanager
 def statements_timed(store: Any, attributor: Any, into: dict[str, list[float]]) -> Iterator[None]:
     """While inside, each statement ``store`` runs (``command``, ``query_rows``) adds its CPU
-    seconds and a call to ``into``, under its name among ``attributor``'s statements (else
-    "other")."""
-    names = {sql: name for name, sql in vars(attributor._sql).items() if isinstance(sql, str)}
+    seconds and a call to ``into``, under its name among ``attributor``'s statements, those with
+    early attribution marked so (else "other")."""
+
+    def names() -> dict[str, str]:
+        out = {}
+        for versioned, sql in attributor._early_sql.items():
+            mark = "early, versioned" if versioned else "early"
+            out.update({v: f"{k} ({mark})" for k, v in vars(sql).items() if isinstance(v, str)})
+        out.update({v: k for k, v in vars(attributor._sql).items() if isinstance(v, str)})
+        return out
 
     def timed(call: Any) -> Any:
         def timed_call(sql: str, *args: Any, **kwargs: Any) -> Any:
             cpu, out = _cpu_of(lambda: call(sql, *args, **kwargs))
-            spent = into.setdefault(names.get(sql, "other"), [0.0, 0])
+            spent = into.setdefault(names().get(sql, "other"), [0.0, 0])
             spent[0] += cpu
             spent[1] += 1
             return out
