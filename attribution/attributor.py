@@ -35,7 +35,10 @@ Early when quiet (``early_when_quiet``, on unless early attribution is): a pass 
 paused (no span for ``poll_s``, or for less after a burst: ``cadence.pause_s``) takes an early
 window up to the newest span all the same, since the CPU it costs is idle then; the slices that
 reach into such a window are taken with the statements that skip the traces it attributed
-(``_statements``).
+(``_statements``). Where the store's only writer says how long ingest has been idle
+(``ingest_idle_s``: serve's collector over the embedded store), that decides the pause instead
+of the newest span's age. A pass that finds ingest paused before its last batch takes the early
+window with it (``_paused_since``).
 
 Each row records in SpansIngestedAt the watermark its pass brought the attributor to, and so
 tells the rows of one pass from every other's: the slice's end for its last batch, and for each
@@ -108,6 +111,10 @@ log = logging.getLogger(__name__)
 _TRACE_SPAN_COUNT = f"SELECT count() FROM {SPANS_TABLE} WHERE TraceId = {{trace_id:String}}"
 
 
+#: While the store's writer says it is busy (``Attributor.ingest_idle_s``), the longest wait
+#: before asking it again (a question costs a lock, not a query).
+WRITER_LOOK_S = 0.1
+
 #: A quiet pass (ingest paused, early attribution off) takes its early window in one statement,
 #: beside the slice's last batch, when it holds at most this many spans per ``batch_traces``.
 QUIET_EARLY_SPANS = 16
@@ -143,13 +150,14 @@ class _Quiet(NamedTuple):
 
 class _Early(NamedTuple):
     """A pass's early window ``(lo_us, hi_us]`` of ingest time: the first start and last end of
-    its spans, and whether every one has a resource id."""
+    its spans, whether every one has a resource id, and about how many traces they are of."""
 
     lo_us: int
     hi_us: int
     first_ns: int
     last_ns: int
     named: bool
+    traces: int
 
 
 class Attributor(Poller):
@@ -178,6 +186,7 @@ class Attributor(Poller):
         max_trace_spans: int = DEFAULT_MAX_TRACE_SPANS,
         reference_spans: int = DEFAULT_REFERENCE_SPANS,
         reference: Reference | None = None,
+        ingest_idle_s: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         store_clock_us: Callable[[], int] | None = None,
     ) -> None:
@@ -203,6 +212,15 @@ class Attributor(Poller):
         #: takes the complete traces up to the newest span early all the same (the CPU it costs
         #: is idle then), so the last requests of a burst are not left to wait a settle window.
         self.early_when_quiet = early_when_quiet
+        #: The store's only writer's word on how long ingest has been idle (s; 0 while it has
+        #: spans to store): ``latscope serve`` over the embedded store gives its collector's
+        #: (``Collector.spans_idle_s``). Ingest has paused once it is ``cadence.pause_s``, instead
+        #: of once the newest stored span is that old: no pause is seen while an insert is in
+        #: flight (its spans carry the time it began), and one is seen as it happens. None: the
+        #: store's newest span decides (other processes may write to it).
+        self.ingest_idle_s = ingest_idle_s
+        #: How long ingest must be idle to have paused, by the last look's count of spans waiting.
+        self._pause_s = poll_s
         #: The end of the last early window whose traces a quiet pass attributed (ingest time,
         #: us): a slice that starts before it may hold traces attributed early, and is taken
         #: with the statements that skip those unchanged since (``_early_batch``).
@@ -290,6 +308,11 @@ class Attributor(Poller):
         paused (no span for ``cadence.pause_s``); otherwise nothing."""
         self.reference.close_if_idle()
         if self.clock() < self._due and self.watermark_us is not None:
+            idle = None if self.ingest_idle_s is None else self.ingest_idle_s()
+            if idle is not None and idle < self._pause_s:
+                # The writer is busy, or idle for less than a pause: no need to ask the store.
+                self._look = self.clock() + min(self._pause_s - idle, WRITER_LOOK_S)
+                return
             quiet = self._quiet(self._now_us())
             if not self._paused(quiet):
                 self._look_after(quiet)
@@ -334,14 +357,33 @@ class Attributor(Poller):
             return None
         return _Quiet((now_us - int(newest_us)) / 1e6, int(newest_us), int(waiting))
 
+    def _idle_s(self, quiet: _Quiet) -> float:
+        """How long ingest has been idle, with ``quiet`` the newest span after the watermark:
+        by the writer's word where it gives it (``ingest_idle_s``), else that span's age."""
+        return quiet.age_s if self.ingest_idle_s is None else self.ingest_idle_s()
+
     def _look_after(self, quiet: _Quiet | None) -> None:
         """Set the next look whether ingest has paused, after one that found ``quiet``."""
-        quiet_s, waiting = (None, 0) if quiet is None else (quiet.age_s, quiet.waiting)
+        quiet_s, waiting = (None, 0) if quiet is None else (self._idle_s(quiet), quiet.waiting)
+        self._pause_s = pause_s(self.idle_poll_s, waiting)
         self._look = self.clock() + next_look_s(self.idle_poll_s, quiet_s, waiting)
 
     def _paused(self, quiet: _Quiet | None) -> bool:
         """Whether ingest has paused (``cadence.pause_s``)."""
-        return quiet is not None and quiet.age_s >= pause_s(self.idle_poll_s, quiet.waiting)
+        return quiet is not None and self._idle_s(quiet) >= pause_s(self.idle_poll_s, quiet.waiting)
+
+    def _paused_since(self, upto: int) -> int | None:
+        """During a pass with settle bound ``upto`` and no early window (early attribution off,
+        ``early_when_quiet`` on): the newest span's ingest time (us) if ingest has paused since
+        the pass began, else None."""
+        if not self.early_when_quiet or (
+            self.ingest_idle_s is not None and self.ingest_idle_s() < self._pause_s
+        ):
+            return None
+        quiet = self._quiet(self._now_us())
+        if quiet is None or not self._paused(quiet) or quiet.newest_us <= upto:
+            return None
+        return quiet.newest_us
 
     def _statements(self, after_us: int, early: bool) -> Statements:
         """The statements for a batch of the slice after ``after_us``: with early attribution
@@ -601,7 +643,9 @@ class Attributor(Poller):
         if lo >= complete_us:
             return None
         params = self._params(early_lo_us=lo, early_hi_us=complete_us)
-        count, first_ns, last_ns, unnamed = self.store.query_rows(self._sql.early_spans, params)[0]
+        count, first_ns, last_ns, unnamed, traces = self.store.query_rows(
+            self._sql.early_spans, params
+        )[0]
         if not int(count):
             self._early_us = complete_us
             return None
@@ -611,7 +655,7 @@ class Attributor(Poller):
             # One statement takes the whole window: past this, the traces wait to settle and
             # go in bounded batches.
             return None
-        return _Early(lo, complete_us, int(first_ns), int(last_ns), not int(unnamed))
+        return _Early(lo, complete_us, int(first_ns), int(last_ns), not int(unnamed), int(traces))
 
     def _early_beyond_settled(self, at: int, upto: int, complete_us: int) -> _Early | None:
         """With the watermark ``at`` at or past the settle bound ``upto`` (resumed from rows a
@@ -624,7 +668,7 @@ class Attributor(Poller):
         if early is None or not free:
             return None
         self._taken.add(free[0])
-        self._batches[:] = [_Batch(at, at, upto, free[0], "", "", 0, *early[2:])]
+        self._batches[:] = [_Batch(at, at, upto, free[0], "", "", 0, *early[2:5])]
         return early
 
     def run_until_idle(self, *, max_batches: int = 1000) -> int:
@@ -640,7 +684,7 @@ class Attributor(Poller):
             quiet = self._quiet(now_us)
             if quiet is not None and self._paused(quiet):
                 complete_us = quiet.newest_us
-        written = 0
+        written, ran = 0, False
         # The current slice's batches still to do, planned once per slice (kept across passes
         # while the watermark has not moved past it).
         batches = self._batches
@@ -673,7 +717,7 @@ class Attributor(Poller):
                     marker = markers[1]
                     self._taken.add(marker)
                     batches[:] = [  # (the window's first start, last end, and ids)
-                        _Batch(self.watermark_us, hi, upto, marker, "", "", 0, *early[2:])
+                        _Batch(self.watermark_us, hi, upto, marker, "", "", 0, *early[2:5])
                     ]
                 if not batches:
                     self.watermark_us = hi
@@ -685,6 +729,16 @@ class Attributor(Poller):
                         self.watermark_us = max(hi, min(nxt, upto))
                     continue
             batch = batches.pop(0)
+            if ran and not batches and complete_us is None and batch.settled_us == upto:
+                # Ingest may have paused while this pass ran: then its last batch takes the
+                # early window, as a quiet pass would right after it.
+                complete_us = self._paused_since(upto)
+                if complete_us is not None:
+                    early = self._early_window(upto, complete_us)
+                    if early is not None and batch.traces + early.traces > self.batch_traces:
+                        # Too many for one statement: a quiet pass takes the window next.
+                        complete_us = early = None
+            ran = True
             # The early traces go with the slice's last batch.
             with_early = early if not batches else None
             first_ns, last_ns = batch.first_ns, batch.last_ns
@@ -875,10 +929,13 @@ LAG = Gauge(
 )
 
 
-def attributor_parts(settings: Settings, store: Store) -> Parts:
+def attributor_parts(
+    settings: Settings, store: Store, ingest_idle_s: Callable[[], float] | None = None
+) -> Parts:
     """The attributor as a background component of ``latscope serve`` / ``collector``, with the
     rollup builder beside it: the process that writes attribution rows keeps their hourly
-    rollups fresh (latscope.attribution.rollups), and ``GET /v1/attribution/set-aside``."""
+    rollups fresh (latscope.attribution.rollups), and ``GET /v1/attribution/set-aside``.
+    ``ingest_idle_s``: the store's only writer's idle time (``Attributor.ingest_idle_s``)."""
     attributor = Attributor(
         store,
         settle_s=settings.attribution_settle_s,
@@ -894,6 +951,7 @@ def attributor_parts(settings: Settings, store: Store) -> Parts:
         shard=parse_shard(settings.attributor_shard),
         tables=settings.attributor_tables,
         reference=Worker() if settings.attribution_reference_process == "on" else None,
+        ingest_idle_s=ingest_idle_s,
     )
     return Parts(
         components=[attributor, Rollups(store)],

@@ -305,10 +305,10 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
             "AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({early_hi_us:Int64})"
         )
         #: How many spans of this shard the early window holds, their first start and last end,
-        #: and how many have no resource id.
+        #: how many have no resource id, and about how many traces they are of.
         self.early_spans = _no_jit(f"""
 SELECT count(), toUnixTimestamp64Nano(min(Timestamp)), max({span_end}),
-       countIf(LatscopeResourceId = 0)
+       countIf(LatscopeResourceId = 0), uniq(TraceId)
 FROM {spans}
 WHERE {early_window} {mine}""")
         simple_batch, trace_check = batch, ""

@@ -108,6 +108,12 @@ class Collector:
         """Seconds since the last Export arrived (over gRPC or HTTP)."""
         return time.monotonic() - self.ingest.last_arrival
 
+    def spans_idle_s(self) -> float:
+        """Seconds since the last Export arrived once every span acknowledged is in the store;
+        0 while one waits (received, journaled, or spooled): how long span ingest has been
+        idle, for the attributor of a store this collector alone writes."""
+        return self.quiet_s() if self.spans.drained() else 0.0
+
     def stop(self, deadline: float) -> None:
         # Stop every intake at once, then drain; the deadline is shared.
         self.close_intake()

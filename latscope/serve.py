@@ -134,25 +134,23 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
 def serve_parts(settings: Settings, store: Store) -> Parts:
     """Everything ``latscope serve`` runs over one store."""
     from latscope.api.grpc_service import query_parts
-    from latscope.attribution.attributor import attributor_parts
-    from latscope.collector.service import collector_parts
 
-    return (
-        collector_parts(settings, store)
-        + (attributor_parts(settings, store) if settings.attributor == "on" else Parts())
-        + query_parts(settings, store)
-    )
+    return ingest_parts(settings, store) + query_parts(settings, store)
 
 
 def ingest_parts(settings: Settings, store: Store) -> Parts:
     """What ``latscope collector`` runs: the collector's receivers, and the attributor unless
-    ``--attributor off``."""
+    ``--attributor off``. Over the embedded store, which no other process can open, the
+    collector is its only writer, and the attributor takes its word on when ingest pauses
+    (``Attributor.ingest_idle_s``)."""
     from latscope.attribution.attributor import attributor_parts
-    from latscope.collector.service import collector_parts
+    from latscope.collector.service import Collector, collector_parts
 
     parts = collector_parts(settings, store)
     if settings.attributor == "on":
-        parts = parts + attributor_parts(settings, store)
+        (collector,) = (c for c in parts.components if isinstance(c, Collector))
+        idle = collector.spans_idle_s if store.embedded else None
+        parts = parts + attributor_parts(settings, store, ingest_idle_s=idle)
     return parts
 
 

@@ -8,6 +8,7 @@ newest span (``early_when_quiet``, on by default): every rule here holds for bot
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +17,11 @@ import pyarrow as pa
 import pytest
 
 from latscope.attribution import cadence
-from latscope.attribution.attributor import QUIET_EARLY_SPANS, Attributor
+from latscope.attribution.attributor import QUIET_EARLY_SPANS, WRITER_LOOK_S, Attributor
 from latscope.attribution.cadence import LOOK_LATE_S, MIN_POLL_S, QUICK_PAUSE_S
+from latscope.collector.service import Collector
 from latscope.config import ConfigError, Settings
+from latscope.serve import ingest_parts
 from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
 from tests.attribution_support import MS, T0, server_spans, span_rows
 from tests.clock_support import StoreClock
@@ -520,3 +523,87 @@ def test_the_complete_tree_check_of_a_wide_trace_fits_in_linear_memory(store: St
         {"ids": trace_ids, "early_hi_us": 2**62},
     )
     assert [t for (t,) in found] == trace_ids[:1]
+
+
+@pytest.mark.slow
+def test_the_writers_word_decides_when_ingest_has_paused(store: Store, clock: StoreClock) -> None:
+    """With the store's only writer's idle time (``ingest_idle_s``, serve's collector over the
+    embedded store): no pause while it is busy, however old the newest stored span (its insert
+    may be in flight), and a pause once it has been idle ``pause_s``, however new that span
+    (its time is when its insert began). While it is busy the loop asks it again within
+    WRITER_LOOK_S, without a query."""
+    idle = [0.0]
+    att = _attributor(store, clock, "quiet", ingest_idle_s=lambda: idle[0])
+    trace_id = uuid.uuid4().hex
+    clock.store(trace_id, [CLIENT, *server_spans()])
+    clock.advance(5 * COMPLETE_S)  # the store alone would call this a pause
+    att.run_until_idle()
+    assert _rows(store, trace_id) == (0, 0)
+    att._due = math.inf  # no pass due: the loop only looks
+    queries = []
+    query_rows = store.query_rows
+    store.query_rows = lambda *a, **kw: queries.append(a) or query_rows(*a, **kw)  # type: ignore[method-assign]
+    try:
+        att.poll()
+    finally:
+        del store.query_rows
+    assert not queries and att.next_wake_s() == pytest.approx(WRITER_LOOK_S)
+    second = uuid.uuid4().hex
+    clock.store(second, [CLIENT, *server_spans()])
+    clock.advance(0.01)
+    idle[0] = COMPLETE_S
+    att.poll()
+    assert _rows(store, trace_id) == (1, 4) and _rows(store, second) == (1, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_traces", [3, 2])
+def test_a_pass_whose_last_batch_finds_ingest_paused_takes_the_early_window(
+    store: Store, clock: StoreClock, batch_traces: int
+) -> None:
+    """A pass that began while ingest went on (the writer busy) and finds it paused before its
+    last batch: that batch takes the early window with it, when the two hold at most
+    ``batch_traces`` traces; else the next pass does, at once."""
+    busy = [True]
+    att = _attributor(
+        store, clock, "quiet", batch_traces=batch_traces,
+        ingest_idle_s=lambda: 0.0 if busy[0] else 10.0,
+    )  # fmt: skip
+    att.watermark_us = clock.now_us() - 1  # (not the spans of the tests before)
+    settled = sorted(uuid.uuid4().hex for _ in range(4))  # two batches of two
+    for trace_id in settled:
+        clock.store(trace_id, [CLIENT, *server_spans()])
+    clock.advance(SETTLE_S + 0.2)
+    early = uuid.uuid4().hex
+    clock.store(early, [CLIENT, *server_spans()])
+    clock.advance(0.01)
+    insert = store.command
+
+    def command(sql: str, *args, **kwargs):  # ingest pauses during the first batch
+        busy[0] = False
+        return insert(sql, *args, **kwargs)
+
+    store.command = command  # type: ignore[method-assign]
+    try:
+        written = att.run_until_idle()
+    finally:
+        del store.command
+    combined = batch_traces == 3
+    assert written == (5 if combined else 4)
+    assert [_rows(store, t) for t in settled] == [(1, 4)] * 4
+    assert _rows(store, early) == ((1, 4) if combined else (0, 0))
+    if not combined:
+        assert att.poll_s == MIN_POLL_S
+        clock.advance(att.poll_s)
+        att.run_until_idle()
+        assert _rows(store, early) == (1, 4)
+
+
+def test_serve_over_the_embedded_store_gives_the_attributor_its_collectors_word(
+    store: Store, tmp_path: Path
+) -> None:
+    settings = Settings(store=store.dsn, spool_dir=str(tmp_path / "spool"), attributor="on")
+    parts = ingest_parts(settings, store)
+    (collector,) = (c for c in parts.components if isinstance(c, Collector))
+    (att,) = (c for c in parts.components if isinstance(c, Attributor))
+    assert att.ingest_idle_s == collector.spans_idle_s

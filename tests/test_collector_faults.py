@@ -381,3 +381,25 @@ def test_an_export_arriving_within_the_grace_is_no_quiet_collector(
         assert count_spans(store, service) == 14
     finally:
         c.stop()
+
+
+def test_span_ingest_is_idle_only_once_every_acknowledged_span_is_stored(
+    store: Store, tmp_path: Path
+) -> None:
+    """``Collector.spans_idle_s`` (the attributor's word on when ingest pauses, over the
+    embedded store): 0 while acknowledged spans wait for ClickHouse, then the time since the
+    last Export arrived."""
+    flaky = FlakyStore(store)
+    flaky.down = True
+    c = start_collector(flaky, tmp_path / "spool")
+    try:
+        collector = c.collector
+        assert _send(c, f"svc-{uuid.uuid4().hex[:12]}", 3) == 3  # spooled, not stored
+        time.sleep(0.3)
+        assert collector.spans_idle_s() == 0.0
+        flaky.down = False
+        _wait_drained(c)
+        idle = collector.spans_idle_s()
+        assert 0.3 <= idle <= collector.quiet_s()
+    finally:
+        c.stop()
