@@ -28,8 +28,11 @@ Early attribution (``complete_s``, off unless set): each pass's last slice also 
 of the *early window* (spans ingested since the last pass's window, after the settle bound, up
 to ``complete_s`` ago) with no newer span whose span tree is complete (``_early_batch``); once such
 a trace settles it is taken again only if its count of distinct spans is no longer its row's
-Version (a late span, or an insert that was in flight when the early pass read). After a busy
-pass the wait is then capped by when the newest span is ``complete_s`` old, not settled.
+Version (a late span, or an insert that was in flight when the early pass read). The last
+slice's settled traces and the window's are cut by trace id together (``_plan``), each batch
+taking the window's traces of its range, so a batch stays within ``batch_traces`` and reads its
+range's granules, not all of them. After a busy pass the wait is then capped by when the newest
+span is ``complete_s`` old, not settled.
 
 Early when quiet (``early_when_quiet``, on unless early attribution is): a pass that finds ingest
 paused (no span for ``poll_s``, or for less after a burst: ``cadence.pause_s``) takes an early
@@ -37,8 +40,7 @@ window up to the newest span all the same, since the CPU it costs is idle then; 
 reach into such a window are taken with the statements that skip the traces it attributed
 (``_statements``). Where the store's only writer says how long ingest has been idle
 (``ingest_idle_s``: serve's collector over the embedded store), that decides the pause instead
-of the newest span's age. A pass that finds ingest paused before its last batch takes the early
-window with it (``_paused_since``).
+of the newest span's age.
 
 Each row records in SpansIngestedAt the watermark its pass brought the attributor to, and so
 tells the rows of one pass from every other's: the slice's end for its last batch, and for each
@@ -115,9 +117,21 @@ _TRACE_SPAN_COUNT = f"SELECT count() FROM {SPANS_TABLE} WHERE TraceId = {{trace_
 #: before asking it again (a question costs a lock, not a query).
 WRITER_LOOK_S = 0.1
 
-#: A quiet pass (ingest paused, early attribution off) takes its early window in one statement,
-#: beside the slice's last batch, when it holds at most this many spans per ``batch_traces``.
+#: A quiet pass (ingest paused, early attribution off) takes its early window when it holds at
+#: most this many spans per ``batch_traces`` (and ``batch_spans`` in all): past that, those
+#: traces wait to settle, so a quiet pass's work beyond the settled traces stays bounded.
 QUIET_EARLY_SPANS = 16
+
+
+class _Early(NamedTuple):
+    """A pass's early window ``(lo_us, hi_us]`` of ingest time: the first start and last end of
+    its spans, and whether every one has a resource id."""
+
+    lo_us: int
+    hi_us: int
+    first_ns: int
+    last_ns: int
+    named: bool
 
 
 class _Batch(NamedTuple):
@@ -136,6 +150,8 @@ class _Batch(NamedTuple):
     last_ns: int
     #: every span of the slice has a resource id (the single-call path carries the ids)
     named: bool = False
+    #: the early window whose traces of its range of ids it takes as well (a pass's last slice)
+    early: _Early | None = None
 
 
 class _Quiet(NamedTuple):
@@ -146,18 +162,6 @@ class _Quiet(NamedTuple):
     age_s: float
     newest_us: int
     waiting: int
-
-
-class _Early(NamedTuple):
-    """A pass's early window ``(lo_us, hi_us]`` of ingest time: the first start and last end of
-    its spans, whether every one has a resource id, and about how many traces they are of."""
-
-    lo_us: int
-    hi_us: int
-    first_ns: int
-    last_ns: int
-    named: bool
-    traces: int
 
 
 class Attributor(Poller):
@@ -372,19 +376,6 @@ class Attributor(Poller):
         """Whether ingest has paused (``cadence.pause_s``)."""
         return quiet is not None and self._idle_s(quiet) >= pause_s(self.idle_poll_s, quiet.waiting)
 
-    def _paused_since(self, upto: int) -> int | None:
-        """During a pass with settle bound ``upto`` and no early window (early attribution off,
-        ``early_when_quiet`` on): the newest span's ingest time (us) if ingest has paused since
-        the pass began, else None."""
-        if not self.early_when_quiet or (
-            self.ingest_idle_s is not None and self.ingest_idle_s() < self._pause_s
-        ):
-            return None
-        quiet = self._quiet(self._now_us())
-        if quiet is None or not self._paused(quiet) or quiet.newest_us <= upto:
-            return None
-        return quiet.newest_us
-
     def _statements(self, after_us: int, early: bool) -> Statements:
         """The statements for a batch of the slice after ``after_us``: with early attribution
         when it is on, when its slice may hold traces a quiet pass attributed early, or when the
@@ -447,14 +438,20 @@ class Attributor(Poller):
         return free, last
 
     def _plan(
-        self, after_us: int, hi: int, settled_us: int, markers: tuple[list[int], int]
+        self,
+        after_us: int,
+        hi: int,
+        settled_us: int,
+        markers: tuple[list[int], int],
+        early: _Early | None = None,
     ) -> list[_Batch]:
         """The batches of the slice ``(after_us, hi]``: its settled traces cut by trace id into
         ranges of at most ``batch_traces`` traces and about ``batch_spans`` spans (each a run of
         the spans table's sort key, so a batch reads its own share of the slice's granules
         instead of all of them). Each batch's ``first_ns`` / ``last_ns`` are the first start and
         last end of the slice's spans. ``markers``: the slice's free ones (``_markers``); those
-        its batches take are taken."""
+        its batches take are taken. With the ``early`` window, the slice's settled traces and
+        the window's are cut together, and each batch takes the window's traces of its range."""
         free, last = markers
         params = self._params(
             after_us=after_us,
@@ -464,9 +461,11 @@ class Attributor(Poller):
             batch_spans=self.batch_spans,
             max_batches=len(free) + 1,
         )
-        traces, first_ns, last_ns, cuts, starts, unnamed = self.store.query_rows(
-            self._sql.plan, params
-        )[0]
+        sql = self._sql.plan
+        if early is not None:
+            sql = self._sql.plan_early
+            params.update(early_lo_us=early.lo_us, early_hi_us=early.hi_us)
+        traces, first_ns, last_ns, cuts, starts, unnamed = self.store.query_rows(sql, params)[0]
         traces, count = int(traces), len(cuts) + 1
         if not traces:
             return []
@@ -486,6 +485,7 @@ class Attributor(Poller):
                 first_ns=int(first_ns),
                 last_ns=int(last_ns),
                 named=not int(unnamed),
+                early=early,
             )
             for j in range(count)
         ]
@@ -643,19 +643,16 @@ class Attributor(Poller):
         if lo >= complete_us:
             return None
         params = self._params(early_lo_us=lo, early_hi_us=complete_us)
-        count, first_ns, last_ns, unnamed, traces = self.store.query_rows(
-            self._sql.early_spans, params
-        )[0]
+        count, first_ns, last_ns, unnamed = self.store.query_rows(self._sql.early_spans, params)[0]
         if not int(count):
             self._early_us = complete_us
             return None
         if self.complete_us is None and int(count) > min(
             QUIET_EARLY_SPANS * self.batch_traces, self.batch_spans
         ):
-            # One statement takes the whole window: past this, the traces wait to settle and
-            # go in bounded batches.
+            # Past this, the traces wait to settle (QUIET_EARLY_SPANS).
             return None
-        return _Early(lo, complete_us, int(first_ns), int(last_ns), not int(unnamed), int(traces))
+        return _Early(lo, complete_us, int(first_ns), int(last_ns), not int(unnamed))
 
     def _early_beyond_settled(self, at: int, upto: int, complete_us: int) -> _Early | None:
         """With the watermark ``at`` at or past the settle bound ``upto`` (resumed from rows a
@@ -668,7 +665,7 @@ class Attributor(Poller):
         if early is None or not free:
             return None
         self._taken.add(free[0])
-        self._batches[:] = [_Batch(at, at, upto, free[0], "", "", 0, *early[2:5])]
+        self._batches[:] = [_Batch(at, at, upto, free[0], "", "", 0, *early[2:], early=early)]
         return early
 
     def run_until_idle(self, *, max_batches: int = 1000) -> int:
@@ -684,7 +681,7 @@ class Attributor(Poller):
             quiet = self._quiet(now_us)
             if quiet is not None and self._paused(quiet):
                 complete_us = quiet.newest_us
-        written, ran = 0, False
+        written = 0
         # The current slice's batches still to do, planned once per slice (kept across passes
         # while the watermark has not moved past it).
         batches = self._batches
@@ -704,20 +701,22 @@ class Attributor(Poller):
                 # spans.
                 hi = min(upto, self.watermark_us + self.step_us)
                 markers = self._markers(self.watermark_us, hi)
-                batches[:] = self._plan(self.watermark_us, hi, upto, markers)
                 # The pass's last slice also takes the complete traces of the early window.
                 early = (
                     self._early_window(upto, complete_us)
                     if complete_us is not None and hi == upto
                     else None
                 )
+                batches[:] = self._plan(self.watermark_us, hi, upto, markers, early)
                 if early is not None and not batches:
                     # No settled trace: one batch of the early window's alone, with the marker
                     # a last batch takes.
                     marker = markers[1]
                     self._taken.add(marker)
                     batches[:] = [  # (the window's first start, last end, and ids)
-                        _Batch(self.watermark_us, hi, upto, marker, "", "", 0, *early[2:5])
+                        _Batch(
+                            self.watermark_us, hi, upto, marker, "", "", 0, *early[2:], early=early
+                        )
                     ]
                 if not batches:
                     self.watermark_us = hi
@@ -729,18 +728,8 @@ class Attributor(Poller):
                         self.watermark_us = max(hi, min(nxt, upto))
                     continue
             batch = batches.pop(0)
-            if ran and not batches and complete_us is None and batch.settled_us == upto:
-                # Ingest may have paused while this pass ran: then its last batch takes the
-                # early window, as a quiet pass would right after it.
-                complete_us = self._paused_since(upto)
-                if complete_us is not None:
-                    early = self._early_window(upto, complete_us)
-                    if early is not None and batch.traces + early.traces > self.batch_traces:
-                        # Too many for one statement: a quiet pass takes the window next.
-                        complete_us = early = None
-            ran = True
-            # The early traces go with the slice's last batch.
-            with_early = early if not batches else None
+            # The early window's traces of its range of ids go with each batch of the slice.
+            with_early = batch.early
             first_ns, last_ns = batch.first_ns, batch.last_ns
             if with_early is not None:  # (a batch of no traces already has the window's bounds)
                 first_ns = min(with_early.first_ns, first_ns)
@@ -763,7 +752,7 @@ class Attributor(Poller):
                     # and of the early window it takes, has one.
                     resource_ids=batch.named and (with_early is None or with_early.named),
                 )
-                if with_early is not None:
+                if with_early is not None and not batches:
                     self._early_us = with_early.hi_us
                     self._early_done_us = with_early.hi_us
             except StoreUnavailable:

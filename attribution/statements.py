@@ -57,11 +57,12 @@ _SERVER_KINDS = _spellings(SpanKind.SERVER)
 _CLIENT_KINDS = _spellings(SpanKind.CLIENT)
 
 
-def _early_traces(window: str, spans: str, mine: str) -> str:
-    """The traces with spans in the early ``window`` and none after it (one row per span)."""
+def _early_traces(window: str, spans: str, mine: str, ids: str) -> str:
+    """The traces with ids in the batch's range (``ids``) that have spans in the early ``window``
+    and none after it (one row per span)."""
     return f"""
 SELECT TraceId FROM {spans}
-WHERE {window} {mine}
+WHERE {window} {mine} AND {ids}
   AND TraceId NOT IN (
       SELECT TraceId FROM {spans}
       WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{early_hi_us:Int64}}))"""
@@ -75,11 +76,19 @@ WHERE TraceId IN ({settled}) AND {bounds} AND IsDeleted = 0"""
 
 
 def _early_batch(
-    settled: str, window: str, spans: str, table: str, mine: str, bounds: str, *, versioned: bool
+    settled: str,
+    window: str,
+    spans: str,
+    table: str,
+    mine: str,
+    bounds: str,
+    ids: str,
+    *,
+    versioned: bool,
 ) -> str:
     """The batch with early attribution on: the settled traces (``settled``) that changed since
     they were attributed (``versioned``; else all of them), and the complete traces of the early
-    window.
+    window, of the batch's range of trace ids (``ids``).
 
     A trace of the early window is taken when none of its spans came after the window and its
     span tree is complete: a root, every parent stored, every CLIENT span with a child (the
@@ -116,7 +125,7 @@ SELECT trace_id FROM (
            groupArray(ParentSpanId) AS parents,
            groupArrayIf(SpanId, SpanKind IN ({_list(_CLIENT_KINDS)})) AS clients
     FROM {spans}
-    WHERE TraceId IN ({_early_traces(window, spans, mine)})
+    WHERE TraceId IN ({_early_traces(window, spans, mine, ids)})
       AND {bounds}
     GROUP BY TraceId)
 WHERE has(parents, '')
@@ -126,7 +135,15 @@ WHERE has(parents, '')
 
 
 def _early_check(
-    settled: str, window: str, spans: str, table: str, mine: str, bounds: str, *, versioned: bool
+    settled: str,
+    window: str,
+    spans: str,
+    table: str,
+    mine: str,
+    bounds: str,
+    ids: str,
+    *,
+    versioned: bool,
 ) -> tuple[str, str]:
     """``_early_batch`` for the single-call path: a superset of it (the settled traces and the
     early window's, unchecked) and the ``trace_check`` (``simple_select``) that keeps its traces,
@@ -139,7 +156,7 @@ def _early_check(
     completeness is wrong. Its count of distinct spans is the path's ``n``, which is the Version
     its row gets. A trace this check keeps that ``_early_batch`` would not is only such a
     collision; the traces it drops are left to the general path, which takes ``_early_batch``."""
-    early = _early_traces(window, spans, mine)
+    early = _early_traces(window, spans, mine, ids)
     parents = "groupArrayIf(cityHash64(parent_id), parent_id != '')"
     clients = "arrayMap(i -> cityHash64(i), client_ids)"
     complete = (
@@ -227,21 +244,14 @@ WHERE SpansIngestedAt = fromUnixTimestamp64Micro({{through_us:Int64}}) {mine}"""
 SELECT DISTINCT toUnixTimestamp64Micro(SpansIngestedAt) FROM {table}
 WHERE SpansIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}})
   AND SpansIngestedAt < fromUnixTimestamp64Micro({{after_us:Int64}} + {MAX_CUTS}) {mine}""")
+        early_window = (
+            "LatscopeIngestedAt > fromUnixTimestamp64Micro({early_lo_us:Int64}) "
+            "AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({early_hi_us:Int64})"
+        )
         # A span's end (ns): a pass's reach runs to the last end of its slice's spans.
         span_end = "toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)"
-        #: The slice's settled traces: how many, their spans' first start and last end in it
-        #: (a late root's children start anywhere inside it), and where they are cut into
-        #: batches in the spans table's sort order (``_plan``): the trace ids that start each
-        #: batch but the first, and their positions among the slice's traces. Each trace weighs
-        #: max(its spans * batch_traces, batch_spans): a batch's capacity, batch_spans *
-        #: batch_traces, holds batch_traces traces of up to batch_spans / batch_traces spans, or
-        #: batch_spans spans of bigger ones. The slice goes in the fewest batches of that
-        #: capacity (at most ``max_batches``), evenly by weight: a batch is the traces whose
-        #: weight before them falls in its share. So a batch holds at most batch_traces traces
-        #: and fewer than batch_spans spans before its last trace (with more than max_batches
-        #: batches' worth, more). Last, how many of the slice's spans have no resource id
-        #: (``insert_simple_ids``).
-        self.plan = _no_jit(f"""
+        # (``$WHERE``: which spans' traces it cuts)
+        plan = f"""
 SELECT n, first_ns, last_ns, arrayMap(i -> ids[i + 1], starts), starts, unnamed FROM (
     SELECT n, first_ns, last_ns, ids, unnamed,
         arrayFilter((i, d) -> d != 0, range(n), arrayDifference(arrayMap(
@@ -266,8 +276,28 @@ SELECT n, first_ns, last_ns, arrayMap(i -> ids[i + 1], starts), starts, unnamed 
                            max({span_end}) AS last, count() AS spans,
                            countIf(LatscopeResourceId = 0) AS unnamed
                     FROM {spans}
-                    WHERE {slice_ % "upto_us"} {mine} AND {settled}
-                    GROUP BY TraceId)))))""")
+                    WHERE $WHERE
+                    GROUP BY TraceId)))))"""
+        #: The slice's settled traces: how many, their spans' first start and last end in it
+        #: (a late root's children start anywhere inside it), and where they are cut into
+        #: batches in the spans table's sort order (``_plan``): the trace ids that start each
+        #: batch but the first, and their positions among the slice's traces. Each trace weighs
+        #: max(its spans * batch_traces, batch_spans): a batch's capacity, batch_spans *
+        #: batch_traces, holds batch_traces traces of up to batch_spans / batch_traces spans, or
+        #: batch_spans spans of bigger ones. The slice goes in the fewest batches of that
+        #: capacity (at most ``max_batches``), evenly by weight: a batch is the traces whose
+        #: weight before them falls in its share. So a batch holds at most batch_traces traces
+        #: and fewer than batch_spans spans before its last trace (with more than max_batches
+        #: batches' worth, more). Last, how many of the slice's spans have no resource id
+        #: (``insert_simple_ids``).
+        self.plan = _no_jit(plan.replace("$WHERE", f"{slice_ % 'upto_us'} {mine} AND {settled}"))
+        #: The same over the slice's settled traces and the early window's traces (complete or
+        #: not) together: a quiet pass's batches each take the window's traces of their range.
+        self.plan_early = _no_jit(
+            plan.replace(
+                "$WHERE", f"(({slice_ % 'upto_us'} AND {settled}) OR {early_window}) {mine}"
+            )
+        )
         #: The spans after the watermark: the oldest (after an empty slice, to skip idle time)
         #: and how many.
         self.after = _no_jit(f"""
@@ -300,24 +330,20 @@ WHERE LatscopeIngestedAt > fromUnixTimestamp64Micro({{after_us:Int64}}) {mine}""
             "Timestamp >= fromUnixTimestamp64Nano({from_ns:Int64}) "
             "AND Timestamp <= fromUnixTimestamp64Nano({to_ns:Int64})"
         )
-        early_window = (
-            "LatscopeIngestedAt > fromUnixTimestamp64Micro({early_lo_us:Int64}) "
-            "AND LatscopeIngestedAt <= fromUnixTimestamp64Micro({early_hi_us:Int64})"
-        )
         #: How many spans of this shard the early window holds, their first start and last end,
-        #: how many have no resource id, and about how many traces they are of.
+        #: and how many have no resource id.
         self.early_spans = _no_jit(f"""
 SELECT count(), toUnixTimestamp64Nano(min(Timestamp)), max({span_end}),
-       countIf(LatscopeResourceId = 0), uniq(TraceId)
+       countIf(LatscopeResourceId = 0)
 FROM {spans}
 WHERE {early_window} {mine}""")
         simple_batch, trace_check = batch, ""
         if early:
             simple_batch, trace_check = _early_check(
-                batch, early_window, spans, table, mine, bounds, versioned=versioned
+                batch, early_window, spans, table, mine, bounds, ids, versioned=versioned
             )
             batch = _early_batch(
-                batch, early_window, spans, table, mine, bounds, versioned=versioned
+                batch, early_window, spans, table, mine, bounds, ids, versioned=versioned
             )
         columns = ", ".join(ATTRIBUTION_SCHEMA.names)
         into = f"INSERT INTO {table} ({columns}) {INSERT_SETTINGS}\n"
@@ -373,7 +399,7 @@ ORDER BY TraceId""")
         #: Version check it would hold every unchanged trace skipped, so count_left goes alone.
         superset = (
             f"SELECT TraceId FROM {spans} "
-            f"WHERE (({slice_ % 'hi_us'} AND {ids} AND {settled}) OR {early_window}) {mine} "
+            f"WHERE (({slice_ % 'hi_us'} AND {settled}) OR {early_window}) AND {ids} {mine} "
             f"AND TraceId NOT IN ({written_traces})"
         )
         self.count_left_superset = (

@@ -516,7 +516,7 @@ def test_the_complete_tree_check_of_a_wide_trace_fits_in_linear_memory(store: St
     store.insert_arrow(SPANS_TABLE, span_rows(trace_ids[2], [root, *calls, orphan, *servers[1:]]))
     batch = _early_batch(
         "SELECT '' AS trace_id WHERE 0", "TraceId IN {ids:Array(String)}", SPANS_TABLE,
-        ATTRIBUTION_TABLE, "", "1", versioned=False,
+        ATTRIBUTION_TABLE, "", "1", "1", versioned=False,
     )  # fmt: skip
     found = store.query_rows(
         f"{batch} SETTINGS max_memory_usage = 300000000",
@@ -557,46 +557,28 @@ def test_the_writers_word_decides_when_ingest_has_paused(store: Store, clock: St
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch_traces", [3, 2])
-def test_a_pass_whose_last_batch_finds_ingest_paused_takes_the_early_window(
-    store: Store, clock: StoreClock, batch_traces: int
+def test_a_passs_early_window_is_cut_by_trace_id_with_its_settled_traces(
+    store: Store, clock: StoreClock, mode: str
 ) -> None:
-    """A pass that began while ingest went on (the writer busy) and finds it paused before its
-    last batch: that batch takes the early window with it, when the two hold at most
-    ``batch_traces`` traces; else the next pass does, at once."""
-    busy = [True]
-    att = _attributor(
-        store, clock, "quiet", batch_traces=batch_traces,
-        ingest_idle_s=lambda: 0.0 if busy[0] else 10.0,
-    )  # fmt: skip
+    """The last slice's settled traces and the early window's are cut into batches together,
+    each batch taking the window's traces of its range of ids: no statement holds more than
+    ``batch_traces`` traces (its memory grows with them), and each reads its own range."""
+    att = _attributor(store, clock, mode, batch_traces=2)
     att.watermark_us = clock.now_us() - 1  # (not the spans of the tests before)
-    settled = sorted(uuid.uuid4().hex for _ in range(4))  # two batches of two
-    for trace_id in settled:
+    ids = [uuid.uuid4().hex for _ in range(5)]
+    for trace_id in ids[:2]:
         clock.store(trace_id, [CLIENT, *server_spans()])
     clock.advance(SETTLE_S + 0.2)
-    early = uuid.uuid4().hex
-    clock.store(early, [CLIENT, *server_spans()])
-    clock.advance(0.01)
-    insert = store.command
-
-    def command(sql: str, *args, **kwargs):  # ingest pauses during the first batch
-        busy[0] = False
-        return insert(sql, *args, **kwargs)
-
-    store.command = command  # type: ignore[method-assign]
-    try:
-        written = att.run_until_idle()
-    finally:
-        del store.command
-    combined = batch_traces == 3
-    assert written == (5 if combined else 4)
-    assert [_rows(store, t) for t in settled] == [(1, 4)] * 4
-    assert _rows(store, early) == ((1, 4) if combined else (0, 0))
-    if not combined:
-        assert att.poll_s == MIN_POLL_S
-        clock.advance(att.poll_s)
-        att.run_until_idle()
-        assert _rows(store, early) == (1, 4)
+    for trace_id in ids[2:]:
+        clock.store(trace_id, [CLIENT, *server_spans()])
+    clock.advance(COMPLETE_S + 0.01)
+    assert att.run_until_idle() == 5
+    per_batch = store.query_rows(
+        f"SELECT SpansIngestedAt, count() FROM {ATTRIBUTION_TABLE} "
+        "WHERE TraceId IN {ids:Array(String)} GROUP BY SpansIngestedAt",
+        {"ids": ids},
+    )
+    assert len(per_batch) == 3 and max(int(n) for _, n in per_batch) <= 2
 
 
 def test_serve_over_the_embedded_store_gives_the_attributor_its_collectors_word(
