@@ -707,17 +707,8 @@ class Attributor(Poller):
                     if complete_us is not None and hi == upto
                     else None
                 )
+                # (A window of spans gives batches of its traces, settled traces or none.)
                 batches[:] = self._plan(self.watermark_us, hi, upto, markers, early)
-                if early is not None and not batches:
-                    # No settled trace: one batch of the early window's alone, with the marker
-                    # a last batch takes.
-                    marker = markers[1]
-                    self._taken.add(marker)
-                    batches[:] = [  # (the window's first start, last end, and ids)
-                        _Batch(
-                            self.watermark_us, hi, upto, marker, "", "", 0, *early[2:], early=early
-                        )
-                    ]
                 if not batches:
                     self.watermark_us = hi
                     if hi < upto:  # skip the idle time to the next span, if any

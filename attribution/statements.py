@@ -8,6 +8,7 @@ tombstones of keys that moved. ``latscope.attribution.attributor`` runs them.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from latscope.attribution import rules
 from latscope.attribution.engine import LATENCY_KEYS
@@ -75,6 +76,16 @@ SELECT TraceId, Version FROM {table}
 WHERE TraceId IN ({settled}) AND {bounds} AND IsDeleted = 0"""
 
 
+class _EarlyBatch(NamedTuple):
+    """A batch with early attribution on, two ways (``_early_batch``): ``exact``, its trace ids;
+    ``simple`` and ``check``, a superset of them and the ``trace_check`` (``simple_select``) that
+    keeps exactly those, for the single-call path."""
+
+    exact: str
+    simple: str
+    check: str
+
+
 def _early_batch(
     settled: str,
     window: str,
@@ -85,7 +96,7 @@ def _early_batch(
     ids: str,
     *,
     versioned: bool,
-) -> str:
+) -> _EarlyBatch:
     """The batch with early attribution on: the settled traces (``settled``) that changed since
     they were attributed (``versioned``; else all of them), and the complete traces of the early
     window, of the batch's range of trace ids (``ids``).
@@ -101,22 +112,31 @@ def _early_batch(
     span whose insert was still in flight when the early pass read (stored with an ingest time
     inside a window already passed). So the settle window stays the margin for such inserts.
 
-    The single-call path takes a superset of this batch instead and the same tests after its
-    GROUP BY, where it has the spans they read (``_early_check``)."""
+    The single-call path takes a superset (the settled traces and the early window's, unchecked)
+    and the same tests over the aggregates of its GROUP BY: the spans of those traces are read and
+    grouped once, by the statement, not a second time to find its batch. There an early trace's
+    tree is tested on the spans' id hashes (``id_hashes``, as the path counts its spans): a
+    collision can only find a missing parent stored, and take a trace early whose span is still
+    to come, which is then attributed again when it comes, as when any guess of completeness is
+    wrong. Its count of distinct spans is the path's ``n``, which is the Version its row gets. A
+    trace that check keeps that the exact batch would not is only such a collision; the traces it
+    drops are left to the general path, which takes the exact batch."""
+    early = _early_traces(window, spans, mine, ids)
+    versions = _versions(settled, table, bounds)
     settled_part = (
         f"""
 SELECT trace_id FROM (
     SELECT TraceId AS trace_id, toUInt64(uniqExact(SpanId)) AS n FROM {spans}
     WHERE TraceId IN ({settled}) AND {bounds}
     GROUP BY TraceId)
-WHERE (trace_id, n) NOT IN ({_versions(settled, table, bounds)})"""
+WHERE (trace_id, n) NOT IN ({versions})"""
         if versioned
         else settled
     )
     # Completeness by the sizes of sets (hashed), not a lambda per span: a lambda that reads
     # another array of the row (``has(ids, p)``) gets a copy of it for every element, n² memory
     # for a trace of n spans (15 GB at 20,000).
-    return f"""
+    exact = f"""
 {settled_part}
 UNION ALL
 SELECT trace_id FROM (
@@ -125,38 +145,14 @@ SELECT trace_id FROM (
            groupArray(ParentSpanId) AS parents,
            groupArrayIf(SpanId, SpanKind IN ({_list(_CLIENT_KINDS)})) AS clients
     FROM {spans}
-    WHERE TraceId IN ({_early_traces(window, spans, mine, ids)})
+    WHERE TraceId IN ({early})
       AND {bounds}
     GROUP BY TraceId)
 WHERE has(parents, '')
   AND length(arrayDistinct(arrayConcat(ids, [''], parents)))
       = length(arrayDistinct(arrayConcat(ids, [''])))
   AND length(arrayDistinct(arrayConcat(parents, clients))) = length(arrayDistinct(parents))"""
-
-
-def _early_check(
-    settled: str,
-    window: str,
-    spans: str,
-    table: str,
-    mine: str,
-    bounds: str,
-    ids: str,
-    *,
-    versioned: bool,
-) -> tuple[str, str]:
-    """``_early_batch`` for the single-call path: a superset of it (the settled traces and the
-    early window's, unchecked) and the ``trace_check`` (``simple_select``) that keeps its traces,
-    by the same tests over the aggregates of the path's GROUP BY: the spans of those traces are
-    read and grouped once, by the statement, not a second time to find its batch.
-
-    An early trace's tree is tested on the spans' id hashes (``id_hashes``, as the path counts
-    its spans): a collision can only find a missing parent stored, and take a trace early whose
-    span is still to come, which is then attributed again when it comes, as when any guess of
-    completeness is wrong. Its count of distinct spans is the path's ``n``, which is the Version
-    its row gets. A trace this check keeps that ``_early_batch`` would not is only such a
-    collision; the traces it drops are left to the general path, which takes ``_early_batch``."""
-    early = _early_traces(window, spans, mine, ids)
+    # The same tests in the single-call path's HAVING, over its aggregates.
     parents = "groupArrayIf(cityHash64(parent_id), parent_id != '')"
     clients = "arrayMap(i -> cityHash64(i), client_ids)"
     complete = (
@@ -165,13 +161,12 @@ def _early_check(
         f" AND length(arrayDistinct(arrayConcat({parents}, {clients})))"
         f" = length(arrayDistinct({parents}))"
     )
-    unchanged = (
-        f"(trace_id, toUInt64(n)) NOT IN ({_versions(settled, table, bounds)})"
-        if versioned
-        else "1"
+    unchanged = f"(trace_id, toUInt64(n)) NOT IN ({versions})" if versioned else "1"
+    return _EarlyBatch(
+        exact,
+        f"{settled}\nUNION ALL{early}",
+        f"AND if(trace_id IN ({early}), {complete}, {unchanged})",
     )
-    check = f"AND if(trace_id IN ({early}), {complete}, {unchanged})"
-    return f"{settled}\nUNION ALL{early}", check
 
 
 def _count_with_call(traces: str, spans: str, bounds: str) -> str:
@@ -339,10 +334,7 @@ FROM {spans}
 WHERE {early_window} {mine}""")
         simple_batch, trace_check = batch, ""
         if early:
-            simple_batch, trace_check = _early_check(
-                batch, early_window, spans, table, mine, bounds, ids, versioned=versioned
-            )
-            batch = _early_batch(
+            batch, simple_batch, trace_check = _early_batch(
                 batch, early_window, spans, table, mine, bounds, ids, versioned=versioned
             )
         columns = ", ".join(ATTRIBUTION_SCHEMA.names)

@@ -517,7 +517,7 @@ def test_the_complete_tree_check_of_a_wide_trace_fits_in_linear_memory(store: St
     batch = _early_batch(
         "SELECT '' AS trace_id WHERE 0", "TraceId IN {ids:Array(String)}", SPANS_TABLE,
         ATTRIBUTION_TABLE, "", "1", "1", versioned=False,
-    )  # fmt: skip
+    ).exact  # fmt: skip
     found = store.query_rows(
         f"{batch} SETTINGS max_memory_usage = 300000000",
         {"ids": trace_ids, "early_hi_us": 2**62},
