@@ -516,7 +516,9 @@ def _as_loaded(spans: list[SpanRecord]) -> list[SpanRecord]:
 @pytest.mark.slow
 def test_the_single_call_path_takes_its_shape_and_leaves_the_rest(store: Store) -> None:
     """Hand-built: the common shape is taken, each near miss is left to the general path (and
-    still attributed right: sql_check compares both with the reference)."""
+    still attributed right: sql_check compares both with the reference). "system": the server is
+    a serving system's request span by its name and an event (TensorRT-LLM's disaggregated
+    proxy), which the rules read on the general path."""
     from tests.attribution_support import SIMPLE_ANSWERED
 
     def build(variant: str) -> list[SpanRecord]:
@@ -526,7 +528,11 @@ def test_the_single_call_path_takes_its_shape_and_leaves_the_rest(store: Store) 
         if variant == "client-phase":
             tb.spans[-1].attributes[LatscopeAttributes.PHASE] = Phase.QUEUE
         parent = tb.add(SpanKind.INTERNAL, 11, 12, parent=c) if variant == "internal" else c
-        s = tb.server(15, 85, parent=parent)
+        if variant == "system":
+            s = tb.server(15, 85, parent=parent, name="llm_request",
+                          events=(("ctx_server.selected", T0 + 16 * MS),))  # fmt: skip
+        else:
+            s = tb.server(15, 85, parent=parent)
         if variant == "latency":
             tb.spans[-1].attributes[VllmAttributes.E2E] = "not a number"
         tb.phase(Phase.PREFILL, 20, 30, parent=s)
@@ -536,7 +542,7 @@ def test_the_single_call_path_takes_its_shape_and_leaves_the_rest(store: Store) 
         spans = tb.spans
         return [*spans, spans[-1]] if variant == "twice" else spans
 
-    variants = ["common", "app", "client-phase", "internal", "latency", "deep", "twice"]
+    variants = ["common", "app", "client-phase", "internal", "latency", "deep", "twice", "system"]
     traces_ = {v: build(v) for v in variants}
     before = set(SIMPLE_ANSWERED)
     sql_check(store, traces_, reference={k: _as_loaded(v) for k, v in traces_.items()})

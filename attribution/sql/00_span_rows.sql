@@ -37,7 +37,9 @@ span_rows AS (
         -- What the rulebook's engine rules read that has no code (attribution/rules): those
         -- attributes' values by name, and the earliest time of each event the rules name.
         $RULE_VALUES AS rule_vals,
-        $RULE_EVENTS AS rule_events
+        $RULE_EVENTS AS rule_events,
+        -- Its events' names, for a statement that tests which events a span has, not when.
+        Events.Name AS event_names
     FROM $SPANS_TABLE
     WHERE TraceId IN (SELECT trace_id FROM batch) AND $SPAN_BOUNDS
 )

@@ -324,17 +324,16 @@ def _engine_values() -> dict[str, str]:
     attr, values = rule_reads()
     kind = sql.kind_name("kind", FLAGS["SERVER"], FLAGS["CLIENT"])
     no_latency_key = sql.without_latency_key(set(LATENCY.values()))
+    hint = partial(sql.engine_code, attr, "name", kind, event_names="event_names")
     return {
         "RULE_VALUES": values,
         "RULE_EVENTS": sql.rule_events(),
         "ENGINE": sql.engine_code(attr, "name", kind),
         "SYSTEM": sql.engine_code(attr, "name", kind, system=True),
         # The single-call path: a span of an engine that needs no gen_ai.latency.* key (those
-        # send a trace to the general path already), or of a serving system.
-        "ENGINE_HINT": (
-            f"({sql.engine_code(attr, 'name', kind, no_latency_key)} != 0"
-            f" OR {sql.engine_code(attr, 'name', kind, system=True)} != 0)"
-        ),
+        # send a trace to the general path already), or of a serving system. It tests events by
+        # name, so its statement builds no span's rule_events (2-3 % of its CPU).
+        "ENGINE_HINT": f"({hint(no_latency_key)} != 0 OR {hint(None, system=True)} != 0)",
         "RULE_FIGURES": sql.figure_columns(attr),
         "RULE_DERIVED": sql.derived_columns(),
         "PREFILL_ROOT": sql.role("prefill"),

@@ -116,8 +116,12 @@ class EngineSql:
 
     # -- stage 1: which engine, its figures ------------------------------------------------------
 
-    def match(self, engine: Engine, attr: Attr, name: str, kind: str) -> str:
-        """rules.Engine.matches."""
+    def match(
+        self, engine: Engine, attr: Attr, name: str, kind: str, *, event_names: str = ""
+    ) -> str:
+        """rules.Engine.matches. An event is tested by its time in stage 0's ``rule_events``, or
+        with ``event_names`` (the span's event names) by its name: a statement that reads no
+        event's time then builds no such array for every span."""
         conds = []
         if engine.names:
             conds.append(f"{name} IN ({', '.join(_lit(n) for n in engine.names)})")
@@ -136,7 +140,12 @@ class EngineSql:
         if engine.any_attribute:
             conds.append("(" + " OR ".join(present(k) for k in engine.any_attribute) + ")")
         if engine.any_event:
-            at = [f"rule_events[{self._event(n)}] IS NOT NULL" for n in engine.any_event]
+            at = [
+                f"has({event_names}, {_lit(n)})"
+                if event_names
+                else f"rule_events[{self._event(n)}] IS NOT NULL"
+                for n in engine.any_event
+            ]
             conds.append("(" + " OR ".join(at) + ")")
         return "(" + " AND ".join(conds or ["1"]) + ")"
 
@@ -148,15 +157,17 @@ class EngineSql:
         engines: list[int] | None = None,
         *,
         system: bool = False,
+        event_names: str = "",
     ) -> str:
         """The span's engine: the index + 1 of the first entry it matches, else 0 (only the
-        entries ``engines`` when given; the serving systems' with ``system``)."""
+        entries ``engines`` when given; the serving systems' with ``system``; ``event_names``:
+        as ``match``)."""
         branches = []
         for i, engine in enumerate(self.book.engines, 1):
             if bool(engine.system_depth) != system:
                 continue
             if engines is None or i in engines:
-                branches += [self.match(engine, attr, name, kind), str(i)]
+                branches += [self.match(engine, attr, name, kind, event_names=event_names), str(i)]
         if not branches:
             return "toUInt8(0)"
         return f"toUInt8(multiIf({', '.join(branches)}, 0))"
