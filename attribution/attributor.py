@@ -654,7 +654,7 @@ class Attributor(Poller):
             return None
         return _Early(lo, complete_us, int(first_ns), int(last_ns), not int(unnamed))
 
-    def _early_beyond_settled(self, at: int, upto: int, complete_us: int) -> _Early | None:
+    def _early_beyond_settled(self, at: int, upto: int, complete_us: int) -> None:
         """With the watermark ``at`` at or past the settle bound ``upto`` (resumed from rows a
         run wrote within this settle window, say with a shorter one), there is no settled slice
         to take the early window beside: the window from the watermark goes alone, in a batch of
@@ -663,10 +663,9 @@ class Attributor(Poller):
         early = self._early_window(at, complete_us)
         free, _ = self._markers(at, at + MAX_CUTS)
         if early is None or not free:
-            return None
+            return
         self._taken.add(free[0])
         self._batches[:] = [_Batch(at, at, upto, free[0], "", "", 0, *early[2:], early=early)]
-        return early
 
     def run_until_idle(self, *, max_batches: int = 1000) -> int:
         """Attribute every settled trace up to now (bounded batches); returns requests written."""
@@ -685,9 +684,8 @@ class Attributor(Poller):
         # The current slice's batches still to do, planned once per slice (kept across passes
         # while the watermark has not moved past it).
         batches = self._batches
-        early: _Early | None = None
         if not batches and complete_us is not None and self.watermark_us >= upto:
-            early = self._early_beyond_settled(self.watermark_us, upto, complete_us)
+            self._early_beyond_settled(self.watermark_us, upto, complete_us)
         for _ in range(max_batches):
             if (self.watermark_us >= upto and not batches) or (self.stopping and written):
                 break
