@@ -17,7 +17,9 @@ attributor and the rollup builder alone.
    `--normal-priority` adds a third run to each pair: on, with serve started without the
    CAP_SYS_NICE capability (dropped from its bounding set before it starts, as a container
    without it runs), where the attributor's statements run at ingest's priority instead of as
-   background work (`latscope.storage.Store.background`).
+   background work (`latscope.storage.Store.background`). For each "on" run, the tail: serve's
+   CPU from the last span stored to done, in cores and by thread name (from /proc: the embedded
+   engine names its query and merge threads; Python's are all "python").
 2. **The attributor alone**, in this process (chDB runs in-process, so `time.process_time()` is
    its CPU): the "off" run's store, filled once, with the spans table's merges stopped (the
    process that opens a store serve wrote may merge what serve left, in the middle of a timed
@@ -32,6 +34,9 @@ attributor and the rollup builder alone.
    per request (a batch of N traces minus one trace, over N - 1); and the single-call statement's
    marginal cost up to the end of each of its steps (reading the spans, the GROUP BY by trace,
    each trace's row, the final SELECT: each read out to `FORMAT Null`), then writing its rows.
+   Last, the pass that makes serve's tail, alone (`quiet_pass`): the same requests, with the
+   attributor's clock 1 s after the newest span, so ingest has paused and the last 4 s of the
+   burst are taken in the early window: its CPU, and by statement.
 3. **Checks**: every request attributed (in both stores), and for a sample the rows equal what the
    reference engine (`attribute_requests`) gives for the stored spans.
 4. **The rollup builder**: every hour of those rows built (`Rollups.run_until_idle()`), CPU seconds
@@ -127,6 +132,23 @@ _METRIC = re.compile(r"^(latscope_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 
 
 # -- the load ------------------------------------------------------------------------------------
+
+
+def _by_statement(spent: dict[str, list[float]]) -> str:
+    """CPU seconds and calls of each statement, the costliest first."""
+    ranked = sorted(spent.items(), key=lambda kv: -kv[1][0])
+    return ", ".join(f"{name} {cpu:.2f} s ({int(calls)}x)" for name, (cpu, calls) in ranked)
+
+
+def _tail_threads(run: ServeRun) -> str:
+    """serve's CPU from the last span stored to done, in cores and by thread name."""
+    tail_s = max(run.done_s - run.stored_s, 1e-9)
+    spent = sorted(((cpu, name) for name, cpu in run.tail_threads.items() if cpu >= 0.05),
+                   reverse=True)  # fmt: skip
+    return (
+        f"{run.tail_cpu_s:.2f} CPU s in {tail_s:.2f} s ({run.tail_cpu_s / tail_s:.2f} cores); "
+        "by thread name: " + ", ".join(f"{name} {cpu:.2f}" for cpu, name in spent)
+    )
 
 
 def build_exports(requests: int, seed: int = 1, *, pod_resources: bool = False) -> list[bytes]:
@@ -241,6 +263,23 @@ class Serve:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def thread_cpu_s(self) -> dict[str, float]:
+        """User + system CPU seconds of serve's live threads, summed by thread name (Python's
+        threads are all "python"; the embedded engine names its own: query pipelines, merges)."""
+        out: dict[str, float] = {}
+        task = f"/proc/{self.proc.pid}/task"
+        for tid in os.listdir(task):
+            try:
+                with open(f"{task}/{tid}/stat") as f:
+                    stat = f.read()
+            except OSError:  # the thread ended meanwhile
+                continue
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            out[name] = out.get(name, 0.0) + cpu
+        return out
+
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(f"{self.http}/metrics", timeout=10) as resp:
             text = resp.read().decode()
@@ -271,6 +310,10 @@ class ServeRun:
     store_dir: Path
     passes: int  # attributor passes that wrote rows (seen as steps of its counter)
     background: bool  # serve had CAP_SYS_NICE: the attributor's statements at background priority
+    #: serve's CPU seconds from the last span stored to done (the tail), all of them and those of
+    #: its threads still running at done, by thread name
+    tail_cpu_s: float
+    tail_threads: dict[str, float]
 
 
 def serve_run(
@@ -299,6 +342,8 @@ def serve_run(
         sender = threading.Thread(target=send_all, args=(serve.grpc, exports, args.senders))
         sender.start()
         stored_s = None
+        at_stored: dict[str, float] = {}
+        cpu_stored = 0.0
         deadline = started + args.timeout_s
         passes, attributed = 0, 0.0
         while True:
@@ -310,17 +355,24 @@ def serve_run(
             attributed = m.get(_ATTRIBUTED, 0)
             if stored_s is None and m.get(_STORED, 0) >= spans and m.get(_QUEUED, 1) == 0:
                 stored_s = now - started
+                at_stored, cpu_stored = serve.thread_cpu_s(), serve.cpu_s()
             if stored_s is not None and (attributor == "off" or m.get(_ATTRIBUTED, 0) >= requests):
                 break
             if now > deadline:
                 raise RuntimeError(f"serve ({attributor}) not done after {args.timeout_s} s: {m}")
             time.sleep(0.05)
         done_s = now - started
-        cpu = serve.cpu_s() - cpu0
+        at_done, cpu_done = serve.thread_cpu_s(), serve.cpu_s()
+        cpu = cpu_done - cpu0
+        # (A thread that ended in the tail takes its CPU out of its name's sum: none below 0.)
+        tail = {name: max(0.0, at_done[name] - at_stored.get(name, 0.0)) for name in at_done}
         sender.join()
     finally:
         serve.stop()
-    return ServeRun(attributor, spans, stored_s, done_s, cpu, serve.store_dir, passes, background)
+    return ServeRun(
+        attributor, spans, stored_s, done_s, cpu, serve.store_dir, passes, background,
+        cpu_done - cpu_stored, tail,
+    )  # fmt: skip
 
 
 @dataclass
@@ -535,6 +587,9 @@ class Alone:
     bare: list[float]
     #: The single-call statement's marginal CPU seconds per request by step (``stage_costs``).
     stages: list[tuple[str, float]]
+    #: A quiet pass over the same requests (``quiet_pass``): CPU seconds, and by statement.
+    quiet_cpu: float
+    quiet_statements: dict[str, list[float]]
 
 
 @contextlib.contextmanager
@@ -657,6 +712,34 @@ def spans_merges_stopped(store: Any) -> Iterator[None]:
         store.command(f"SYSTEM START MERGES {SPANS_TABLE}")
 
 
+def quiet_pass(store: Any, requests: int) -> tuple[float, dict[str, list[float]]]:
+    """CPU seconds of the pass serve makes once a burst has stopped (the tail of part 1), and
+    its CPU by statement (``statements_timed``): the attribution table emptied, an attributor
+    with serve's settle window (5 s) whose clock is 1 s after the newest span, so ingest has
+    paused; it takes the traces stored up to 4 s before the newest span as settled, and the
+    rest in the early window, as serve's pass after the burst does."""
+    from latscope.attribution.attributor import Attributor
+    from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE
+
+    oldest, newest = (
+        int(v)
+        for v in store.query_rows(
+            "SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), "
+            f"toUnixTimestamp64Micro(max(LatscopeIngestedAt)) FROM {SPANS_TABLE}"
+        )[0]
+    )
+    store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
+    attributor = Attributor(store, settle_s=5.0)
+    attributor._now_us = lambda: newest + 1_000_000  # type: ignore[method-assign]
+    attributor.watermark_us = oldest - 1
+    spent: dict[str, list[float]] = {}
+    with statements_timed(store, attributor, spent):
+        cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=10**6))
+    assert written == requests, (written, requests)
+    assert any("early" in name for name in spent), spent  # it took the early window
+    return cpu, spent
+
+
 def alone(store_dir: Path, requests: int, runs: int) -> Alone:
     from latscope.attribution.attributor import Attributor
     from latscope.attribution.rollups import Rollups
@@ -699,9 +782,10 @@ def alone(store_dir: Path, requests: int, runs: int) -> Alone:
             for _ in range(runs - 1):
                 repeats.append(_attribute_again(store, requests))
                 bare.append(bare_read(store, columns))
+            quiet_cpu, quiet_statements = quiet_pass(store, requests)
             return Alone(
                 written, cpu, passes[0], costs, hours, rollup_cpu, statements, repeats, bare,
-                stages,
+                stages, quiet_cpu, quiet_statements,
             )  # fmt: skip
     finally:
         store.close()
@@ -954,6 +1038,7 @@ def main() -> None:
                 f"attributed {run.done_s - run.stored_s:.1f} s after the last span was stored, "
                 f"{run.passes} attributor passes with work"
             )
+            print(f"{'':5s}the tail: {_tail_threads(run)}")
         print(f"{'':3s}load average {load1:.2f}")
     on_sets = [(off, on) for off, on, _, _, _ in pairs]
     normal_sets = [(off, normal) for off, _, normal, _, _ in pairs if normal is not None]
@@ -996,10 +1081,11 @@ def main() -> None:
         f"the attributor {', '.join(f'{t:.1f}' for t in times)}x it (median "
         f"{statistics.median(times):.1f}x)"
     )
-    spent = sorted(solo.statements.items(), key=lambda kv: -kv[1][0])
+    print(f"  by statement: {_by_statement(solo.statements)}")
     print(
-        "  by statement: "
-        + ", ".join(f"{name} {cpu:.2f} s ({int(calls)}x)" for name, (cpu, calls) in spent)
+        f"  a quiet pass (serve's tail after the burst: the last 4 s of it in the early "
+        f"window): {solo.written / solo.quiet_cpu:,.0f} requests per CPU s "
+        f"({solo.quiet_cpu:.2f} CPU s); by statement: {_by_statement(solo.quiet_statements)}"
     )
     for name, cost in c.items():
         print(
