@@ -712,6 +712,17 @@ def spans_merges_stopped(store: Any) -> Iterator[None]:
         store.command(f"SYSTEM START MERGES {SPANS_TABLE}")
 
 
+def ingest_times(store: Any) -> tuple[int, int]:
+    """The first and last ingest time (us, the store's clock) of the stored spans."""
+    from latscope.storage import SPANS_TABLE
+
+    first, last = store.query_rows(
+        "SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), "
+        f"toUnixTimestamp64Micro(max(LatscopeIngestedAt)) FROM {SPANS_TABLE}"
+    )[0]
+    return int(first), int(last)
+
+
 def quiet_pass(store: Any, requests: int) -> tuple[float, dict[str, list[float]]]:
     """CPU seconds of the pass serve makes once a burst has stopped (the tail of part 1), and
     its CPU by statement (``statements_timed``): the attribution table emptied, an attributor
@@ -719,15 +730,9 @@ def quiet_pass(store: Any, requests: int) -> tuple[float, dict[str, list[float]]
     paused; it takes the traces stored up to 4 s before the newest span as settled, and the
     rest in the early window, as serve's pass after the burst does."""
     from latscope.attribution.attributor import Attributor
-    from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE
+    from latscope.storage import ATTRIBUTION_TABLE
 
-    oldest, newest = (
-        int(v)
-        for v in store.query_rows(
-            "SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), "
-            f"toUnixTimestamp64Micro(max(LatscopeIngestedAt)) FROM {SPANS_TABLE}"
-        )[0]
-    )
+    oldest, newest = ingest_times(store)
     store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
     attributor = Attributor(store, settle_s=5.0)
     attributor._now_us = lambda: newest + 1_000_000  # type: ignore[method-assign]

@@ -88,22 +88,16 @@ def _open(path: Path) -> Any:
 
 
 def attributor_part(workdir: Path, requests: int, rounds: int) -> dict[tuple[str, str], list]:
-    from bench.attribution.run import build_exports, serve_run
+    from bench.attribution.run import build_exports, ingest_times, serve_run
     from latscope.attribution.attributor import Attributor
-    from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE
+    from latscope.storage import ATTRIBUTION_TABLE
 
     args = argparse.Namespace(
         settle_s=5.0, complete_s=0.0, early_when_quiet="on", timeout_s=600, senders=4
     )
     run = serve_run("off", build_exports(requests), requests, args, workdir)
     store = _open(run.store_dir)
-    oldest, newest = (
-        int(v)
-        for v in store.query_rows(
-            "SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), "
-            f"toUnixTimestamp64Micro(max(LatscopeIngestedAt)) FROM {SPANS_TABLE}"
-        )[0]
-    )
+    oldest, newest = ingest_times(store)
     chosen: list[int | None] = [None]
     out: dict[tuple[str, str], list] = {}
     with _threads(store, chosen):
