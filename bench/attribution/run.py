@@ -213,6 +213,15 @@ def _drop_cap_sys_nice() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_SYS_NICE)")
 
 
+def _proc_cpu(stat_path: str) -> tuple[str, float]:
+    """The name and user + system CPU seconds in a /proc stat file (a process's or a thread's)."""
+    with open(stat_path) as f:
+        stat = f.read()
+    fields = stat.rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat[stat.index("(") + 1 : stat.rindex(")")], cpu
+
+
 class Serve:
     """``latscope serve`` on loopback ports over a fresh store in ``workdir``; ``nice``: with
     CAP_SYS_NICE where this process has it (False: without, ``_drop_cap_sys_nice``)."""
@@ -259,25 +268,19 @@ class Serve:
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the whole process (every thread, ended ones too)."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return _proc_cpu(f"/proc/{self.proc.pid}/stat")[1]
 
-    def thread_cpu_s(self) -> dict[str, float]:
-        """User + system CPU seconds of serve's live threads, summed by thread name (Python's
-        threads are all "python"; the embedded engine names its own: query pipelines, merges)."""
-        out: dict[str, float] = {}
+    def thread_cpu_s(self) -> dict[str, tuple[str, float]]:
+        """Each live thread of serve by id: its name (Python's threads are all "python"; the
+        embedded engine names its own, and renames a pool thread for the work it takes) and its
+        user + system CPU seconds."""
+        out: dict[str, tuple[str, float]] = {}
         task = f"/proc/{self.proc.pid}/task"
         for tid in os.listdir(task):
             try:
-                with open(f"{task}/{tid}/stat") as f:
-                    stat = f.read()
+                out[tid] = _proc_cpu(f"{task}/{tid}/stat")
             except OSError:  # the thread ended meanwhile
                 continue
-            name = stat[stat.index("(") + 1 : stat.rindex(")")]
-            fields = stat.rsplit(")", 1)[1].split()
-            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            out[name] = out.get(name, 0.0) + cpu
         return out
 
     def metrics(self) -> dict[str, float]:
@@ -311,7 +314,7 @@ class ServeRun:
     passes: int  # attributor passes that wrote rows (seen as steps of its counter)
     background: bool  # serve had CAP_SYS_NICE: the attributor's statements at background priority
     #: serve's CPU seconds from the last span stored to done (the tail), all of them and those of
-    #: its threads still running at done, by thread name
+    #: its threads still running at done, by their names at done
     tail_cpu_s: float
     tail_threads: dict[str, float]
 
@@ -342,7 +345,7 @@ def serve_run(
         sender = threading.Thread(target=send_all, args=(serve.grpc, exports, args.senders))
         sender.start()
         stored_s = None
-        at_stored: dict[str, float] = {}
+        at_stored: dict[str, tuple[str, float]] = {}
         cpu_stored = 0.0
         deadline = started + args.timeout_s
         passes, attributed = 0, 0.0
@@ -364,8 +367,13 @@ def serve_run(
         done_s = now - started
         at_done, cpu_done = serve.thread_cpu_s(), serve.cpu_s()
         cpu = cpu_done - cpu0
-        # (A thread that ended in the tail takes its CPU out of its name's sum: none below 0.)
-        tail = {name: max(0.0, at_done[name] - at_stored.get(name, 0.0)) for name in at_done}
+        # Each thread's CPU since the last span was stored, under its name at done (a thread
+        # that ended meanwhile is in the total only; an id with less CPU than before is a new
+        # thread's).
+        tail: dict[str, float] = {}
+        for tid, (name, now_cpu) in at_done.items():
+            was = at_stored.get(tid, ("", 0.0))[1]
+            tail[name] = tail.get(name, 0.0) + (now_cpu - was if now_cpu >= was else now_cpu)
         sender.join()
     finally:
         serve.stop()
@@ -712,31 +720,35 @@ def spans_merges_stopped(store: Any) -> Iterator[None]:
         store.command(f"SYSTEM START MERGES {SPANS_TABLE}")
 
 
-def ingest_times(store: Any) -> tuple[int, int]:
-    """The first and last ingest time (us, the store's clock) of the stored spans."""
+def quiet_attributor(store: Any) -> Any:
+    """An attributor whose next pass is the one serve makes once a burst has stopped (the tail
+    of part 1): serve's settle window (5 s), its clock 1 s after the newest stored span, so
+    ingest has paused, and its watermark before the first. That pass takes the traces stored up
+    to 4 s before the newest span as settled, and the rest in the early window."""
+    from latscope.attribution.attributor import Attributor
     from latscope.storage import SPANS_TABLE
 
-    first, last = store.query_rows(
-        "SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), "
-        f"toUnixTimestamp64Micro(max(LatscopeIngestedAt)) FROM {SPANS_TABLE}"
-    )[0]
-    return int(first), int(last)
+    oldest, newest = (
+        int(v)
+        for v in store.query_rows(
+            "SELECT toUnixTimestamp64Micro(min(LatscopeIngestedAt)), "
+            f"toUnixTimestamp64Micro(max(LatscopeIngestedAt)) FROM {SPANS_TABLE}"
+        )[0]
+    )
+    attributor = Attributor(store, settle_s=5.0)
+    attributor._now_us = lambda: newest + 1_000_000
+    attributor.watermark_us = oldest - 2_000_000
+    return attributor
 
 
 def quiet_pass(store: Any, requests: int) -> tuple[float, dict[str, list[float]]]:
-    """CPU seconds of the pass serve makes once a burst has stopped (the tail of part 1), and
-    its CPU by statement (``statements_timed``): the attribution table emptied, an attributor
-    with serve's settle window (5 s) whose clock is 1 s after the newest span, so ingest has
-    paused; it takes the traces stored up to 4 s before the newest span as settled, and the
-    rest in the early window, as serve's pass after the burst does."""
-    from latscope.attribution.attributor import Attributor
+    """CPU seconds of the pass serve makes once a burst has stopped, over every stored request
+    (the attribution table emptied first; ``quiet_attributor``), and its CPU by statement
+    (``statements_timed``)."""
     from latscope.storage import ATTRIBUTION_TABLE
 
-    oldest, newest = ingest_times(store)
     store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
-    attributor = Attributor(store, settle_s=5.0)
-    attributor._now_us = lambda: newest + 1_000_000  # type: ignore[method-assign]
-    attributor.watermark_us = oldest - 1
+    attributor = quiet_attributor(store)
     spent: dict[str, list[float]] = {}
     with statements_timed(store, attributor, spent):
         cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=10**6))

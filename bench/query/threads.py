@@ -88,7 +88,7 @@ def _open(path: Path) -> Any:
 
 
 def attributor_part(workdir: Path, requests: int, rounds: int) -> dict[tuple[str, str], list]:
-    from bench.attribution.run import build_exports, ingest_times, serve_run
+    from bench.attribution.run import build_exports, quiet_attributor, serve_run
     from latscope.attribution.attributor import Attributor
     from latscope.storage import ATTRIBUTION_TABLE
 
@@ -97,7 +97,6 @@ def attributor_part(workdir: Path, requests: int, rounds: int) -> dict[tuple[str
     )
     run = serve_run("off", build_exports(requests), requests, args, workdir)
     store = _open(run.store_dir)
-    oldest, newest = ingest_times(store)
     chosen: list[int | None] = [None]
     out: dict[tuple[str, str], list] = {}
     with _threads(store, chosen):
@@ -107,9 +106,7 @@ def attributor_part(workdir: Path, requests: int, rounds: int) -> dict[tuple[str
                     chosen[0] = THREADS[name]
                     store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
                     if way == "quiet pass":
-                        attributor = Attributor(store, settle_s=5.0)
-                        attributor._now_us = lambda: newest + 1_000_000  # type: ignore[method-assign]
-                        attributor.watermark_us = oldest - 2_000_000
+                        attributor = quiet_attributor(store)
                     else:
                         attributor = Attributor(store, settle_s=0.0)
                     timed, written = _timed(partial(attributor.run_until_idle, max_batches=10**6))
