@@ -85,7 +85,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -600,38 +600,55 @@ class Alone:
     quiet_statements: dict[str, list[float]]
 
 
+def statement_names(attributor: Any) -> dict[str, str]:
+    """``attributor``'s statements' text, each to its name (its attribute's), those with early
+    attribution marked so."""
+    out = {}
+    for versioned, sql in attributor._early_sql.items():
+        mark = "early, versioned" if versioned else "early"
+        out.update({v: f"{k} ({mark})" for k, v in vars(sql).items() if isinstance(v, str)})
+    out.update({v: k for k, v in vars(attributor._sql).items() if isinstance(v, str)})
+    return out
+
+
 @contextlib.contextmanager
-def statements_timed(store: Any, attributor: Any, into: dict[str, list[float]]) -> Iterator[None]:
-    """While inside, each statement ``store`` runs (``command``, ``query_rows``) adds its CPU
-    seconds and a call to ``into``, under its name among ``attributor``'s statements, those with
-    early attribution marked so (else "other")."""
+def statements_through(
+    store: Any, through: Callable[[str, Callable[[str], Any]], Any]
+) -> Iterator[None]:
+    """While inside, each statement ``store`` runs (``command``, ``query_rows``) goes through
+    ``through(sql, run)``, where ``run(text)`` makes the call with ``text`` for the statement."""
 
-    def names() -> dict[str, str]:
-        out = {}
-        for versioned, sql in attributor._early_sql.items():
-            mark = "early, versioned" if versioned else "early"
-            out.update({v: f"{k} ({mark})" for k, v in vars(sql).items() if isinstance(v, str)})
-        out.update({v: k for k, v in vars(attributor._sql).items() if isinstance(v, str)})
-        return out
+    def wrapped(call: Any) -> Any:
+        def wrapped_call(sql: str, *args: Any, **kwargs: Any) -> Any:
+            return through(sql, lambda text: call(text, *args, **kwargs))
 
-    def timed(call: Any) -> Any:
-        def timed_call(sql: str, *args: Any, **kwargs: Any) -> Any:
-            cpu, out = _cpu_of(lambda: call(sql, *args, **kwargs))
-            spent = into.setdefault(names().get(sql, "other"), [0.0, 0])
-            spent[0] += cpu
-            spent[1] += 1
-            return out
-
-        return timed_call
+        return wrapped_call
 
     methods = ("command", "query_rows")
     for method in methods:
-        setattr(store, method, timed(getattr(store, method)))
+        setattr(store, method, wrapped(getattr(store, method)))
     try:
         yield
     finally:
         for method in methods:
             delattr(store, method)
+
+
+def statements_timed(
+    store: Any, attributor: Any, into: dict[str, list[float]]
+) -> contextlib.AbstractContextManager[None]:
+    """While inside, each statement ``store`` runs (``command``, ``query_rows``) adds its CPU
+    seconds and a call to ``into``, under its name among ``attributor``'s statements
+    (``statement_names``; else "other")."""
+
+    def timed(sql: str, run: Callable[[str], Any]) -> Any:
+        cpu, out = _cpu_of(lambda: run(sql))
+        spent = into.setdefault(statement_names(attributor).get(sql, "other"), [0.0, 0])
+        spent[0] += cpu
+        spent[1] += 1
+        return out
+
+    return statements_through(store, timed)
 
 
 def read_columns(store: Any, insert_simple: str) -> list[str]:
