@@ -15,18 +15,17 @@ Printed, as medians over the runs:
 
 - each statement: its calls, its CPU (this process's over the call; on one thread, so not what
   serve's statements cost, which ``bench.attribution.run`` gives) and its share of the pass's;
-- the single-call INSERTs together, each step's share of the time their processors worked:
+- the single-call INSERTs together, by step, in ms, in us a request and as a share of their CPU:
   reading the spans, the filters, building the batch's sets, the expressions before and after the
   GROUP BY, the GROUP BY's two halves (adding each span to its trace's aggregates; turning each
-  trace's aggregates into columns), HAVING, and writing the rows.
+  trace's aggregates into columns), HAVING, writing the rows, and the rest of their CPU.
 
 A processor's time is the wall time of its work (not its waits for input or output). Each
 statement runs on one thread here, so no processor waits for a core behind another of its own
-statement; the time still counts what the machine's other load takes from that thread, so the
-profile gives shares, not CPU (it prints the processors' time beside the INSERTs' CPU). The
-shares leave out what the engine does outside its processors (parsing, analysis, planning;
-``bench.attribution.fixed`` measures it). Everything it creates (the store, the config) is
-removed at the end.
+statement, and that time is close to the processor's CPU (it also counts what the machine's
+other load takes from the thread). What the INSERTs' CPU has beyond their processors' time is
+the engine's work outside them: parsing, analysis and planning (``bench.attribution.fixed``
+measures the first two). Everything it creates (the store, the config) is removed at the end.
 """
 
 from __future__ import annotations
@@ -37,13 +36,14 @@ import shutil
 import statistics
 import tempfile
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-#: The engine's own logs, on for this process's engine: each query's CPU, and each processor's.
+#: The engine's own logs, on for this process's engine: each query, and each of its processors.
 LOGS_CONFIG = """<clickhouse>
   <query_log><database>system</database><table>query_log</table></query_log>
   <processors_profile_log>
@@ -124,13 +124,16 @@ def downstream(processors: list[tuple]) -> set[int]:
 def statements_tagged(
     store: Any, attributor: Any, calls: list[str], cpu: dict[str, float]
 ) -> AbstractContextManager[None]:
-    """While inside, each statement ``store`` runs is tagged with a name of its own (its name among
-    ``attributor``'s statements and the call's number), kept in ``calls``, and its CPU ms (this
-    process's over the call) in ``cpu``."""
+    """While inside, each statement ``store`` runs is tagged with a name of its own (a token of
+    this pass, the call's number, and its name among ``attributor``'s statements), kept in
+    ``calls``, and its CPU ms (this process's over the call) in ``cpu``."""
     from bench.attribution.run import statement_names, statements_through
 
+    this_pass = uuid.uuid4().hex[:12]
+
     def tagging(sql: str, run: Callable[[str], Any]) -> Any:
-        calls.append(f"{len(calls)}:{statement_names(attributor).get(sql, 'other')}")
+        name = statement_names(attributor).get(sql, "other")
+        calls.append(f"{this_pass}:{len(calls)}:{name}")
         cpu0 = time.process_time()
         out = run(tagged(sql, calls[-1]))
         cpu[calls[-1]] = (time.process_time() - cpu0) * 1e3
@@ -140,8 +143,8 @@ def statements_tagged(
 
 
 def profile_pass(store: Any, requests: int) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """One quiet pass over every stored request: by statement name, [calls, CPU ms, processors
-    ms]; and the single-call INSERTs' processors' ms by step."""
+    """One quiet pass over every stored request: by statement name, [calls, CPU ms]; and the
+    single-call INSERTs' processors' ms by step."""
     from bench.attribution.run import quiet_attributor
     from latscope.storage import ATTRIBUTION_TABLE
 
@@ -175,12 +178,10 @@ def profile_pass(store: Any, requests: int) -> tuple[dict[str, list[float]], dic
     by_statement: dict[str, list[float]] = {}
     steps = dict.fromkeys(STEPS, 0.0)
     for tag in calls:
-        name = tag.split(":", 1)[1]
-        own = sum(p[5] for p in processors[tag]) / 1e3
-        spent = by_statement.setdefault(name, [0, 0.0, 0.0])
+        name = tag.split(":", 2)[2]
+        spent = by_statement.setdefault(name, [0, 0.0])
         spent[0] += 1
         spent[1] += process_cpu[tag]
-        spent[2] += own
         if name.startswith("insert_simple"):
             after = downstream(processors[tag])
             for p in processors[tag]:
@@ -260,15 +261,13 @@ def print_profile(
             for by_statement, _ in runs
         ]
     )
-    shares = [
-        {step: ms / (sum(steps.values()) or 1) for step, ms in steps.items()} for _, steps in runs
-    ]
-    worked = median([sum(steps.values()) for _, steps in runs])
-    print(f"\nthe single-call INSERTs ({inserts:,.0f} CPU ms, {inserts * 1e3 / requests:.1f} us a "
-          f"request; their processors worked {worked:,.0f} ms), each step's share of that time "
-          "(medians):")  # fmt: skip
-    for step in STEPS:
-        print(f"  {step:56s} {median([share[step] for share in shares]):6.1%}")
+    steps = {step: median([r[1][step] for r in runs]) for step in STEPS}
+    steps["outside the processors (parsing, analysis, planning)"] = inserts - sum(steps.values())
+    print(f"\nthe single-call INSERTs together by step, medians ({inserts:,.0f} CPU ms, "
+          f"{inserts * 1e3 / requests:.1f} us a request):")  # fmt: skip
+    print(f"  {'step':56s} {'ms':>6s} {'us/req':>6s} {'share':>6s}")
+    for step, ms in steps.items():
+        print(f"  {step:56s} {ms:6.0f} {ms * 1e3 / requests:6.2f} {ms / inserts:6.1%}")
 
 
 if __name__ == "__main__":
