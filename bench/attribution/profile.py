@@ -39,7 +39,6 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -121,40 +120,28 @@ def downstream(processors: list[tuple]) -> set[int]:
     return seen
 
 
-def statements_tagged(
-    store: Any, attributor: Any, calls: list[str], cpu: dict[str, float]
-) -> AbstractContextManager[None]:
-    """While inside, each statement ``store`` runs is tagged with a name of its own (a token of
-    this pass, the call's number, and its name among ``attributor``'s statements), kept in
-    ``calls``, and its CPU ms (this process's over the call) in ``cpu``."""
-    from bench.attribution.run import statement_names, statements_through
+def tagging(attributor: Any, calls: list[str]) -> Callable[[str, Callable[[str], Any]], Any]:
+    """What each of ``attributor``'s statements goes through (``statements_through``): tagged
+    with a name of its own (a token of this pass, the call's number, and its name among the
+    attributor's statements), kept in ``calls``."""
+    from bench.attribution.run import statement_names
 
     this_pass = uuid.uuid4().hex[:12]
 
-    def tagging(sql: str, run: Callable[[str], Any]) -> Any:
-        name = statement_names(attributor).get(sql, "other")
-        calls.append(f"{this_pass}:{len(calls)}:{name}")
-        cpu0 = time.process_time()
-        out = run(tagged(sql, calls[-1]))
-        cpu[calls[-1]] = (time.process_time() - cpu0) * 1e3
-        return out
+    def tag(sql: str, run: Callable[[str], Any]) -> Any:
+        calls.append(f"{this_pass}:{len(calls)}:{statement_names(attributor).get(sql, 'other')}")
+        return run(tagged(sql, calls[-1]))
 
-    return statements_through(store, tagging)
+    return tag
 
 
 def profile_pass(store: Any, requests: int) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """One quiet pass over every stored request: by statement name, [calls, CPU ms]; and the
-    single-call INSERTs' processors' ms by step."""
-    from bench.attribution.run import quiet_attributor
-    from latscope.storage import ATTRIBUTION_TABLE
+    """One quiet pass over every stored request (``quiet_pass``): by statement name, its CPU
+    seconds and calls; and the single-call INSERTs' processors' ms by step."""
+    from bench.attribution.run import quiet_pass
 
-    store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
-    attributor = quiet_attributor(store)
     calls: list[str] = []
-    process_cpu: dict[str, float] = {}
-    with statements_tagged(store, attributor, calls, process_cpu):
-        written = attributor.run_until_idle(max_batches=10**6)
-    assert written == requests, (written, requests)
+    _, by_statement = quiet_pass(store, requests, lambda attributor: tagging(attributor, calls))
     store.command("SYSTEM FLUSH LOGS")
     logged = {
         tag
@@ -175,14 +162,9 @@ def profile_pass(store: Any, requests: int) -> tuple[dict[str, list[float]], dic
         processors[row[0]].append(row[1:])
     missing = [tag for tag in calls if tag not in logged]
     assert not missing, f"statements missing from the engine's query log: {missing}"
-    by_statement: dict[str, list[float]] = {}
     steps = dict.fromkeys(STEPS, 0.0)
     for tag in calls:
-        name = tag.split(":", 2)[2]
-        spent = by_statement.setdefault(name, [0, 0.0])
-        spent[0] += 1
-        spent[1] += process_cpu[tag]
-        if name.startswith("insert_simple"):
+        if tag.split(":", 2)[2].startswith("insert_simple"):
             after = downstream(processors[tag])
             for p in processors[tag]:
                 steps[step_of(p[2], p[3], p[4], p[0] in after)] += p[5] / 1e3
@@ -196,27 +178,13 @@ def main() -> None:
     parser.add_argument("--senders", type=int, default=4)
     args = parser.parse_args()
 
-    from bench.attribution.run import build_exports, serve_run, spans_merges_stopped
+    from bench.attribution.run import spans_merges_stopped, stored_burst
     from latscope.storage import Store
 
     workdir = Path(tempfile.mkdtemp(prefix="latscope-attrprofile-"))
     try:
         t = time.perf_counter()
-        exports = build_exports(args.requests)
-        stored = serve_run(
-            "off",
-            exports,
-            args.requests,
-            argparse.Namespace(
-                settle_s=5.0,
-                complete_s=0.0,
-                early_when_quiet="on",
-                senders=args.senders,
-                timeout_s=600.0,
-            ),
-            workdir / "serve",
-        )
-        del exports
+        stored = stored_burst(args.requests, workdir / "serve", senders=args.senders)
         print(f"{args.requests:,} requests ({args.requests * 7:,} spans) stored through latscope "
               f"serve in {stored.stored_s:.1f} s ({time.perf_counter() - t:.1f} s with building "
               "them)")  # fmt: skip
@@ -243,9 +211,9 @@ def print_profile(
 
     names = sorted(
         {name for by_statement, _ in runs for name in by_statement},
-        key=lambda n: -median([r[0].get(n, [0, 0.0])[1] for r in runs]),
+        key=lambda n: -median([r[0].get(n, [0.0, 0])[0] for r in runs]),
     )
-    totals = [sum(s[1] for s in by_statement.values()) for by_statement, _ in runs]
+    totals = [sum(s[0] * 1e3 for s in by_statement.values()) for by_statement, _ in runs]
     print(f"\nthe quiet pass over {requests:,} requests, each statement on one thread, "
           f"{len(runs)} runs, medians: "
           f"{median(totals):,.0f} CPU ms ({requests / (median(totals) / 1e3):,.0f} requests per "
@@ -253,11 +221,11 @@ def print_profile(
     print(f"  {'statement':36s} {'calls':>5s} {'CPU ms':>8s} {'share':>6s}")
     for name in names:
         spent = [r[0][name] for r in runs if name in r[0]]
-        cpu = median([s[1] for s in spent])
-        print(f"  {name:36s} {int(spent[0][0]):5d} {cpu:8.0f} {cpu / median(totals):6.1%}")
+        cpu = median([s[0] * 1e3 for s in spent])
+        print(f"  {name:36s} {int(spent[0][1]):5d} {cpu:8.0f} {cpu / median(totals):6.1%}")
     inserts = median(
         [
-            sum(s[1] for n, s in by_statement.items() if n.startswith("insert_simple"))
+            sum(s[0] * 1e3 for n, s in by_statement.items() if n.startswith("insert_simple"))
             for by_statement, _ in runs
         ]
     )

@@ -616,7 +616,8 @@ def statements_through(
     store: Any, through: Callable[[str, Callable[[str], Any]], Any]
 ) -> Iterator[None]:
     """While inside, each statement ``store`` runs (``command``, ``query_rows``) goes through
-    ``through(sql, run)``, where ``run(text)`` makes the call with ``text`` for the statement."""
+    ``through(sql, run)``, where ``run(text)`` makes the call with ``text`` for the statement.
+    Inside another, it wraps that one's calls, which it gives back on leaving."""
 
     def wrapped(call: Any) -> Any:
         def wrapped_call(sql: str, *args: Any, **kwargs: Any) -> Any:
@@ -625,13 +626,17 @@ def statements_through(
         return wrapped_call
 
     methods = ("command", "query_rows")
+    before = {method: vars(store).get(method) for method in methods}
     for method in methods:
         setattr(store, method, wrapped(getattr(store, method)))
     try:
         yield
     finally:
-        for method in methods:
-            delattr(store, method)
+        for method, call in before.items():
+            if call is None:
+                delattr(store, method)
+            else:
+                setattr(store, method, call)
 
 
 def statements_timed(
@@ -737,6 +742,16 @@ def spans_merges_stopped(store: Any) -> Iterator[None]:
         store.command(f"SYSTEM START MERGES {SPANS_TABLE}")
 
 
+def stored_burst(requests: int, workdir: Path, *, senders: int = SENDERS) -> ServeRun:
+    """``requests`` unique requests (``build_exports``) stored through ``latscope serve`` with the
+    attributor off, in ``workdir``, by ``senders`` at once: a store for the attributor's parts
+    that run in this process."""
+    args = argparse.Namespace(
+        settle_s=5.0, complete_s=0.0, early_when_quiet="on", senders=senders, timeout_s=600.0
+    )
+    return serve_run("off", build_exports(requests), requests, args, workdir)
+
+
 def quiet_attributor(store: Any) -> Any:
     """An attributor whose next pass is the one serve makes once a burst has stopped (the tail
     of part 1): serve's settle window (5 s), its clock 1 s after the newest stored span, so
@@ -758,16 +773,24 @@ def quiet_attributor(store: Any) -> Any:
     return attributor
 
 
-def quiet_pass(store: Any, requests: int) -> tuple[float, dict[str, list[float]]]:
+def quiet_pass(
+    store: Any,
+    requests: int,
+    through: Callable[[Any], Callable[[str, Callable[[str], Any]], Any]] | None = None,
+) -> tuple[float, dict[str, list[float]]]:
     """CPU seconds of the pass serve makes once a burst has stopped, over every stored request
     (the attribution table emptied first; ``quiet_attributor``), and its CPU by statement
-    (``statements_timed``)."""
+    (``statements_timed``). ``through``: given the pass's attributor, what each of its statements
+    goes through as well (``statements_through``), inside the timing."""
     from latscope.storage import ATTRIBUTION_TABLE
 
     store.command(f"TRUNCATE TABLE {ATTRIBUTION_TABLE}")
     attributor = quiet_attributor(store)
     spent: dict[str, list[float]] = {}
-    with statements_timed(store, attributor, spent):
+    with contextlib.ExitStack() as watching:
+        if through is not None:
+            watching.enter_context(statements_through(store, through(attributor)))
+        watching.enter_context(statements_timed(store, attributor, spent))
         cpu, written = _cpu_of(lambda: attributor.run_until_idle(max_batches=10**6))
     assert written == requests, (written, requests)
     assert any("early" in name for name in spent), spent  # it took the early window

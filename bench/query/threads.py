@@ -88,14 +88,11 @@ def _open(path: Path) -> Any:
 
 
 def attributor_part(workdir: Path, requests: int, rounds: int) -> dict[tuple[str, str], list]:
-    from bench.attribution.run import build_exports, quiet_attributor, serve_run
+    from bench.attribution.run import quiet_attributor, stored_burst
     from latscope.attribution.attributor import Attributor
     from latscope.storage import ATTRIBUTION_TABLE
 
-    args = argparse.Namespace(
-        settle_s=5.0, complete_s=0.0, early_when_quiet="on", timeout_s=600, senders=4
-    )
-    run = serve_run("off", build_exports(requests), requests, args, workdir)
+    run = stored_burst(requests, workdir)
     store = _open(run.store_dir)
     chosen: list[int | None] = [None]
     out: dict[tuple[str, str], list] = {}
