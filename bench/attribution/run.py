@@ -26,17 +26,24 @@ attributor and the rollup builder alone.
    run: ingest's work, not the attributor's; `spans_merges_stopped`), then
    `Attributor.run_until_idle()` from the stored spans to attribution rows: requests per
    CPU second; then again `--alone-runs` - 1 times over the same spans (the attribution table
-   emptied first), the best and median printed beside. Its baseline: after each run, the bare
+   emptied first), the best and median printed beside. Its baselines: after each run, the bare
    read of the columns it reads, of every stored span, into a Null table (the least any
-   attributor inside ClickHouse pays), and the attributor's CPU as a multiple of it (the
-   machine's speed moves both). Then the statement's costs: ClickHouse's analysis of it
-   (`EXPLAIN QUERY TREE`), one trace (the fixed cost of a pass with work) and the marginal cost
-   per request (a batch of N traces minus one trace, over N - 1); and the single-call statement's
-   marginal cost up to the end of each of its steps (reading the spans, the GROUP BY by trace,
-   each trace's row, the final SELECT: each read out to `FORMAT Null`), then writing its rows.
+   attributor inside ClickHouse pays), then the same columns grouped by trace (each trace's
+   spans carried whole through a GROUP BY, nothing worked out: the attributor carries less of
+   them, the arrays of a few spans only), and the attributor's CPU as a multiple of each (the
+   machine's speed moves them all). Then the statement's costs: ClickHouse's
+   analysis of it (`EXPLAIN QUERY TREE`), one trace (the fixed cost of a pass with work) and
+   the marginal cost per request (a batch of N traces minus one trace, over N - 1); and the
+   single-call statement's marginal cost up to the end of each of its steps (reading the spans,
+   the GROUP BY by trace, each trace's row, the final SELECT: each read out to `FORMAT Null`),
+   then writing its rows.
    Last, the pass that makes serve's tail, alone (`quiet_pass`): the same requests, with the
    attributor's clock 1 s after the newest span, so ingest has paused and the last 4 s of the
-   burst are taken in the early window: its CPU, and by statement.
+   burst are taken in the early window: its CPU, and by statement. And the budget: while serve's
+   CPU bounds it, on / off to done is at best the "off" runs' CPU over the "on" runs', so 0.9
+   leaves the attributor a ninth of what serve costs a request with it off; the attributor
+   alone, the quiet pass and the two baselines are printed in us a request and as a share of
+   that budget.
 3. **Checks**: every request attributed (in both stores), and for a sample the rows equal what the
    reference engine (`attribute_requests`) gives for the stored spans.
 4. **The rollup builder**: every hour of those rows built (`Rollups.run_until_idle()`), CPU seconds
@@ -591,8 +598,10 @@ class Alone:
     statements: dict[str, list[float]]
     #: CPU seconds of each further run over the same spans (the attribution table emptied first).
     repeats: list[float]
-    #: CPU seconds of the bare read after each run (the first run's first).
+    #: CPU seconds of the bare read after each run (the first run's first), and of the grouped
+    #: read (``bare_read``'s ``grouped``) after it.
     bare: list[float]
+    grouped: list[float]
     #: The single-call statement's marginal CPU seconds per request by step (``stage_costs``).
     stages: list[tuple[str, float]]
     #: A quiet pass over the same requests (``quiet_pass``): CPU seconds, and by statement.
@@ -687,20 +696,22 @@ def read_columns(store: Any, insert_simple: str) -> list[str]:
     return columns
 
 
-def bare_read(store: Any, columns: str) -> float:
+def bare_read(store: Any, columns: str, *, grouped: bool = False) -> float:
     """CPU seconds of reading ``columns`` (those the attributor reads, ``read_columns``), of every
     stored span, into a Null table: what any attributor inside ClickHouse pays at least for these
     requests, and a baseline measured after each of its runs (this machine's speed swings between
-    runs: the ratio of the two moves less than either)."""
+    runs: the ratio of the two moves less than either). ``grouped``: each trace's spans grouped
+    into one row (``TraceId`` and an array of its spans' other columns): a GROUP BY by trace that
+    carries every column read, with nothing worked out."""
     from latscope.storage import SPANS_TABLE
 
-    store.command(
-        f"CREATE TABLE IF NOT EXISTS {BARE_SINK} ENGINE = Null "
-        f"AS SELECT {columns} FROM {SPANS_TABLE} LIMIT 0"
-    )
+    select = f"SELECT {columns} FROM {SPANS_TABLE}"
+    if grouped:
+        others = ", ".join(c for c in columns.split(", ") if c != "TraceId")
+        select = f"SELECT TraceId, groupArray(({others})) FROM {SPANS_TABLE} GROUP BY TraceId"
+    store.command(f"CREATE TABLE IF NOT EXISTS {BARE_SINK} ENGINE = Null AS {select} LIMIT 0")
     try:
-        sql = f"INSERT INTO {BARE_SINK} SELECT {columns} FROM {SPANS_TABLE}"
-        cpu, _ = _cpu_of(lambda: store.command(sql))
+        cpu, _ = _cpu_of(lambda: store.command(f"INSERT INTO {BARE_SINK} {select}"))
     finally:
         store.command(f"DROP TABLE IF EXISTS {BARE_SINK}")
     return cpu
@@ -833,16 +844,18 @@ def alone(store_dir: Path, requests: int, runs: int) -> Alone:
             costs = statement_costs(store)
             stages = stage_costs(store)
             bare = [bare_read(store, columns)]
+            grouped = [bare_read(store, columns, grouped=True)]
             # The same work again (the machine's load swings between runs): a new attributor starts
             # from an empty attribution table, so it attributes every request again.
             repeats = []
             for _ in range(runs - 1):
                 repeats.append(_attribute_again(store, requests))
                 bare.append(bare_read(store, columns))
+                grouped.append(bare_read(store, columns, grouped=True))
             quiet_cpu, quiet_statements = quiet_pass(store, requests)
             return Alone(
                 written, cpu, passes[0], costs, hours, rollup_cpu, statements, repeats, bare,
-                stages, quiet_cpu, quiet_statements,
+                grouped, stages, quiet_cpu, quiet_statements,
             )  # fmt: skip
     finally:
         store.close()
@@ -1138,6 +1151,14 @@ def main() -> None:
         f"the attributor {', '.join(f'{t:.1f}' for t in times)}x it (median "
         f"{statistics.median(times):.1f}x)"
     )
+    grouped = [cpu / g for cpu, g in zip(cpus, solo.grouped, strict=True)]
+    print(
+        f"  baseline, the grouped read (the same columns, each trace's spans into one row: a "
+        f"GROUP BY by trace carrying them all, nothing worked out) after each run: "
+        f"{', '.join(f'{g:.2f}' for g in solo.grouped)} CPU s, "
+        f"{solo.written / statistics.median(solo.grouped):,.0f} requests per CPU s (median); the "
+        f"attributor {', '.join(f'{t:.1f}' for t in grouped)}x it"
+    )
     print(f"  by statement: {_by_statement(solo.statements)}")
     print(
         f"  a quiet pass (serve's tail after the burst: the last 4 s of it in the early "
@@ -1159,6 +1180,25 @@ def main() -> None:
         f"rollup builder: {solo.hours} hours of {requests // HOURS:,} requests in "
         f"{solo.rollup_cpu:.2f} CPU s: {solo.rollup_cpu / max(solo.hours, 1):.2f} CPU s per hour "
         f"built; {solo.rollup_cpu / on.cpu_s:.1%} of serve's CPU (on) for the same requests"
+    )
+
+    # While serve's CPU bounds it, on / off to done is at best off's CPU over on's: at least 0.9
+    # leaves the attributor a ninth of what ingest costs.
+    ingest_us = statistics.median(off.cpu_s for off, _, _, _, _ in pairs) / requests * 1e6
+    per_request = {
+        "the attributor alone (median run)": statistics.median(cpus),
+        "a quiet pass": solo.quiet_cpu,
+        "the grouped read": statistics.median(solo.grouped),
+        "the bare read": statistics.median(solo.bare),
+    }
+    print(
+        f"budget: serve with the attributor off, {ingest_us:.0f} us CPU per request (median); "
+        f"on / off >= 0.9 while the CPU bounds serve leaves the attributor {ingest_us / 9:.1f} "
+        "us a request; against it: "
+        + ", ".join(
+            f"{name} {cpu / requests * 1e6:.1f} us ({cpu / requests * 1e6 / (ingest_us / 9):.2f})"
+            for name, cpu in per_request.items()
+        )
     )
 
     if history is not None:
