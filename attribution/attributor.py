@@ -54,6 +54,10 @@ them out (``_mend_moved``).
 
 Cadence: after a pass with work it waits longer, so the next takes a bigger slice for the same
 fixed cost, and between passes it looks whether ingest has paused (``attribution/cadence.py``).
+A pass made once the store's only writer says ingest has paused runs with the spans table's
+merges stopped (``_merges_held``): after a burst they would take a core from the pass that
+attributes its last requests. They start again when it ends, or before its next batch once
+ingest is busy again.
 
 Scale-out: ``shard=(i, n)`` takes only the traces with ``cityHash64(TraceId) % n = i``, so ``n``
 attributors split a store's traces with none done twice and none missed; on a cluster (spans and
@@ -64,10 +68,11 @@ resources by id are on every node).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from prometheus_client import Counter, Gauge
@@ -225,6 +230,8 @@ class Attributor(Poller):
         self.ingest_idle_s = ingest_idle_s
         #: How long ingest must be idle to have paused, by the last look's count of spans waiting.
         self._pause_s = poll_s
+        #: A quiet pass stopped the spans table's merges (``_merges_held``).
+        self._merges_stopped = False
         #: The end of the last early window whose traces a quiet pass attributed (ingest time,
         #: us): a slice that starts before it may hold traces attributed early, and is taken
         #: with the statements that skip those unchanged since (``_early_batch``).
@@ -311,6 +318,7 @@ class Attributor(Poller):
         """The background loop's wake-up: a pass when one is due, or before, once ingest has
         paused (no span for ``cadence.pause_s``); otherwise nothing."""
         self.reference.close_if_idle()
+        self._release_merges()  # a start of the merges that failed is retried first
         if self.clock() < self._due and self.watermark_us is not None:
             idle = None if self.ingest_idle_s is None else self.ingest_idle_s()
             if idle is not None and idle < self._pause_s:
@@ -325,8 +333,41 @@ class Attributor(Poller):
         self._due = self.clock() + self.idle_poll_s
         self._look = math.inf
         # Ingest and the API's queries first (Store.background).
-        with self.store.background():
+        with self._merges_held(), self.store.background():
             self.run_until_idle()
+
+    def _ingest_paused(self) -> bool:
+        """Whether the store's only writer says ingest has paused (``ingest_idle_s``; False
+        without its word)."""
+        return self.ingest_idle_s is not None and self.ingest_idle_s() >= self._pause_s
+
+    @contextlib.contextmanager
+    def _merges_held(self) -> Iterator[None]:
+        """Inside, when ingest has paused and this process owns the embedded engine that ingest
+        writes to (its writer's word, ``ingest_idle_s``), the spans table's merges are stopped:
+        after a burst they merge its parts at ingest's priority while the pass that attributes
+        its last requests runs in the background, and would take a core from it. They start again
+        when the pass ends, or before its next batch once ingest is busy again
+        (``_release_merges``), so its inserts never wait on parts left unmerged."""
+        if self.store.embedded and self._ingest_paused():
+            self.store.command(f"SYSTEM STOP MERGES {self.spans_table}")
+            self._merges_stopped = True
+        try:
+            yield
+        finally:
+            self._release_merges()
+
+    def _release_merges(self) -> None:
+        """Start the spans table's merges again if a quiet pass stopped them
+        (``_merges_held``); a failure is logged and the start retried on the next poll."""
+        if not self._merges_stopped:
+            return
+        try:
+            self.store.command(f"SYSTEM START MERGES {self.spans_table}")
+        except StoreError:
+            log.warning("could not start the spans table's merges again; retried next poll")
+            return
+        self._merges_stopped = False
 
     def stop(self, deadline: float) -> None:
         """Stop passes (the one running ends by ``deadline``), then the reference engine's
@@ -716,6 +757,8 @@ class Attributor(Poller):
                         nxt = int(first_us) - 1 if int(count) else upto
                         self.watermark_us = max(hi, min(nxt, upto))
                     continue
+            if self._merges_stopped and not self._ingest_paused():
+                self._release_merges()  # ingest is busy again: its parts merge as it goes
             batch = batches.pop(0)
             # The early window's traces of its range of ids go with each batch of the slice.
             with_early = batch.early

@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind, set_span_in_context
 from latscope.attribution.attributor import Attributor, attributor_parts
 from latscope.attribution.reference import Worker
 from latscope.config import ConfigError, Settings
-from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store
+from latscope.storage import ATTRIBUTION_TABLE, SPANS_TABLE, Store, StoreError
 from tests.attribution_support import (
     MS,
     T0,
@@ -189,6 +189,121 @@ def test_during_a_long_wait_the_loop_passes_as_soon_as_ingest_pauses(
     att.poll()
     assert store.query_rows(rows, {"t": [b]})[0][0] == 1
     assert store.query_rows(rows, {"t": [c]})[0][0] == 0  # still settling
+
+
+def _spans_merges_stopped(store: Store) -> bool:
+    """Whether the spans table's merges are stopped: the engine refuses OPTIMIZE (ABORTED) then,
+    whatever its parts, and merges what it can otherwise."""
+    try:
+        store.command(f"OPTIMIZE TABLE {SPANS_TABLE}")
+    except StoreError as exc:
+        if "ABORTED" not in str(exc):
+            raise
+        return True
+    return False
+
+
+def _merges_by_batch(
+    store: Store, clock: StoreClock, idle: list[float], **kwargs: Any
+) -> tuple[Attributor, list[bool]]:
+    """An attributor in serve's place (its writer says ingest has been idle ``idle[0]`` s), each
+    of its batches noting whether the spans table's merges were stopped while it ran."""
+    att = _timed(
+        Attributor(store, settle_s=1.0, poll_s=0.5, ingest_idle_s=lambda: idle[0], **kwargs),
+        clock,
+        0.05,
+    )
+    seen: list[bool] = []
+    attribute = att.attribute_slice
+
+    def noting(*args: Any, **kw: Any) -> int:
+        seen.append(_spans_merges_stopped(store))
+        return attribute(*args, **kw)
+
+    att.attribute_slice = noting  # type: ignore[method-assign]
+    return att, seen
+
+
+def test_a_pass_once_ingest_paused_holds_the_spans_merges_until_it_ends(
+    store: Store, clock: StoreClock
+) -> None:
+    """In serve, a pass made once ingest has paused runs while the spans table's merges are
+    stopped (after a burst they would take a core from it), and they merge again after it; a
+    pass while ingest is busy leaves them be."""
+    idle = [10.0]
+    att, seen = _merges_by_batch(store, clock, idle)
+    traces = [uuid.uuid4().hex for _ in range(2)]
+    for trace_id in traces:  # two inserts: two parts
+        clock.store(trace_id, server_spans())
+    clock.advance(1.5)
+    att.poll()
+    assert seen == [True]
+    assert not _spans_merges_stopped(store)
+    rows = "SELECT count() FROM latscope_attribution WHERE TraceId IN {t:Array(String)}"
+    assert store.query_rows(rows, {"t": traces})[0][0] == 2
+    idle[0] = 0.0  # ingest busy
+    busy = uuid.uuid4().hex
+    clock.store(busy, server_spans())
+    clock.advance(1.5)
+    att.poll()
+    assert seen == [True, False]
+    assert store.query_rows(rows, {"t": [busy]})[0][0] == 1
+
+
+def test_merges_start_again_before_the_next_batch_once_ingest_is_busy(
+    store: Store, clock: StoreClock
+) -> None:
+    """A pass of two batches (one trace each) that ingest resumes during: the first batch runs
+    with the spans table's merges stopped, the second with them merging, as the new inserts'
+    parts need."""
+    idle = [10.0]
+    att, seen = _merges_by_batch(store, clock, idle, batch_traces=1)
+    attribute = att.attribute_slice
+
+    def resuming(*args: Any, **kw: Any) -> int:
+        written = attribute(*args, **kw)
+        idle[0] = 0.0  # an insert came during the first batch
+        return written
+
+    att.attribute_slice = resuming  # type: ignore[method-assign]
+    for _ in range(2):
+        clock.store(uuid.uuid4().hex, server_spans())
+    clock.advance(1.5)
+    att.poll()
+    assert seen == [True, False]
+    assert not _spans_merges_stopped(store)
+
+
+def test_a_failed_start_of_the_merges_is_retried_on_the_next_poll(
+    store: Store, clock: StoreClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses the statement that starts the merges again after a quiet pass: they
+    stay stopped until the next poll, which starts them before anything else."""
+    idle = [10.0]
+    att, seen = _merges_by_batch(store, clock, idle)
+    command = store.command
+
+    def refusing(sql: str, *args: Any, **kwargs: Any) -> Any:
+        if sql.startswith("SYSTEM START MERGES"):
+            raise StoreError("the store refused it")
+        return command(sql, *args, **kwargs)
+
+    monkeypatch.setattr(store, "command", refusing)
+    clock.store(uuid.uuid4().hex, server_spans())
+    clock.advance(1.5)
+    try:
+        att.poll()
+        assert seen == [True]
+        monkeypatch.setattr(store, "command", command)
+        assert _spans_merges_stopped(store)
+        idle[0] = 0.0  # ingest busy: the next poll, before the next pass is due, makes none
+        clock.advance(0.1)
+        watermark = att.watermark_us
+        att.poll()
+        assert att.watermark_us == watermark
+        assert not _spans_merges_stopped(store)  # but it starts the merges
+    finally:
+        command(f"SYSTEM START MERGES {SPANS_TABLE}")  # for the module's next tests
 
 
 def test_an_attributor_at_another_stall_threshold_counts_the_stalls_at_it(store: Store) -> None:
