@@ -1185,20 +1185,21 @@ def main() -> None:
     # While serve's CPU bounds it, on / off to done is at best off's CPU over on's: at least 0.9
     # leaves the attributor a ninth of what ingest costs.
     ingest_us = statistics.median(off.cpu_s for off, _, _, _, _ in pairs) / requests * 1e6
-    per_request = {
-        "the attributor alone (median run)": statistics.median(cpus),
-        "a quiet pass": solo.quiet_cpu,
-        "the grouped read": statistics.median(solo.grouped),
-        "the bare read": statistics.median(solo.bare),
+    budget_us = ingest_us / 9
+    us = {
+        name: cpu / requests * 1e6
+        for name, cpu in (
+            ("the attributor alone (median run)", statistics.median(cpus)),
+            ("a quiet pass", solo.quiet_cpu),
+            ("the grouped read", statistics.median(solo.grouped)),
+            ("the bare read", statistics.median(solo.bare)),
+        )
     }
     print(
         f"budget: serve with the attributor off, {ingest_us:.0f} us CPU per request (median); "
-        f"on / off >= 0.9 while the CPU bounds serve leaves the attributor {ingest_us / 9:.1f} "
-        "us a request; against it: "
-        + ", ".join(
-            f"{name} {cpu / requests * 1e6:.1f} us ({cpu / requests * 1e6 / (ingest_us / 9):.2f})"
-            for name, cpu in per_request.items()
-        )
+        f"on / off >= 0.9 while the CPU bounds serve leaves the attributor {budget_us:.1f} us a "
+        "request; against it: "
+        + ", ".join(f"{name} {u:.1f} us ({u / budget_us:.2f})" for name, u in us.items())
     )
 
     if history is not None:
