@@ -19,7 +19,10 @@ attributor and the rollup builder alone.
    without it runs), where the attributor's statements run at ingest's priority instead of as
    background work (`latscope.storage.Store.background`). For each "on" run, the tail: serve's
    CPU from the last span stored to done, in cores and by thread name (from /proc: the embedded
-   engine names its query and merge threads; Python's are all "python").
+   engine names its query and merge threads; Python's are all "python"); and before it, serve's
+   CPU from the first send to the last span stored against the "off" run's, in all and split
+   into Python's threads and the engine's (the passes made during the burst, and what they cost
+   ingest).
 2. **The attributor alone**, in this process (chDB runs in-process, so `time.process_time()` is
    its CPU): the "off" run's store, filled once, with the spans table's merges stopped (the
    process that opens a store serve wrote may merge what serve left, in the middle of a timed
@@ -156,6 +159,39 @@ def _tail_threads(run: ServeRun) -> str:
         f"{run.tail_cpu_s:.2f} CPU s in {tail_s:.2f} s ({run.tail_cpu_s / tail_s:.2f} cores); "
         "by thread name: " + ", ".join(f"{name} {cpu:.2f}" for cpu, name in spent)
     )
+
+
+def _burst_threads(on: ServeRun, off: ServeRun) -> str:
+    """serve's CPU from the first send to the last span stored, the "on" run's against the
+    "off" run's: in all, Python's threads (the engine parses, analyses and plans each statement
+    on its caller's) and the engine's own (summed: it renames a pool thread for the work it
+    takes, so a name's CPU moves between names from one run to the next). The split leaves out
+    threads that ended before the last span was stored, so it may add up to less than the
+    whole."""
+
+    def python(run: ServeRun) -> float:
+        return run.stored_threads.get("python", 0.0)
+
+    def engine(run: ServeRun) -> float:
+        return sum(run.stored_threads.values()) - python(run)
+
+    return (
+        f"{on.stored_cpu_s - off.stored_cpu_s:+.2f} CPU s against off (Python's threads "
+        f"{python(on) - python(off):+.2f}, the engine's {engine(on) - engine(off):+.2f})"
+    )
+
+
+def _threads_since(
+    before: dict[str, tuple[str, float]], after: dict[str, tuple[str, float]]
+) -> dict[str, float]:
+    """Each thread's CPU between two ``Serve.thread_cpu_s`` readings, summed under its name at
+    the second (a thread that ended meanwhile is left out; an id with less CPU than before is a
+    new thread's)."""
+    spent: dict[str, float] = {}
+    for tid, (name, now_cpu) in after.items():
+        was = before.get(tid, ("", 0.0))[1]
+        spent[name] = spent.get(name, 0.0) + (now_cpu - was if now_cpu >= was else now_cpu)
+    return spent
 
 
 def build_exports(requests: int, seed: int = 1, *, pod_resources: bool = False) -> list[bytes]:
@@ -324,6 +360,10 @@ class ServeRun:
     #: its threads still running at done, by their names at done
     tail_cpu_s: float
     tail_threads: dict[str, float]
+    #: serve's CPU seconds from the first send to the last span stored, all of them and by
+    #: thread name (as the tail's)
+    stored_cpu_s: float
+    stored_threads: dict[str, float]
 
 
 def serve_run(
@@ -347,7 +387,7 @@ def serve_run(
     background = has_cap_sys_nice(serve.proc.pid)  # as the store tells (Store.background)
     spans = requests * SPANS
     try:
-        cpu0 = serve.cpu_s()
+        at_start, cpu0 = serve.thread_cpu_s(), serve.cpu_s()
         started = time.perf_counter()
         sender = threading.Thread(target=send_all, args=(serve.grpc, exports, args.senders))
         sender.start()
@@ -374,19 +414,13 @@ def serve_run(
         done_s = now - started
         at_done, cpu_done = serve.thread_cpu_s(), serve.cpu_s()
         cpu = cpu_done - cpu0
-        # Each thread's CPU since the last span was stored, under its name at done (a thread
-        # that ended meanwhile is in the total only; an id with less CPU than before is a new
-        # thread's).
-        tail: dict[str, float] = {}
-        for tid, (name, now_cpu) in at_done.items():
-            was = at_stored.get(tid, ("", 0.0))[1]
-            tail[name] = tail.get(name, 0.0) + (now_cpu - was if now_cpu >= was else now_cpu)
         sender.join()
     finally:
         serve.stop()
     return ServeRun(
         attributor, spans, stored_s, done_s, cpu, serve.store_dir, passes, background,
-        cpu_done - cpu_stored, tail,
+        cpu_done - cpu_stored, _threads_since(at_stored, at_done), cpu_stored - cpu0,
+        _threads_since(at_start, at_stored),
     )  # fmt: skip
 
 
@@ -1109,6 +1143,7 @@ def main() -> None:
                 f"{run.passes} attributor passes with work"
             )
             print(f"{'':5s}the tail: {_tail_threads(run)}")
+            print(f"{'':5s}to the last span stored: {_burst_threads(run, off)}")
         print(f"{'':3s}load average {load1:.2f}")
     on_sets = [(off, on) for off, on, _, _, _ in pairs]
     normal_sets = [(off, normal) for off, _, normal, _, _ in pairs if normal is not None]
