@@ -199,13 +199,15 @@ def _phase_owner(index: TraceIndex, span: SpanRecord) -> tuple[str, str] | None:
     return None
 
 
-def _response_span(ends: Sequence[int]) -> tuple[int, int]:
-    """When a response's content ended and when its last message did, from its body messages'
-    ends: a streamed response (several messages) ends with one that only closes it (Starlette's
+def _response_span(sent: Sequence[int]) -> tuple[int, int]:
+    """When a response's content ended and when its last message did, from when its body
+    messages were handed to the server (their ``http send`` spans' starts: a span's end is
+    when the server's write returned, late on a busy host or with a slow reader). A streamed
+    response (several messages) ends with one that only closes it (Starlette's
     ``StreamingResponse`` sends an empty body after the last event), which a client that stops
     at the stream's last event does not wait for (the openai SDK closes a stream at
     ``[DONE]``)."""
-    ordered = sorted(ends)
+    ordered = sorted(sent)
     return ordered[-2] if len(ordered) > 1 else ordered[-1], ordered[-1]
 
 
@@ -308,7 +310,7 @@ def find_requests(spans: Sequence[SpanRecord], index: TraceIndex | None = None) 
             owned.setdefault(found[1], []).append((found[0], s))
         owner = _response_owner(index, s)
         if owner is not None:
-            sends.setdefault(owner, []).append(s.end_ns)
+            sends.setdefault(owner, []).append(s.start_ns)
     response_ends = {owner: _response_span(ends) for owner, ends in sends.items()}
     _first_stages(owned, index)
     chains: dict[str, tuple[SpanRecord, ...]] = {}

@@ -235,7 +235,8 @@ class HttpAttributes:
 
     ROUTE: Final = "http.route"
     #: On the ASGI instrumentation's ``http send`` spans (children of its SERVER span): which
-    #: message was sent. The last ``http.response.body`` ends the response.
+    #: message was sent. The last ``http.response.body`` ends the response as the app hands it
+    #: over (the span's start; its end is when the server's write returned).
     ASGI_EVENT_TYPE: Final = "asgi.event.type"
     #: Its name before opentelemetry-instrumentation-asgi 0.43b0 (0.41b0 writes ``type``).
     ASGI_EVENT_TYPE_OLD: Final = "type"

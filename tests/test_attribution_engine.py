@@ -128,16 +128,17 @@ def _stream(tb: TraceBuilder, sends: list[float]) -> None:
     """A streamed chat completion as the openai SDK under openai-v2 and a FastAPI server write
     it: the GenAI span from 0 to 1000 ms, the server's span from 40 ms to past its last
     message, and the ASGI instrumentation's ``http send`` spans of the response's body
-    messages ending at ``sends`` (the last one Starlette's empty message closing the stream)."""
+    messages, each handed to the server at a time of ``sends`` (the last one Starlette's empty
+    message closing the stream)."""
     c = tb.client(0, 1000, attrs={GenAIAttributes.OPERATION_NAME: "chat"})
     s = tb.server(
         40, max(sends) + 1, parent=c, attrs={HttpAttributes.ROUTE: "/v1/chat/completions"}
     )
-    for end in sends:
+    for at in sends:
         tb.add(
             SpanKind.INTERNAL,
-            end - 0.02,
-            end,
+            at,
+            at + 0.02,
             parent=s,
             attrs={HttpAttributes.ASGI_EVENT_TYPE: HttpAttributes.ASGI_RESPONSE_BODY},
             name="POST /v1/chat/completions http send",
@@ -168,6 +169,30 @@ def test_a_streams_content_after_the_client_left_still_moves_the_server() -> Non
     a = both("t", tb.spans)
     assert a.clock_skew_ns == 0
     assert _ms(a)["network"] == 35 and _ms(a)["other"] == 965
+
+
+def test_a_response_ends_when_its_last_message_is_handed_to_the_server() -> None:
+    """The ASGI instrumentation's ``http send`` span of the last body message starts when the
+    app hands the message over and ends when the server's write returns: later on a busy
+    host (a thread switch before the span ends), or while a slow reader keeps the socket full.
+    Neither is the server's work on the response: the window ends at the span's start, so the
+    request's server time is not stretched past the client's end and nothing moves."""
+    tb = TraceBuilder()
+    c = tb.client(0, 1000, attrs={GenAIAttributes.OPERATION_NAME: "chat"})
+    # Work after the response (a background task) keeps the server's span open past the client.
+    s = tb.server(40, 1150, parent=c, attrs={HttpAttributes.ROUTE: "/v1/chat/completions"})
+    tb.add(
+        SpanKind.INTERNAL,
+        950,
+        1003,
+        parent=s,
+        attrs={HttpAttributes.ASGI_EVENT_TYPE: HttpAttributes.ASGI_RESPONSE_BODY},
+        name="POST /v1/chat/completions http send",
+    )
+    a = both("t", tb.spans)
+    assert a.clock_skew_ns == 0
+    assert a.e2e_ns == 1000 * MS
+    assert _ms(a)["network"] == 90 and _ms(a)["other"] == 910
 
 
 def test_small_skew_that_still_fits_is_not_adjusted() -> None:

@@ -44,8 +44,9 @@ request_clients AS (
         starts[client] AS c_lo,
         ends[client] - starts[client] AS c_dur,
         arrayMap(w -> starts[w], windows) AS w_lo,
-        -- Each window's response-body messages' ends, latest first (empty: none recorded).
-        arrayMap(w -> arrayReverseSort(arrayMap(j -> ends[j],
+        -- When each window's response-body messages were handed to the server (their spans'
+        -- starts, finding._response_span), latest first (empty: none recorded).
+        arrayMap(w -> arrayReverseSort(arrayMap(j -> starts[j],
             arrayFilter(j -> response_owner[j] = w, idx))), windows) AS w_sends,
         -- The client covers the whole response: a GenAI operation, or latscope's client, which
         -- records when it read the last byte.
