@@ -311,7 +311,7 @@ def find_requests(spans: Sequence[SpanRecord], index: TraceIndex | None = None) 
         owner = _response_owner(index, s)
         if owner is not None:
             sends.setdefault(owner, []).append(s.start_ns)
-    response_ends = {owner: _response_span(ends) for owner, ends in sends.items()}
+    response_ends = {owner: _response_span(sent) for owner, sent in sends.items()}
     _first_stages(owned, index)
     chains: dict[str, tuple[SpanRecord, ...]] = {}
 

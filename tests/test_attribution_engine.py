@@ -135,14 +135,20 @@ def _stream(tb: TraceBuilder, sends: list[float]) -> None:
         40, max(sends) + 1, parent=c, attrs={HttpAttributes.ROUTE: "/v1/chat/completions"}
     )
     for at in sends:
-        tb.add(
-            SpanKind.INTERNAL,
-            at,
-            at + 0.02,
-            parent=s,
-            attrs={HttpAttributes.ASGI_EVENT_TYPE: HttpAttributes.ASGI_RESPONSE_BODY},
-            name="POST /v1/chat/completions http send",
-        )
+        _body_sent(tb, s, at, at + 0.02)
+
+
+def _body_sent(tb: TraceBuilder, server: str, start_ms: float, end_ms: float) -> None:
+    """The ASGI instrumentation's ``http send`` span of a response-body message under
+    ``server``: handed to the server at ``start_ms``, its write returned at ``end_ms``."""
+    tb.add(
+        SpanKind.INTERNAL,
+        start_ms,
+        end_ms,
+        parent=server,
+        attrs={HttpAttributes.ASGI_EVENT_TYPE: HttpAttributes.ASGI_RESPONSE_BODY},
+        name="POST /v1/chat/completions http send",
+    )
 
 
 @pytest.mark.parametrize("close_ms", [1001, 1005, 1030, 1200])
@@ -181,14 +187,7 @@ def test_a_response_ends_when_its_last_message_is_handed_to_the_server() -> None
     c = tb.client(0, 1000, attrs={GenAIAttributes.OPERATION_NAME: "chat"})
     # Work after the response (a background task) keeps the server's span open past the client.
     s = tb.server(40, 1150, parent=c, attrs={HttpAttributes.ROUTE: "/v1/chat/completions"})
-    tb.add(
-        SpanKind.INTERNAL,
-        950,
-        1003,
-        parent=s,
-        attrs={HttpAttributes.ASGI_EVENT_TYPE: HttpAttributes.ASGI_RESPONSE_BODY},
-        name="POST /v1/chat/completions http send",
-    )
+    _body_sent(tb, s, 950, 1003)
     a = both("t", tb.spans)
     assert a.clock_skew_ns == 0
     assert a.e2e_ns == 1000 * MS
